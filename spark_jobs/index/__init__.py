@@ -1,0 +1,1 @@
+"""Index implementations: key hashing, the record-level index bucket store."""

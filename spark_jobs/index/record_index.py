@@ -1,0 +1,350 @@
+"""Record-level index files (RFC-08): key fingerprint -> (partition, file id), per index bucket.
+
+Each index bucket holds one *base* file (written by compaction) and *delta* files (one per
+commit that touched the bucket). A lookup merges them newest-first: the newest entry for a
+key wins, a tombstone hides the key, and a key re-inserted after a delete comes back
+because its new entry is newer than the tombstone.
+
+File format (see docs/format.md): an uncompressed Arrow IPC file, sorted by
+``(fp_hi, fp_lo)``, split into record batches ("blocks") of :data:`BLOCK_ROWS` entries::
+
+    fp_hi  uint64   high 64 bits of the key's XXH3-128 fingerprint (sorted)
+    fp_lo  uint64   low 64 bits
+    loc    int8/16/32  index into the file's location table; -1 is a tombstone
+
+The location table ``[[partition, file_id], ...]`` and the first ``fp_hi`` of every block
+live in the schema metadata. Why Arrow IPC and not Parquet: the file is memory-mapped, so
+opening costs a footer read and a lookup touches only the pages binary search visits; and
+fixed-width fingerprints plus a small location ordinal cost 17-20 bytes per entry, less
+than a zstd Parquet file of the raw UUID keys (~21 bytes). Measured in docs/benchmarks.md.
+
+Two lookup strategies, as RFC-08 proposes:
+
+* **seek** -- sort the batch's fingerprints, pick the blocks whose range can hold them
+  (from the block index), binary-search each block (``numpy.searchsorted``);
+* **scan** -- read every entry and hash-join it against the batch (``pyarrow.compute.index_in``).
+
+``auto`` picks seek while the batch is smaller than :data:`SCAN_RATIO` times the number of
+entries in the bucket's files, and scan beyond it; ``benchmarks/index_lookup.py`` measures
+where the crossover lies.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.ipc as ipc
+
+from spark_jobs.index.hashing import fingerprints
+from spark_jobs.io.filesystem import FileIO
+
+__all__ = [
+    "BLOCK_ROWS",
+    "SCAN_RATIO",
+    "TOMBSTONE",
+    "IndexEntries",
+    "IndexFile",
+    "LookupResult",
+    "lookup",
+    "merge_entries",
+    "write_index_file",
+]
+
+BLOCK_ROWS = 65_536
+#: auto switches from seek to scan when batch keys >= SCAN_RATIO * entries in the bucket
+SCAN_RATIO = 0.75
+TOMBSTONE = -1
+LOOKUP_MODES = ("auto", "seek", "scan")
+
+_META_LOCATIONS = b"bucketindex.locations"
+_META_BLOCKS = b"bucketindex.block_first_hi"
+_META_EXTRA = b"bucketindex.meta"
+
+
+@dataclass
+class IndexEntries:
+    """A set of index entries; ``loc[i]`` indexes ``locations`` or is TOMBSTONE."""
+
+    fp_hi: np.ndarray
+    fp_lo: np.ndarray
+    loc: np.ndarray
+    locations: list[tuple[str, str]]
+
+    def __len__(self) -> int:
+        return int(self.fp_hi.size)
+
+    @classmethod
+    def from_keys(
+        cls, keys: Sequence[str], targets: Sequence[tuple[str, str] | None]
+    ) -> "IndexEntries":
+        """Entries for ``keys``; a ``None`` target is a tombstone."""
+        hi, lo = fingerprints(keys)
+        return cls.from_fingerprints(hi, lo, targets)
+
+    @classmethod
+    def from_fingerprints(
+        cls, fp_hi: np.ndarray, fp_lo: np.ndarray, targets: Sequence[tuple[str, str] | None]
+    ) -> "IndexEntries":
+        ids: dict[tuple[str, str], int] = {}
+        loc = np.fromiter(
+            (TOMBSTONE if t is None else ids.setdefault((t[0], t[1]), len(ids)) for t in targets),
+            dtype=np.int32,
+            count=len(targets),
+        )
+        return cls(np.asarray(fp_hi, np.uint64), np.asarray(fp_lo, np.uint64), loc, list(ids))
+
+    def live(self) -> "IndexEntries":
+        keep = self.loc != TOMBSTONE
+        return IndexEntries(self.fp_hi[keep], self.fp_lo[keep], self.loc[keep], self.locations)
+
+    def targets(self) -> list[tuple[str, str] | None]:
+        return [None if i == TOMBSTONE else self.locations[i] for i in self.loc.tolist()]
+
+
+def _loc_type(n: int) -> tuple[pa.DataType, type]:
+    if n < 2**7:
+        return pa.int8(), np.int8
+    if n < 2**15:
+        return pa.int16(), np.int16
+    return pa.int32(), np.int32
+
+
+def write_index_file(
+    io: FileIO,
+    path: str,
+    entries: IndexEntries,
+    *,
+    metadata: dict | None = None,
+    block_rows: int = BLOCK_ROWS,
+) -> int:
+    """Write ``entries`` (unique fingerprints) sorted as one index file; returns its size in bytes."""
+    order = np.lexsort((entries.fp_lo, entries.fp_hi))
+    hi, lo = entries.fp_hi[order], entries.fp_lo[order]
+    if hi.size > 1:
+        dup = (hi[1:] == hi[:-1]) & (lo[1:] == lo[:-1])
+        if dup.any():
+            raise ValueError("index entries must have unique keys; merge them before writing")
+    # Only the locations the entries use, renumbered densely, so the ordinal stays narrow.
+    used, loc_ids = np.unique(entries.loc[order], return_inverse=True)
+    has_tomb = used.size > 0 and used[0] == TOMBSTONE
+    locations = [entries.locations[i] for i in used.tolist() if i != TOMBSTONE]
+    loc = loc_ids.astype(np.int64) - (1 if has_tomb else 0)  # tombstone stays -1
+    pa_type, np_type = _loc_type(len(locations))
+    loc = loc.astype(np_type)
+    schema = pa.schema(
+        [("fp_hi", pa.uint64()), ("fp_lo", pa.uint64()), ("loc", pa_type)],
+        metadata={
+            _META_LOCATIONS: json.dumps(locations, separators=(",", ":")).encode(),
+            _META_BLOCKS: json.dumps([str(v) for v in hi[::block_rows].tolist()]).encode(),
+            _META_EXTRA: json.dumps({**(metadata or {}), "entries": int(hi.size)}).encode(),
+        },
+    )
+    with io.open_output_stream(path) as sink, ipc.new_file(sink, schema) as writer:
+        for start in range(0, max(hi.size, 1), block_rows):
+            sl = slice(start, start + block_rows)
+            writer.write_batch(
+                pa.record_batch([pa.array(hi[sl]), pa.array(lo[sl]), pa.array(loc[sl])], schema=schema)
+            )
+    return io.size(path)
+
+
+class IndexFile:
+    """An open index file: memory-mapped where the filesystem allows, blocks read on demand."""
+
+    def __init__(self, io: FileIO, path: str) -> None:
+        self.path = path
+        self._source = io.memory_map(path)
+        self._reader = ipc.open_file(self._source)
+        md = self._reader.schema.metadata or {}
+        self.locations: list[tuple[str, str]] = [tuple(x) for x in json.loads(md.get(_META_LOCATIONS, b"[]"))]
+        self.block_first_hi = np.array([int(x) for x in json.loads(md.get(_META_BLOCKS, b"[]"))], dtype=np.uint64)
+        self.metadata: dict = json.loads(md.get(_META_EXTRA, b"{}"))
+        self.num_blocks = self._reader.num_record_batches
+
+    def __enter__(self) -> "IndexFile":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._source.close()
+
+    def block(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        b = self._reader.get_batch(i)
+        return tuple(c.to_numpy(zero_copy_only=True) for c in b.columns)  # type: ignore[return-value]
+
+    def read_all(self) -> pa.Table:
+        return self._reader.read_all()
+
+    def entries(self) -> IndexEntries:
+        t = self.read_all()
+        return IndexEntries(
+            t.column("fp_hi").to_numpy(),
+            t.column("fp_lo").to_numpy(),
+            t.column("loc").to_numpy().astype(np.int32),
+            list(self.locations),
+        )
+
+    @property
+    def num_entries(self) -> int:
+        return int(self.metadata["entries"])
+
+
+@dataclass
+class LookupResult:
+    """Per queried key: ``loc[i]`` indexes ``locations`` or is -1 (absent or deleted)."""
+
+    loc: np.ndarray
+    locations: list[tuple[str, str]]
+    mode: str
+
+    @property
+    def found(self) -> np.ndarray:
+        return self.loc >= 0
+
+    def target(self, i: int) -> tuple[str, str] | None:
+        v = int(self.loc[i])
+        return None if v < 0 else self.locations[v]
+
+
+def _seek(f: IndexFile, hi: np.ndarray, lo: np.ndarray, out: np.ndarray) -> None:
+    """Search sorted needles ``hi``/``lo``; set out[i] = file loc (>= -1) where found."""
+    if f.num_blocks == 0 or hi.size == 0:
+        return
+    blk = np.searchsorted(f.block_first_hi, hi, side="right") - 1
+    # a needle below the first block's first key can only be absent
+    starts = np.searchsorted(blk, np.arange(f.num_blocks), side="left")
+    ends = np.append(starts[1:], hi.size)
+    for b in range(f.num_blocks):
+        s, e = int(starts[b]), int(ends[b])
+        if s == e:
+            continue
+        bhi, blo, bloc = f.block(b)
+        nh, nl = hi[s:e], lo[s:e]
+        pos = np.searchsorted(bhi, nh, side="left")
+        pos_c = np.minimum(pos, bhi.size - 1)
+        hit = (pos < bhi.size) & (bhi[pos_c] == nh)
+        exact = hit & (blo[pos_c] == nl)
+        out[s:e][exact] = bloc[pos_c[exact]]
+        # fp_hi equal but fp_lo differs: several entries share fp_hi (2^-64 per pair); walk them
+        for j in np.nonzero(hit & ~exact)[0].tolist():
+            p = int(pos[j])
+            while p < bhi.size and bhi[p] == nh[j]:
+                if blo[p] == nl[j]:
+                    out[s + j] = bloc[p]
+                    break
+                p += 1
+    # needles whose hi is below the first block key stay unresolved (-2): absent
+
+
+def _scan(f: IndexFile, hi: np.ndarray, lo: np.ndarray, out: np.ndarray) -> None:
+    """Hash-join every entry of the file against the needles."""
+    if f.num_blocks == 0 or hi.size == 0:
+        return
+    t = f.read_all()
+    # entry -> position of the needle with the same fp_hi (-1: no such needle)
+    match = pc.fill_null(pc.index_in(t.column("fp_hi"), value_set=pa.array(hi)), -1).to_numpy()
+    rows = np.nonzero(match >= 0)[0]
+    if rows.size == 0:
+        return
+    needle_pos = match[rows].astype(np.int64)
+    ok = t.column("fp_lo").to_numpy()[rows] == lo[needle_pos]
+    out[needle_pos[ok]] = t.column("loc").to_numpy()[rows][ok]
+    # Entries sharing fp_hi with a needle but not fp_lo, or needles sharing fp_hi with each
+    # other (each about 2^-64 per pair): settle the needles still open by exact search.
+    if not ok.all() or (hi.size > 1 and (hi[1:] == hi[:-1]).any()):
+        open_ = np.nonzero(out == -2)[0]
+        if open_.size:
+            sub = np.full(open_.size, -2, dtype=np.int32)
+            _seek(f, hi[open_], lo[open_], sub)
+            out[open_] = sub
+
+
+def choose_mode(num_keys: int, num_entries: int, mode: str = "auto") -> str:
+    if mode not in LOOKUP_MODES:
+        raise ValueError(f"lookup mode must be one of {LOOKUP_MODES}, got {mode!r}")
+    if mode != "auto":
+        return mode
+    return "scan" if num_entries > 0 and num_keys >= SCAN_RATIO * num_entries else "seek"
+
+
+def lookup(
+    io: FileIO,
+    paths: Sequence[str],
+    keys: Sequence[str] | None = None,
+    *,
+    fp: tuple[np.ndarray, np.ndarray] | None = None,
+    mode: str = "auto",
+) -> LookupResult:
+    """Look up keys (or their fingerprints) in one bucket's index files, ``paths`` oldest first.
+
+    Newest file wins per key; a tombstone makes the key absent. The bucket's files are
+    opened anew on every call; nothing decoded is cached between calls.
+    """
+    hi, lo = fp if fp is not None else fingerprints(keys or [])
+    n = hi.size
+    order = np.argsort(hi)
+    shi, slo = hi[order], lo[order]
+    files = [IndexFile(io, p) for p in paths]
+    try:
+        total = sum(max(f.metadata.get("entries", 0), 0) for f in files)
+        chosen = choose_mode(n, total, mode)
+        # resolved[i]: global location id, -1 absent/deleted, -2 not yet seen in any file
+        resolved = np.full(n, -2, dtype=np.int64)
+        locations: list[tuple[str, str]] = []
+        loc_ids: dict[tuple[str, str], int] = {}
+        for f in reversed(files):  # newest first: the first file that knows a key decides
+            pending = np.nonzero(resolved == -2)[0]
+            if pending.size == 0:
+                break
+            out = np.full(pending.size, -2, dtype=np.int32)
+            (_seek if chosen == "seek" else _scan)(f, shi[pending], slo[pending], out)
+            seen = out != -2
+            if not seen.any():
+                continue
+            file_locs = np.asarray(out[seen], dtype=np.int64)
+            live = file_locs >= 0
+            if live.any():
+                remap = np.array([loc_ids.setdefault(l, len(loc_ids)) for l in f.locations], dtype=np.int64)
+                file_locs[live] = remap[file_locs[live]]
+            resolved[pending[seen]] = file_locs
+        locations = list(loc_ids)
+    finally:
+        for f in files:
+            f.close()
+    result = np.empty(n, dtype=np.int64)
+    result[order] = np.where(resolved < 0, -1, resolved)
+    return LookupResult(result, locations, chosen)
+
+
+def merge_entries(io: FileIO, paths: Sequence[str], *, keep_tombstones: bool = False) -> IndexEntries:
+    """All entries of a bucket's files (oldest first) merged newest-wins; tombstones dropped."""
+    his, los, locs, ages = [], [], [], []
+    locations: list[tuple[str, str]] = []
+    ids: dict[tuple[str, str], int] = {}
+    for age, p in enumerate(paths):
+        with IndexFile(io, p) as f:
+            e = f.entries()
+        remap = np.array([ids.setdefault(l, len(ids)) for l in e.locations] + [TOMBSTONE], dtype=np.int32)
+        his.append(e.fp_hi)
+        los.append(e.fp_lo)
+        locs.append(remap[e.loc])  # TOMBSTONE (-1) maps to the appended -1
+        ages.append(np.full(e.fp_hi.size, age, dtype=np.int32))
+    locations = list(ids)
+    if not his:
+        z = np.empty(0, np.uint64)
+        return IndexEntries(z, z.copy(), np.empty(0, np.int32), [])
+    hi, lo, loc, age = (np.concatenate(x) for x in (his, los, locs, ages))
+    order = np.lexsort((-age, lo, hi))  # per key, newest first
+    hi, lo, loc = hi[order], lo[order], loc[order]
+    first = np.ones(hi.size, dtype=bool)
+    first[1:] = (hi[1:] != hi[:-1]) | (lo[1:] != lo[:-1])
+    merged = IndexEntries(hi[first], lo[first], loc[first], locations)
+    return merged if keep_tombstones else merged.live()
+

@@ -1,0 +1,125 @@
+"""``table.json``: the options fixed when a table is created.
+
+Options a writer may not change (record key, partition fields, index type, hash) are
+checked against every write: a contradicting write fails before it touches anything.
+The *bucket count in force* is not read from here after a rehash; it is versioned on the
+timeline (see :meth:`spark_jobs.table.table.Table.num_buckets`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+
+from spark_jobs.index.hashing import DEFAULT_HASH
+from spark_jobs.io.filesystem import FileIO, InstantExistsError
+
+__all__ = [
+    "FORMAT_VERSION",
+    "INDEX_TYPES",
+    "TableConfig",
+    "ConfigConflictError",
+    "BadInputError",
+]
+
+FORMAT_VERSION = 1
+INDEX_RECORD = "record"
+INDEX_BUCKET = "bucket"
+INDEX_GLOBAL_SIMPLE = "global_simple"
+INDEX_TYPES = (INDEX_RECORD, INDEX_BUCKET, INDEX_GLOBAL_SIMPLE)
+DEFAULT_NUM_BUCKETS = {INDEX_RECORD: 16, INDEX_BUCKET: 8, INDEX_GLOBAL_SIMPLE: 16}
+DEFAULT_TARGET_FILE_ROWS = 1_000_000
+
+
+class BadInputError(ValueError):
+    """Bad usage or input: reported as one line, exit status 2, nothing written."""
+
+
+class ConfigConflictError(BadInputError):
+    """A write's options contradict the table's fixed options."""
+
+
+@dataclass(frozen=True)
+class TableConfig:
+    record_key_fields: list[str]
+    index_type: str = INDEX_RECORD
+    num_buckets: int = 16
+    partition_fields: list[str] = field(default_factory=list)
+    precombine_field: str | None = None
+    hash_function: str = DEFAULT_HASH
+    target_file_rows: int = DEFAULT_TARGET_FILE_ROWS
+    format_version: int = FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        if not self.record_key_fields or any(not f for f in self.record_key_fields):
+            raise BadInputError("a record key needs at least one field name")
+        if self.index_type not in INDEX_TYPES:
+            raise BadInputError(f"unknown index type {self.index_type!r}; expected one of {', '.join(INDEX_TYPES)}")
+        if self.num_buckets < 1:
+            raise BadInputError(f"--num-buckets must be at least 1, got {self.num_buckets}")
+        if self.hash_function != DEFAULT_HASH:
+            raise BadInputError(f"unknown hash function {self.hash_function!r}; this version supports {DEFAULT_HASH}")
+        if len(self.partition_fields) > 1:
+            raise BadInputError("format v1 supports at most one partition field")
+        if self.format_version != FORMAT_VERSION:
+            raise BadInputError(
+                f"table format version {self.format_version} is not supported by this release (supports {FORMAT_VERSION})"
+            )
+
+    # -- (de)serialisation ---------------------------------------------------------------
+    def to_json(self) -> bytes:
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> "TableConfig":
+        raw = json.loads(data)
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in raw.items() if k in known})
+
+    # -- persistence ------------------------------------------------------------------
+    @classmethod
+    def load(cls, io: FileIO, path: str) -> "TableConfig | None":
+        if not io.exists(path):
+            return None
+        return cls.from_json(io.read_bytes(path))
+
+    def create(self, io: FileIO, path: str) -> "TableConfig":
+        """Write this config as a new table's; if another writer created it first, check against theirs."""
+        try:
+            io.create_exclusive(path, self.to_json())
+            return self
+        except InstantExistsError:
+            existing = TableConfig.load(io, path)
+            assert existing is not None
+            existing.check_compatible(self)
+            return existing
+
+    def check_compatible(self, requested: "TableConfig", *, explicit: set[str] | None = None) -> None:
+        """Raise ConfigConflictError when ``requested`` contradicts this (existing) config.
+
+        ``explicit`` names the options the caller actually gave; defaults filled in for
+        options the caller left out never conflict.
+        """
+        checks = {
+            "record_key_fields": "record key",
+            "index_type": "index type",
+            "partition_fields": "partition fields",
+            "precombine_field": "precombine field",
+            "hash_function": "hash function",
+        }
+        for attr, label in checks.items():
+            if explicit is not None and attr not in explicit:
+                continue
+            mine, theirs = getattr(self, attr), getattr(requested, attr)
+            if mine != theirs:
+                raise ConfigConflictError(
+                    f"{label} {_show(theirs)} contradicts the table's {label} {_show(mine)}; "
+                    f"it cannot change after the table is created"
+                )
+
+
+def _show(v: object) -> str:
+    if isinstance(v, list):
+        return ",".join(v) if v else "(none)"
+    return "(none)" if v is None else str(v)
