@@ -1,0 +1,27 @@
+"""The ``bucketindex`` console script.
+
+Every verb but ``demo`` is a table operation implemented in :mod:`spark_jobs.cli`; ``demo``
+runs the example ingest DAG through Airflow, so it lives on the Airflow side of the
+dependency line. Airflow is imported only when ``demo`` runs.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from spark_jobs import cli as table_cli
+
+__all__ = ["main"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "demo":
+        from airflow_provider_bucketindex.demo import main as demo_main  # lazy: imports Airflow
+
+        return demo_main(args[1:])
+    return table_cli.main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""The file-system view: which data files and index files make up a snapshot.
+
+The view is derived from the metadata of completed instants only -- never from listing
+data directories -- so a file written by a failed, pending or duplicate (speculative) task
+attempt is invisible even though it sits on disk. Replaying completed instants up to
+``as_of`` gives time travel for free.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from spark_jobs.table.timeline import Action, Instant, Timeline
+
+__all__ = ["FileSlice", "FileSystemView", "encode_schema", "decode_schema"]
+
+
+def encode_schema(schema: pa.Schema) -> str:
+    return base64.b64encode(schema.serialize().to_pybytes()).decode()
+
+
+def decode_schema(text: str) -> pa.Schema:
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
+
+
+@dataclass(frozen=True)
+class FileSlice:
+    """The current version of one file group: one Parquet file (copy-on-write)."""
+
+    partition: str
+    file_id: str
+    path: str  # relative to the table root
+    instant: str
+    num_rows: int
+    size: int = 0
+
+
+@dataclass
+class FileSystemView:
+    as_of: str | None
+    file_groups: dict[tuple[str, str], FileSlice] = field(default_factory=dict)
+    #: bucket -> index files (relative paths) in merge order: base first, then deltas oldest first
+    index_files: dict[int, list[str]] = field(default_factory=dict)
+    schema: pa.Schema | None = None
+    num_buckets: int | None = None
+    instants: list[Instant] = field(default_factory=list)
+
+    @classmethod
+    def build(cls, timeline: Timeline, as_of: str | None = None) -> "FileSystemView":
+        view = cls(as_of=as_of)
+        for inst in timeline.completed(Action.WRITES, as_of=as_of):
+            view.apply(inst, timeline.read_metadata(inst))
+        return view
+
+    def apply(self, inst: Instant, meta: dict[str, Any]) -> None:
+        self.instants.append(inst)
+        for fg in meta.get("file_groups", []):
+            key = (fg["partition"], fg["file_id"])
+            if fg.get("removed"):
+                self.file_groups.pop(key, None)
+            else:
+                self.file_groups[key] = FileSlice(
+                    fg["partition"], fg["file_id"], fg["path"], inst.timestamp, fg.get("num_rows", 0), fg.get("size", 0)
+                )
+        index = meta.get("index", {})
+        for rel in index.get("removed", []):
+            for files in self.index_files.values():
+                if rel in files:
+                    files.remove(rel)
+        for f in index.get("added", []):
+            files = self.index_files.setdefault(int(f["bucket"]), [])
+            files.append(f["path"])
+            files.sort(key=_merge_order)
+        if meta.get("schema"):
+            self.schema = decode_schema(meta["schema"])
+        if meta.get("num_buckets"):
+            self.num_buckets = int(meta["num_buckets"])
+
+    # -- queries ---------------------------------------------------------------------
+    def slices(self, partition: str | None = None) -> list[FileSlice]:
+        return sorted(
+            (s for s in self.file_groups.values() if partition is None or s.partition == partition),
+            key=lambda s: (s.partition, s.file_id),
+        )
+
+    def partitions(self) -> list[str]:
+        return sorted({p for p, _ in self.file_groups})
+
+    @property
+    def num_rows(self) -> int:
+        return sum(s.num_rows for s in self.file_groups.values())
+
+
+def _merge_order(rel: str) -> tuple[int, str]:
+    name = rel.rsplit("/", 1)[-1]
+    kind, _, rest = name.partition("_")
+    return (0 if kind == "base" else 1, rest)
