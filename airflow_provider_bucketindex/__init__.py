@@ -1,0 +1,133 @@
+"""Airflow provider for bucketindex tables: hooks, operators and the example ingest DAG.
+
+Importing this package must stay cheap and free of side effects: Airflow imports it
+through the ``apache_airflow_provider`` entry point whenever it discovers providers
+(every ``airflow`` command, every task process). So this module imports neither Airflow
+nor the Spark provider nor ``pyspark``; hooks and operators live in submodules::
+
+    from airflow_provider_bucketindex.hooks.bucketindex import BucketIndexHook
+    from airflow_provider_bucketindex.operators import (
+        UpsertWithIndexOperator, ValidateTableOperator, RollbackBatchOperator,
+    )
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["__version__", "get_provider_info"]
+
+__version__ = "0.1.0"
+
+#: The distribution name (``[metadata] name`` in setup.cfg). Airflow keys providers by it.
+PACKAGE_NAME = "airflow-provider-bucketindex"
+CONN_TYPE = "bucketindex"
+DEFAULT_CONN_ID = "bucketindex_default"
+
+_HOOK = "airflow_provider_bucketindex.hooks.bucketindex.BucketIndexHook"
+
+
+def get_provider_info() -> dict[str, Any]:
+    """Provider metadata for Airflow's ProvidersManager (``airflow providers list``, the connection form).
+
+    The connection form is declared here (``conn-fields`` / ``ui-field-behaviour``), the
+    Airflow 3.2+ way: the UI builds it without importing the hook.
+    """
+    return {
+        "package-name": PACKAGE_NAME,
+        "name": "Bucket Index",
+        "description": (
+            "Upsertable lake tables with a record-level or bucket hash index: PySpark jobs "
+            "scheduled by Airflow, data + index in one atomic commit."
+        ),
+        "versions": [__version__],
+        "integrations": [
+            {
+                "integration-name": "Bucket Index",
+                "external-doc-url": "https://github.com/bucketindex/bucketindex",
+                "tags": ["apache"],
+            }
+        ],
+        "operators": [
+            {
+                "integration-name": "Bucket Index",
+                "python-modules": [
+                    "airflow_provider_bucketindex.operators.upsert",
+                    "airflow_provider_bucketindex.operators.validate",
+                    "airflow_provider_bucketindex.operators.rollback",
+                ],
+            }
+        ],
+        "hooks": [
+            {
+                "integration-name": "Bucket Index",
+                "python-modules": ["airflow_provider_bucketindex.hooks.bucketindex"],
+            }
+        ],
+        "connection-types": [
+            {
+                "hook-class-name": _HOOK,
+                "hook-name": "Bucket Index (Spark)",
+                "connection-type": CONN_TYPE,
+                "ui-field-behaviour": {
+                    "hidden-fields": ["schema", "login", "password"],
+                    "relabeling": {"host": "Spark master", "port": "Master port"},
+                    "placeholders": {
+                        "host": "local[*] | spark://host | yarn | k8s://https://host",
+                        "port": "7077 (only for spark://host without a port)",
+                        "extra": '{"conf": {"spark.executor.memory": "2g"}}',
+                    },
+                },
+                "conn-fields": {
+                    "spark_conn_id": {
+                        "label": "Spark connection",
+                        "description": (
+                            "Take master, deploy mode, queue, Kerberos settings from this Spark "
+                            "connection (type spark) instead of the Spark master field."
+                        ),
+                        "schema": {"type": ["string", "null"]},
+                    },
+                    "deploy-mode": {
+                        "label": "Deploy mode",
+                        "description": "client or cluster",
+                        "schema": {"type": ["string", "null"], "enum": ["client", "cluster", None], "default": "client"},
+                    },
+                    "spark-binary": {
+                        "label": "Spark binary",
+                        "description": (
+                            "spark-submit, spark2-submit or spark3-submit; looked up in the Airflow "
+                            "worker's own environment bin/ first, then PATH"
+                        ),
+                        "schema": {"type": ["string", "null"], "default": "spark-submit"},
+                    },
+                    "python": {
+                        "label": "Python for Spark",
+                        "description": (
+                            "PYSPARK_PYTHON for driver and executors; empty = the Airflow worker's interpreter"
+                        ),
+                        "schema": {"type": ["string", "null"]},
+                    },
+                    "conf": {
+                        "label": "Spark conf (JSON)",
+                        "description": 'Extra Spark properties, e.g. {"spark.executor.memory": "2g"}',
+                        "schema": {"type": ["object", "string", "null"]},
+                    },
+                    "index": {
+                        "label": "Default index type",
+                        "description": "record, bucket or global_simple; used when an upsert creates a table",
+                        "schema": {"type": ["string", "null"], "enum": ["record", "bucket", "global_simple", None]},
+                    },
+                    "num-buckets": {
+                        "label": "Default bucket count",
+                        "description": "Used when an upsert creates a table",
+                        "schema": {"type": ["integer", "null"], "minimum": 1},
+                    },
+                    "source-format": {
+                        "label": "Default source format",
+                        "description": "parquet, json or csv",
+                        "schema": {"type": ["string", "null"], "enum": ["parquet", "json", "csv", None]},
+                    },
+                },
+            }
+        ],
+    }
