@@ -24,9 +24,13 @@ Two lookup strategies, as RFC-08 proposes:
   (from the block index), binary-search each block (``numpy.searchsorted``);
 * **scan** -- read every entry and hash-join it against the batch (``pyarrow.compute.index_in``).
 
-``auto`` picks seek while the batch is smaller than :data:`SCAN_RATIO` times the number of
-entries in the bucket's files, and scan beyond it; ``benchmarks/index_lookup.py`` measures
-where the crossover lies.
+``auto`` follows the measurements (``benchmarks/index_lookup.py``, docs/benchmarks.md): on
+memory-mapped files seek won at every batch size -- hashing the batch dominates both
+strategies, and binary search over a sorted fixed-width column beats building and probing a
+hash table -- so ``auto`` always seeks there. Where the storage cannot memory-map (HDFS, S3),
+seek issues range reads per touched block while scan reads the whole file in one request;
+``auto`` scans there when the batch touches at least :data:`SCAN_BLOCK_FRACTION` of the
+bucket's blocks (the bytes read are then about the same, the request count is not).
 """
 
 from __future__ import annotations
@@ -45,9 +49,10 @@ from spark_jobs.io.filesystem import FileIO
 
 __all__ = [
     "BLOCK_ROWS",
-    "SCAN_RATIO",
+    "SCAN_BLOCK_FRACTION",
     "TOMBSTONE",
     "IndexEntries",
+    "choose_mode",
     "IndexFile",
     "LookupResult",
     "lookup",
@@ -56,8 +61,9 @@ __all__ = [
 ]
 
 BLOCK_ROWS = 65_536
-#: auto switches from seek to scan when batch keys >= SCAN_RATIO * entries in the bucket
-SCAN_RATIO = 0.75
+#: without a memory map, auto scans (one whole-file read) when the batch touches at least
+#: this fraction of the bucket's blocks; memory-mapped files are always sought (measured)
+SCAN_BLOCK_FRACTION = 0.5
 TOMBSTONE = -1
 LOOKUP_MODES = ("auto", "seek", "scan")
 
@@ -159,6 +165,7 @@ class IndexFile:
     def __init__(self, io: FileIO, path: str) -> None:
         self.path = path
         self._source = io.memory_map(path)
+        self.memory_mapped = isinstance(self._source, pa.MemoryMappedFile)
         self._reader = ipc.open_file(self._source)
         md = self._reader.schema.metadata or {}
         self.locations: list[tuple[str, str]] = [tuple(x) for x in json.loads(md.get(_META_LOCATIONS, b"[]"))]
@@ -180,7 +187,11 @@ class IndexFile:
         return tuple(c.to_numpy(zero_copy_only=True) for c in b.columns)  # type: ignore[return-value]
 
     def read_all(self) -> pa.Table:
-        return self._reader.read_all()
+        if self.memory_mapped:
+            return self._reader.read_all()
+        # Without a memory map the IPC reader issues range reads per block; read the whole
+        # file in one request instead (what scan is for on HDFS / object stores).
+        return ipc.open_file(self._source.read_at(self._source.size(), 0)).read_all()
 
     def entries(self) -> IndexEntries:
         t = self.read_all()
@@ -240,7 +251,26 @@ def _seek(f: IndexFile, hi: np.ndarray, lo: np.ndarray, out: np.ndarray) -> None
                     out[s + j] = bloc[p]
                     break
                 p += 1
+            else:
+                if pos[j] == 0:  # the run of equal fp_hi may start in earlier blocks
+                    out[s + j] = _walk_back(f, b, nh[j], nl[j])
     # needles whose hi is below the first block key stay unresolved (-2): absent
+
+
+def _walk_back(f: IndexFile, b: int, h: np.uint64, l: np.uint64) -> int:
+    """Find (h, l) in the blocks before ``b``, where a run of entries with fp_hi == h that
+    reaches into block ``b`` began; -2 if it is not there."""
+    while b > 0:
+        b -= 1
+        bhi, blo, bloc = f.block(b)
+        p = bhi.size - 1
+        while p >= 0 and bhi[p] == h:
+            if blo[p] == l:
+                return int(bloc[p])
+            p -= 1
+        if p >= 0:  # the run began inside this block
+            break
+    return -2
 
 
 def _scan(f: IndexFile, hi: np.ndarray, lo: np.ndarray, out: np.ndarray) -> None:
@@ -266,12 +296,26 @@ def _scan(f: IndexFile, hi: np.ndarray, lo: np.ndarray, out: np.ndarray) -> None
             out[open_] = sub
 
 
-def choose_mode(num_keys: int, num_entries: int, mode: str = "auto") -> str:
+def choose_mode(mode: str = "auto", *, memory_mapped: bool = True, touched_fraction: float = 0.0) -> str:
+    """The strategy for a lookup: ``mode`` itself unless it is ``auto``.
+
+    ``auto``: seek on memory-mapped files (measured fastest at every batch size); otherwise
+    scan when the batch touches at least :data:`SCAN_BLOCK_FRACTION` of the blocks.
+    """
     if mode not in LOOKUP_MODES:
         raise ValueError(f"lookup mode must be one of {LOOKUP_MODES}, got {mode!r}")
     if mode != "auto":
         return mode
-    return "scan" if num_entries > 0 and num_keys >= SCAN_RATIO * num_entries else "seek"
+    if memory_mapped:
+        return "seek"
+    return "scan" if touched_fraction >= SCAN_BLOCK_FRACTION else "seek"
+
+
+def _touched_blocks(f: IndexFile, sorted_hi: np.ndarray) -> int:
+    """How many of ``f``'s blocks a seek for the sorted needles would read."""
+    blk = np.searchsorted(f.block_first_hi, sorted_hi, side="right") - 1
+    blk = blk[blk >= 0]
+    return 0 if blk.size == 0 else 1 + int(np.count_nonzero(blk[1:] != blk[:-1]))
 
 
 def lookup(
@@ -293,8 +337,12 @@ def lookup(
     shi, slo = hi[order], lo[order]
     files = [IndexFile(io, p) for p in paths]
     try:
-        total = sum(max(f.metadata.get("entries", 0), 0) for f in files)
-        chosen = choose_mode(n, total, mode)
+        mapped = all(f.memory_mapped for f in files)
+        touched = 0.0
+        if mode == "auto" and not mapped:
+            blocks = sum(f.block_first_hi.size for f in files)
+            touched = sum(_touched_blocks(f, shi) for f in files) / blocks if blocks else 0.0
+        chosen = choose_mode(mode, memory_mapped=mapped, touched_fraction=touched)
         # resolved[i]: global location id, -1 absent/deleted, -2 not yet seen in any file
         resolved = np.full(n, -2, dtype=np.int64)
         locations: list[tuple[str, str]] = []

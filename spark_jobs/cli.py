@@ -1,0 +1,187 @@
+"""``bucketindex``: table operations from the command line (DESIGN §4).
+
+Exit status: 0 success, 1 a check found a problem, 2 bad usage or bad input (one line on
+stderr, nothing written). Verbs that need Spark start a local session (``--master`` to
+change it); ``show`` and ``rollback`` read and repair the table with the pure-Python core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Any, Callable
+
+from spark_jobs.table.config import INDEX_TYPES, BadInputError
+
+__all__ = ["main", "build_parser"]
+
+log = logging.getLogger("bucketindex")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2
+        self.exit(2, f"bucketindex: error: {message}\n")
+
+
+def _csv(text: str) -> list[str]:
+    return [p.strip() for p in text.split(",") if p.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="bucketindex", description="Upsertable lake tables with a record-level or bucket hash index.")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="verb", required=True, parser_class=_Parser)
+
+    up = sub.add_parser("upsert", help="upsert (and delete) a batch into a table, data + index in one commit")
+    up.add_argument("table")
+    up.add_argument("source")
+    up.add_argument("--record-key", required=True, type=_csv, help="key field(s), comma-separated")
+    up.add_argument("--precombine-field", help="highest value wins among rows with the same key")
+    up.add_argument("--partition-field")
+    up.add_argument("--index", choices=INDEX_TYPES, help="index type (fixed at table creation; default record)")
+    up.add_argument("--num-buckets", type=int, help="index buckets (record) or buckets per partition (bucket)")
+    up.add_argument("--source-format", default="parquet", choices=("parquet", "json", "csv"))
+    up.add_argument("--delete-field", help="boolean column: rows where it is true are deletes")
+    up.add_argument("--batch-id", help="idempotence key: a batch id already committed makes the run a no-op")
+    up.add_argument("--target-file-rows", type=int, help="rows per data file before a new file group opens")
+    up.add_argument("--master", help="Spark master (default local[*])")
+
+    rd = sub.add_parser("read", help="read a snapshot")
+    rd.add_argument("table")
+    rd.add_argument("--as-of", help="instant (time travel)")
+    rd.add_argument("--output", help="write the snapshot as one Parquet file")
+    rd.add_argument("--limit", type=int, default=20, help="rows to print without --output")
+    rd.add_argument("--master")
+
+    sh = sub.add_parser("show", help="timeline, file groups, index buckets, pending work")
+    sh.add_argument("table")
+    sh.add_argument("--json", action="store_true", help="machine-readable output")
+
+    va = sub.add_parser("validate", help="full index <-> data check; exit 1 on any mismatch")
+    va.add_argument("table")
+    va.add_argument("--master")
+
+    rb = sub.add_parser("rollback", help="roll back pending instants (all abandoned ones, or INSTANT)")
+    rb.add_argument("table")
+    rb.add_argument("instant", nargs="?")
+    rb.add_argument("--force", action="store_true", help="even if its writer looks alive")
+    return p
+
+
+def _spark(args: argparse.Namespace, submitted: bool):  # type: ignore[no-untyped-def]
+    from spark_jobs.jobs.session import get_spark  # lazy: only Spark verbs start a JVM
+
+    return get_spark(None if submitted else (args.master or "local[*]"))
+
+
+def cmd_upsert(args: argparse.Namespace, submitted: bool) -> int:
+    if args.num_buckets is not None and args.num_buckets < 1:
+        raise BadInputError(f"--num-buckets must be at least 1, got {args.num_buckets}")
+    from spark_jobs.jobs.upsert import UpsertOptions, run_upsert
+
+    opts = UpsertOptions(
+        table=args.table, source=args.source, record_key=args.record_key, precombine_field=args.precombine_field,
+        partition_field=args.partition_field, index=args.index, num_buckets=args.num_buckets,
+        source_format=args.source_format, delete_field=args.delete_field, batch_id=args.batch_id,
+        target_file_rows=args.target_file_rows,
+    )
+    result = run_upsert(_spark(args, submitted), opts)
+    print(json.dumps(result, sort_keys=True))
+    return 0
+
+
+def cmd_read(args: argparse.Namespace, submitted: bool) -> int:
+    from spark_jobs.table.reader import read_arrow
+
+    if args.output:
+        import pyarrow.parquet as pq
+
+        t = read_arrow(args.table, args.as_of)
+        pq.write_table(t, args.output)
+        print(f"wrote {t.num_rows} rows to {args.output}")
+        return 0
+    from spark_jobs.jobs.read import read_table
+
+    df = read_table(_spark(args, submitted), args.table, args.as_of)
+    df.show(args.limit, truncate=False)
+    return 0
+
+
+def cmd_show(args: argparse.Namespace, submitted: bool) -> int:
+    from spark_jobs.table.table import Table
+
+    d = Table.load(args.table).describe()
+    if args.json:
+        print(json.dumps(d, indent=2, sort_keys=True))
+        return 0
+    c = d["config"]
+    print(f"table      {d['uri']}")
+    print(f"index      {c['index_type']} ({c['num_buckets']} buckets), key {','.join(c['record_key_fields'])}"
+          + (f", partitioned by {','.join(c['partition_fields'])}" if c["partition_fields"] else "")
+          + (f", precombine {c['precombine_field']}" if c["precombine_field"] else ""))
+    print(f"snapshot   {d['rows']} rows in {d['file_groups']} file groups, {len(d['partitions'])} partitions")
+    print(f"index      {len(d['index_buckets'])} buckets with files, {sum(d['index_buckets'].values())} index files")
+    print(f"pending    {', '.join(d['pending']) or 'none'}")
+    print("timeline")
+    for c in d["timeline"]:
+        counts = c["counts"]
+        t = c["timings_ms"]
+        phases = " ".join(f"{k[:-3]}={v}" for k, v in t.items() if k != "total_ms")
+        cnt = (f" +{counts.get('inserted', 0)} ~{counts.get('updated', 0)} -{counts.get('deleted', 0)}" if counts else "")
+        print(f"  {c['instant']} {c['action']:<10}{cnt}  batch={c['batch_id'] or '-'}"
+              + (f"  total={t.get('total_ms')}ms [{phases}]" if t else ""))
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace, submitted: bool) -> int:
+    from spark_jobs.jobs.validate import run_validate
+
+    report = run_validate(_spark(args, submitted), args.table)
+    print(json.dumps(report, indent=2, sort_keys=True))
+    if not report["ok"]:
+        print(f"bucketindex: validate found problems: {', '.join(report['problems'])}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_rollback(args: argparse.Namespace, submitted: bool) -> int:
+    from spark_jobs.table.table import Table
+
+    done = Table.load(args.table).rollback(args.instant, force=args.force)
+    print(f"rolled back {', '.join(done)}" if done else "nothing to roll back")
+    return 0
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace, bool], int]] = {
+    "upsert": cmd_upsert,
+    "read": cmd_read,
+    "show": cmd_show,
+    "validate": cmd_validate,
+    "rollback": cmd_rollback,
+}
+
+
+def main(argv: list[str] | None = None, *, submitted: bool = False) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    try:
+        return COMMANDS[args.verb](args, submitted)
+    except BadInputError as e:
+        print(f"bucketindex: error: {_one_line(e)}", file=sys.stderr)
+        return 2
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())
+
+
+
+if __name__ == "__main__":
+    sys.exit(main())

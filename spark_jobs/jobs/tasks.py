@@ -1,0 +1,238 @@
+"""The work Spark tasks do on executors, as plain functions over Arrow tables.
+
+Kept free of ``pyspark`` so the logic is unit-testable without a JVM; the jobs wrap these
+with ``groupBy(...).applyInArrow``. Each function receives everything it needs (table
+URI, file lists, schema) as arguments, because it runs in a separate Python worker.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from spark_jobs.index.record_index import IndexEntries, lookup, write_index_file
+from spark_jobs.table.layout import data_file_name
+from spark_jobs.table.table import Table
+from spark_jobs.testing.faults import maybe_crash
+
+__all__ = [
+    "KEY",
+    "OP",
+    "MERGE_OUTPUT",
+    "LOOKUP_OUTPUT",
+    "DELTA_OUTPUT",
+    "MergeContext",
+    "lookup_bucket",
+    "merge_file_group",
+    "write_index_delta",
+]
+
+KEY = "_bi_key"  # the canonical record key, stored in every data file
+OP = "_bi_op"  # upsert | delete | move_in | move_out (routing only, never stored)
+UPSERT, DELETE, MOVE_IN, MOVE_OUT = "upsert", "delete", "move_in", "move_out"
+
+LOOKUP_OUTPUT = "_bi_key string, _bi_old_part string, _bi_old_fid string"
+MERGE_OUTPUT = (
+    "kind string, part string, fid string, path string, num_rows long, size long, "
+    "inserted long, updated long, deleted long, key string, tomb boolean"
+)
+DELTA_OUTPUT = "bucket int, path string, entries long, size long"
+
+
+def bind(fn, **kwargs):  # type: ignore[no-untyped-def]
+    """``fn`` with keyword arguments bound, as a plain two-argument function.
+
+    PySpark 4.2's ``applyInArrow`` inspects the function's signature to pick the UDF kind
+    and fails on ``functools.partial``; a closure inspects cleanly.
+    """
+
+    def grouped(key, table):  # type: ignore[no-untyped-def]
+        return fn(key, table, **kwargs)
+
+    return grouped
+
+
+def _task_token() -> str:
+    """``<partition>-<stage>-<attempt>``: unique per task attempt, so a retried or
+    speculative attempt writes a different file and never clobbers a sibling."""
+    try:
+        from pyspark import TaskContext  # executor side only
+
+        tc = TaskContext.get()
+        if tc is not None:
+            return f"{tc.partitionId()}-{tc.stageId()}-{tc.attemptNumber()}"
+    except ImportError:  # pragma: no cover - running outside Spark (unit tests)
+        pass
+    return "0-0-0"
+
+
+def lookup_bucket(key: tuple, keys: pa.Table, *, table_uri: str, files: dict[int, list[str]]) -> pa.Table:
+    """Tag one index bucket's batch keys with their current (partition, file id)."""
+    bucket = key[0].as_py()
+    rels = files.get(bucket, [])
+    empty = pa.table({KEY: pa.array([], pa.string()), "_bi_old_part": pa.array([], pa.string()),
+                      "_bi_old_fid": pa.array([], pa.string())})
+    if not rels or keys.num_rows == 0:
+        return empty
+    t = Table.open(table_uri)
+    key_list = keys.column(KEY).to_pylist()
+    res = lookup(t.io, [t.abs(r) for r in rels], key_list)
+    hit = np.nonzero(res.found)[0]
+    if hit.size == 0:
+        return empty
+    locs = [res.locations[i] for i in res.loc[hit].tolist()]
+    return pa.table(
+        {
+            KEY: pa.array([key_list[i] for i in hit.tolist()], pa.string()),
+            "_bi_old_part": pa.array([p for p, _ in locs], pa.string()),
+            "_bi_old_fid": pa.array([f for _, f in locs], pa.string()),
+        }
+    )
+
+
+@dataclass
+class MergeContext:
+    table_uri: str
+    instant: str
+    schema: pa.Schema  # the data file schema (user columns + KEY)
+    base_files: dict[str, str]  # "<part>\x00<fid>" -> current file (relative path)
+    precombine: str | None
+    emit_index: bool  # record index: report new locations and tombstones
+    partition_dirs: dict[str, str] = field(default_factory=dict)
+
+
+def _stale(incoming: pa.Array, stored: pa.Array) -> pa.Array:
+    """Incoming rows older than the stored row (nulls order lowest)."""
+    older = pc.fill_null(pc.greater(stored, incoming), False)
+    incoming_null_stored_not = pc.and_(pc.is_null(incoming), pc.is_valid(stored))
+    return pc.or_(older, incoming_null_stored_not)
+
+
+def merge_file_group(key: tuple, incoming: pa.Table, *, ctx: MergeContext) -> pa.Table:
+    """Copy-on-write merge of one file group with its incoming upserts and deletes.
+
+    Writes the new file slice (under a marker) and returns one ``file`` row describing it
+    plus, for the record index, one ``index`` row per key whose location changed.
+    """
+    part, fid = key[0].as_py(), key[1].as_py()
+    t = Table.open(ctx.table_uri)
+    names = ctx.schema.names
+    base_rel = ctx.base_files.get(f"{part}\x00{fid}")
+    if base_rel:
+        with t.io.open_input_file(t.abs(base_rel)) as f:
+            base = pq.read_table(f).select(names).cast(ctx.schema)
+    else:
+        base = ctx.schema.empty_table()
+    ops = incoming.column(OP)
+    in_keys = incoming.column(KEY)
+    pos = pc.index_in(in_keys, value_set=base.column(KEY))  # position of the key in the base
+    in_base = pc.is_valid(pos)
+    effective = pa.array(np.ones(incoming.num_rows, dtype=bool))
+    if ctx.precombine and base.num_rows:
+        stored = pc.take(base.column(ctx.precombine), pos)
+        inc = incoming.column(ctx.precombine).cast(ctx.schema.field(ctx.precombine).type)
+        stale = pc.and_(pc.and_(in_base, _stale(inc, stored)), pc.not_equal(ops, MOVE_OUT))
+        effective = pc.invert(pc.fill_null(stale, False))
+    is_upsert = pc.is_in(ops, value_set=pa.array([UPSERT, MOVE_IN]))
+    is_delete = pc.is_in(ops, value_set=pa.array([DELETE, MOVE_OUT]))
+    upserts = pc.and_(effective, is_upsert)
+    removes = pc.and_(effective, pc.and_(in_base, pc.or_(is_upsert, is_delete)))
+    removed_keys = pc.filter(in_keys, removes)
+    keep = pc.invert(pc.is_in(base.column(KEY), value_set=removed_keys))
+    new_rows = incoming.filter(upserts).select(names).cast(ctx.schema)
+    result = pa.concat_tables([base.filter(keep), new_rows])
+
+    op_is = lambda v: pc.equal(ops, v)  # noqa: E731
+    inserted = pc.and_(upserts, pc.and_(pc.invert(in_base), op_is(UPSERT)))
+    updated = pc.or_(pc.and_(upserts, in_base), pc.and_(upserts, op_is(MOVE_IN)))
+    deleted = pc.and_(pc.and_(effective, in_base), op_is(DELETE))
+    counts = [int(pc.sum(pc.cast(c, pa.int64())).as_py() or 0) for c in (inserted, updated, deleted)]
+
+    rel, size = None, 0
+    if result.num_rows:
+        part_dir = ctx.partition_dirs.get(part, part)
+        rel = posixpath.join(part_dir, data_file_name(fid, _task_token(), ctx.instant))
+        t.create_marker(ctx.instant, rel)
+        with t.io.open_output_stream(t.abs(rel)) as out:
+            pq.write_table(result, out, compression="zstd")
+        size = t.io.size(t.abs(rel))
+        maybe_crash("after_data_file")
+
+    rows: dict[str, list] = {c.split()[0]: [] for c in MERGE_OUTPUT.split(", ")}
+
+    def add(**kw: object) -> None:
+        for c in rows:
+            rows[c].append(kw.get(c))
+
+    add(kind="file", part=part, fid=fid, path=rel, num_rows=result.num_rows, size=size,
+        inserted=counts[0], updated=counts[1], deleted=counts[2])
+    if ctx.emit_index:
+        new_loc = pc.and_(upserts, pc.invert(in_base))  # inserts and keys moving in
+        for k in pc.filter(in_keys, new_loc).to_pylist():
+            add(kind="index", part=part, fid=fid, key=k, tomb=False)
+        for k in pc.filter(in_keys, deleted).to_pylist():
+            add(kind="index", part=part, fid=fid, key=k, tomb=True)
+    return pa.table(rows, schema=_merge_schema())
+
+
+def _merge_schema() -> pa.Schema:
+    types = {"string": pa.string(), "long": pa.int64(), "boolean": pa.bool_()}
+    return pa.schema([(n, types[t]) for n, t in (c.split() for c in MERGE_OUTPUT.split(", "))])
+
+
+def write_index_delta(key: tuple, entries: pa.Table, *, table_uri: str, instant: str) -> pa.Table:
+    """Write one index bucket's delta for ``instant`` (new locations and tombstones)."""
+    bucket = key[0].as_py()
+    t = Table.open(table_uri)
+    keys = entries.column("key").to_pylist()
+    tomb = entries.column("tomb").to_pylist()
+    parts = entries.column("part").to_pylist()
+    fids = entries.column("fid").to_pylist()
+    targets = [None if d else (p, f) for d, p, f in zip(tomb, parts, fids)]
+    idx = IndexEntries.from_keys(keys, targets)
+    path = t.layout.index_file(bucket, "delta", instant)
+    rel = t.layout.rel(path)
+    t.create_marker(instant, rel)
+    size = write_index_file(t.io, path, idx, metadata={"instant": instant, "bucket": bucket})
+    maybe_crash("after_index_file")
+    return pa.table(
+        {"bucket": pa.array([bucket], pa.int32()), "path": [rel], "entries": pa.array([len(idx)], pa.int64()),
+         "size": pa.array([size], pa.int64())}
+    )
+
+
+def read_bucket_entries(key: tuple, _: pa.Table, *, table_uri: str, files: dict[int, list[str]]) -> pa.Table:
+    """All live entries of one index bucket (for validate and shadow compare), fingerprints as int64."""
+    from spark_jobs.index.record_index import merge_entries
+
+    bucket = key[0].as_py()
+    t = Table.open(table_uri)
+    e = merge_entries(t.io, [t.abs(r) for r in files.get(bucket, [])])
+    locs = e.targets()
+    return pa.table(
+        {
+            "bucket": pa.array(np.full(len(e), bucket, np.int32)),
+            "fp_hi": pa.array(e.fp_hi.view(np.int64)),
+            "fp_lo": pa.array(e.fp_lo.view(np.int64)),
+            "part": pa.array([l[0] for l in locs], pa.string()),  # type: ignore[index]
+            "fid": pa.array([l[1] for l in locs], pa.string()),  # type: ignore[index]
+        }
+    )
+
+
+def fingerprint_keys(batches, *, key_col: str = KEY):  # type: ignore[no-untyped-def]
+    """mapInArrow: append fp_hi/fp_lo (int64 views of the uint64 fingerprint) to each batch."""
+    from spark_jobs.index.hashing import fingerprints
+
+    for b in batches:
+        hi, lo = fingerprints(b.column(key_col).to_pylist())
+        yield pa.RecordBatch.from_arrays(
+            list(b.columns) + [pa.array(hi.view(np.int64)), pa.array(lo.view(np.int64))],
+            names=list(b.schema.names) + ["fp_hi", "fp_lo"],
+        )
+

@@ -1,0 +1,435 @@
+"""The upsert job: route every key of a batch through the index, write data and index in one commit.
+
+Phases (each logged and timed into the commit metadata):
+
+1. **validate** -- read the source; check key, precombine, partition and delete columns,
+   null/empty keys, castability to the table schema, options against the table. Any
+   problem raises :class:`BadInputError` before an instant exists or a byte is written.
+2. **dedupe** -- one row per key: highest precombine value wins; ties go to the row whose
+   JSON serialisation is greatest, so the winner never depends on file or task order.
+3. **tag** -- find each key's current file group: ``record`` looks up the index buckets the
+   keys hash to (one task per bucket); ``bucket`` computes ``hash % N`` (no read);
+   ``global_simple`` joins against the keys of every data file (the baseline).
+4. **write** -- one task per affected file group merges its current file with its updates,
+   inserts and deletes into a new Parquet file (copy-on-write), under a marker.
+5. **index** -- ``record`` only: one sorted delta per touched index bucket.
+6. **commit** -- the completed instant, with the list of files, appears atomically.
+
+Semantics: ``record`` and ``global_simple`` are *global* -- a key lives in one partition,
+and a key whose partition value changes moves there. ``bucket`` is *per partition* -- the
+record identity is (partition, key). Across batches the stored row is replaced only when the
+incoming precombine value is not lower (event-time ordering); without a precombine field the
+newest batch wins. A delete of a key that does not exist is a no-op.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+
+from spark_jobs.jobs import tasks
+from spark_jobs.jobs.keys import bucket_expr, file_id_for_bucket_expr, key_expr, partition_expr
+from spark_jobs.jobs.source import check_castable, read_source
+from spark_jobs.table.config import (
+    DEFAULT_NUM_BUCKETS,
+    INDEX_BUCKET,
+    INDEX_RECORD,
+    BadInputError,
+    ConfigConflictError,
+    TableConfig,
+)
+from spark_jobs.table.heartbeat import Heartbeat, is_alive
+from spark_jobs.table.table import Table, WriterAliveError
+from spark_jobs.table.timeline import Action
+from spark_jobs.table.view import FileSystemView, encode_schema
+from spark_jobs.testing.faults import maybe_crash
+
+__all__ = ["UpsertOptions", "run_upsert"]
+
+log = logging.getLogger("bucketindex.upsert")
+
+KEY, OP = tasks.KEY, tasks.OP
+DEL, PART, BUCKET = "_bi_del", "_bi_part", "_bi_bucket"
+OLD_PART, OLD_FID = "_bi_old_part", "_bi_old_fid"
+TPART, TFID = "_bi_tpart", "_bi_tfid"
+
+
+@dataclass
+class UpsertOptions:
+    table: str
+    source: str
+    record_key: list[str]
+    precombine_field: str | None = None
+    partition_field: str | None = None
+    index: str | None = None
+    num_buckets: int | None = None
+    source_format: str = "parquet"
+    delete_field: str | None = None
+    batch_id: str | None = None
+    target_file_rows: int | None = None
+
+
+@dataclass
+class _Phases:
+    timings: dict[str, int] = field(default_factory=dict)
+    _t: float = field(default_factory=time.perf_counter)
+
+    def done(self, name: str, detail: str = "") -> None:
+        now = time.perf_counter()
+        self.timings[f"{name}_ms"] = int((now - self._t) * 1000)
+        log.info("phase %-8s %6d ms %s", name, self.timings[f"{name}_ms"], detail)
+        self._t = now
+
+
+def _requested_config(opts: UpsertOptions, existing: TableConfig | None) -> tuple[TableConfig, set[str]]:
+    explicit = {"record_key_fields"}
+    if opts.index:
+        explicit.add("index_type")
+    if opts.partition_field is not None:
+        explicit.add("partition_fields")
+    if opts.precombine_field is not None:
+        explicit.add("precombine_field")
+    index = opts.index or (existing.index_type if existing else INDEX_RECORD)
+    base = existing
+    cfg = TableConfig(
+        record_key_fields=list(opts.record_key),
+        index_type=index,
+        num_buckets=opts.num_buckets or (base.num_buckets if base else DEFAULT_NUM_BUCKETS[index]),
+        partition_fields=[opts.partition_field] if opts.partition_field else (base.partition_fields if base else []),
+        precombine_field=opts.precombine_field if opts.precombine_field is not None else (
+            base.precombine_field if base else None),
+        target_file_rows=opts.target_file_rows or (base.target_file_rows if base else TableConfig.target_file_rows),
+    )
+    return cfg, explicit
+
+
+def _validated_batch(
+    spark: SparkSession, opts: UpsertOptions, cfg: TableConfig, view: FileSystemView | None
+) -> tuple[DataFrame, Any]:
+    """The source as a DataFrame in the table's column order plus the data schema; raises BadInputError."""
+    df = read_source(spark, opts.source, opts.source_format)
+    cols = df.columns
+    for f in cfg.record_key_fields:
+        if f not in cols:
+            raise BadInputError(f"record key field {f!r} is not in the source (columns: {', '.join(cols)})")
+    for label, f in (("precombine", cfg.precombine_field), ("partition", (cfg.partition_fields or [None])[0]),
+                     ("delete", opts.delete_field)):
+        if f and f not in cols:
+            raise BadInputError(f"{label} field {f!r} is not in the source (columns: {', '.join(cols)})")
+    data_cols = [c for c in cols if c != opts.delete_field]
+    if any(c.startswith("_bi_") for c in data_cols):
+        raise BadInputError("source columns may not start with '_bi_' (reserved for bucketindex)")
+    if view is not None and view.schema is not None:
+        table_cols = [n for n in view.schema.names if n != KEY]
+        extra = [c for c in data_cols if c not in table_cols]
+        if extra:
+            raise BadInputError(
+                f"source columns {', '.join(extra)} are not in the table schema (schema evolution is not supported in format v1)"
+            )
+        target = from_arrow_schema(view.schema)
+        check_castable(df, target)
+        df = df.select(
+            *[(F.col(f.name) if f.name in cols else F.lit(None)).cast(f.dataType).alias(f.name)
+              for f in target.fields if f.name != KEY],
+            *([F.col(opts.delete_field)] if opts.delete_field else []),
+        )
+        data_schema = view.schema
+    else:
+        data_schema = None
+    if opts.delete_field:
+        dtype = df.schema[opts.delete_field].dataType.simpleString()
+        if dtype not in ("boolean", "string", "int", "bigint", "smallint", "tinyint"):
+            raise BadInputError(f"delete field {opts.delete_field!r} must be boolean, got {dtype}")
+    key = key_expr(cfg.record_key_fields)
+    stats = df.agg(
+        F.count(F.lit(1)).alias("n"),
+        F.sum((key.isNull() | (key == "")).cast("long")).alias("bad_keys"),
+    ).first()
+    if not stats["n"]:
+        raise BadInputError(f"the batch at {opts.source} is empty")
+    if stats["bad_keys"]:
+        raise BadInputError(f"{stats['bad_keys']} row(s) have a null or empty record key ({','.join(cfg.record_key_fields)})")
+    if data_schema is None:
+        data_schema = to_arrow_schema(df.select(*data_cols, key.alias(KEY)).schema)
+    return df, data_schema
+
+
+def run_upsert(spark: SparkSession, opts: UpsertOptions) -> dict[str, Any]:
+    """Upsert one batch; returns the instant, counts and timings. Raises BadInputError on bad input."""
+    phases = _Phases()
+    started = time.perf_counter()
+    table = Table.open(opts.table)
+    cfg, explicit = _requested_config(opts, table.config)
+    view = None
+    if table.config is not None:
+        table.config.check_compatible(cfg, explicit=explicit)
+        view = table.view()
+        in_force = table.num_buckets(view)
+        if opts.num_buckets and opts.num_buckets != in_force:
+            raise ConfigConflictError(
+                f"--num-buckets {opts.num_buckets} contradicts the table's {in_force} buckets; "
+                f"change it with `bucketindex rehash` instead"
+            )
+        cfg = table.config
+    df, data_schema = _validated_batch(spark, opts, cfg, view)
+    phases.done("validate")
+
+    batch_id = opts.batch_id or f"adhoc-{uuid.uuid4().hex}"
+    if table.config is not None:
+        done = table.commit_for_batch(batch_id)
+        if done is not None:
+            log.info("batch %s is already committed as instant %s: nothing to do", batch_id, done.timestamp)
+            meta = table.timeline.read_metadata(done)
+            return {"instant": done.timestamp, "batch_id": batch_id, "noop": True, "counts": meta.get("counts", {}),
+                    "timings_ms": meta.get("timings_ms", {})}
+    else:
+        cfg = table.create(cfg)
+        log.info("created table %s (%s index, %d buckets)", opts.table, cfg.index_type, cfg.num_buckets)
+
+    repaired = table.rollback()  # abandoned pending instants; a live writer raises WriterAliveError
+    if repaired:
+        log.info("rolled back abandoned instants %s", ", ".join(repaired))
+    view = table.view()
+    num_buckets = table.num_buckets(view)
+
+    tl = table.timeline
+    ts = tl.new_instant_time()
+    heartbeat = Heartbeat(table.io, table.layout, ts).start()
+    try:
+        plan = {"batch_id": batch_id, "operation": "upsert", "source": opts.source, "index_type": cfg.index_type,
+                "num_buckets": num_buckets}
+        inst = tl.create_requested(Action.COMMIT, plan, timestamp=ts)
+        _ensure_single_writer(table, ts)
+        maybe_crash("after_requested")
+        inst = tl.transition_to_inflight(inst)
+        log.info("instant %s: upserting %s into %s", ts, opts.source, opts.table)
+        result = _write(spark, table, cfg, view, num_buckets, df, data_schema, opts, ts, phases)
+        metadata = {
+            "action": Action.COMMIT,
+            "instant": ts,
+            "batch_id": batch_id,
+            "operation": "upsert",
+            "index_type": cfg.index_type,
+            "schema": encode_schema(data_schema),
+            **result,
+        }
+        maybe_crash("before_complete")
+        metadata["timings_ms"] = {**phases.timings, "total_ms": int((time.perf_counter() - started) * 1000)}
+        tl.complete(inst, metadata)
+        maybe_crash("after_complete")
+        keep = {fg["path"] for fg in result["file_groups"] if fg["path"]} | {f["path"] for f in result["index"]["added"]}
+        table.finalize_markers(ts, keep)
+        phases.done("commit")
+        metadata["timings_ms"]["commit_ms"] = phases.timings["commit_ms"]
+    except BaseException:
+        heartbeat.stop(delete=True)
+        _rollback_quietly(table, ts)
+        raise
+    heartbeat.stop(delete=True)
+    counts = metadata["counts"]
+    log.info("committed %s: %d inserted, %d updated, %d deleted", ts, counts["inserted"], counts["updated"], counts["deleted"])
+    return {"instant": ts, "batch_id": batch_id, "noop": False, "counts": counts,
+            "timings_ms": {**metadata["timings_ms"], **phases.timings}}
+
+
+def _ensure_single_writer(table: Table, ts: str) -> None:
+    """Single-writer rule: if an older pending write is alive, we lost the race; step back."""
+    for other in table.timeline.reload().pending():
+        if other.timestamp < ts and other.action != Action.ROLLBACK and is_alive(table.io, table.layout, other.timestamp):
+            raise WriterAliveError(f"another writer holds the table (instant {other.timestamp}); try again later")
+
+
+def _rollback_quietly(table: Table, ts: str) -> None:
+    try:
+        if table.timeline.reload().find(ts) is not None and not table.timeline.find(ts).is_completed:
+            table.rollback(ts, force=True)
+    except Exception:  # the next writer repairs it from the markers
+        log.warning("could not roll back %s now; the next run will", ts, exc_info=True)
+
+
+def _dedupe(df: DataFrame, cfg: TableConfig, delete_field: str | None) -> DataFrame:
+    keyed = (
+        df.withColumn(KEY, key_expr(cfg.record_key_fields))
+        .withColumn(DEL, F.coalesce(F.col(delete_field).cast("boolean"), F.lit(False)) if delete_field else F.lit(False))
+        .withColumn(PART, partition_expr(cfg.partition_fields))
+    )
+    order = [F.col(cfg.precombine_field).desc_nulls_last()] if cfg.precombine_field else []
+    order.append(F.to_json(F.struct(*[F.col(c) for c in df.columns])).desc())
+    identity = [PART, KEY] if cfg.index_type == INDEX_BUCKET else [KEY]
+    w = Window.partitionBy(*identity).orderBy(*order)
+    out = keyed.withColumn("_bi_rn", F.row_number().over(w)).filter("_bi_rn = 1").drop("_bi_rn")
+    if delete_field:
+        out = out.drop(delete_field)
+    return out
+
+
+def _tag(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystemView, num_buckets: int,
+         batch: DataFrame) -> DataFrame:
+    """Add the current location (OLD_PART, OLD_FID) of each key; null for new keys."""
+    no_loc = batch.withColumn(OLD_PART, F.lit(None).cast("string")).withColumn(OLD_FID, F.lit(None).cast("string"))
+    if cfg.index_type == INDEX_RECORD:
+        files = {b: list(f) for b, f in view.index_files.items() if f}
+        if not files:
+            return no_loc
+        keys = batch.select(KEY, bucket_expr(F.col(KEY), num_buckets).alias(BUCKET)).filter(
+            F.col(BUCKET).isin(list(files))
+        )
+        spark.conf.set("spark.sql.shuffle.partitions", str(max(1, min(len(files), 200))))
+        found = keys.groupBy(BUCKET).applyInArrow(
+            tasks.bind(tasks.lookup_bucket, table_uri=table.uri, files=files), tasks.LOOKUP_OUTPUT
+        )
+        return batch.join(found, KEY, "left")
+    # global_simple: join against the keys of every live data file
+    slices = view.slices()
+    if not slices:
+        return no_loc
+    by_path = spark.createDataFrame(
+        [(_spark_path(table, s.path), s.partition, s.file_id) for s in slices], f"_bi_path string, {OLD_PART} string, {OLD_FID} string"
+    )
+    existing = (
+        spark.read.parquet(*[_spark_path(table, s.path) for s in slices]).select(KEY)
+        .withColumn("_bi_path", F.input_file_name())
+        .join(F.broadcast(by_path), "_bi_path").drop("_bi_path")
+    )
+    return batch.join(existing, KEY, "left")
+
+
+def _spark_path(table: Table, rel: str) -> str:
+    uri = table.uri if "://" in table.uri else "file://" + table.root
+    return uri.rstrip("/") + "/" + rel
+
+
+def _assign_new_file_groups(spark: SparkSession, cfg: TableConfig, view: FileSystemView, rows: DataFrame) -> DataFrame:
+    """Give rows entering a partition a file group: fill small groups up to the target, then new ones."""
+    counts = {r[PART]: r["count"] for r in rows.groupBy(PART).count().collect()}
+    target = cfg.target_file_rows
+    ranges = []
+    for part, n in counts.items():
+        start = 0
+        for s in sorted(view.slices(part), key=lambda s: s.num_rows):
+            if start >= n:
+                break
+            room = target - s.num_rows
+            if room > 0:
+                ranges.append((part, s.file_id, start, start + room))
+                start += room
+        while start < n:
+            ranges.append((part, uuid.uuid4().hex, start, start + target))
+            start += target
+    plan = spark.createDataFrame(ranges, f"{PART} string, {TFID} string, _bi_lo long, _bi_hi long")
+    rn = rows.withColumn("_bi_rn", F.row_number().over(Window.partitionBy(PART).orderBy(KEY)) - 1)
+    return (
+        rn.join(F.broadcast(plan), (rn[PART] == plan[PART]) & (rn["_bi_rn"] >= plan["_bi_lo"]) & (rn["_bi_rn"] < plan["_bi_hi"]))
+        .drop(plan[PART]).drop("_bi_rn", "_bi_lo", "_bi_hi")
+        .withColumn(TPART, F.col(PART))
+    )
+
+
+def _route(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystemView, num_buckets: int,
+           tagged: DataFrame) -> DataFrame:
+    """One row per action with its target file group (TPART, TFID) and OP."""
+    if cfg.index_type == INDEX_BUCKET:
+        return (
+            tagged.withColumn(TPART, F.col(PART))
+            .withColumn(TFID, file_id_for_bucket_expr(bucket_expr(F.col(KEY), num_buckets)))
+            .withColumn(OP, F.when(F.col(DEL), F.lit(tasks.DELETE)).otherwise(F.lit(tasks.UPSERT)))
+        )
+    exists, is_del = F.col(OLD_FID).isNotNull(), F.col(DEL)
+    moved = exists & ~is_del & (F.col(OLD_PART) != F.col(PART))
+    tagged = tagged.withColumn("_bi_moved", moved)
+    if cfg.precombine_field:
+        tagged = _drop_stale_moves(spark, table, cfg, view, tagged)
+    in_place = (
+        tagged.filter(exists & ~F.col("_bi_moved"))
+        .withColumn(OP, F.when(is_del, F.lit(tasks.DELETE)).otherwise(F.lit(tasks.UPSERT)))
+        .withColumn(TPART, F.col(OLD_PART)).withColumn(TFID, F.col(OLD_FID))
+    )
+    move_out = (
+        tagged.filter(F.col("_bi_moved")).withColumn(OP, F.lit(tasks.MOVE_OUT))
+        .withColumn(TPART, F.col(OLD_PART)).withColumn(TFID, F.col(OLD_FID))
+    )
+    entering = tagged.filter(F.col("_bi_moved") | (~exists & ~is_del)).withColumn(
+        OP, F.when(F.col("_bi_moved"), F.lit(tasks.MOVE_IN)).otherwise(F.lit(tasks.UPSERT))
+    )
+    entering = _assign_new_file_groups(spark, cfg, view, entering)
+    cols = in_place.columns
+    return in_place.unionByName(move_out.select(*cols)).unionByName(entering.select(*cols))
+
+
+def _drop_stale_moves(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystemView,
+                      tagged: DataFrame) -> DataFrame:
+    """A key moving partitions is compared with its stored row first; read only the files holding movers."""
+    holders = {(r[OLD_PART], r[OLD_FID]) for r in tagged.filter("_bi_moved").select(OLD_PART, OLD_FID).distinct().collect()}
+    if not holders:
+        return tagged
+    paths = [_spark_path(table, view.file_groups[h].path) for h in holders if h in view.file_groups]
+    pc = cfg.precombine_field
+    stored = spark.read.parquet(*paths).select(F.col(KEY), F.col(pc).alias("_bi_stored"))
+    joined = tagged.join(stored, KEY, "left")
+    stale = F.col("_bi_moved") & F.col("_bi_stored").isNotNull() & (
+        F.col(pc).isNull() | (F.col("_bi_stored") > F.col(pc))
+    )
+    return joined.filter(~F.coalesce(stale, F.lit(False))).drop("_bi_stored")
+
+
+def _write(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystemView, num_buckets: int,
+           df: DataFrame, data_schema: Any, opts: UpsertOptions, ts: str, phases: _Phases) -> dict[str, Any]:
+    batch = _dedupe(df, cfg, opts.delete_field).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        n = batch.count()
+        phases.done("dedupe", f"{n} distinct keys")
+        tagged = _tag(spark, table, cfg, view, num_buckets, batch).persist(StorageLevel.MEMORY_AND_DISK)
+        found = tagged.filter(F.col(OLD_FID).isNotNull()).count() if cfg.index_type != INDEX_BUCKET else 0
+        phases.done("tag", f"{found} keys found in the table")
+        actions = _route(spark, table, cfg, view, num_buckets, tagged)
+        names = data_schema.names
+        actions = actions.select(*[F.col(c) for c in names], F.col(OP), F.col(TPART), F.col(TFID))
+        ctx = tasks.MergeContext(
+            table_uri=table.uri,
+            instant=ts,
+            schema=data_schema,
+            base_files={f"{p}\x00{f}": s.path for (p, f), s in view.file_groups.items()},
+            precombine=cfg.precombine_field,
+            emit_index=cfg.index_type == INDEX_RECORD,
+        )
+        spark.conf.set("spark.sql.shuffle.partitions", "8")
+        merged = actions.groupBy(TPART, TFID).applyInArrow(tasks.bind(tasks.merge_file_group, ctx=ctx), tasks.MERGE_OUTPUT)
+        merged = merged.persist(StorageLevel.MEMORY_AND_DISK)
+        files = [r.asDict() for r in merged.filter("kind = 'file'").collect()]
+        phases.done("write", f"{sum(1 for f in files if f['path'])} data files")
+        index_added: list[dict[str, Any]] = []
+        if cfg.index_type == INDEX_RECORD:
+            spark.conf.set("spark.sql.shuffle.partitions", str(max(1, min(num_buckets, 200))))
+            entries = merged.filter("kind = 'index'").select("key", "part", "fid", "tomb").withColumn(
+                "bucket", bucket_expr(F.col("key"), num_buckets)
+            )
+            written = entries.groupBy("bucket").applyInArrow(
+                tasks.bind(tasks.write_index_delta, table_uri=table.uri, instant=ts), tasks.DELTA_OUTPUT
+            ).collect()
+            index_added = [{"bucket": r["bucket"], "path": r["path"], "entries": r["entries"], "size": r["size"],
+                            "kind": "delta"} for r in written]
+            phases.done("index", f"{len(index_added)} index deltas")
+        merged.unpersist()
+        tagged.unpersist()
+    finally:
+        batch.unpersist()
+    counts = {k: sum(int(f[k] or 0) for f in files) for k in ("inserted", "updated", "deleted")}
+    counts["rows_in_batch"] = n
+    return {
+        "file_groups": [
+            {"partition": f["part"], "file_id": f["fid"], "path": f["path"], "num_rows": f["num_rows"],
+             "size": f["size"], "removed": f["path"] is None}
+            for f in files
+        ],
+        "index": {"added": index_added, "removed": []},
+        "counts": counts,
+        "num_buckets": num_buckets,
+    }

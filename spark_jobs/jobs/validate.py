@@ -1,0 +1,104 @@
+"""``validate``: a full index <-> data check.
+
+For the record index: every live row's key is in the index pointing at the file group that
+holds it, the index holds no other live key, and every entry sits in the bucket its key
+hashes to. For the bucket index: every row sits in the file group of its bucket. For every
+index: no key appears twice (per partition for the bucket index).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from spark_jobs.jobs import tasks
+from spark_jobs.jobs.keys import bucket_expr
+from spark_jobs.table.config import INDEX_BUCKET, INDEX_RECORD
+from spark_jobs.table.table import Table
+
+__all__ = ["run_validate"]
+
+log = logging.getLogger("bucketindex.validate")
+SAMPLES = 5
+
+ENTRY_SCHEMA = "bucket int, fp_hi long, fp_lo long, part string, fid string"
+
+
+def _rows_with_location(spark: SparkSession, table: Table):  # type: ignore[no-untyped-def]
+    view = table.view()
+    slices = view.slices()
+    if not slices:
+        return None, view
+    base = table.uri if "://" in table.uri else "file://" + table.root
+    path_of = lambda rel: base.rstrip("/") + "/" + rel  # noqa: E731
+    locs = spark.createDataFrame([(path_of(s.path), s.partition, s.file_id) for s in slices],
+                                 "_bi_path string, part string, fid string")
+    rows = (
+        spark.read.parquet(*[path_of(s.path) for s in slices]).select(tasks.KEY)
+        .withColumn("_bi_path", F.input_file_name()).join(F.broadcast(locs), "_bi_path").drop("_bi_path")
+    )
+    return rows, view
+
+
+def run_validate(spark: SparkSession, uri: str) -> dict[str, Any]:
+    table = Table.load(uri)
+    cfg = table.config
+    assert cfg is not None
+    rows, view = _rows_with_location(spark, table)
+    nb = table.num_buckets(view)
+    problems: dict[str, Any] = {}
+    report: dict[str, Any] = {"rows": 0, "index_type": cfg.index_type, "problems": problems}
+    if rows is None and not any(view.index_files.values()):
+        report["ok"] = True
+        return report
+    if rows is not None:
+        rows = rows.cache()
+        report["rows"] = rows.count()
+        identity = [tasks.KEY, "part"] if cfg.index_type == INDEX_BUCKET else [tasks.KEY]
+        dups = rows.groupBy(*identity).count().filter("count > 1")
+        _collect(problems, "duplicate_keys", dups.select(tasks.KEY))
+    if cfg.index_type == INDEX_BUCKET and rows is not None:
+        wrong = rows.filter(F.lpad(bucket_expr(F.col(tasks.KEY), nb).cast("string"), 8, "0") != F.col("fid"))
+        _collect(problems, "rows_in_wrong_bucket", wrong.select(tasks.KEY))
+    if cfg.index_type == INDEX_RECORD:
+        files = {b: list(f) for b, f in view.index_files.items() if f}
+        entries = (
+            spark.createDataFrame([(b,) for b in files], "bucket int").groupBy("bucket")
+            .applyInArrow(tasks.bind(tasks.read_bucket_entries, table_uri=table.uri, files=files), ENTRY_SCHEMA)
+        ) if files else spark.createDataFrame([], ENTRY_SCHEMA)
+        entries = entries.cache()
+        report["index_entries"] = entries.count()
+        if rows is None:
+            data = spark.createDataFrame([], f"{tasks.KEY} string, part string, fid string, fp_hi long, fp_lo long")
+        else:
+            data = rows.mapInArrow(
+                tasks.fingerprint_keys, f"{tasks.KEY} string, part string, fid string, fp_hi long, fp_lo long"
+            )
+        data = data.withColumn("data_bucket", bucket_expr(F.col(tasks.KEY), nb))
+        j = data.alias("d").join(entries.alias("i"), ["fp_hi", "fp_lo"], "full_outer")
+        _collect(problems, "keys_missing_from_index", j.filter(F.col("i.fid").isNull()).select(F.col("d." + tasks.KEY)))
+        _collect(problems, "index_entries_without_row",
+                 j.filter(F.col("d.fid").isNull()).select(F.concat_ws(":", "fp_hi", "fp_lo").alias("fingerprint")))
+        _collect(
+            problems, "index_points_to_wrong_file",
+            j.filter(F.col("d.fid").isNotNull() & F.col("i.fid").isNotNull()
+                     & ((F.col("d.fid") != F.col("i.fid")) | (F.col("d.part") != F.col("i.part"))))
+            .select(F.col("d." + tasks.KEY)),
+        )
+        _collect(problems, "index_entries_in_wrong_bucket",
+                 j.filter(F.col("i.bucket").isNotNull() & F.col("d.data_bucket").isNotNull()
+                          & (F.col("i.bucket") != F.col("d.data_bucket"))).select(F.col("d." + tasks.KEY)))
+        entries.unpersist()
+    if rows is not None:
+        rows.unpersist()
+    report["ok"] = not problems
+    return report
+
+
+def _collect(problems: dict[str, Any], name: str, df) -> None:  # type: ignore[no-untyped-def]
+    n = df.count()
+    if n:
+        problems[name] = {"count": n, "samples": [r[0] for r in df.limit(SAMPLES).collect()]}

@@ -1,0 +1,1 @@
+"""Support for testing the product as a user would run it (fault injection)."""
