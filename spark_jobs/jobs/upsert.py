@@ -275,6 +275,8 @@ def _tag(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystemVi
          batch: DataFrame) -> DataFrame:
     """Add the current location (OLD_PART, OLD_FID) of each key; null for new keys."""
     no_loc = batch.withColumn(OLD_PART, F.lit(None).cast("string")).withColumn(OLD_FID, F.lit(None).cast("string"))
+    if cfg.index_type == INDEX_BUCKET:
+        return no_loc  # the location is hash % N inside the partition: nothing to read
     if cfg.index_type == INDEX_RECORD:
         files = {b: list(f) for b, f in view.index_files.items() if f}
         if not files:
