@@ -1,0 +1,443 @@
+"""Record-index files: write, lookup (seek/scan/auto), newest-wins merging, file format details."""
+
+from __future__ import annotations
+
+import random
+import uuid
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pytest
+
+from spark_jobs.index.hashing import fingerprints
+from spark_jobs.index.record_index import (
+    TOMBSTONE,
+    IndexEntries,
+    IndexFile,
+    choose_mode,
+    lookup,
+    merge_entries,
+    write_index_file,
+)
+from spark_jobs.io.filesystem import FileIO, resolve
+
+pytestmark = pytest.mark.unit
+
+MODES = ("seek", "scan", "auto")
+U64 = (1 << 64) - 1
+
+
+@pytest.fixture
+def fs(tmp_path):
+    io, root = resolve(str(tmp_path))
+    return io, root
+
+
+def _uuids(n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [str(uuid.UUID(int=rng.getrandbits(128), version=4)) for _ in range(n)]
+
+
+def _write(io, path, mapping: dict[str, tuple[str, str] | None], **kw) -> str:
+    keys = list(mapping)
+    write_index_file(io, path, IndexEntries.from_keys(keys, [mapping[k] for k in keys]), **kw)
+    return path
+
+
+def _targets(res) -> list[tuple[str, str] | None]:
+    return [res.target(i) for i in range(res.loc.size)]
+
+
+def _oracle(*layers: dict[str, tuple[str, str] | None]) -> dict[str, tuple[str, str]]:
+    merged: dict[str, tuple[str, str] | None] = {}
+    for layer in layers:  # oldest first; later layers overwrite
+        merged.update(layer)
+    return {k: v for k, v in merged.items() if v is not None}
+
+
+def _check_all_modes(io, paths, queries, expected: dict[str, tuple[str, str]]) -> None:
+    want = [expected.get(k) for k in queries]
+    results = {}
+    for mode in MODES:
+        res = lookup(io, paths, queries, mode=mode)
+        if mode != "auto":
+            assert res.mode == mode
+        assert _targets(res) == want, mode
+        assert res.found.tolist() == [w is not None for w in want], mode
+        results[mode] = _targets(res)
+    assert results["seek"] == results["scan"] == results["auto"]
+
+
+# --------------------------------------------------------------------------------------
+# round trip
+
+
+def test_round_trip_every_mode_matches_dict_oracle(fs) -> None:
+    io, root = fs
+    keys = _uuids(5000, seed=1)
+    locs = [(f"dt=2024-01-{p:02d}", f"file-{f:03d}") for p in range(1, 11) for f in range(30)]
+    rng = random.Random(2)
+    mapping = {k: rng.choice(locs) for k in keys}
+    p = _write(io, f"{root}/base.idx", mapping, block_rows=256)
+    absent = _uuids(500, seed=3)
+    queries = keys + absent
+    random.Random(4).shuffle(queries)
+    _check_all_modes(io, [p], queries, mapping)
+
+
+def test_absent_keys_are_not_found(fs) -> None:
+    io, root = fs
+    mapping = {f"key-{i}": ("p=0", f"f{i % 5}") for i in range(1000)}
+    p = _write(io, f"{root}/base.idx", mapping, block_rows=64)
+    absent = [f"key-{i}" for i in range(1000, 1300)] + ["", "KEY-1", "key-1 "]
+    for mode in MODES:
+        res = lookup(io, [p], absent, mode=mode)
+        assert not res.found.any(), mode
+        assert res.loc.tolist() == [-1] * len(absent)
+        assert res.target(0) is None
+
+
+def test_duplicate_query_keys_all_resolve(fs) -> None:
+    io, root = fs
+    mapping = {f"key-{i}": ("p=0", f"f{i % 3}") for i in range(200)}
+    p = _write(io, f"{root}/base.idx", mapping, block_rows=16)
+    queries = ["key-5", "key-5", "nope", "key-7", "key-5", "nope"]
+    _check_all_modes(io, [p], queries, mapping)
+
+
+def test_index_file_metadata_and_entries(fs) -> None:
+    io, root = fs
+    mapping = {f"key-{i}": (f"p={i % 4}", f"f{i % 9}") for i in range(100)}
+    p = _write(io, f"{root}/base.idx", mapping, block_rows=30, metadata={"instant": "123"})
+    with IndexFile(io, p) as f:
+        assert f.num_entries == 100
+        assert f.num_blocks == 4  # 30 + 30 + 30 + 10
+        assert f.metadata["instant"] == "123"
+        assert sorted(f.locations) == sorted(set(mapping.values()))
+        e = f.entries()
+    order = np.lexsort((e.fp_lo, e.fp_hi))
+    assert (order == np.arange(100)).all(), "file must be sorted by (fp_hi, fp_lo)"
+    assert f.block_first_hi.tolist() == e.fp_hi[::30].tolist()
+    hi, lo = fingerprints(list(mapping))
+    got = {(h, l): t for h, l, t in zip(e.fp_hi.tolist(), e.fp_lo.tolist(), e.targets())}
+    assert got == {(h, l): mapping[k] for k, h, l in zip(mapping, hi.tolist(), lo.tolist())}
+
+
+# --------------------------------------------------------------------------------------
+# base + deltas: newest wins
+
+
+def test_newest_wins_across_base_and_three_deltas(fs) -> None:
+    io, root = fs
+    rng = random.Random(11)
+    keys = _uuids(3000, seed=12)
+    locs = [(f"p={p}", f"f{f}") for p in range(5) for f in range(8)]
+    base = {k: rng.choice(locs) for k in keys}
+    layers = [base]
+    pool = list(keys)
+    for d in range(3):
+        delta: dict[str, tuple[str, str] | None] = {}
+        for k in rng.sample(pool, 300):  # updates (some to new files) and deletes of known keys
+            delta[k] = None if rng.random() < 0.3 else (f"p={rng.randrange(5)}", f"g{d}-{rng.randrange(4)}")
+        new = _uuids(100, seed=100 + d)  # inserts
+        delta.update({k: (f"p={rng.randrange(5)}", f"g{d}-new") for k in new})
+        pool += new
+        layers.append(delta)
+    paths = [_write(io, f"{root}/{i}.idx", layer, block_rows=128) for i, layer in enumerate(layers)]
+    expected = _oracle(*layers)
+    queries = pool + _uuids(200, seed=99)
+    _check_all_modes(io, paths, queries, expected)
+    # each prefix of the file list is a consistent older view
+    for upto in range(1, 4):
+        _check_all_modes(io, paths[:upto], rng.sample(queries, 500), _oracle(*layers[:upto]))
+    merged = merge_entries(io, paths)
+    hi, lo = fingerprints(list(expected))
+    want = {(h, l): expected[k] for k, h, l in zip(expected, hi.tolist(), lo.tolist())}
+    assert {(h, l): t for h, l, t in zip(merged.fp_hi.tolist(), merged.fp_lo.tolist(), merged.targets())} == want
+
+
+def test_tombstone_hides_key(fs) -> None:
+    io, root = fs
+    base = _write(io, f"{root}/base.idx", {"a": ("p=1", "f1"), "b": ("p=1", "f2")})
+    delta = _write(io, f"{root}/d1.idx", {"a": None})
+    _check_all_modes(io, [base, delta], ["a", "b"], {"b": ("p=1", "f2")})
+    _check_all_modes(io, [base], ["a", "b"], {"a": ("p=1", "f1"), "b": ("p=1", "f2")})
+
+
+def test_reinsert_after_delete_comes_back_at_new_location(fs) -> None:
+    io, root = fs
+    filler = {f"other-{i}": ("p=0", "f0") for i in range(50)}
+    d1 = _write(io, f"{root}/d1.idx", {"k": ("p=1", "old"), **filler}, block_rows=8)
+    d2 = _write(io, f"{root}/d2.idx", {"k": None}, block_rows=8)
+    d3 = _write(io, f"{root}/d3.idx", {"k": ("p=2", "new")}, block_rows=8)
+    _check_all_modes(io, [d1], ["k"], {"k": ("p=1", "old")})
+    _check_all_modes(io, [d1, d2], ["k"], {})
+    _check_all_modes(io, [d1, d2, d3], ["k", "other-3"], {"k": ("p=2", "new"), "other-3": ("p=0", "f0")})
+    merged = merge_entries(io, [d1, d2, d3])
+    assert len(merged) == 51
+    assert ("p=2", "new") in merged.targets() and ("p=1", "old") not in merged.targets()
+
+
+def test_key_moved_to_another_partition_resolves_to_newest_location(fs) -> None:
+    io, root = fs
+    base = _write(io, f"{root}/base.idx", {"k": ("country=FR", "f1"), "j": ("country=FR", "f1")})
+    d1 = _write(io, f"{root}/d1.idx", {"k": ("country=DE", "f7")})
+    d2 = _write(io, f"{root}/d2.idx", {"j": ("country=IT", "f9")})
+    _check_all_modes(
+        io, [base, d1, d2], ["k", "j"], {"k": ("country=DE", "f7"), "j": ("country=IT", "f9")}
+    )
+    res = lookup(io, [base, d1, d2], ["k", "j", "k"])
+    assert sorted(res.locations) == [("country=DE", "f7"), ("country=IT", "f9")]  # only used ones
+
+
+def test_delta_with_only_tombstones(fs) -> None:
+    io, root = fs
+    base = _write(io, f"{root}/base.idx", {f"k{i}": ("p", "f") for i in range(20)})
+    delta = _write(io, f"{root}/d.idx", {f"k{i}": None for i in range(0, 20, 2)})
+    with IndexFile(io, delta) as f:
+        assert f.locations == []
+        assert (f.entries().loc == TOMBSTONE).all()
+    _check_all_modes(io, [base, delta], [f"k{i}" for i in range(20)], {f"k{i}": ("p", "f") for i in range(1, 20, 2)})
+
+
+def test_merge_entries_matches_oracle_and_keeps_tombstones_on_request(fs) -> None:
+    io, root = fs
+    l0 = {f"k{i}": ("p=0", f"f{i % 3}") for i in range(100)}
+    l1 = {**{f"k{i}": None for i in range(0, 100, 10)}, "n1": ("p=1", "f")}
+    l2 = {"k0": ("p=2", "back"), "k5": None, "n1": None, "n2": ("p=2", "g")}
+    paths = [_write(io, f"{root}/{i}.idx", l, block_rows=7) for i, l in enumerate((l0, l1, l2))]
+    expected = _oracle(l0, l1, l2)
+
+    def as_dict(e: IndexEntries) -> dict[tuple[int, int], tuple[str, str] | None]:
+        return {(h, l): t for h, l, t in zip(e.fp_hi.tolist(), e.fp_lo.tolist(), e.targets())}
+
+    def fp(k: str) -> tuple[int, int]:
+        hi, lo = fingerprints([k])
+        return int(hi[0]), int(lo[0])
+
+    merged = merge_entries(io, paths)
+    assert as_dict(merged) == {fp(k): v for k, v in expected.items()}
+    assert TOMBSTONE not in merged.loc.tolist()
+    with_tombs = merge_entries(io, paths, keep_tombstones=True)
+    final = {**l0, **l1, **l2}
+    assert as_dict(with_tombs) == {fp(k): v for k, v in final.items()}
+    assert sum(t is None for t in with_tombs.targets()) == sum(v is None for v in final.values())
+    # the merged result can be written back as a new base and looked up
+    base = f"{root}/compacted.idx"
+    write_index_file(io, base, with_tombs)
+    _check_all_modes(io, [base], list(final) + ["zzz"], expected)
+
+
+def test_merge_entries_of_nothing() -> None:
+    e = merge_entries(FileIO(pafs.LocalFileSystem()), [])
+    assert len(e) == 0 and e.locations == []
+
+
+# --------------------------------------------------------------------------------------
+# block boundaries and fingerprint edge cases
+
+
+def test_block_boundaries(fs) -> None:
+    io, root = fs
+    mapping = {f"key-{i}": (f"p={i % 3}", f"f{i % 11}") for i in range(50)}
+    p = _write(io, f"{root}/base.idx", mapping, block_rows=7)
+    with IndexFile(io, p) as f:
+        assert f.num_blocks == 8  # ceil(50 / 7)
+        e = f.entries()
+    by_fp = {}
+    hi, lo = fingerprints(list(mapping))
+    for k, h, l in zip(mapping, hi.tolist(), lo.tolist()):
+        by_fp[(h, l)] = k
+    sorted_keys = [by_fp[(h, l)] for h, l in zip(e.fp_hi.tolist(), e.fp_lo.tolist())]
+    edges = sorted({i for b in range(0, 50, 7) for i in (b, b + 6) if i < 50} | {49})
+    for idx_set in ([i] for i in edges):  # each edge key alone
+        _check_all_modes(io, [p], [sorted_keys[i] for i in idx_set], mapping)
+    _check_all_modes(io, [p], [sorted_keys[i] for i in edges], mapping)
+    _check_all_modes(io, [p], sorted_keys, mapping)
+
+    first_hi, first_lo = int(e.fp_hi[0]), int(e.fp_lo[0])
+    last_hi, last_lo = int(e.fp_hi[-1]), int(e.fp_lo[-1])
+    needles = [
+        (0, 0),  # below every key
+        (U64, U64),  # above every key
+        (first_hi, first_lo ^ 1) if first_lo else (first_hi, 1),  # first block key's hi, wrong lo
+        (last_hi, last_lo ^ 1),
+        (int(e.fp_hi[7]) - 1, 0),  # just below the second block's first key
+        (int(e.fp_hi[6]) + 1, 0) if int(e.fp_hi[6]) + 1 != int(e.fp_hi[7]) else (0, 1),
+        (int(e.fp_hi[7]), int(e.fp_lo[7])),  # present: second block's first key
+        (int(e.fp_hi[6]), int(e.fp_lo[6])),  # present: first block's last key
+    ]
+    nh = np.array([n[0] for n in needles], dtype=np.uint64)
+    nl = np.array([n[1] for n in needles], dtype=np.uint64)
+    for mode in ("seek", "scan", "auto"):
+        res = lookup(io, [p], fp=(nh, nl), mode=mode)
+        assert res.found.tolist() == [False] * 6 + [True, True], mode
+        assert res.target(6) == mapping[sorted_keys[7]]
+        assert res.target(7) == mapping[sorted_keys[6]]
+
+
+def _fp_file(io, path, fps: list[tuple[int, int]], block_rows: int) -> list[tuple[str, str]]:
+    targets = [(f"p={i % 2}", f"f{i}") for i in range(len(fps))]
+    hi = np.array([h for h, _ in fps], dtype=np.uint64)
+    lo = np.array([l for _, l in fps], dtype=np.uint64)
+    write_index_file(io, path, IndexEntries.from_fingerprints(hi, lo, targets), block_rows=block_rows)
+    return targets
+
+
+@pytest.mark.parametrize("block_rows", [2, 3, 4, 7, 1000])
+def test_entries_sharing_fp_hi(fs, block_rows: int) -> None:
+    """Several entries with the same fp_hi (different fp_lo), including runs across blocks."""
+    io, root = fs
+    fps = [(5, 9), (5, 1), (5, 7), (5, 3), (5, 2), (9, 4), (9, 0), (1, 1), (20, 5), (U64, 1), (U64, 0), (0, 8)]
+    path = f"{root}/coll.idx"
+    targets = _fp_file(io, path, fps, block_rows)
+    expected = dict(zip(fps, targets))
+    # look every entry up (in a shuffled order with repeats), plus absent needles sharing hi
+    absent = [(5, 4), (5, 100), (9, 1), (1, 0), (U64, 2), (0, 0), (3, 3)]
+    needles = fps + fps[:4] + absent
+    random.Random(block_rows).shuffle(needles)
+    nh = np.array([n[0] for n in needles], dtype=np.uint64)
+    nl = np.array([n[1] for n in needles], dtype=np.uint64)
+    for mode in MODES:
+        res = lookup(io, [path], fp=(nh, nl), mode=mode)
+        assert _targets(res) == [expected.get(n) for n in needles], mode
+    # one needle at a time (scan's hash join then sees a single needle per fp_hi)
+    for n in fps + absent:
+        for mode in ("seek", "scan"):
+            res = lookup(
+                io, [path], fp=(np.array([n[0]], np.uint64), np.array([n[1]], np.uint64)), mode=mode
+            )
+            assert res.target(0) == expected.get(n), (n, mode)
+
+
+def test_fp_hi_collisions_across_base_and_delta(fs) -> None:
+    io, root = fs
+    base = f"{root}/base.idx"
+    _fp_file(io, base, [(5, 1), (5, 2), (5, 3), (5, 4)], block_rows=2)
+    delta = f"{root}/delta.idx"
+    hi = np.array([5, 5], dtype=np.uint64)
+    lo = np.array([2, 6], dtype=np.uint64)
+    write_index_file(io, delta, IndexEntries.from_fingerprints(hi, lo, [None, ("p=9", "new")]), block_rows=1)
+    nh = np.array([5, 5, 5, 5, 5, 5], dtype=np.uint64)
+    nl = np.array([1, 2, 3, 4, 6, 7], dtype=np.uint64)
+    for mode in MODES:
+        res = lookup(io, [base, delta], fp=(nh, nl), mode=mode)
+        assert _targets(res) == [("p=0", "f0"), None, ("p=0", "f2"), ("p=1", "f3"), ("p=9", "new"), None]
+
+
+def test_duplicate_fingerprints_rejected(fs) -> None:
+    io, root = fs
+    with pytest.raises(ValueError, match="unique"):
+        write_index_file(io, f"{root}/dup.idx", IndexEntries.from_keys(["a", "b", "a"], [("p", "1")] * 3))
+    hi = np.array([3, 3, 3], dtype=np.uint64)
+    lo = np.array([1, 2, 1], dtype=np.uint64)
+    with pytest.raises(ValueError):
+        write_index_file(io, f"{root}/dup2.idx", IndexEntries.from_fingerprints(hi, lo, [("p", "1"), None, None]))
+    # same fp_hi with different fp_lo is fine
+    write_index_file(io, f"{root}/ok.idx", IndexEntries.from_fingerprints(hi[:2], lo[:2], [("p", "1"), None]))
+
+
+@pytest.mark.parametrize(
+    ("num_locations", "expected_type"),
+    [(1, pa.int8()), (127, pa.int8()), (128, pa.int16()), (2**15 - 1, pa.int16()), (2**15, pa.int32())],
+)
+def test_loc_column_is_narrowed(fs, num_locations: int, expected_type: pa.DataType) -> None:
+    io, root = fs
+    n = max(num_locations, 10)
+    keys = [f"key-{i}" for i in range(n)]
+    targets = [(f"p={i % num_locations % 7}", f"f{i % num_locations}") for i in range(n)]
+    path = f"{root}/narrow.idx"
+    write_index_file(io, path, IndexEntries.from_keys(keys, targets), block_rows=4096)
+    with IndexFile(io, path) as f:
+        assert f.read_all().schema.field("loc").type == expected_type
+        assert len(f.locations) == num_locations
+    sample = keys[:: max(1, n // 500)]
+    _check_all_modes(io, [path], sample, dict(zip(keys, targets)))
+
+
+def test_loc_counts_only_used_locations(fs) -> None:
+    io, root = fs
+    hi, lo = fingerprints([f"k{i}" for i in range(10)])
+    many = [(f"p={i}", "f") for i in range(300)]
+    e = IndexEntries(hi, lo, np.array([0, 299, 0, 150, -1, 299, 0, 0, 150, 1], dtype=np.int32), many)
+    path = f"{root}/used.idx"
+    write_index_file(io, path, e)
+    with IndexFile(io, path) as f:
+        assert f.read_all().schema.field("loc").type == pa.int8()
+        assert sorted(f.locations) == sorted({many[i] for i in (0, 299, 150, 1)})
+        assert f.entries().targets().count(None) == 1
+    res = lookup(io, [path], fp=(hi, lo))
+    assert _targets(res) == e.targets()
+
+
+# --------------------------------------------------------------------------------------
+# empty inputs
+
+
+def test_empty_file_and_empty_batch(fs) -> None:
+    io, root = fs
+    empty = f"{root}/empty.idx"
+    size = write_index_file(io, empty, IndexEntries.from_keys([], []))
+    assert size > 0
+    with IndexFile(io, empty) as f:
+        assert f.num_entries == 0
+        assert len(f.entries()) == 0
+    for mode in MODES:
+        res = lookup(io, [empty], ["a", "b"], mode=mode)
+        assert res.loc.tolist() == [-1, -1]
+    full = _write(io, f"{root}/full.idx", {"a": ("p", "f")})
+    for mode in MODES:
+        assert lookup(io, [full], [], mode=mode).loc.size == 0
+        assert lookup(io, [full, empty], ["a"], mode=mode).target(0) == ("p", "f")
+        assert lookup(io, [empty, full], ["a"], mode=mode).target(0) == ("p", "f")
+        assert lookup(io, [], ["a"], mode=mode).loc.tolist() == [-1]
+    assert len(merge_entries(io, [empty])) == 0
+    assert len(merge_entries(io, [empty, full])) == 1
+
+
+# --------------------------------------------------------------------------------------
+# mode selection
+
+
+def test_mode_override_and_validation(fs) -> None:
+    io, root = fs
+    p = _write(io, f"{root}/b.idx", {f"k{i}": ("p", "f") for i in range(100)}, block_rows=10)
+    for mode in ("seek", "scan"):
+        assert lookup(io, [p], [f"k{i}" for i in range(100)], mode=mode).mode == mode
+        assert lookup(io, [p], ["k1"], mode=mode).mode == mode
+    with pytest.raises(ValueError, match="lookup mode"):
+        lookup(io, [p], ["k1"], mode="hash")
+    with pytest.raises(ValueError):
+        choose_mode("fast")
+    assert choose_mode("scan", memory_mapped=True) == "scan"
+    assert choose_mode("seek", memory_mapped=False, touched_fraction=1.0) == "seek"
+
+
+def test_auto_seeks_on_memory_mapped_files(fs) -> None:
+    io, root = fs
+    keys = [f"k{i}" for i in range(2000)]
+    p = _write(io, f"{root}/b.idx", {k: ("p", "f") for k in keys}, block_rows=100)
+    with IndexFile(io, p) as f:
+        assert f.memory_mapped
+    for batch in (keys[:1], keys[:500], keys, keys + [f"x{i}" for i in range(5000)]):
+        assert lookup(io, [p], batch).mode == "seek"
+
+
+def test_auto_on_storage_without_memory_map_scans_when_most_blocks_are_touched(fs) -> None:
+    io, root = fs
+    nio = FileIO(pafs.LocalFileSystem())  # the generic layer: no memory map (as for HDFS, S3)
+    keys = [f"k{i}" for i in range(2000)]
+    mapping = {k: (f"p={i % 3}", "f") for i, k in enumerate(keys)}
+    p = _write(io, f"{root}/b.idx", mapping, block_rows=100)
+    with IndexFile(nio, p) as f:
+        assert not f.memory_mapped
+    one = lookup(nio, [p], keys[:1])
+    assert one.mode == "seek" and one.target(0) == mapping[keys[0]]
+    many = lookup(nio, [p], keys)
+    assert many.mode == "scan"
+    assert _targets(many) == [mapping[k] for k in keys]
+    _check_all_modes(nio, [p], keys[:300] + ["absent"], mapping)
+    assert choose_mode(memory_mapped=False, touched_fraction=0.0) == "seek"
+    assert choose_mode(memory_mapped=False, touched_fraction=1.0) == "scan"
+    assert choose_mode(memory_mapped=True, touched_fraction=1.0) == "seek"
