@@ -1,0 +1,242 @@
+"""``bucketindex demo``: the whole pipeline on the embedded defaults, with a summary.
+
+1. generates a few sample batches into a landing folder, one folder per logical date;
+2. sets up a private Airflow (its own ``AIRFLOW_HOME`` and SQLite DB in the work folder)
+   and a ``bucketindex_default`` connection to local Spark;
+3. runs the example DAG ``bucketindex_ingest`` once per batch through ``dag.test()``:
+   upsert (spark-submit) -> validate (spark-submit), rollback branch on failure;
+4. checks the table against the oracle (batches reduced by key) and prints commits,
+   rows, index buckets and per-phase timings.
+
+Airflow and Spark output goes to ``<workdir>/demo.log``; the terminal gets the summary.
+Airflow reads its configuration when first imported, so this module imports it only
+after the environment is set; if Airflow is already imported in this process the demo
+re-runs itself in a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import date, datetime, timedelta, timezone
+from typing import Any, Iterator
+
+__all__ = ["main"]
+
+DAG_ID = "bucketindex_ingest"
+FIRST_DATE = date(2024, 1, 1)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="bucketindex demo", description=__doc__.splitlines()[0])
+    p.add_argument("--workdir", help="folder for landing data, table and Airflow home (default: a new temp folder)")
+    p.add_argument("--batches", type=int, default=3, help="number of batches / DAG runs (default 3)")
+    p.add_argument("--rows", type=int, default=200, help="rows in the first batch (default 200)")
+    p.add_argument("--index", choices=("record", "bucket", "global_simple"), default="record")
+    p.add_argument("--num-buckets", type=int, default=None, help="index buckets (default: the index type's)")
+    p.add_argument("--master", default="local[2]", help="Spark master for the demo connection (default local[2])")
+    p.add_argument("--verbose", action="store_true", help="stream Airflow and Spark output to the terminal")
+    return p
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.phases: list[tuple[str, float, str]] = []
+
+    @contextlib.contextmanager
+    def phase(self, name: str, note: str = "") -> Iterator[dict[str, str]]:
+        info = {"note": note}
+        t0 = time.perf_counter()
+        try:
+            yield info
+        finally:
+            self.phases.append((name, time.perf_counter() - t0, info["note"]))
+
+
+@contextlib.contextmanager
+def _output_to(path: str, enabled: bool) -> Iterator[None]:
+    """Send this process's stdout/stderr (and its children's) to ``path`` at the fd level."""
+    if not enabled:
+        yield
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(path, "ab") as f:
+        os.dup2(f.fileno(), 1)
+        os.dup2(f.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+
+
+def _say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if "airflow" in sys.modules:  # too late to point Airflow at our home: start afresh
+        return subprocess.call([sys.executable, "-m", "airflow_provider_bucketindex.demo", *(argv or [])])
+
+    from airflow_provider_bucketindex import sample_data, sandbox
+
+    t_start = time.perf_counter()
+    clock = _Clock()
+    workdir = os.path.abspath(args.workdir or tempfile.mkdtemp(prefix="bucketindex-demo-"))
+    os.makedirs(workdir, exist_ok=True)
+    landing = os.path.join(workdir, "landing")
+    table_uri = os.path.join(workdir, "table")
+    log_file = os.path.join(workdir, "demo.log")
+    quiet = not args.verbose
+    _say(f"bucketindex demo: working in {workdir}")
+
+    # 1. sample batches --------------------------------------------------------------------
+    with clock.phase("generate sample batches") as ph:
+        batches = sample_data.make_batches(args.batches, args.rows)
+        dates = [FIRST_DATE + timedelta(days=i) for i in range(args.batches)]
+        for d, b in zip(dates, batches):
+            sample_data.write_batch(b, os.path.join(landing, d.isoformat()))
+        ph["note"] = f"{len(batches)} batches, {sum(b.num_rows for b in batches)} rows"
+    _say(f"  generated {len(batches)} batches in {landing}")
+
+    # 2. private Airflow ---------------------------------------------------------------
+    with clock.phase("airflow setup (db migrate)"):
+        env = sandbox.airflow_env(
+            os.path.join(workdir, "airflow"),
+            sandbox.example_dags_folder(),
+            connection=sandbox.connection_json(args.master, conf=sandbox.LOCAL_TEST_CONF),
+        )
+        os.environ.update(env)
+        sandbox.migrate_db(env, log_file=log_file)
+    _say(f"  airflow home {env['AIRFLOW_HOME']} (SQLite), connection bucketindex_default -> {args.master}")
+
+    # 3. one DAG run per batch ----------------------------------------------------------
+    with clock.phase("load the ingest DAG"):
+        with _output_to(log_file, quiet):
+            dag = _load_dag(env["AIRFLOW__CORE__DAGS_FOLDER"])
+    runs: list[dict[str, Any]] = []
+    for d in dates:
+        conf = {"table_uri": table_uri, "landing_uri": landing, "index": args.index, "num_buckets": args.num_buckets}
+        _say(f"  DAG run for {d}: upsert -> validate ...")
+        with clock.phase(f"DAG run {d}") as ph:
+            with _output_to(log_file, quiet):
+                dr = dag.test(logical_date=datetime(d.year, d.month, d.day, tzinfo=timezone.utc), run_conf=conf)
+            run = _run_report(dr)
+            runs.append(run)
+            ph["note"] = ", ".join(f"{t} {s}" + (f" {dur:.1f}s" if dur else "") for t, s, dur in run["tasks"])
+        _say(f"    {run['state']}: {ph['note']}")
+        if run["state"] != "success":
+            break
+
+    # 4. check and summarise ------------------------------------------------------------
+    ok = all(r["state"] == "success" for r in runs) and len(runs) == len(dates)
+    problems: list[str] = []
+    with clock.phase("check against the oracle"):
+        if ok:
+            problems = sample_data.compare(table_uri, batches)
+    _print_summary(workdir, table_uri, runs, problems if ok else None, clock, time.perf_counter() - t_start, log_file)
+    if not ok:
+        _say(f"demo FAILED: a DAG run did not succeed; see {log_file}")
+        return 1
+    if problems:
+        _say(f"demo FAILED: the table differs from the oracle ({len(problems)} differences)")
+        return 1
+    return 0
+
+
+def _load_dag(dags_folder: str):  # type: ignore[no-untyped-def]
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=dags_folder)
+    if bag.import_errors or DAG_ID not in bag.dags:
+        raise RuntimeError(f"cannot load {DAG_ID} from {dags_folder}: {bag.import_errors or 'not found'}")
+    return bag.dags[DAG_ID]
+
+
+def _run_report(dr: Any) -> dict[str, Any]:
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        tis = (
+            session.query(TaskInstance)
+            .filter(TaskInstance.dag_id == dr.dag_id, TaskInstance.run_id == dr.run_id)
+            .order_by(TaskInstance.start_date)
+            .all()
+        )
+        tasks = [(ti.task_id, str(ti.state.value if hasattr(ti.state, "value") else ti.state), ti.duration) for ti in tis]
+    state = dr.state.value if hasattr(dr.state, "value") else str(dr.state)
+    return {"run_id": dr.run_id, "state": state, "tasks": tasks}
+
+
+def _print_summary(
+    workdir: str,
+    table_uri: str,
+    runs: list[dict[str, Any]],
+    problems: list[str] | None,
+    clock: _Clock,
+    total_s: float,
+    log_file: str,
+) -> None:
+    from spark_jobs.table import Table
+
+    _say("")
+    _say("bucketindex demo summary")
+    _say("=" * 72)
+    _say(f"work dir       {workdir}")
+    _say(f"log            {log_file}")
+    _say(f"DAG runs       {len(runs)} x {DAG_ID}: {', '.join(r['state'] for r in runs)}")
+    t = Table.open(table_uri)
+    if t.exists:
+        d = t.describe()
+        c = d["config"]
+        _say(f"table          {table_uri}")
+        _say(f"               {c['index_type']} index, {c['num_buckets']} buckets, key {','.join(c['record_key_fields'])}")
+        commits = [x for x in d["timeline"] if x["action"] == "commit"]
+        _say(f"commits        {len(commits)}")
+        _say(f"  {'instant':<18} {'inserted':>8} {'updated':>8} {'deleted':>8}  batch id")
+        for x in commits:
+            n = x["counts"]
+            _say(
+                f"  {x['instant']:<18} {n.get('inserted', 0):>8} {n.get('updated', 0):>8} {n.get('deleted', 0):>8}"
+                f"  {x['batch_id']}"
+            )
+        _say(f"rows           {d['rows']} live rows in {d['file_groups']} file groups")
+        check = "not run" if problems is None else ("OK, equals the batches reduced by key" if not problems else
+                                                    f"{len(problems)} differences, e.g. {problems[:3]}")
+        _say(f"oracle check   {check}")
+        files = sum(d["index_buckets"].values())
+        _say(f"index buckets  {len(d['index_buckets'])} of {c['num_buckets']} hold index files ({files} files)")
+        _say(f"pending        {', '.join(d['pending']) or 'none'}")
+        phases: dict[str, int] = {}
+        for x in commits:
+            for k, v in (x["timings_ms"] or {}).items():
+                if k != "total_ms" and isinstance(v, (int, float)):
+                    phases[k] = phases.get(k, 0) + int(v)
+        if phases:
+            _say("job phases     (summed over commits, from commit metadata)")
+            for k, v in phases.items():
+                _say(f"  {k[:-3] if k.endswith('_ms') else k:<26} {v / 1000:8.2f} s")
+    else:
+        _say(f"table          {table_uri} was not created")
+    _say("timings")
+    for name, secs, note in clock.phases:
+        _say(f"  {name:<26} {secs:8.2f} s  {note}")
+    _say(f"  {'total':<26} {total_s:8.2f} s")
+    _say("=" * 72)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,1 @@
+"""Hooks: :class:`~airflow_provider_bucketindex.hooks.bucketindex.BucketIndexHook`."""

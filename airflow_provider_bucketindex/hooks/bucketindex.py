@@ -1,0 +1,456 @@
+"""BucketIndexHook: submit bucketindex Spark jobs, and read table state without Spark.
+
+Submitting goes through the Apache Spark provider's :class:`SparkSubmitHook` (its command
+building, log streaming, secret masking, driver tracking and ``on_kill``), with three
+changes a bucketindex job needs:
+
+* the Spark master and options come from a ``bucketindex`` connection (or, through its
+  ``spark_conn_id`` extra, from an ordinary ``spark`` connection), overridable per task;
+* ``spark-submit`` is found in the worker's own environment ``bin/`` even when that is
+  not on PATH;
+* the ``spark_jobs`` package is shipped as a zip via ``--py-files`` and the entry point is
+  the installed ``spark_jobs/submit.py``; ``PYSPARK_PYTHON`` is the worker's interpreter.
+
+Reading table state (timeline, pending instants, the commit of a batch) uses the
+pure-Python core, :class:`spark_jobs.table.Table`: no Spark, no ``pyspark`` import.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Sequence
+
+from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+from airflow.sdk import BaseHook
+from airflow.sdk.exceptions import AirflowException, AirflowNotFoundException
+
+from airflow_provider_bucketindex import CONN_TYPE, DEFAULT_CONN_ID
+from airflow_provider_bucketindex import packaging
+
+if TYPE_CHECKING:
+    from spark_jobs.table import Instant, Table, Timeline
+
+__all__ = [
+    "BucketIndexHook",
+    "BucketIndexSparkSubmitHook",
+    "ConnectionSettings",
+    "SparkJobFailed",
+    "DEFAULT_MASTER",
+    "upsert_args",
+]
+
+#: The embedded default when no connection says otherwise: Spark in the worker process.
+DEFAULT_MASTER = "local[*]"
+EXIT_CHECK_FAILED = 1
+EXIT_BAD_INPUT = 2
+_SENSITIVE_CONF = re.compile(r"secret|password|token|credential|passwd", re.IGNORECASE)
+_LOG_LINE = re.compile(r"^(\d{2}/\d{2}/\d{2} |\d{4}-\d{2}-\d{2}[ T]|\s+at |Exception in thread|WARNING: )")
+_PORT_SUFFIX = re.compile(r":\d+$")
+
+
+class SparkJobFailed(AirflowException):
+    """spark-submit of a bucketindex job exited non-zero.
+
+    ``returncode`` follows the CLI contract: 1 a check found a problem, 2 bad input
+    (nothing written), anything else a failure of the job or of Spark itself.
+    """
+
+    def __init__(self, verb: str, returncode: int | None, reason: str, detail: str = "") -> None:
+        self.verb, self.returncode, self.reason = verb, returncode, reason
+        super().__init__(f"bucketindex {verb} failed (exit status {returncode}): {reason}{detail}")
+
+
+@dataclass(frozen=True)
+class ConnectionSettings:
+    """What a ``bucketindex`` connection says about how to run Spark jobs."""
+
+    conn_id: str
+    master: str = DEFAULT_MASTER
+    deploy_mode: str | None = None
+    spark_binary: str = "spark-submit"
+    spark_conn_id: str | None = None
+    python: str | None = None
+    conf: dict[str, str] = field(default_factory=dict)
+    #: options an upsert uses when it *creates* a table (index, num_buckets, source_format)
+    table_defaults: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_connection(cls, conn: Any) -> "ConnectionSettings":
+        extra = conn.extra_dejson or {}
+        host = (conn.host or "").strip()
+        if not host:
+            master = DEFAULT_MASTER
+        else:
+            master = host
+            if "://" not in master and master != "yarn" and not master.startswith("local"):
+                master = f"spark://{master}"  # a bare host name means a standalone master
+            if conn.port and not _PORT_SUFFIX.search(master):
+                master = f"{master}:{conn.port}"
+        conf = extra.get("conf") or {}
+        if isinstance(conf, str):
+            try:
+                conf = json.loads(conf)
+            except ValueError as e:
+                raise ValueError(f"connection {conn.conn_id!r}: extra 'conf' is not a JSON object: {e}") from e
+        if not isinstance(conf, dict):
+            raise ValueError(f"connection {conn.conn_id!r}: extra 'conf' must be a JSON object of Spark properties")
+        defaults = {}
+        for key, opt in (("index", "index"), ("num-buckets", "num_buckets"), ("source-format", "source_format")):
+            if extra.get(key) not in (None, ""):
+                defaults[opt] = extra[key]
+        return cls(
+            conn_id=conn.conn_id,
+            master=master,
+            deploy_mode=extra.get("deploy-mode") or None,
+            spark_binary=extra.get("spark-binary") or "spark-submit",
+            spark_conn_id=extra.get("spark_conn_id") or None,
+            python=extra.get("python") or None,
+            conf={str(k): str(v) for k, v in conf.items()},
+            table_defaults=defaults,
+        )
+
+
+def upsert_args(
+    table_uri: str,
+    source_uri: str,
+    *,
+    record_key: str | Sequence[str],
+    precombine_field: str | None = None,
+    partition_field: str | None = None,
+    index: str | None = None,
+    num_buckets: int | str | None = None,
+    source_format: str | None = None,
+    delete_field: str | None = None,
+    batch_id: str | None = None,
+) -> list[str]:
+    """The arguments of ``bucketindex upsert``, exactly as the CLI takes them."""
+    key = record_key if isinstance(record_key, str) else ",".join(str(k) for k in record_key)
+    args = [str(table_uri), str(source_uri), "--record-key", key]
+    for flag, value in (
+        ("--precombine-field", precombine_field),
+        ("--partition-field", partition_field),
+        ("--index", index),
+        ("--num-buckets", num_buckets),
+        ("--source-format", source_format),
+        ("--delete-field", delete_field),
+        ("--batch-id", batch_id),
+    ):
+        if value is not None and value != "":
+            args += [flag, str(value)]
+    return args
+
+
+class BucketIndexSparkSubmitHook(SparkSubmitHook):
+    """SparkSubmitHook whose connection is a :class:`ConnectionSettings` and whose
+    ``spark-submit`` is resolved to an absolute path (PATH, or the environment's bin/)."""
+
+    def __init__(self, *, settings: ConnectionSettings, master: str | None = None, **kwargs: Any) -> None:
+        # SparkSubmitHook resolves its connection inside __init__: set ours first.
+        self._bi_settings = settings
+        self._bi_master = master
+        kwargs.setdefault("deploy_mode", settings.deploy_mode)
+        if settings.spark_conn_id:
+            kwargs["conn_id"] = settings.spark_conn_id
+        else:
+            kwargs.setdefault("spark_binary", settings.spark_binary)
+            kwargs["conn_id"] = settings.conn_id
+        super().__init__(**kwargs)
+
+    def _resolve_connection(self) -> dict[str, Any]:
+        s = self._bi_settings
+        if s.spark_conn_id:
+            data = super()._resolve_connection()  # an ordinary Spark connection
+        else:
+            data = {
+                "master": s.master,
+                "queue": self._yarn_queue,
+                "deploy_mode": self._deploy_mode,
+                "spark_binary": self.spark_binary or "spark-submit",
+                "namespace": self._conf.get("spark.kubernetes.namespace"),
+                "principal": self._principal,
+                "keytab": self._keytab,
+                "rest_scheme": "http",
+                "rest_port": 6066,
+                "rest_endpoint": None,
+            }
+        if self._bi_master:
+            data["master"] = self._bi_master
+        if data["spark_binary"] not in packaging.ALLOWED_SPARK_BINARIES:
+            raise ValueError(
+                f"spark binary must be one of {', '.join(packaging.ALLOWED_SPARK_BINARIES)}, "
+                f"got {data['spark_binary']!r}"
+            )
+        return data
+
+    def _get_spark_binary_path(self) -> list[str]:
+        return [packaging.resolve_spark_binary(self._connection["spark_binary"])]
+
+    def submit(self, application: str = "", **kwargs: Any) -> str | None:
+        # Own process group (as Airflow's SubprocessHook does): on_kill can stop spark-submit
+        # together with the Python driver and workers it started, and nothing the job
+        # does to its own process group reaches the Airflow task process.
+        kwargs.setdefault("start_new_session", True)
+        return super().submit(application, **kwargs)
+
+    def on_kill(self) -> None:
+        """Stop the job: the Spark provider's kill (cluster driver, YARN app, spark-submit),
+        then the rest of spark-submit's process group (local Python driver and workers), so
+        the writer's heartbeat stops and its pending instant is seen as abandoned at once."""
+        proc = self._submit_sp
+        pgid = None
+        if proc is not None and proc.poll() is None:
+            try:
+                pgid = os.getpgid(proc.pid)
+            except ProcessLookupError:
+                pgid = None
+        super().on_kill()
+        if pgid is not None and pgid != os.getpgrp():
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                try:
+                    os.killpg(pgid, sig)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.5 if sig == signal.SIGTERM else 0)
+
+
+class BucketIndexHook(BaseHook):
+    """Run bucketindex jobs with spark-submit, and read bucketindex table state.
+
+    :param conn_id: a ``bucketindex`` connection. When ``bucketindex_default`` is not
+        defined, the embedded default applies: Spark ``local[*]``, ``spark-submit`` from
+        the worker's environment. Any other missing connection is an error.
+    :param master: Spark master URL; overrides the connection's.
+    :param conf: Spark properties, merged over the connection's ``conf`` extra.
+    :param name: Spark application name (default ``bucketindex-<verb>``).
+    :param env_vars: extra environment variables for spark-submit.
+    :param driver_memory, executor_memory, executor_cores, total_executor_cores,
+        num_executors, verbose: passed to spark-submit as the Spark provider does.
+    """
+
+    conn_name_attr = "conn_id"
+    default_conn_name = DEFAULT_CONN_ID
+    conn_type = CONN_TYPE
+    hook_name = "Bucket Index (Spark)"
+
+    def __init__(
+        self,
+        conn_id: str = DEFAULT_CONN_ID,
+        *,
+        master: str | None = None,
+        conf: dict[str, Any] | None = None,
+        name: str | None = None,
+        env_vars: dict[str, Any] | None = None,
+        driver_memory: str | None = None,
+        executor_memory: str | None = None,
+        executor_cores: int | None = None,
+        total_executor_cores: int | None = None,
+        num_executors: int | None = None,
+        verbose: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.conn_id = conn_id
+        self.master = master
+        self.conf = conf
+        self.name = name
+        self.env_vars = env_vars
+        self.driver_memory = driver_memory
+        self.executor_memory = executor_memory
+        self.executor_cores = executor_cores
+        self.total_executor_cores = total_executor_cores
+        self.num_executors = num_executors
+        self.verbose = verbose
+        self._submit_hook: BucketIndexSparkSubmitHook | None = None
+
+    def get_conn(self) -> ConnectionSettings:
+        return self.settings
+
+    # -- configuration -------------------------------------------------------------------
+    @cached_property
+    def settings(self) -> ConnectionSettings:
+        try:
+            conn = self.get_connection(self.conn_id)
+        except AirflowNotFoundException:
+            if self.conn_id != DEFAULT_CONN_ID:
+                raise
+            self.log.info(
+                "Connection %s is not defined: using the embedded default (Spark %s)", self.conn_id, DEFAULT_MASTER
+            )
+            return ConnectionSettings(conn_id=self.conn_id)
+        if conn.conn_type not in (CONN_TYPE, None, ""):
+            self.log.warning(
+                "Connection %s has type %r, expected %r; reading it as a bucketindex connection",
+                self.conn_id,
+                conn.conn_type,
+                CONN_TYPE,
+            )
+        return ConnectionSettings.from_connection(conn)
+
+    def table_defaults(self) -> dict[str, Any]:
+        """Options the connection sets for tables an upsert creates."""
+        return dict(self.settings.table_defaults)
+
+    def spark_conf(self) -> dict[str, str]:
+        """The connection's ``conf`` extra overlaid with this hook's ``conf``; secrets masked in logs."""
+        merged = dict(self.settings.conf)
+        merged.update({str(k): str(v) for k, v in (self.conf or {}).items()})
+        for key, value in merged.items():
+            if _SENSITIVE_CONF.search(key) and value:
+                _mask_secret(value, key)
+        return merged
+
+    # -- submitting ----------------------------------------------------------------------
+    def spark_submit_hook(self, verb: str, args: Sequence[str]) -> BucketIndexSparkSubmitHook:
+        """A SparkSubmitHook ready to run ``spark_jobs/submit.py <verb> <args...>``."""
+        s = self.settings
+        conf = self.spark_conf()
+        python = packaging.python_for_spark(s.python)
+        env = dict(self.env_vars or {})
+        master = self.master or s.master
+        standalone_cluster = master.startswith("spark://") and s.deploy_mode == "cluster"
+        if standalone_cluster:  # the Spark provider refuses env vars there: use Spark's own properties
+            conf.setdefault("spark.pyspark.python", python)
+            conf.setdefault("spark.pyspark.driver.python", python)
+        else:
+            env.setdefault("PYSPARK_PYTHON", python)
+            env.setdefault("PYSPARK_DRIVER_PYTHON", python)
+        return BucketIndexSparkSubmitHook(
+            settings=s,
+            master=self.master,
+            conf=conf,
+            py_files=packaging.spark_jobs_zip(),
+            name=self.name or f"bucketindex-{verb}",
+            application_args=[verb, *[str(a) for a in args]],
+            env_vars=env,
+            driver_memory=self.driver_memory,
+            executor_memory=self.executor_memory,
+            executor_cores=self.executor_cores,
+            total_executor_cores=self.total_executor_cores,
+            num_executors=self.num_executors,
+            verbose=self.verbose,
+        )
+
+    def build_command(self, verb: str, args: Sequence[str]) -> list[str]:
+        """The exact spark-submit command :meth:`submit` runs (for logs and tests)."""
+        return self.spark_submit_hook(verb, args)._build_spark_submit_command(packaging.submit_script())
+
+    def submit(self, verb: str, args: Sequence[str]) -> None:
+        """Run the job; raise :class:`SparkJobFailed` with the exit status if it fails."""
+        hook = self.spark_submit_hook(verb, args)
+        self._submit_hook = hook
+        try:
+            hook.submit(packaging.submit_script())
+        except AirflowException as e:
+            proc = hook._submit_sp
+            rc = proc.returncode if proc is not None else None
+            raise SparkJobFailed(verb, rc, _reason(hook), hook._submit_log_tail) from e
+
+    def on_kill(self) -> None:
+        """Stop a running spark-submit (and its driver on a cluster). Table state is left as is."""
+        if self._submit_hook is not None:
+            self._submit_hook.on_kill()
+
+    # -- table state (pure Python, no Spark) ---------------------------------------------
+    @staticmethod
+    def open_table(table_uri: str) -> "Table":
+        """A handle on ``table_uri``; ``.exists`` is False when no table is there yet."""
+        from spark_jobs.table import Table
+
+        return Table.open(table_uri)
+
+    @staticmethod
+    def load_table(table_uri: str) -> "Table":
+        """The table at ``table_uri``; raises TableNotFoundError if there is none."""
+        from spark_jobs.table import Table
+
+        return Table.load(table_uri)
+
+    def table_exists(self, table_uri: str) -> bool:
+        return self.open_table(table_uri).exists
+
+    def timeline(self, table_uri: str) -> "Timeline":
+        return self.load_table(table_uri).timeline.reload()
+
+    def pending_instants(self, table_uri: str) -> list["Instant"]:
+        t = self.open_table(table_uri)
+        return t.timeline.reload().pending() if t.exists else []
+
+    def last_commit(self, table_uri: str) -> dict[str, Any] | None:
+        """The latest completed commit (upsert/bootstrap): instant, batch id, counts."""
+        from spark_jobs.table import Action
+
+        t = self.open_table(table_uri)
+        if not t.exists:
+            return None
+        inst = t.timeline.reload().last_completed([Action.COMMIT, Action.BOOTSTRAP])
+        return None if inst is None else _summary(t, inst)
+
+    def commit_for_batch(self, table_uri: str, batch_id: str) -> dict[str, Any] | None:
+        """The completed commit that carries ``batch_id`` (instant, counts), or None."""
+        t = self.open_table(table_uri)
+        if not t.exists:
+            return None
+        inst = t.commit_for_batch(batch_id)
+        return None if inst is None else _summary(t, inst)
+
+    def pending_for_batch(self, table_uri: str, batch_id: str) -> "Instant | None":
+        t = self.open_table(table_uri)
+        return t.pending_for_batch(batch_id) if t.exists else None
+
+    def rollback_batch(self, table_uri: str, batch_id: str, *, force: bool = False) -> str | None:
+        """Roll back the pending instant of ``batch_id`` (a failed or killed attempt).
+
+        Returns the rolled-back instant, or None when the batch has nothing pending. Without
+        ``force`` an instant whose writer still heartbeats is refused (WriterAliveError).
+        """
+        t = self.open_table(table_uri)
+        if not t.exists:
+            return None
+        inst = t.pending_for_batch(batch_id)
+        if inst is None:
+            return None
+        self.log.info("Rolling back %s of batch %s in %s", inst, batch_id, table_uri)
+        done = t.rollback(inst.timestamp, force=force)
+        return done[0] if done else None
+
+
+def _summary(t: "Table", inst: "Instant") -> dict[str, Any]:
+    meta = t.timeline.read_metadata(inst)
+    counts = meta.get("counts") or {}
+    return {
+        "table_uri": t.uri,
+        "instant": inst.timestamp,
+        "action": inst.action,
+        "batch_id": meta.get("batch_id"),
+        "inserted": int(counts.get("inserted", 0)),
+        "updated": int(counts.get("updated", 0)),
+        "deleted": int(counts.get("deleted", 0)),
+        "counts": counts,
+    }
+
+
+def _reason(hook: SparkSubmitHook) -> str:
+    """The job's one-line reason: its last ``bucketindex: ...`` line, else the last output
+    line that is not a Spark/JVM log line."""
+    lines = [ln.strip() for ln in hook._last_submit_log_lines if ln.strip()]
+    for text in reversed(lines):
+        if text.startswith("bucketindex:"):
+            return hook._mask_cmd([text])
+    for text in reversed(lines):
+        if not _LOG_LINE.match(text):
+            return hook._mask_cmd([text])
+    return "see the task log for spark-submit's output"
+
+
+def _mask_secret(value: str, name: str) -> None:
+    try:
+        from airflow.sdk.log import mask_secret
+    except ImportError:  # pragma: no cover - older task SDKs
+        return
+    mask_secret(value, name)

@@ -1,0 +1,7 @@
+"""Operators for bucketindex tables."""
+
+from airflow_provider_bucketindex.operators.rollback import RollbackBatchOperator
+from airflow_provider_bucketindex.operators.upsert import UpsertWithIndexOperator
+from airflow_provider_bucketindex.operators.validate import ValidateTableOperator
+
+__all__ = ["RollbackBatchOperator", "UpsertWithIndexOperator", "ValidateTableOperator"]
