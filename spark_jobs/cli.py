@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
+import tempfile
 from typing import Any, Callable
 
 from spark_jobs.table.config import INDEX_TYPES, BadInputError
@@ -73,12 +75,34 @@ def build_parser() -> argparse.ArgumentParser:
 def _spark(args: argparse.Namespace, submitted: bool):  # type: ignore[no-untyped-def]
     from spark_jobs.jobs.session import get_spark  # lazy: only Spark verbs start a JVM
 
-    return get_spark(None if submitted else (args.master or "local[*]"))
+    if submitted or args.verbose:
+        return get_spark(None if submitted else (args.master or "local[*]"))
+    # The JVM writes its start-up chatter and log4j output to stderr; send it to a log file
+    # so the terminal shows our progress lines and, on bad input, exactly one error line.
+    log_path = os.environ.get("BUCKETINDEX_SPARK_LOG") or os.path.join(
+        tempfile.gettempdir(), f"bucketindex-spark-{os.getpid()}.log"
+    )
+    saved = os.dup(2)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.dup2(fd, 2)  # inherited by the JVM that get_spark launches
+        spark = get_spark(args.master or "local[*]")
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(fd)
+    log.debug("Spark's own log: %s", log_path)
+    return spark
 
 
 def cmd_upsert(args: argparse.Namespace, submitted: bool) -> int:
     if args.num_buckets is not None and args.num_buckets < 1:
         raise BadInputError(f"--num-buckets must be at least 1, got {args.num_buckets}")
+    from spark_jobs.io.filesystem import resolve
+
+    io, path = resolve(args.source)
+    if not io.exists(path):  # fail fast, before a JVM starts
+        raise BadInputError(f"source {args.source} does not exist")
     from spark_jobs.jobs.upsert import UpsertOptions, run_upsert
 
     opts = UpsertOptions(

@@ -15,6 +15,7 @@ from spark_jobs.table.heartbeat import is_alive
 from spark_jobs.table.layout import TableLayout
 from spark_jobs.table.timeline import Action, Instant, State, Timeline
 from spark_jobs.table.view import FileSystemView
+from spark_jobs.testing.faults import maybe_crash
 
 __all__ = ["Table", "TableNotFoundError", "WriterAliveError"]
 
@@ -152,6 +153,7 @@ class Table:
         target_ts = plan["target"]
         for rel in plan["files"]:
             self.io.delete(self.abs(rel))
+            maybe_crash("rollback_after_delete")
         # files marked after the plan was made (a writer that was still finishing a task)
         for rel in self.marked_files(target_ts):
             self.io.delete(self.abs(rel))

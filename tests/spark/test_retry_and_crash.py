@@ -1,0 +1,121 @@
+"""Retries are idempotent; a writer killed at any step leaves the previous snapshot visible,
+and the next run (or ``rollback``) repairs the table."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from spark_jobs.jobs.upsert import UpsertOptions, run_upsert
+from spark_jobs.jobs.validate import run_validate
+from spark_jobs.table.reader import read_arrow
+from spark_jobs.table.table import Table
+from tests.oracle import reduce_batches, rows_by_identity
+from tests.spark.conftest import write_batch
+
+pytestmark = pytest.mark.spark
+
+B1 = [{"id": f"k{i:03d}", "region": ["eu", "us"][i % 2], "ts": i, "amount": float(i), "is_deleted": False}
+      for i in range(120)]
+B2 = ([{"id": f"k{i:03d}", "region": "ap", "ts": 1000 + i, "amount": -1.0, "is_deleted": i % 7 == 0}
+       for i in range(60, 180)])
+
+
+def options(uri: str, src: str, index: str, batch_id: str) -> UpsertOptions:
+    return UpsertOptions(table=uri, source=src, record_key=["id"], precombine_field="ts", partition_field="region",
+                         index=index, num_buckets=4, delete_field="is_deleted", batch_id=batch_id,
+                         target_file_rows=50)
+
+
+def test_same_batch_id_twice_is_one_commit(spark, tmp_path):
+    uri = str(tmp_path / "t")
+    src = write_batch(tmp_path / "b1.parquet", B1)
+    first = run_upsert(spark, options(uri, src, "record", "batch-1"))
+    second = run_upsert(spark, options(uri, src, "record", "batch-1"))
+    assert not first["noop"] and second["noop"]
+    assert second["instant"] == first["instant"]
+    assert len(Table.load(uri).timeline.completed(["commit"])) == 1
+    assert rows_by_identity(read_arrow(uri).to_pylist()) == reduce_batches([B1])
+
+
+def _crash_upsert(uri: str, src: str, index: str, point: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "BUCKETINDEX_FAULT": point}
+    cmd = [sys.executable, "-m", "spark_jobs.cli", "upsert", uri, src, "--record-key", "id", "--precombine-field", "ts",
+           "--partition-field", "region", "--delete-field", "is_deleted", "--batch-id", "batch-2", "--master", "local[2]"]
+    # its own process group, like a job on a node: SIGKILL takes the driver, JVM and Python workers
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, start_new_session=True)
+
+
+@pytest.mark.parametrize(
+    "index,point,repair",
+    [
+        ("record", "after_requested", "rerun"),
+        ("record", "after_data_file", "rerun"),
+        ("record", "after_index_file", "rollback"),
+        ("record", "before_complete", "rerun"),
+        ("bucket", "after_data_file", "rerun"),
+    ],
+)
+def test_killed_writer_leaves_old_snapshot_and_next_run_repairs(spark, tmp_path, index, point, repair):
+    uri = str(tmp_path / "t")
+    run_upsert(spark, options(uri, write_batch(tmp_path / "b1.parquet", B1), index, "batch-1"))
+    before = read_arrow(uri).to_pylist()
+    src2 = write_batch(tmp_path / "b2.parquet", B2)
+
+    p = _crash_upsert(uri, src2, index, point)
+    assert p.returncode == -signal.SIGKILL, (p.returncode, p.stderr[-2000:])
+    t = Table.load(uri)
+    pending = t.timeline.pending()
+    assert len(pending) == 1 and pending[0].action == "commit"
+    # readers see the previous snapshot, whatever files the dead writer left behind
+    assert read_arrow(uri).to_pylist() == before
+    if point != "after_requested":
+        assert t.marked_files(pending[0].timestamp), "the writer should have left marked files"
+
+    if repair == "rollback":
+        assert t.rollback() == [pending[0].timestamp]
+        assert read_arrow(uri).to_pylist() == before
+        assert not t.marked_files(pending[0].timestamp)
+    res = run_upsert(spark, options(uri, src2, index, "batch-2"))
+    assert not res["noop"]
+    t = Table.load(uri)
+    assert t.timeline.pending() == []
+    partition = "region" if index == "bucket" else None
+    assert rows_by_identity(read_arrow(uri).to_pylist(), partition=partition) == reduce_batches([B1, B2], partition=partition)
+    assert run_validate(spark, uri)["ok"]
+    # the dead attempt's files are gone: every data file on disk belongs to the snapshot or an older one
+    on_disk = {str(p.relative_to(tmp_path / "t")) for p in (tmp_path / "t").rglob("*.parquet")}
+    referenced = set()
+    for inst in t.timeline.completed(["commit"]):
+        referenced |= {fg["path"] for fg in t.timeline.read_metadata(inst)["file_groups"] if fg["path"]}
+    assert on_disk <= referenced
+
+
+def test_crash_during_rollback_resumes(spark, tmp_path):
+    uri = str(tmp_path / "t")
+    run_upsert(spark, options(uri, write_batch(tmp_path / "b1.parquet", B1), "record", "batch-1"))
+    before = read_arrow(uri).to_pylist()
+    src2 = write_batch(tmp_path / "b2.parquet", B2)
+    assert _crash_upsert(uri, src2, "record", "before_complete").returncode == -signal.SIGKILL
+    target = Table.load(uri).timeline.pending()[0].timestamp
+    env = {**os.environ, "BUCKETINDEX_FAULT": "rollback_after_delete"}
+    p = subprocess.run([sys.executable, "-m", "spark_jobs.cli", "rollback", uri], env=env, capture_output=True,
+                       text=True, timeout=120, start_new_session=True)
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    t = Table.load(uri)
+    assert [i.action for i in t.timeline.pending()] == ["commit", "rollback"] or \
+        [i.action for i in t.timeline.pending()] == ["rollback", "commit"]
+    assert read_arrow(uri).to_pylist() == before
+    p = subprocess.run([sys.executable, "-m", "spark_jobs.cli", "rollback", uri], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    t = Table.load(uri)
+    assert t.timeline.pending() == []
+    rb = t.timeline.completed(["rollback"])
+    assert len(rb) == 1 and t.timeline.read_metadata(rb[0])["rolled_back"] == target
+    assert read_arrow(uri).to_pylist() == before
+    assert run_validate(spark, uri)["ok"]
