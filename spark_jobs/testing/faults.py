@@ -1,7 +1,9 @@
 """Crash injection for the fault tests.
 
-Set ``BUCKETINDEX_FAULT=<point>`` in a writer's environment and the process group is
-killed with SIGKILL when execution reaches that point -- the same as a node dying. The
+Set ``BUCKETINDEX_FAULT=<point>`` in a writer's environment and every process of its
+*session* (driver, JVM, Python workers -- PySpark puts workers in process groups of their
+own) is killed with SIGKILL when execution reaches that point: the same as a node dying.
+Start the writer in a session of its own (``start_new_session=True``), as the tests do. The
 points are named where the protocol is most fragile; the tests kill at each and prove
 readers see the old snapshot and the next run repairs. Unset (the default), this is a
 dictionary lookup and nothing else.
@@ -27,4 +29,19 @@ POINTS = (
 
 def maybe_crash(point: str) -> None:
     if os.environ.get(ENV) == point:
-        os.killpg(os.getpgrp(), signal.SIGKILL)
+        _kill_session()
+
+
+def _kill_session() -> None:
+    sid, me = os.getsid(0), os.getpid()
+    for name in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[3]) == sid:  # field 6 of stat: the session id
+                os.kill(int(name), signal.SIGKILL)
+        except (OSError, ValueError, IndexError):
+            continue
+    os.killpg(os.getpgrp(), signal.SIGKILL)
