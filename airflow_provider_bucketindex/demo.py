@@ -125,23 +125,24 @@ def main(argv: list[str] | None = None) -> int:
     # 3. one DAG run per batch ----------------------------------------------------------
     with clock.phase("load the ingest DAG"):
         with _output_to(log_file, quiet):
-            dag = _load_dag(env["AIRFLOW__CORE__DAGS_FOLDER"])
-    runs: list[dict[str, Any]] = []
+            dag = sandbox.load_dag(DAG_ID)
+    runs: list[Any] = []
     for d in dates:
         conf = {"table_uri": table_uri, "landing_uri": landing, "index": args.index, "num_buckets": args.num_buckets}
         _say(f"  DAG run for {d}: upsert -> validate ...")
         with clock.phase(f"DAG run {d}") as ph:
             with _output_to(log_file, quiet):
-                dr = dag.test(logical_date=datetime(d.year, d.month, d.day, tzinfo=timezone.utc), run_conf=conf)
-            run = _run_report(dr)
+                run = sandbox.run_dag(dag, datetime(d.year, d.month, d.day, tzinfo=timezone.utc), conf)
             runs.append(run)
-            ph["note"] = ", ".join(f"{t} {s}" + (f" {dur:.1f}s" if dur else "") for t, s, dur in run["tasks"])
-        _say(f"    {run['state']}: {ph['note']}")
-        if run["state"] != "success":
+            ph["note"] = ", ".join(
+                f"{t} {i['state']}" + (f" {i['duration']:.1f}s" if i["duration"] else "") for t, i in run.tasks.items()
+            )
+        _say(f"    {run.state}: {ph['note']}")
+        if run.state != "success":
             break
 
     # 4. check and summarise ------------------------------------------------------------
-    ok = all(r["state"] == "success" for r in runs) and len(runs) == len(dates)
+    ok = all(r.state == "success" for r in runs) and len(runs) == len(dates)
     problems: list[str] = []
     with clock.phase("check against the oracle"):
         if ok:
@@ -156,35 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _load_dag(dags_folder: str):  # type: ignore[no-untyped-def]
-    from airflow.dag_processing.dagbag import DagBag
-
-    bag = DagBag(dag_folder=dags_folder)
-    if bag.import_errors or DAG_ID not in bag.dags:
-        raise RuntimeError(f"cannot load {DAG_ID} from {dags_folder}: {bag.import_errors or 'not found'}")
-    return bag.dags[DAG_ID]
-
-
-def _run_report(dr: Any) -> dict[str, Any]:
-    from airflow.models.taskinstance import TaskInstance
-    from airflow.utils.session import create_session
-
-    with create_session() as session:
-        tis = (
-            session.query(TaskInstance)
-            .filter(TaskInstance.dag_id == dr.dag_id, TaskInstance.run_id == dr.run_id)
-            .order_by(TaskInstance.start_date)
-            .all()
-        )
-        tasks = [(ti.task_id, str(ti.state.value if hasattr(ti.state, "value") else ti.state), ti.duration) for ti in tis]
-    state = dr.state.value if hasattr(dr.state, "value") else str(dr.state)
-    return {"run_id": dr.run_id, "state": state, "tasks": tasks}
-
-
 def _print_summary(
     workdir: str,
     table_uri: str,
-    runs: list[dict[str, Any]],
+    runs: list[Any],
     problems: list[str] | None,
     clock: _Clock,
     total_s: float,
@@ -197,7 +173,7 @@ def _print_summary(
     _say("=" * 72)
     _say(f"work dir       {workdir}")
     _say(f"log            {log_file}")
-    _say(f"DAG runs       {len(runs)} x {DAG_ID}: {', '.join(r['state'] for r in runs)}")
+    _say(f"DAG runs       {len(runs)} x {DAG_ID}: {', '.join(r.state for r in runs)}")
     t = Table.open(table_uri)
     if t.exists:
         d = t.describe()

@@ -15,7 +15,20 @@ from typing import Any
 
 from airflow_provider_bucketindex import DEFAULT_CONN_ID
 
-__all__ = ["airflow_env", "connection_json", "migrate_db", "example_dags_folder", "LOCAL_TEST_CONF"]
+__all__ = [
+    "LOCAL_TEST_CONF",
+    "RunReport",
+    "airflow_env",
+    "connection_json",
+    "ensure_migrated",
+    "example_dags_folder",
+    "isolate_before_import",
+    "load_dag",
+    "migrate_db",
+    "run_dag",
+    "run_report",
+    "session_env_for_tests",
+]
 
 #: Spark properties that suit small local runs: no UI, few shuffle partitions.
 LOCAL_TEST_CONF = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4"}
@@ -26,9 +39,14 @@ def example_dags_folder() -> str:
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "example_dags")
 
 
-def connection_json(master: str = "local[2]", conf: dict[str, str] | None = None, **extra: Any) -> str:
-    """A ``bucketindex`` connection as the JSON an ``AIRFLOW_CONN_<ID>`` variable takes."""
+def connection_json(
+    master: str = "local[2]", conf: dict[str, str] | None = None, *, port: int | None = None, **extra: Any
+) -> str:
+    """A ``bucketindex`` connection as the JSON an ``AIRFLOW_CONN_<ID>`` variable takes
+    (``extra`` keys as in the connection form: ``python``, ``deploy-mode``, ``index`` ...)."""
     body: dict[str, Any] = {"conn_type": "bucketindex", "host": master}
+    if port is not None:
+        body["port"] = port
     ex = dict(extra)
     if conf:
         ex["conf"] = conf
@@ -76,3 +94,135 @@ def migrate_db(env: dict[str, str], *, log_file: str | None = None) -> None:
     if proc.returncode != 0:
         detail = f"; see {log_file}" if log_file else f": {(proc.stderr or b'').decode(errors='replace')[-2000:]}"
         raise RuntimeError(f"airflow db migrate failed (exit status {proc.returncode}){detail}")
+
+
+def isolate_before_import(root: str | None = None) -> dict[str, str]:
+    """Point a not-yet-imported Airflow at a private home (setdefault: never overrides a
+    home the caller chose). For tests that only construct operators and hooks: no DB is
+    created. Returns the variables now in effect."""
+    import tempfile
+
+    if "AIRFLOW_HOME" not in os.environ:
+        home = os.path.join(root or tempfile.mkdtemp(prefix="bucketindex-airflow-"), "airflow")
+        os.makedirs(home, exist_ok=True)
+        os.environ["AIRFLOW_HOME"] = home
+    home = os.environ["AIRFLOW_HOME"]
+    os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+    os.environ.setdefault("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", f"sqlite:///{os.path.join(home, 'airflow.db')}")
+    return {k: v for k, v in os.environ.items() if k == "AIRFLOW_HOME" or k.startswith("AIRFLOW__")}
+
+
+#: set once a process has its test Airflow (see :func:`session_env_for_tests`)
+SESSION_ROOT_VAR = "BUCKETINDEX_TEST_AIRFLOW_ROOT"
+
+
+def session_env_for_tests(dag_sources: list[str], *, connection: str | None = None) -> dict[str, str]:
+    """One private Airflow per test process, shared by every conftest that asks for it.
+
+    The first call creates a temp root with an Airflow home, a SQLite DB path and a DAG
+    folder, and sets the environment (``AIRFLOW_CONN_BUCKETINDEX_DEFAULT``: local Spark);
+    later calls reuse it. Every ``*.py`` file of each folder in ``dag_sources`` is linked
+    into the DAG folder. Must run before anything imports ``airflow``.
+    """
+    import tempfile
+
+    root = os.environ.get(SESSION_ROOT_VAR)
+    if root is None:
+        if "airflow" in sys.modules:
+            raise RuntimeError(
+                "airflow was imported before the test Airflow environment was set up; its "
+                "configuration would point elsewhere. Run the airflow/cluster tiers in their own pytest run."
+            )
+        root = tempfile.mkdtemp(prefix="bucketindex-airflow-tests-")
+        os.makedirs(os.path.join(root, "dags"))
+        env = airflow_env(
+            os.path.join(root, "airflow"),
+            os.path.join(root, "dags"),
+            connection=connection or connection_json("local[2]", conf=LOCAL_TEST_CONF),
+        )
+        os.environ.update(env)
+        os.environ[SESSION_ROOT_VAR] = root
+    dags = os.environ["AIRFLOW__CORE__DAGS_FOLDER"]
+    for src in dag_sources:
+        for name in sorted(os.listdir(src)):
+            if name.endswith(".py") and not name.startswith("_"):
+                link = os.path.join(dags, name)
+                if not os.path.lexists(link):
+                    os.symlink(os.path.abspath(os.path.join(src, name)), link)
+    return {k: v for k, v in os.environ.items() if k.startswith("AIRFLOW") or k == SESSION_ROOT_VAR}
+
+
+def ensure_migrated() -> None:
+    """``airflow db migrate`` once per test root (a marker file remembers it)."""
+    home = os.environ["AIRFLOW_HOME"]
+    marker = os.path.join(home, ".migrated")
+    if os.path.exists(marker):
+        return
+    env = {k: v for k, v in os.environ.items() if k.startswith("AIRFLOW")}
+    migrate_db(env, log_file=os.path.join(home, "migrate.log"))
+    open(marker, "w").close()
+
+
+# -- running DAGs (imports Airflow: call only after the environment is set) -------------
+
+
+def load_dag(dag_id: str, dags_folder: str | None = None):  # type: ignore[no-untyped-def]
+    """Parse the DAG folder (default: the configured one) and return ``dag_id``; any import
+    error in the folder is raised."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    folder = dags_folder or os.environ["AIRFLOW__CORE__DAGS_FOLDER"]
+    bag = DagBag(dag_folder=folder)
+    if bag.import_errors:
+        raise RuntimeError(f"DAG import errors in {folder}: {bag.import_errors}")
+    if dag_id not in bag.dags:
+        raise KeyError(f"no DAG {dag_id!r} in {folder} (found {sorted(bag.dags)})")
+    return bag.dags[dag_id]
+
+
+class RunReport:
+    """What a ``dag.test()`` run did, read back from the metadata DB."""
+
+    def __init__(self, dag_id: str, run_id: str, state: str, tasks: dict[str, dict[str, Any]]) -> None:
+        self.dag_id, self.run_id, self.state, self.tasks = dag_id, run_id, state, tasks
+
+    def task_state(self, task_id: str) -> str | None:
+        return self.tasks.get(task_id, {}).get("state")
+
+    def xcom(self, task_id: str, key: str = "return_value") -> Any:
+        from airflow.models.xcom import XComModel
+        from airflow.utils.session import create_session
+
+        with create_session() as session:
+            row = session.scalars(
+                XComModel.get_many(run_id=self.run_id, key=key, task_ids=task_id, dag_ids=self.dag_id)
+            ).first()
+            # Values pushed by tasks arrive through the execution API already as JSON values;
+            # XComModel.deserialize_value would json-decode a string again ("2026..." -> int).
+            return None if row is None else row.value
+
+    def __repr__(self) -> str:
+        return f"RunReport({self.dag_id}, {self.run_id}, {self.state}, {self.tasks})"
+
+
+def run_dag(dag: Any, logical_date: Any = None, conf: dict[str, Any] | None = None) -> RunReport:
+    """``dag.test()`` one run and report its state and task instances (``dag.test`` itself
+    swallows task failures: look at :attr:`RunReport.state`)."""
+    dr = dag.test(logical_date=logical_date, run_conf=conf)
+    return run_report(dr)
+
+
+def run_report(dr: Any) -> RunReport:
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+
+    def _s(v: Any) -> str | None:
+        return None if v is None else str(getattr(v, "value", v))
+
+    with create_session() as session:
+        tis = session.query(TaskInstance).filter(TaskInstance.dag_id == dr.dag_id, TaskInstance.run_id == dr.run_id)
+        tasks = {
+            ti.task_id: {"state": _s(ti.state), "try_number": ti.try_number, "duration": ti.duration}
+            for ti in sorted(tis, key=lambda t: (t.start_date is None, t.start_date or 0))
+        }
+    return RunReport(dr.dag_id, dr.run_id, _s(dr.state) or "", tasks)

@@ -117,6 +117,11 @@ class UpsertWithIndexOperator(BucketIndexSparkOperator):
             batch_id=batch_id,
         )
 
+    def spark_submit_command(self, batch_id: str) -> list[str]:
+        """The exact spark-submit command ``execute`` runs for ``batch_id`` (templates rendered)."""
+        args = self.build_args(batch_id, table_exists=self.hook.table_exists(str(self.table_uri)))
+        return self.hook.build_command("upsert", args)
+
     def execute(self, context: Context) -> dict[str, Any]:
         table_uri = str(self.table_uri)
         batch_id = str(self.batch_id) if self.batch_id else batch_id_from_context(context)

@@ -29,6 +29,10 @@ class ValidateTableOperator(BucketIndexSparkOperator):
         super().__init__(**kwargs)
         self.table_uri = table_uri
 
+    def spark_submit_command(self) -> list[str]:
+        """The exact spark-submit command ``execute`` runs (templates rendered)."""
+        return self.hook.build_command("validate", [str(self.table_uri)])
+
     def execute(self, context: Context) -> dict[str, Any]:
         table_uri = str(self.table_uri)
         try:

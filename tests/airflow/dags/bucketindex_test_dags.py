@@ -1,0 +1,92 @@
+"""DAGs used only by the Airflow end-to-end tests (linked into the test DAG folder).
+
+* ``bucketindex_test_retry``: an upsert whose first try fails *after* its commit (as when
+  a worker dies between the commit and reporting success); the retry must find the batch
+  already applied. ``skip_committed_batches=False`` makes the retry run spark-submit again,
+  so the job's own batch-id idempotence is exercised too.
+* ``bucketindex_test_rollback``: a stand-in writer that leaves a pending instant (as a
+  killed spark-submit does) and fails; the rollback branch must remove it. No Spark.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pendulum
+from airflow.sdk import DAG, Param, task
+
+from airflow_provider_bucketindex.operators import RollbackBatchOperator, UpsertWithIndexOperator
+
+
+class FailAfterCommitOnFirstTry(UpsertWithIndexOperator):
+    def execute(self, context):  # type: ignore[no-untyped-def]
+        result = super().execute(context)
+        if context["ti"].try_number == 1:
+            raise RuntimeError("injected: the worker died after the commit, before reporting success")
+        return result
+
+
+with DAG(
+    dag_id="bucketindex_test_retry",
+    schedule=None,
+    start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),
+    render_template_as_native_obj=True,
+    params={"table_uri": Param("", type="string"), "source_uri": Param("", type="string")},
+) as retry_dag:
+    @task(task_id="consume")
+    def consume(**context) -> None:  # type: ignore[no-untyped-def]
+        """What a downstream task gets from the upsert's XComs."""
+        ti = context["ti"]
+        instant = ti.xcom_pull(task_ids="upsert", key="instant")
+        summary = ti.xcom_pull(task_ids="upsert")
+        assert isinstance(instant, str) and instant == summary["instant"], (instant, summary)
+        assert set(ti.xcom_pull(task_ids="upsert", key="counts")) == {"inserted", "updated", "deleted"}
+
+    FailAfterCommitOnFirstTry(
+        task_id="upsert",
+        table_uri="{{ params.table_uri }}",
+        source_uri="{{ params.source_uri }}",
+        record_key="id",
+        precombine_field="ts",
+        delete_field="is_deleted",
+        skip_committed_batches=False,
+        retries=1,
+        retry_delay=timedelta(seconds=0),
+    ) >> consume()
+
+
+with DAG(
+    dag_id="bucketindex_test_rollback",
+    schedule=None,
+    start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),
+    render_template_as_native_obj=True,
+    params={"table_uri": Param("", type="string"), "leave_pending": Param(True, type="boolean")},
+) as rollback_dag:
+
+    @task(task_id="upsert")
+    def crashing_writer(table_uri: str, leave_pending: bool, **context) -> None:  # type: ignore[no-untyped-def]
+        from airflow_provider_bucketindex.batch import batch_id_from_context
+        from spark_jobs.table import Action, Table, TableConfig
+
+        t = Table.open(table_uri)
+        if not t.exists:
+            t.create(TableConfig(record_key_fields=["id"]))
+        if leave_pending:
+            tl = t.timeline
+            inst = tl.create_requested(Action.COMMIT, {"batch_id": batch_id_from_context(context), "operation": "upsert"})
+            tl.transition_to_inflight(inst)
+            rel = f"f-{inst.timestamp}_0-0_{inst.timestamp}.parquet"
+            t.create_marker(inst.timestamp, rel)
+            t.io.write_bytes(t.abs(rel), b"half-written")
+        raise RuntimeError("injected: the writer crashed")
+
+    @task(task_id="validate")
+    def normal_path() -> None:
+        """A leaf on the success path (as validate is in the ingest DAG): when the writer
+        fails it is upstream_failed, so the run fails although the rollback succeeds."""
+
+    upsert = crashing_writer("{{ params.table_uri }}", "{{ params.leave_pending }}")
+    upsert >> normal_path()
+    upsert >> RollbackBatchOperator(
+        task_id="rollback_failed_upsert", table_uri="{{ params.table_uri }}", upsert_task_id="upsert"
+    )
