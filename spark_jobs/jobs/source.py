@@ -8,6 +8,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from spark_jobs.io.filesystem import resolve
+from spark_jobs.jobs.read import spark_uri
 from spark_jobs.table.config import BadInputError
 
 __all__ = ["read_source", "SOURCE_FORMATS"]
@@ -27,7 +28,7 @@ def read_source(spark: SparkSession, uri: str, fmt: str) -> DataFrame:
     if fmt == "json":
         reader = reader.option("mode", "FAILFAST")
     try:
-        df = getattr(reader, fmt)(_spark_path(uri))
+        df = getattr(reader, fmt)(spark_uri(uri))
         df.schema  # noqa: B018 - force schema inference now, so errors surface here
     except AnalysisException as e:
         raise BadInputError(f"cannot read {fmt} source {uri}: {_first_line(e)}") from e
@@ -36,10 +37,6 @@ def read_source(spark: SparkSession, uri: str, fmt: str) -> DataFrame:
     if fmt == "json" and "_corrupt_record" in df.columns:
         raise BadInputError(f"source {uri} has malformed JSON records")
     return df
-
-
-def _spark_path(uri: str) -> str:
-    return uri if "://" in uri else resolve(uri)[1]
 
 
 def _first_line(e: BaseException) -> str:

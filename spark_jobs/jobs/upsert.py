@@ -36,6 +36,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
 from spark_jobs.jobs import tasks
+from spark_jobs.jobs.read import file_uri, keys_with_location
 from spark_jobs.jobs.keys import bucket_expr, file_id_for_bucket_expr, key_expr, partition_expr
 from spark_jobs.jobs.source import check_castable, read_source
 from spark_jobs.table.config import (
@@ -290,23 +291,8 @@ def _tag(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystemVi
         )
         return batch.join(found, KEY, "left")
     # global_simple: join against the keys of every live data file
-    slices = view.slices()
-    if not slices:
-        return no_loc
-    by_path = spark.createDataFrame(
-        [(_spark_path(table, s.path), s.partition, s.file_id) for s in slices], f"_bi_path string, {OLD_PART} string, {OLD_FID} string"
-    )
-    existing = (
-        spark.read.parquet(*[_spark_path(table, s.path) for s in slices]).select(KEY)
-        .withColumn("_bi_path", F.input_file_name())
-        .join(F.broadcast(by_path), "_bi_path").drop("_bi_path")
-    )
-    return batch.join(existing, KEY, "left")
-
-
-def _spark_path(table: Table, rel: str) -> str:
-    uri = table.uri if "://" in table.uri else "file://" + table.root
-    return uri.rstrip("/") + "/" + rel
+    existing = keys_with_location(spark, table, view, part=OLD_PART, fid=OLD_FID)
+    return no_loc if existing is None else batch.join(existing, KEY, "left")
 
 
 def _assign_new_file_groups(spark: SparkSession, cfg: TableConfig, view: FileSystemView, rows: DataFrame) -> DataFrame:
@@ -372,7 +358,7 @@ def _drop_stale_moves(spark: SparkSession, table: Table, cfg: TableConfig, view:
     holders = {(r[OLD_PART], r[OLD_FID]) for r in tagged.filter("_bi_moved").select(OLD_PART, OLD_FID).distinct().collect()}
     if not holders:
         return tagged
-    paths = [_spark_path(table, view.file_groups[h].path) for h in holders if h in view.file_groups]
+    paths = [file_uri(table, view.file_groups[h].path) for h in holders if h in view.file_groups]
     pc = cfg.precombine_field
     stored = spark.read.parquet(*paths).select(F.col(KEY), F.col(pc).alias("_bi_stored"))
     joined = tagged.join(stored, KEY, "left")

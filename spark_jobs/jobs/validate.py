@@ -16,6 +16,7 @@ from pyspark.sql import functions as F
 
 from spark_jobs.jobs import tasks
 from spark_jobs.jobs.keys import bucket_expr
+from spark_jobs.jobs.read import keys_with_location
 from spark_jobs.table.config import INDEX_BUCKET, INDEX_RECORD
 from spark_jobs.table.table import Table
 
@@ -27,27 +28,12 @@ SAMPLES = 5
 ENTRY_SCHEMA = "bucket int, fp_hi long, fp_lo long, part string, fid string"
 
 
-def _rows_with_location(spark: SparkSession, table: Table):  # type: ignore[no-untyped-def]
-    view = table.view()
-    slices = view.slices()
-    if not slices:
-        return None, view
-    base = table.uri if "://" in table.uri else "file://" + table.root
-    path_of = lambda rel: base.rstrip("/") + "/" + rel  # noqa: E731
-    locs = spark.createDataFrame([(path_of(s.path), s.partition, s.file_id) for s in slices],
-                                 "_bi_path string, part string, fid string")
-    rows = (
-        spark.read.parquet(*[path_of(s.path) for s in slices]).select(tasks.KEY)
-        .withColumn("_bi_path", F.input_file_name()).join(F.broadcast(locs), "_bi_path").drop("_bi_path")
-    )
-    return rows, view
-
-
 def run_validate(spark: SparkSession, uri: str) -> dict[str, Any]:
     table = Table.load(uri)
     cfg = table.config
     assert cfg is not None
-    rows, view = _rows_with_location(spark, table)
+    view = table.view()
+    rows = keys_with_location(spark, table, view)
     nb = table.num_buckets(view)
     problems: dict[str, Any] = {}
     report: dict[str, Any] = {"rows": 0, "index_type": cfg.index_type, "problems": problems}
