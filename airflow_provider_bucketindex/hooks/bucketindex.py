@@ -192,31 +192,58 @@ class BucketIndexSparkSubmitHook(SparkSubmitHook):
         return [packaging.resolve_spark_binary(self._connection["spark_binary"])]
 
     def submit(self, application: str = "", **kwargs: Any) -> str | None:
-        # Own process group (as Airflow's SubprocessHook does): on_kill can stop spark-submit
+        # Own session (as Airflow's SubprocessHook does): on_kill can stop spark-submit
         # together with the Python driver and workers it started, and nothing the job
-        # does to its own process group reaches the Airflow task process.
+        # does to its own session (the fault-injection hook kills it) reaches the Airflow task.
         kwargs.setdefault("start_new_session", True)
         return super().submit(application, **kwargs)
 
     def on_kill(self) -> None:
         """Stop the job: the Spark provider's kill (cluster driver, YARN app, spark-submit),
-        then the rest of spark-submit's process group (local Python driver and workers), so
-        the writer's heartbeat stops and its pending instant is seen as abandoned at once."""
+        then every other process of spark-submit's session -- the local Python driver and
+        the PySpark workers, which sit in process groups of their own -- so the writer's
+        heartbeat stops and its pending instant is seen as abandoned at once."""
         proc = self._submit_sp
-        pgid = None
+        sid = None
         if proc is not None and proc.poll() is None:
             try:
-                pgid = os.getpgid(proc.pid)
+                sid = os.getsid(proc.pid)
             except ProcessLookupError:
-                pgid = None
+                sid = None
         super().on_kill()
-        if pgid is not None and pgid != os.getpgrp():
+        if sid is not None and sid == proc.pid and sid != os.getsid(0):  # our own session only
             for sig in (signal.SIGTERM, signal.SIGKILL):
-                try:
-                    os.killpg(pgid, sig)
-                except ProcessLookupError:
+                if not _signal_session(sid, sig):
                     break
                 time.sleep(0.5 if sig == signal.SIGTERM else 0)
+
+
+def _signal_session(sid: int, sig: int) -> bool:
+    """Send ``sig`` to every process of session ``sid``; False when none is left."""
+    pids = []
+    if os.path.isdir("/proc"):
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                if int(fields[3]) == sid:  # the 6th field of stat: session id
+                    pids.append(int(name))
+            except (OSError, ValueError, IndexError):
+                continue
+    else:  # no /proc: the session leader's process group is the best we can reach
+        try:
+            os.killpg(sid, sig)
+            return True
+        except ProcessLookupError:
+            return False
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+    return bool(pids)
 
 
 class BucketIndexHook(BaseHook):

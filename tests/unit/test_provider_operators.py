@@ -1,0 +1,225 @@
+"""Operator conventions (keyword-only, templates assigned verbatim, nothing done in __init__,
+lazy hook), default batch ids, on_kill, and the paths of ``execute`` that need no Spark."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+import pytest
+
+from airflow_provider_bucketindex import packaging, sandbox
+from airflow_provider_bucketindex.batch import batch_id_from_context, default_batch_id
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(scope="module")
+def ops():  # type: ignore[no-untyped-def]
+    sandbox.isolate_before_import()
+    from airflow_provider_bucketindex import operators
+
+    return operators
+
+
+class FakeTI:
+    def __init__(self, dag_id="d", run_id="scheduled__2024-01-01T00:00:00+00:00", task_id="upsert", map_index=-1, try_number=1):  # type: ignore[no-untyped-def]
+        self.dag_id, self.run_id, self.task_id, self.map_index, self.try_number = dag_id, run_id, task_id, map_index, try_number
+        self.pushed: dict[str, object] = {}
+
+    def xcom_push(self, key, value):  # type: ignore[no-untyped-def]
+        self.pushed[key] = value
+
+
+# -- batch ids ----------------------------------------------------------------------------
+
+
+def test_default_batch_id_has_no_try_number():
+    assert default_batch_id("ingest", "scheduled__2024-01-01T00:00:00+00:00", "upsert") == (
+        "ingest/scheduled__2024-01-01T00:00:00+00:00/upsert"
+    )
+    assert default_batch_id("ingest", "r", "upsert", 3) == "ingest/r/upsert/3"
+    first, retry = FakeTI(try_number=1), FakeTI(try_number=2)
+    assert batch_id_from_context({"ti": first}) == batch_id_from_context({"ti": retry})
+    assert batch_id_from_context({"ti": FakeTI(task_id="rollback")}, "upsert") == batch_id_from_context({"ti": first})
+
+
+# -- construction -------------------------------------------------------------------------
+
+
+def test_constructors_are_keyword_only(ops):  # type: ignore[no-untyped-def]
+    with pytest.raises(TypeError):
+        ops.UpsertWithIndexOperator("upsert", "/t", "/s", "id")  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        ops.ValidateTableOperator("validate", "/t")  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        ops.RollbackBatchOperator("rb", "/t")  # type: ignore[misc]
+
+
+def test_init_does_no_work(ops, monkeypatch):  # type: ignore[no-untyped-def]
+    from airflow_provider_bucketindex.hooks import bucketindex
+
+    def boom(*a, **k):  # type: ignore[no-untyped-def]
+        raise AssertionError("work done in __init__")
+
+    monkeypatch.setattr(bucketindex.BucketIndexHook, "__init__", boom)
+    monkeypatch.setattr(packaging, "spark_jobs_zip", boom)
+    monkeypatch.setattr(packaging, "resolve_spark_binary", boom)
+    made = [
+        ops.UpsertWithIndexOperator(
+            task_id="u", table_uri="s3://nowhere/t", source_uri="/x", record_key="id", conn_id="not_defined_anywhere"
+        ),
+        ops.ValidateTableOperator(task_id="v", table_uri="/nowhere", conn_id="not_defined_anywhere"),
+        ops.RollbackBatchOperator(task_id="r", table_uri="/nowhere", upsert_task_id="u"),
+    ]
+    for op in made:
+        assert "hook" not in vars(op)
+        op.on_kill()  # nothing started: nothing to stop, and no hook built for it
+        assert "hook" not in vars(op)
+
+
+def test_template_fields_are_the_constructor_arguments_verbatim(ops):  # type: ignore[no-untyped-def]
+    kw = dict(
+        table_uri="{{ params.t }}", source_uri="{{ ds }}", record_key=["a", "b"], precombine_field="ts",
+        partition_field="p", index="bucket", num_buckets="{{ params.n }}", source_format="json",
+        delete_field="del", batch_id="{{ run_id }}", master="spark://m:7077", conf={"k": "{{ ds }}"},
+        name="n", env_vars={"E": "1"},
+    )  # fmt: skip
+    op = ops.UpsertWithIndexOperator(task_id="u", **kw)
+    assert set(op.template_fields) == set(kw)
+    for field in op.template_fields:
+        assert getattr(op, field) == kw[field], field
+    v = ops.ValidateTableOperator(task_id="v", table_uri="{{ params.t }}")
+    assert set(v.template_fields) == {"table_uri", "master", "conf", "name", "env_vars"}
+    r = ops.RollbackBatchOperator(task_id="r", table_uri="{{ params.t }}", batch_id="{{ run_id }}")
+    assert set(r.template_fields) == {"table_uri", "batch_id", "upsert_task_id"}
+
+
+def test_templates_render(ops):  # type: ignore[no-untyped-def]
+    op = ops.UpsertWithIndexOperator(
+        task_id="u", table_uri="{{ params.t }}", source_uri="/landing/{{ ds }}", record_key="id", conf={"x": "{{ ds }}"}
+    )
+    op.render_template_fields({"params": {"t": "/lake/t"}, "ds": "2024-01-02"})
+    assert (op.table_uri, op.source_uri, op.conf) == ("/lake/t", "/landing/2024-01-02", {"x": "2024-01-02"})
+
+
+def test_rollback_operator_defaults_to_one_failed(ops):  # type: ignore[no-untyped-def]
+    assert ops.RollbackBatchOperator(task_id="r", table_uri="/t", upsert_task_id="u").trigger_rule == "one_failed"
+    assert ops.RollbackBatchOperator(task_id="r", table_uri="/t", batch_id="b", trigger_rule="all_done").trigger_rule == "all_done"
+
+
+# -- execute without Spark ----------------------------------------------------------------
+
+
+def _committed_table(path: str, batch_id: str) -> str:
+    """A table whose timeline holds a completed commit of ``batch_id`` (written with the core)."""
+    from spark_jobs.table import Action, Table, TableConfig
+
+    t = Table.open(path)
+    t.create(TableConfig(record_key_fields=["id"]))
+    inst = t.timeline.create_requested(Action.COMMIT, {"batch_id": batch_id})
+    inst = t.timeline.transition_to_inflight(inst)
+    t.timeline.complete(inst, {"batch_id": batch_id, "counts": {"inserted": 7, "updated": 2, "deleted": 1}})
+    return inst.timestamp
+
+
+def test_committed_batch_is_not_resubmitted(ops, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    from airflow_provider_bucketindex.hooks import bucketindex
+
+    ti = FakeTI(try_number=2)
+    batch = batch_id_from_context({"ti": ti})
+    instant = _committed_table(str(tmp_path / "t"), batch)
+    monkeypatch.setattr(bucketindex.BucketIndexHook, "submit", lambda *a, **k: pytest.fail("resubmitted"))
+    op = ops.UpsertWithIndexOperator(task_id="upsert", table_uri=str(tmp_path / "t"), source_uri="/s", record_key="id")
+
+    out = op.execute({"ti": ti})
+
+    assert out == {"table_uri": str(tmp_path / "t"), "batch_id": batch, "instant": instant,
+                   "inserted": 7, "updated": 2, "deleted": 1}  # fmt: skip
+    assert ti.pushed == {"instant": instant, "counts": {"inserted": 7, "updated": 2, "deleted": 1}}
+
+
+def test_rollback_operator_without_a_table_or_pending_instant_is_a_noop(ops, tmp_path):  # type: ignore[no-untyped-def]
+    op = ops.RollbackBatchOperator(task_id="rollback", table_uri=str(tmp_path / "none"), upsert_task_id="upsert")
+    assert op.execute({"ti": FakeTI(task_id="rollback")}) == {
+        "batch_id": "d/scheduled__2024-01-01T00:00:00+00:00/upsert",
+        "rolled_back": None,
+    }
+    assert not (tmp_path / "none").exists()
+
+
+def test_rollback_operator_needs_a_batch(ops, tmp_path):  # type: ignore[no-untyped-def]
+    from airflow.sdk.exceptions import AirflowFailException
+
+    with pytest.raises(AirflowFailException):
+        ops.RollbackBatchOperator(task_id="r", table_uri=str(tmp_path)).execute({"ti": FakeTI()})
+
+
+# -- on_kill ------------------------------------------------------------------------------
+
+FAKE_SPARK_SUBMIT = """\
+#!{python}
+# Stands in for spark-submit: starts a "Python worker" in a process group of its own (as
+# PySpark does) and records both pids, then waits to be killed.
+import os, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import os, time; os.setpgid(0, 0); time.sleep(300)"])
+with open(os.environ["FAKE_PIDS"], "w") as f:
+    f.write(f"{{os.getpid()}} {{child.pid}}")
+time.sleep(300)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs /proc")
+def test_on_kill_stops_spark_submit_and_its_workers_and_leaves_the_pending_instant(ops, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    from airflow_provider_bucketindex.hooks.bucketindex import SparkJobFailed
+    from spark_jobs.table import Action, Table, TableConfig
+
+    table = Table.open(str(tmp_path / "t"))
+    table.create(TableConfig(record_key_fields=["id"]))
+    pending = table.timeline.create_requested(Action.COMMIT, {"batch_id": "b"})
+    fake = tmp_path / "spark-submit"
+    fake.write_text(FAKE_SPARK_SUBMIT.format(python=sys.executable))
+    fake.chmod(0o755)
+    monkeypatch.setattr(packaging, "resolve_spark_binary", lambda binary="spark-submit", **k: str(fake))
+    monkeypatch.delenv("AIRFLOW_CONN_BUCKETINDEX_DEFAULT", raising=False)
+    pids_file = tmp_path / "pids"
+    op = ops.UpsertWithIndexOperator(
+        task_id="upsert", table_uri=str(tmp_path / "t"), source_uri="/s", record_key="id",
+        env_vars={"FAKE_PIDS": str(pids_file)},
+    )  # fmt: skip
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            op.hook.submit("upsert", op.build_args("b", table_exists=True))
+        except BaseException as e:  # noqa: BLE001 - collected for the assertion below
+            errors.append(e)
+
+    th = threading.Thread(target=run)
+    th.start()
+    deadline = time.monotonic() + 30
+    while not (pids_file.exists() and pids_file.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    submit_pid, worker_pid = map(int, pids_file.read_text().split())
+    assert os.getsid(submit_pid) == submit_pid != os.getsid(0), "spark-submit runs in a session of its own"
+
+    op.on_kill()
+    th.join(15)
+
+    assert not th.is_alive()
+    assert len(errors) == 1 and isinstance(errors[0], SparkJobFailed) and errors[0].returncode != 0
+    deadline = time.monotonic() + 10
+    while _alive(worker_pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(submit_pid) and not _alive(worker_pid)
+    assert [i.timestamp for i in table.timeline.reload().pending()] == [pending.timestamp]
