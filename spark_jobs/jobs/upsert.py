@@ -99,15 +99,16 @@ def _requested_config(opts: UpsertOptions, existing: TableConfig | None) -> tupl
     if opts.precombine_field is not None:
         explicit.add("precombine_field")
     index = opts.index or (existing.index_type if existing else INDEX_RECORD)
-    base = existing
     cfg = TableConfig(
         record_key_fields=list(opts.record_key),
         index_type=index,
-        num_buckets=opts.num_buckets or (base.num_buckets if base else DEFAULT_NUM_BUCKETS[index]),
-        partition_fields=[opts.partition_field] if opts.partition_field else (base.partition_fields if base else []),
+        num_buckets=opts.num_buckets or (existing.num_buckets if existing else DEFAULT_NUM_BUCKETS[index]),
+        partition_fields=[opts.partition_field] if opts.partition_field else (
+            existing.partition_fields if existing else []),
         precombine_field=opts.precombine_field if opts.precombine_field is not None else (
-            base.precombine_field if base else None),
-        target_file_rows=opts.target_file_rows or (base.target_file_rows if base else TableConfig.target_file_rows),
+            existing.precombine_field if existing else None),
+        target_file_rows=opts.target_file_rows or (
+            existing.target_file_rows if existing else TableConfig.target_file_rows),
     )
     return cfg, explicit
 
@@ -250,7 +251,8 @@ def _ensure_single_writer(table: Table, ts: str) -> None:
 
 def _rollback_quietly(table: Table, ts: str) -> None:
     try:
-        if table.timeline.reload().find(ts) is not None and not table.timeline.find(ts).is_completed:
+        inst = table.timeline.reload().find(ts)
+        if inst is not None and not inst.is_completed:
             table.rollback(ts, force=True)
     except Exception:  # the next writer repairs it from the markers
         log.warning("could not roll back %s now; the next run will", ts, exc_info=True)
