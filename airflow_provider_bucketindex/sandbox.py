@@ -103,7 +103,10 @@ def isolate_before_import(root: str | None = None) -> dict[str, str]:
     import tempfile
 
     if "AIRFLOW_HOME" not in os.environ:
-        home = os.path.join(root or tempfile.mkdtemp(prefix="bucketindex-airflow-"), "airflow")
+        if root is None:
+            root = tempfile.mkdtemp(prefix="bucketindex-airflow-")
+            _remove_at_exit(root)
+        home = os.path.join(root, "airflow")
         os.makedirs(home, exist_ok=True)
         os.environ["AIRFLOW_HOME"] = home
     home = os.environ["AIRFLOW_HOME"]
@@ -134,6 +137,7 @@ def session_env_for_tests(dag_sources: list[str], *, connection: str | None = No
                 "configuration would point elsewhere. Run the airflow/cluster tiers in their own pytest run."
             )
         root = tempfile.mkdtemp(prefix="bucketindex-airflow-tests-")
+        _remove_at_exit(root)
         os.makedirs(os.path.join(root, "dags"))
         env = airflow_env(
             os.path.join(root, "airflow"),
@@ -226,3 +230,10 @@ def run_report(dr: Any) -> RunReport:
             for ti in sorted(tis, key=lambda t: (t.start_date is None, t.start_date or 0))
         }
     return RunReport(dr.dag_id, dr.run_id, _s(dr.state) or "", tasks)
+
+
+def _remove_at_exit(path: str) -> None:
+    import atexit
+    import shutil
+
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
