@@ -9,19 +9,19 @@ from pyspark.sql import SparkSession
 
 __all__ = ["get_spark"]
 
-DEFAULT_MASTER = "local[*]"
-
 
 def get_spark(master: str | None = None, app_name: str = "bucketindex") -> SparkSession:
-    """Get (or create) the session. Under spark-submit the master comes from spark-submit."""
+    """Get (or create) the session.
+
+    ``master=None`` means the job runs under ``spark-submit``, whose ``--master`` and
+    ``--name`` must win, so neither is set here.
+    """
     # Executors must run this interpreter (it has pyarrow), not whatever python3 is on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    b = SparkSession.builder.appName(app_name)
+    b = SparkSession.builder
     if master:
-        b = b.master(master)
-    elif "SPARK_HOME" not in os.environ and not os.environ.get("SPARK_SUBMIT_OPTS") and not _under_submit():
-        b = b.master(DEFAULT_MASTER)
+        b = b.master(master).appName(app_name)
     spark = (
         b.config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.shuffle.partitions", "8")
@@ -31,7 +31,3 @@ def get_spark(master: str | None = None, app_name: str = "bucketindex") -> Spark
     )
     spark.sparkContext.setLogLevel(os.environ.get("BUCKETINDEX_SPARK_LOG_LEVEL", "WARN"))
     return spark
-
-
-def _under_submit() -> bool:
-    return "spark.master" in os.environ.get("PYSPARK_SUBMIT_ARGS", "") or bool(os.environ.get("SPARK_ENV_LOADED"))
