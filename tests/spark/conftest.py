@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from pathlib import Path
 
@@ -18,6 +19,9 @@ def spark():
     s = get_spark("local[2]", app_name="bucketindex-tests")
     yield s
     s.stop()
+    # py4j logs "Closing down clientserver connection" at INFO from __del__ during interpreter
+    # shutdown, after pytest has closed the stream Airflow's logging config points at.
+    logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
 def write_batch(path: Path, rows: list[dict], schema: pa.Schema | None = None) -> str:
