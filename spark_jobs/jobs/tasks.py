@@ -163,21 +163,29 @@ def merge_file_group(key: tuple, incoming: pa.Table, *, ctx: MergeContext) -> pa
         size = t.io.size(t.abs(rel))
         maybe_crash("after_data_file")
 
-    rows: dict[str, list] = {c.split()[0]: [] for c in MERGE_OUTPUT.split(", ")}
-
-    def add(**kw: object) -> None:
-        for c in rows:
-            rows[c].append(kw.get(c))
-
-    add(kind="file", part=part, fid=fid, path=rel, num_rows=result.num_rows, size=size,
-        inserted=counts[0], updated=counts[1], deleted=counts[2])
-    if ctx.emit_index:
-        new_loc = pc.and_(upserts, pc.invert(in_base))  # inserts and keys moving in
-        for k in pc.filter(in_keys, new_loc).to_pylist():
-            add(kind="index", part=part, fid=fid, key=k, tomb=False)
-        for k in pc.filter(in_keys, deleted).to_pylist():
-            add(kind="index", part=part, fid=fid, key=k, tomb=True)
-    return pa.table(rows, schema=_merge_schema())
+    schema = _merge_schema()
+    file_row = pa.table(
+        {"kind": ["file"], "part": [part], "fid": [fid], "path": [rel], "num_rows": [result.num_rows], "size": [size],
+         "inserted": [counts[0]], "updated": [counts[1]], "deleted": [counts[2]], "key": [None], "tomb": [None]},
+        schema=schema,
+    )
+    if not ctx.emit_index:
+        return file_row
+    # record index: new locations for inserts and keys moving in; tombstones for deletes
+    new_loc = pc.filter(in_keys, pc.and_(upserts, pc.invert(in_base)))
+    gone = pc.filter(in_keys, deleted)
+    keys = pa.concat_arrays([new_loc.combine_chunks() if isinstance(new_loc, pa.ChunkedArray) else new_loc,
+                             gone.combine_chunks() if isinstance(gone, pa.ChunkedArray) else gone])
+    n = len(keys)
+    entries = pa.table(
+        {"kind": pa.array(["index"] * n, pa.string()), "part": pa.array([part] * n, pa.string()),
+         "fid": pa.array([fid] * n, pa.string()), "path": pa.nulls(n, pa.string()), "num_rows": pa.nulls(n, pa.int64()),
+         "size": pa.nulls(n, pa.int64()), "inserted": pa.nulls(n, pa.int64()), "updated": pa.nulls(n, pa.int64()),
+         "deleted": pa.nulls(n, pa.int64()), "key": keys.cast(pa.string()),
+         "tomb": pa.array(np.arange(n) >= len(new_loc))},
+        schema=schema,
+    )
+    return pa.concat_tables([file_row, entries])
 
 
 def _merge_schema() -> pa.Schema:
