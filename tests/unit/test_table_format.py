@@ -265,3 +265,42 @@ def test_batch_id_lookup(tmp_path):
     assert t.commit_for_batch("other") is None
     p = write_commit(t, [("b", 1)], complete=False)
     assert t.pending_for_batch(t.timeline.read_plan(t.timeline.find(p))["batch_id"]).timestamp == p
+
+
+# -- CLI verbs that need no Spark -------------------------------------------------------
+
+def test_cli_read_output_writes_one_parquet_file(tmp_path, capsys):
+    from spark_jobs.cli import main
+
+    t = new_table(tmp_path)
+    first = write_commit(t, [("a", 1), ("b", 2)])
+    write_commit(t, [("c", 3)], file_id="fg2")
+    out = tmp_path / "snap.parquet"
+    assert main(["read", t.uri, "--output", str(out)]) == 0
+    assert sorted(pq.read_table(out).to_pylist(), key=lambda r: r["id"]) == [
+        {"id": "a", "v": 1}, {"id": "b", "v": 2}, {"id": "c", "v": 3}]
+    assert main(["read", t.uri, "--as-of", first, "--output", str(out)]) == 0
+    assert pq.read_table(out).num_rows == 2
+
+
+def test_cli_show_json_and_text(tmp_path, capsys):
+    from spark_jobs.cli import main
+
+    t = new_table(tmp_path)
+    write_commit(t, [("a", 1)])
+    pending = write_commit(t, [("b", 1)], complete=False)
+    assert main(["show", t.uri, "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["rows"] == 1 and d["file_groups"] == 1 and d["index_buckets"] == {"0": 1}
+    assert d["pending"] == [f"{pending}.commit[inflight]"]
+    assert main(["show", t.uri]) == 0
+    text = capsys.readouterr().out
+    assert "1 rows in 1 file groups" in text and f"{pending}.commit[inflight]" in text
+
+
+def test_cli_bad_table_exits_2(tmp_path, capsys):
+    from spark_jobs.cli import main
+
+    assert main(["show", str(tmp_path / "none")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("bucketindex: error: no bucketindex table")
