@@ -9,42 +9,18 @@ __all__ = [
     "META_DIR",
     "NULL_PARTITION",
     "data_file_name",
-    "parse_data_file_name",
-    "partition_path",
     "TableLayout",
 ]
 
 META_DIR = ".bucketindex"
+#: the partition directory value for a null partition field. Partition paths themselves are
+#: built by Spark (``spark_jobs.jobs.keys.partition_expr``), the one place that encodes them.
 NULL_PARTITION = "__NULL__"
 INDEX_FILE_SUFFIX = ".arrow"
 
 
-def partition_path(fields: list[str], values: list[object]) -> str:
-    """Hive-style ``field=value`` directories; ``""`` for an unpartitioned table."""
-    parts = []
-    for f, v in zip(fields, values):
-        text = NULL_PARTITION if v is None else quote(str(v), safe="")
-        parts.append(f"{f}={text}")
-    return "/".join(parts)
-
-
-def partition_values(path: str) -> dict[str, str | None]:
-    out: dict[str, str | None] = {}
-    for seg in filter(None, path.split("/")):
-        k, _, v = seg.partition("=")
-        out[k] = None if v == NULL_PARTITION else unquote(v)
-    return out
-
-
 def data_file_name(file_id: str, write_token: str, instant: str) -> str:
     return f"{file_id}_{write_token}_{instant}.parquet"
-
-
-def parse_data_file_name(name: str) -> tuple[str, str, str]:
-    """(file_id, write_token, instant) of a data file name."""
-    stem = name[: -len(".parquet")]
-    file_id, write_token, instant = stem.rsplit("_", 2)
-    return file_id, write_token, instant
 
 
 class TableLayout:
