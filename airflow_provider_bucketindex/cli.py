@@ -13,6 +13,8 @@ from spark_jobs import cli as table_cli
 
 __all__ = ["main"]
 
+DEMO_HELP = "the whole pipeline on embedded defaults (sample data, Airflow with SQLite, local Spark), with a summary"
+
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
@@ -20,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
         from airflow_provider_bucketindex.demo import main as demo_main  # lazy: imports Airflow
 
         return demo_main(args[1:])
-    return table_cli.main(args)
+    return table_cli.main(args, extra_verbs={"demo": DEMO_HELP})
 
 
 if __name__ == "__main__":

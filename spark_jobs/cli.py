@@ -31,7 +31,8 @@ def _csv(text: str) -> list[str]:
     return [p.strip() for p in text.split(",") if p.strip()]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.ArgumentParser:
+    """The CLI's parser; ``extra_verbs`` (name -> help) are verbs another layer runs, listed in ``--help``."""
     p = _Parser(prog="bucketindex", description="Upsertable lake tables with a record-level or bucket hash index.")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = p.add_subparsers(dest="verb", required=True, parser_class=_Parser)
@@ -69,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     rb.add_argument("table")
     rb.add_argument("instant", nargs="?")
     rb.add_argument("--force", action="store_true", help="even if its writer looks alive")
+    for name, text in (extra_verbs or {}).items():
+        sub.add_parser(name, help=text)
     return p
 
 
@@ -187,8 +190,9 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, bool], int]] = {
 }
 
 
-def main(argv: list[str] | None = None, *, submitted: bool = False) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, *, submitted: bool = False,
+         extra_verbs: dict[str, str] | None = None) -> int:
+    args = build_parser(extra_verbs).parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
