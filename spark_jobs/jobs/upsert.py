@@ -27,11 +27,12 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
@@ -88,6 +89,18 @@ class _Phases:
         self.timings[f"{name}_ms"] = int((now - self._t) * 1000)
         log.info("phase %-8s %6d ms %s", name, self.timings[f"{name}_ms"], detail)
         self._t = now
+
+
+@contextmanager
+def _shuffle_partitions(spark: SparkSession, n: int) -> Iterator[None]:
+    """Run the enclosed Spark actions with ``n`` shuffle partitions, then restore the caller's setting."""
+    key = "spark.sql.shuffle.partitions"
+    before = spark.conf.get(key)
+    spark.conf.set(key, str(max(1, n)))
+    try:
+        yield
+    finally:
+        spark.conf.set(key, before)
 
 
 def _requested_config(opts: UpsertOptions, existing: TableConfig | None) -> tuple[TableConfig, set[str]]:
@@ -238,8 +251,10 @@ def run_upsert(spark: SparkSession, opts: UpsertOptions) -> dict[str, Any]:
     heartbeat.stop(delete=True)
     counts = metadata["counts"]
     log.info("committed %s: %d inserted, %d updated, %d deleted", ts, counts["inserted"], counts["updated"], counts["deleted"])
+    # the stored total stops at the commit point; the caller's total includes committing
+    total = int((time.perf_counter() - started) * 1000)
     return {"instant": ts, "batch_id": batch_id, "noop": False, "counts": counts,
-            "timings_ms": {**metadata["timings_ms"], **phases.timings}}
+            "timings_ms": {**metadata["timings_ms"], **phases.timings, "total_ms": total}}
 
 
 def _ensure_single_writer(table: Table, ts: str) -> None:
@@ -287,7 +302,6 @@ def _tag(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystemVi
         keys = batch.select(KEY, bucket_expr(F.col(KEY), num_buckets).alias(BUCKET)).filter(
             F.col(BUCKET).isin(list(files))
         )
-        spark.conf.set("spark.sql.shuffle.partitions", str(max(1, min(len(files), 200))))
         found = keys.groupBy(BUCKET).applyInArrow(
             tasks.bind(tasks.lookup_bucket, table_uri=table.uri, files=files), tasks.LOOKUP_OUTPUT
         )
@@ -297,9 +311,14 @@ def _tag(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystemVi
     return no_loc if existing is None else batch.join(existing, KEY, "left")
 
 
-def _assign_new_file_groups(spark: SparkSession, cfg: TableConfig, view: FileSystemView, rows: DataFrame) -> DataFrame:
-    """Give rows entering a partition a file group: fill small groups up to the target, then new ones."""
-    counts = {r[PART]: r["count"] for r in rows.groupBy(PART).count().collect()}
+def _assign_new_file_groups(spark: SparkSession, cfg: TableConfig, view: FileSystemView, rows: DataFrame,
+                            counts: dict[str, int]) -> tuple[DataFrame, int]:
+    """Give rows entering a partition a file group: fill small groups up to the target, then new ones.
+
+    ``counts`` (rows entering each partition) come from the tag phase; they may overcount
+    (a stale mover dropped later), which only leaves part of a planned range unused.
+    Returns the rows with TPART/TFID and the number of file groups planned.
+    """
     target = cfg.target_file_rows
     ranges = []
     for part, n in counts.items():
@@ -314,28 +333,55 @@ def _assign_new_file_groups(spark: SparkSession, cfg: TableConfig, view: FileSys
         while start < n:
             ranges.append((part, uuid.uuid4().hex, start, start + target))
             start += target
+    if not ranges:
+        return rows.withColumn(TPART, F.col(PART)).withColumn(TFID, F.lit(None).cast("string")), 0
     plan = spark.createDataFrame(ranges, f"{PART} string, {TFID} string, _bi_lo long, _bi_hi long")
     rn = rows.withColumn("_bi_rn", F.row_number().over(Window.partitionBy(PART).orderBy(KEY)) - 1)
-    return (
+    routed = (
         rn.join(F.broadcast(plan), (rn[PART] == plan[PART]) & (rn["_bi_rn"] >= plan["_bi_lo"]) & (rn["_bi_rn"] < plan["_bi_hi"]))
         .drop(plan[PART]).drop("_bi_rn", "_bi_lo", "_bi_hi")
         .withColumn(TPART, F.col(PART))
     )
+    return routed, len(ranges)
+
+
+def _exists() -> Column:
+    return F.col(OLD_FID).isNotNull()
+
+
+def _moved() -> Column:
+    """An upsert of a known key whose partition value changed (global indexes)."""
+    return _exists() & ~F.col(DEL) & (F.col(OLD_PART) != F.col(PART))
+
+
+def _entering() -> Column:
+    """Rows that need a file group in their partition: new keys and keys moving in."""
+    return _moved() | (~_exists() & ~F.col(DEL))
+
+
+def _tag_stats(tagged: DataFrame) -> dict[str, dict[str, int]]:
+    """Per partition: keys found in the table, keys moving in, rows entering (one Spark job)."""
+    rows = tagged.groupBy(PART).agg(
+        F.sum(_exists().cast("long")).alias("found"),
+        F.sum(_moved().cast("long")).alias("moved"),
+        F.sum(_entering().cast("long")).alias("entering"),
+    ).collect()
+    return {r[PART]: {"found": r["found"], "moved": r["moved"], "entering": r["entering"]} for r in rows}
 
 
 def _route(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystemView, num_buckets: int,
-           tagged: DataFrame) -> DataFrame:
-    """One row per action with its target file group (TPART, TFID) and OP."""
+           tagged: DataFrame, stats: dict[str, dict[str, int]]) -> tuple[DataFrame, int]:
+    """One row per action with its target file group (TPART, TFID) and OP, and how many file groups it targets."""
     if cfg.index_type == INDEX_BUCKET:
-        return (
+        routed = (
             tagged.withColumn(TPART, F.col(PART))
             .withColumn(TFID, file_id_for_bucket_expr(bucket_expr(F.col(KEY), num_buckets)))
             .withColumn(OP, F.when(F.col(DEL), F.lit(tasks.DELETE)).otherwise(F.lit(tasks.UPSERT)))
         )
-    exists, is_del = F.col(OLD_FID).isNotNull(), F.col(DEL)
-    moved = exists & ~is_del & (F.col(OLD_PART) != F.col(PART))
-    tagged = tagged.withColumn("_bi_moved", moved)
-    if cfg.precombine_field:
+        return routed, len(view.file_groups) + num_buckets
+    exists, is_del = _exists(), F.col(DEL)
+    tagged = tagged.withColumn("_bi_moved", _moved())
+    if cfg.precombine_field and any(s["moved"] for s in stats.values()):
         tagged = _drop_stale_moves(spark, table, cfg, view, tagged)
     in_place = (
         tagged.filter(exists & ~F.col("_bi_moved"))
@@ -349,9 +395,12 @@ def _route(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystem
     entering = tagged.filter(F.col("_bi_moved") | (~exists & ~is_del)).withColumn(
         OP, F.when(F.col("_bi_moved"), F.lit(tasks.MOVE_IN)).otherwise(F.lit(tasks.UPSERT))
     )
-    entering = _assign_new_file_groups(spark, cfg, view, entering)
+    entering, planned = _assign_new_file_groups(
+        spark, cfg, view, entering, {p: s["entering"] for p, s in stats.items() if s["entering"]}
+    )
     cols = in_place.columns
-    return in_place.unionByName(move_out.select(*cols)).unionByName(entering.select(*cols))
+    routed = in_place.unionByName(move_out.select(*cols)).unionByName(entering.select(*cols))
+    return routed, len(view.file_groups) + planned
 
 
 def _drop_stale_moves(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystemView,
@@ -377,9 +426,14 @@ def _write(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystem
         n = batch.count()
         phases.done("dedupe", f"{n} distinct keys")
         tagged = _tag(spark, table, cfg, view, num_buckets, batch).persist(StorageLevel.MEMORY_AND_DISK)
-        found = tagged.filter(F.col(OLD_FID).isNotNull()).count() if cfg.index_type != INDEX_BUCKET else 0
+        # one task per index bucket the batch touches (record); the stats job runs the lookups
+        stats: dict[str, dict[str, int]] = {}
+        if cfg.index_type != INDEX_BUCKET:  # the bucket index routes by hash: nothing to count
+            with _shuffle_partitions(spark, min(len(view.index_files), 200) or 8):
+                stats = _tag_stats(tagged)
+        found = sum(s["found"] for s in stats.values())
         phases.done("tag", f"{found} keys found in the table")
-        actions = _route(spark, table, cfg, view, num_buckets, tagged)
+        actions, groups = _route(spark, table, cfg, view, num_buckets, tagged, stats)
         names = data_schema.names
         actions = actions.select(*[F.col(c) for c in names], F.col(OP), F.col(TPART), F.col(TFID))
         ctx = tasks.MergeContext(
@@ -390,20 +444,21 @@ def _write(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystem
             precombine=cfg.precombine_field,
             emit_index=cfg.index_type == INDEX_RECORD,
         )
-        spark.conf.set("spark.sql.shuffle.partitions", "8")
         merged = actions.groupBy(TPART, TFID).applyInArrow(tasks.bind(tasks.merge_file_group, ctx=ctx), tasks.MERGE_OUTPUT)
         merged = merged.persist(StorageLevel.MEMORY_AND_DISK)
-        files = [r.asDict() for r in merged.filter("kind = 'file'").collect()]
+        # as many merge tasks as file groups (up to 2000), at least one per core
+        with _shuffle_partitions(spark, max(spark.sparkContext.defaultParallelism, min(groups, 2000))):
+            files = [r.asDict() for r in merged.filter("kind = 'file'").collect()]
         phases.done("write", f"{sum(1 for f in files if f['path'])} data files")
         index_added: list[dict[str, Any]] = []
         if cfg.index_type == INDEX_RECORD:
-            spark.conf.set("spark.sql.shuffle.partitions", str(max(1, min(num_buckets, 200))))
             entries = merged.filter("kind = 'index'").select("key", "part", "fid", "tomb").withColumn(
                 "bucket", bucket_expr(F.col("key"), num_buckets)
             )
-            written = entries.groupBy("bucket").applyInArrow(
-                tasks.bind(tasks.write_index_delta, table_uri=table.uri, instant=ts), tasks.DELTA_OUTPUT
-            ).collect()
+            with _shuffle_partitions(spark, min(num_buckets, 200)):
+                written = entries.groupBy("bucket").applyInArrow(
+                    tasks.bind(tasks.write_index_delta, table_uri=table.uri, instant=ts), tasks.DELTA_OUTPUT
+                ).collect()
             index_added = [{"bucket": r["bucket"], "path": r["path"], "entries": r["entries"], "size": r["size"],
                             "kind": "delta"} for r in written]
             phases.done("index", f"{len(index_added)} index deltas")

@@ -109,7 +109,9 @@ def test_composite_key_and_unpartitioned(spark, tmp_path):
     rows = [{"a": "x,y", "b": "z", "v": 1}, {"a": "x", "b": "y,z", "v": 2}, {"a": "x", "b": "y,z", "v": 3}]
     uri = str(tmp_path / "t")
     src = write_batch(tmp_path / "b.parquet", rows)
+    spark.conf.set("spark.sql.shuffle.partitions", "3")
     run_upsert(spark, UpsertOptions(table=uri, source=src, record_key=["a", "b"], precombine_field="v", num_buckets=2))
+    assert spark.conf.get("spark.sql.shuffle.partitions") == "3"  # the caller's session settings survive
     got = sorted((r["a"], r["b"], r["v"]) for r in read_arrow(uri).to_pylist())
     assert got == [("x", "y,z", 3), ("x,y", "z", 1)]  # two distinct records, despite equal naive joins
     assert run_validate(spark, uri)["ok"]
