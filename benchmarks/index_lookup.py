@@ -54,6 +54,7 @@ from spark_jobs.index.record_index import (  # noqa: E402
     write_index_file,
 )
 from spark_jobs.io.filesystem import FileIO, resolve  # noqa: E402
+from machine_info import cpu_model, mem_total_gb  # noqa: E402 (benchmarks/ is on sys.path)
 
 MODES = ("seek", "scan", "auto")
 ORDERS = list(itertools.permutations(MODES))
@@ -76,26 +77,6 @@ def make_locations(tag: str, partitions: int, files: int) -> list[tuple[str, str
         for p in range(partitions)
         for f in range(files)
     ]
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def mem_total_gb() -> float | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return round(int(line.split()[1]) / 1024 / 1024, 1)
-    except OSError:
-        pass
-    return None
 
 
 class Checker:

@@ -49,6 +49,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from machine_info import cpu_model, mem_total_gb  # noqa: E402 (benchmarks/ is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -63,26 +64,6 @@ def log(msg: str) -> None:
 
 
 # -- machine facts -----------------------------------------------------------------------
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def mem_total_gb() -> float | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return round(int(line.split()[1]) / 1024 / 1024, 1)
-    except OSError:
-        pass
-    return None
-
-
 # -- data generation (vectorised: no Python loop per row) -------------------------------------
 _HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
 
