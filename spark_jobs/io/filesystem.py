@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import posixpath
 import uuid
-from typing import Iterator
 from urllib.parse import urlparse
 
 import pyarrow as pa
@@ -43,9 +42,6 @@ class FileIO:
     def exists(self, path: str) -> bool:
         return self.fs.get_file_info(path).type != pafs.FileType.NotFound
 
-    def is_dir(self, path: str) -> bool:
-        return self.fs.get_file_info(path).type == pafs.FileType.Directory
-
     def read_bytes(self, path: str) -> bytes:
         with self.fs.open_input_stream(path) as f:
             return f.read()
@@ -53,19 +49,10 @@ class FileIO:
     def size(self, path: str) -> int:
         return self.fs.get_file_info(path).size
 
-    def mtime_ns(self, path: str) -> int | None:
-        return self.fs.get_file_info(path).mtime_ns
-
     def list_names(self, path: str) -> list[str]:
         """Names directly under ``path`` (empty when it does not exist)."""
         sel = pafs.FileSelector(path, allow_not_found=True, recursive=False)
         return sorted(posixpath.basename(i.path) for i in self.fs.get_file_info(sel))
-
-    def walk_files(self, path: str) -> Iterator[str]:
-        sel = pafs.FileSelector(path, allow_not_found=True, recursive=True)
-        for info in self.fs.get_file_info(sel):
-            if info.type == pafs.FileType.File:
-                yield info.path
 
     def open_input_file(self, path: str) -> pa.NativeFile:
         return self.fs.open_input_file(path)

@@ -116,9 +116,6 @@ class Timeline:
         done = self.completed(actions)
         return done[-1] if done else None
 
-    def completed_timestamps(self, as_of: str | None = None) -> set[str]:
-        return {i.timestamp for i in self.completed(as_of=as_of)}
-
     def find(self, timestamp: str) -> Instant | None:
         for i in self.instants:
             if i.timestamp == timestamp:
