@@ -10,21 +10,11 @@ Needs matplotlib, which is not a runtime dependency (``pip install matplotlib``)
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
+from results import load_result  # benchmarks/ is on sys.path when run as a script
+
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "docs" / "img" / "index_lookup.png"
-
-
-def load_result(path: Path) -> dict:
-    for line in reversed(path.read_text().splitlines()):
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                return json.loads(line)
-            except json.JSONDecodeError:
-                continue
-    raise SystemExit(f"{path}: no JSON result line found")
 
 
 def main() -> None:

@@ -10,8 +10,9 @@ Needs matplotlib, which is not a runtime dependency (``pip install matplotlib``)
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
+
+from results import load_result  # benchmarks/ is on sys.path when run as a script
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "docs" / "img" / "upsert_scaling.png"
 COLORS = {"record": "tab:blue", "bucket": "tab:green", "global_simple": "tab:red"}
@@ -19,17 +20,6 @@ MARKERS = {"record": "o", "bucket": "s", "global_simple": "^"}
 PHASES = [("validate_ms", "validate", "#bbbbbb"), ("dedupe_ms", "dedupe", "#888888"), ("tag_ms", "tag", "tab:orange"),
           ("write_ms", "write (copy-on-write merge)", "tab:purple"), ("index_ms", "index deltas", "tab:cyan"),
           ("commit_ms", "commit", "black")]
-
-
-def load_result(path: Path) -> dict:
-    for line in reversed(path.read_text().splitlines()):
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                return json.loads(line)
-            except json.JSONDecodeError:
-                continue
-    raise SystemExit(f"{path}: no JSON result line found")
 
 
 def short(ix: str) -> str:

@@ -220,19 +220,10 @@ class BucketIndexSparkSubmitHook(SparkSubmitHook):
 
 def _signal_session(sid: int, sig: int) -> bool:
     """Send ``sig`` to every process of session ``sid``; False when none is left."""
-    pids = []
-    if os.path.isdir("/proc"):
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{name}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                if int(fields[3]) == sid:  # the 6th field of stat: session id
-                    pids.append(int(name))
-            except (OSError, ValueError, IndexError):
-                continue
-    else:  # no /proc: the session leader's process group is the best we can reach
+    from spark_jobs.processes import session_pids  # pure Python, no pyspark
+
+    pids = session_pids(sid)
+    if pids is None:  # no /proc: the session leader's process group is the best we can reach
         try:
             os.killpg(sid, sig)
             return True

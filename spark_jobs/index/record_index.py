@@ -345,7 +345,6 @@ def lookup(
         chosen = choose_mode(mode, memory_mapped=mapped, touched_fraction=touched)
         # resolved[i]: global location id, -1 absent/deleted, -2 not yet seen in any file
         resolved = np.full(n, -2, dtype=np.int64)
-        locations: list[tuple[str, str]] = []
         loc_ids: dict[tuple[str, str], int] = {}
         for f in reversed(files):  # newest first: the first file that knows a key decides
             pending = np.nonzero(resolved == -2)[0]
@@ -374,7 +373,6 @@ def lookup(
 def merge_entries(io: FileIO, paths: Sequence[str], *, keep_tombstones: bool = False) -> IndexEntries:
     """All entries of a bucket's files (oldest first) merged newest-wins; tombstones dropped."""
     his, los, locs, ages = [], [], [], []
-    locations: list[tuple[str, str]] = []
     ids: dict[tuple[str, str], int] = {}
     for age, p in enumerate(paths):
         with IndexFile(io, p) as f:

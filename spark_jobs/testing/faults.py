@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 import signal
 
+from spark_jobs.processes import session_pids
+
 __all__ = ["maybe_crash", "POINTS"]
 
 ENV = "BUCKETINDEX_FAULT"
@@ -33,15 +35,11 @@ def maybe_crash(point: str) -> None:
 
 
 def _kill_session() -> None:
-    sid, me = os.getsid(0), os.getpid()
-    for name in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if not name.isdigit() or int(name) == me:
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            if int(fields[3]) == sid:  # field 6 of stat: the session id
-                os.kill(int(name), signal.SIGKILL)
-        except (OSError, ValueError, IndexError):
-            continue
+    me = os.getpid()
+    for pid in session_pids(os.getsid(0)) or []:
+        if pid != me:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
     os.killpg(os.getpgrp(), signal.SIGKILL)
