@@ -1,7 +1,9 @@
 """``bucketindex``: table operations from the command line (DESIGN §4).
 
 Exit status: 0 success, 1 a check found a problem, 2 bad usage or bad input (one line on
-stderr, nothing written). Verbs that need Spark start a local session (``--master`` to
+stderr, nothing written), 3 a concurrent write conflicted, the table was busy or a rollback
+aborted the write (one line starting ``conflict:`` or naming the live writer; nothing
+written; safe to retry with the same batch id). Verbs that need Spark start a local session (``--master`` to
 change it); ``show`` and ``rollback`` read and repair the table with the pure-Python core.
 """
 
@@ -13,9 +15,10 @@ import logging
 import os
 import sys
 import tempfile
-from typing import Any, Callable
+from typing import Callable
 
 from spark_jobs.table.config import INDEX_TYPES, BadInputError
+from spark_jobs.table.errors import RetryableError
 
 __all__ = ["main", "build_parser"]
 
@@ -49,6 +52,10 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
     up.add_argument("--delete-field", help="boolean column: rows where it is true are deletes")
     up.add_argument("--batch-id", help="idempotence key: a batch id already committed makes the run a no-op")
     up.add_argument("--target-file-rows", type=int, help="rows per data file before a new file group opens")
+    up.add_argument("--max-retries", type=int, default=3,
+                    help="re-tag and re-write a batch this often when concurrent commits conflict (default 3)")
+    up.add_argument("--heartbeat-timeout", type=float,
+                    help="seconds without a heartbeat before a pending write counts as abandoned (default 60)")
     up.add_argument("--master", help="Spark master (default local[*])")
 
     rd = sub.add_parser("read", help="read a snapshot")
@@ -69,7 +76,10 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
     rb = sub.add_parser("rollback", help="roll back pending instants (all abandoned ones, or INSTANT)")
     rb.add_argument("table")
     rb.add_argument("instant", nargs="?")
-    rb.add_argument("--force", action="store_true", help="even if its writer looks alive")
+    rb.add_argument("--force", action="store_true",
+                    help="even if its writer looks alive (that writer then fails at its commit point, nothing visible)")
+    rb.add_argument("--heartbeat-timeout", type=float,
+                    help="seconds without a heartbeat before a pending write counts as abandoned (default 60)")
     for name, text in (extra_verbs or {}).items():
         sub.add_parser(name, help=text)
     return p
@@ -101,6 +111,10 @@ def _spark(args: argparse.Namespace, submitted: bool):  # type: ignore[no-untype
 def cmd_upsert(args: argparse.Namespace, submitted: bool) -> int:
     if args.num_buckets is not None and args.num_buckets < 1:
         raise BadInputError(f"--num-buckets must be at least 1, got {args.num_buckets}")
+    if args.max_retries < 0:
+        raise BadInputError(f"--max-retries must be 0 or more, got {args.max_retries}")
+    if args.heartbeat_timeout is not None and args.heartbeat_timeout <= 0:
+        raise BadInputError(f"--heartbeat-timeout must be positive, got {args.heartbeat_timeout}")
     from spark_jobs.io.filesystem import resolve
 
     io, path = resolve(args.source)
@@ -112,7 +126,8 @@ def cmd_upsert(args: argparse.Namespace, submitted: bool) -> int:
         table=args.table, source=args.source, record_key=args.record_key, precombine_field=args.precombine_field,
         partition_field=args.partition_field, index=args.index, num_buckets=args.num_buckets,
         source_format=args.source_format, delete_field=args.delete_field, batch_id=args.batch_id,
-        target_file_rows=args.target_file_rows,
+        target_file_rows=args.target_file_rows, max_retries=args.max_retries,
+        heartbeat_timeout_s=args.heartbeat_timeout,
     )
     result = run_upsert(_spark(args, submitted), opts)
     print(json.dumps(result, sort_keys=True))
@@ -151,12 +166,26 @@ def cmd_show(args: argparse.Namespace, submitted: bool) -> int:
     print(f"snapshot   {d['rows']} rows in {d['file_groups']} file groups, {len(d['partitions'])} partitions")
     print(f"index      {len(d['index_buckets'])} buckets with files, {sum(d['index_buckets'].values())} index files")
     print(f"pending    {', '.join(d['pending']) or 'none'}")
+    if d["writers"]:
+        print("writers")
+        for w in d["writers"]:
+            print(f"  {w['instant']} {w['action']:<10} {w['state']:<9} batch={w['batch_id'] or '-'} "
+                  f"{'alive' if w['alive'] else 'abandoned'} host={w['host'] or '?'} pid={w['pid'] or '?'} "
+                  f"started={w['started'] or '?'} heartbeat={w['last_heartbeat'] or 'none'}")
+    if d["conflicts"]:
+        print("recent conflicts")
+        for c in d["conflicts"]:
+            print(f"  {c['instant']} batch={c['batch_id'] or '-'} {c['outcome']}: {c['reason']} "
+                  f"(with {c.get('with_action') or c.get('action')} {c.get('with') or c.get('instant')})")
     print("timeline")
     for c in d["timeline"]:
         counts = c["counts"]
         t = c["timings_ms"]
         phases = " ".join(f"{k[:-3]}={v}" for k, v in t.items() if k != "total_ms")
         cnt = (f" +{counts.get('inserted', 0)} ~{counts.get('updated', 0)} -{counts.get('deleted', 0)}" if counts else "")
+        if c["action"] == "rollback":
+            print(f"  {c['instant']} rollback   of {c['rolled_back']}")
+            continue
         print(f"  {c['instant']} {c['action']:<10}{cnt}  batch={c['batch_id'] or '-'}"
               + (f"  total={t.get('total_ms')}ms [{phases}]" if t else ""))
     return 0
@@ -176,7 +205,9 @@ def cmd_validate(args: argparse.Namespace, submitted: bool) -> int:
 def cmd_rollback(args: argparse.Namespace, submitted: bool) -> int:
     from spark_jobs.table.table import Table
 
-    done = Table.load(args.table).rollback(args.instant, force=args.force)
+    if args.heartbeat_timeout is not None and args.heartbeat_timeout <= 0:
+        raise BadInputError(f"--heartbeat-timeout must be positive, got {args.heartbeat_timeout}")
+    done = Table.load(args.table).rollback(args.instant, force=args.force, timeout_s=args.heartbeat_timeout)
     print(f"rolled back {', '.join(done)}" if done else "nothing to roll back")
     return 0
 
@@ -204,6 +235,9 @@ def main(argv: list[str] | None = None, *, submitted: bool = False,
     except BadInputError as e:
         print(f"bucketindex: error: {_one_line(e)}", file=sys.stderr)
         return 2
+    except RetryableError as e:
+        print(f"bucketindex: {_one_line(e)}", file=sys.stderr)
+        return 3
 
 
 def _one_line(e: BaseException) -> str:

@@ -49,6 +49,9 @@ __all__ = [
 DEFAULT_MASTER = "local[*]"
 EXIT_CHECK_FAILED = 1
 EXIT_BAD_INPUT = 2
+#: a concurrent write conflicted, the table was busy, or a rollback aborted the write:
+#: nothing was written and the same batch id may be retried
+EXIT_RETRYABLE = 3
 _SENSITIVE_CONF = re.compile(r"secret|password|token|credential|passwd", re.IGNORECASE)
 _LOG_LINE = re.compile(r"^(\d{2}/\d{2}/\d{2} |\d{4}-\d{2}-\d{2}[ T]|\s+at |Exception in thread|WARNING: )")
 _PORT_SUFFIX = re.compile(r":\d+$")
@@ -58,7 +61,8 @@ class SparkJobFailed(AirflowException):
     """spark-submit of a bucketindex job exited non-zero.
 
     ``returncode`` follows the CLI contract: 1 a check found a problem, 2 bad input
-    (nothing written), anything else a failure of the job or of Spark itself.
+    (nothing written), 3 a conflict or a busy table (nothing written, retry), anything else
+    a failure of the job or of Spark itself.
     """
 
     def __init__(self, verb: str, returncode: int | None, reason: str, detail: str = "") -> None:
@@ -425,7 +429,8 @@ class BucketIndexHook(BaseHook):
         """Roll back the pending instant of ``batch_id`` (a failed or killed attempt).
 
         Returns the rolled-back instant, or None when the batch has nothing pending. Without
-        ``force`` an instant whose writer still heartbeats is refused (WriterAliveError).
+        ``force`` an instant whose writer still heartbeats is refused (WriterAliveError, a
+        retryable condition); with it, that writer fails at its commit point, nothing visible.
         """
         t = self.open_table(table_uri)
         if not t.exists:

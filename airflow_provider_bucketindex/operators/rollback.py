@@ -6,7 +6,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, Sequence
 
 from airflow.sdk import BaseOperator, TriggerRule
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_bucketindex import DEFAULT_CONN_ID
 from airflow_provider_bucketindex.batch import batch_id_from_context
@@ -29,8 +29,10 @@ class RollbackBatchOperator(BaseOperator):
     :param batch_id: the failed batch's id (templated), or
     :param upsert_task_id: the upsert task whose default batch id (``<dag>/<run>/<task>``)
         to roll back (templated).
-    :param force: roll back even if the instant's writer still heartbeats (default True:
-        this task runs after the upsert task has failed, so its writer is gone).
+    :param force: roll back even if the instant's writer still heartbeats (default False).
+        The task runs after the upsert task has ended, so its writer is normally gone; a
+        writer that still beats (a spark-submit that outlived its task) makes this task fail
+        retryably until the heartbeat expires, instead of pulling files from under it.
 
     ``trigger_rule`` defaults to ``one_failed``: place it downstream of the upsert task.
     Returns ``{"batch_id", "rolled_back"}`` (``rolled_back`` is None when nothing was pending).
@@ -45,7 +47,7 @@ class RollbackBatchOperator(BaseOperator):
         table_uri: str,
         batch_id: str | None = None,
         upsert_task_id: str | None = None,
-        force: bool = True,
+        force: bool = False,
         conn_id: str = DEFAULT_CONN_ID,
         **kwargs: Any,
     ) -> None:
@@ -66,7 +68,12 @@ class RollbackBatchOperator(BaseOperator):
             raise AirflowFailException("RollbackBatchOperator needs batch_id or upsert_task_id")
         batch_id = str(self.batch_id) if self.batch_id else batch_id_from_context(context, str(self.upsert_task_id))
         table_uri = str(self.table_uri)
-        rolled = self.hook.rollback_batch(table_uri, batch_id, force=self.force)
+        from spark_jobs.table import WriterAliveError
+
+        try:
+            rolled = self.hook.rollback_batch(table_uri, batch_id, force=self.force)
+        except WriterAliveError as e:  # retryable: the writer may still finish or its heartbeat expire
+            raise AirflowException(f"batch {batch_id}: {e}") from e
         if rolled is None:
             self.log.info("Batch %s left nothing pending in %s: nothing to roll back", batch_id, table_uri)
         else:

@@ -7,7 +7,12 @@ from typing import TYPE_CHECKING, Any, Sequence
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_bucketindex.batch import batch_id_from_context
-from airflow_provider_bucketindex.hooks.bucketindex import EXIT_BAD_INPUT, SparkJobFailed, upsert_args
+from airflow_provider_bucketindex.hooks.bucketindex import (
+    EXIT_BAD_INPUT,
+    EXIT_RETRYABLE,
+    SparkJobFailed,
+    upsert_args,
+)
 from airflow_provider_bucketindex.operators.base import BucketIndexSparkOperator
 
 if TYPE_CHECKING:
@@ -43,6 +48,10 @@ class UpsertWithIndexOperator(BucketIndexSparkOperator):
     type and bucket count only when the upsert creates the table (an existing table keeps
     its own). Pushes to XCom: ``instant`` (the commit), ``counts`` (inserted, updated,
     deleted), and as return value a summary of both.
+
+    Exit status 2 (bad input) fails the task without retries; exit status 3 (a concurrent
+    commit conflicted after the job's own retries, or the table was busy) is an ordinary
+    failure that the task's ``retries`` repeat under the same batch id.
 
     If the task is killed, spark-submit is stopped and the batch's pending instant is left
     for the rollback task (:class:`RollbackBatchOperator`) or the next try, which rolls
@@ -149,6 +158,11 @@ class UpsertWithIndexOperator(BucketIndexSparkOperator):
         except SparkJobFailed as e:
             if e.returncode == EXIT_BAD_INPUT:  # bad input: nothing was written, a retry cannot help
                 raise AirflowFailException(str(e)) from e
+            if e.returncode == EXIT_RETRYABLE:  # a conflict or a busy table: an ordinary, retryable failure
+                raise AirflowException(
+                    f"batch {batch_id} met concurrent writers and wrote nothing ({e.reason}); the task's retries "
+                    f"apply it under the same batch id"
+                ) from e
             raise
 
         done = hook.commit_for_batch(table_uri, batch_id)

@@ -74,6 +74,13 @@ class FileIO:
         with self.open_output_stream(path) as f:
             f.write(data)
 
+    def write_atomic(self, path: str, data: bytes) -> None:
+        """Replace ``path`` so that a reader sees the old content or the new, never a torn file.
+
+        The base implementation is one PUT, which object stores apply atomically.
+        """
+        self.write_bytes(path, data)
+
     def create_exclusive(self, path: str, data: bytes) -> None:
         """Create ``path`` with ``data`` atomically, only if absent; else InstantExistsError."""
         raise NotImplementedError
@@ -98,6 +105,13 @@ class FileIO:
 class LocalFileIO(FileIO):
     scheme = "file"
 
+    def write_atomic(self, path: str, data: bytes) -> None:
+        tmp = self._tmp_name(path)
+        self.mkdirs(posixpath.dirname(path))
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)  # rename(2) replaces the name in one step
+
     def memory_map(self, path: str) -> pa.NativeFile:
         return pa.memory_map(path, "r")
 
@@ -118,6 +132,14 @@ class LocalFileIO(FileIO):
 
 class HadoopFileIO(FileIO):
     scheme = "hdfs"
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        # HDFS rename does not overwrite: the name is briefly absent (never torn); readers
+        # of heartbeats treat an absent file with the plan's start time (heartbeat.is_alive).
+        tmp = self._tmp_name(path)
+        self.write_bytes(tmp, data)
+        self.delete(path)
+        self.fs.move(tmp, path)
 
     def create_exclusive(self, path: str, data: bytes) -> None:
         tmp = self._tmp_name(path)

@@ -13,7 +13,11 @@ Phases (each logged and timed into the commit metadata):
 4. **write** -- one task per affected file group merges its current file with its updates,
    inserts and deletes into a new Parquet file (copy-on-write), under a marker.
 5. **index** -- ``record`` only: one sorted delta per touched index bucket.
-6. **commit** -- the completed instant, with the list of files, appears atomically.
+6. **commit** -- the transaction (:class:`~spark_jobs.table.action.Transaction`) checks every
+   commit completed since the snapshot and claims the next commit-sequence slot: data and
+   index appear atomically. On a conflict (a file group, a record key or the layout written
+   by a concurrent commit) the batch is re-tagged and re-written on the new snapshot, up to
+   ``max_retries`` times; then :class:`ConflictError` (exit 3, safe to retry).
 
 Semantics: ``record`` and ``global_simple`` are *global* -- a key lives in one partition,
 and a key whose partition value changes moves there. ``bucket`` is *per partition* -- the
@@ -48,8 +52,9 @@ from spark_jobs.table.config import (
     ConfigConflictError,
     TableConfig,
 )
-from spark_jobs.table.heartbeat import Heartbeat, is_alive
-from spark_jobs.table.table import Table, WriterAliveError
+from spark_jobs.table.action import CommitConflict, Transaction
+from spark_jobs.table.errors import ConflictError, InstantRolledBackError
+from spark_jobs.table.table import Table
 from spark_jobs.table.timeline import Action
 from spark_jobs.table.view import FileSystemView, encode_schema
 from spark_jobs.testing.faults import maybe_crash
@@ -77,6 +82,10 @@ class UpsertOptions:
     delete_field: str | None = None
     batch_id: str | None = None
     target_file_rows: int | None = None
+    #: how often a conflicting commit is re-tagged and re-written on the new snapshot
+    max_retries: int = 3
+    #: a pending instant whose heartbeat is older than this is abandoned (default: heartbeat.TIMEOUT_S)
+    heartbeat_timeout_s: float | None = None
 
 
 @dataclass
@@ -178,7 +187,11 @@ def _validated_batch(
 
 
 def run_upsert(spark: SparkSession, opts: UpsertOptions) -> dict[str, Any]:
-    """Upsert one batch; returns the instant, counts and timings. Raises BadInputError on bad input."""
+    """Upsert one batch; returns the instant, counts and timings.
+
+    Raises BadInputError on bad input (nothing written), ConflictError when concurrent
+    commits kept conflicting, InstantRolledBackError when a forced rollback aborted it.
+    """
     phases = _Phases()
     started = time.perf_counter()
     table = Table.open(opts.table)
@@ -202,75 +215,98 @@ def run_upsert(spark: SparkSession, opts: UpsertOptions) -> dict[str, Any]:
         done = table.commit_for_batch(batch_id)
         if done is not None:
             log.info("batch %s is already committed as instant %s: nothing to do", batch_id, done.timestamp)
-            meta = table.timeline.read_metadata(done)
-            return {"instant": done.timestamp, "batch_id": batch_id, "noop": True, "counts": meta.get("counts", {}),
-                    "timings_ms": meta.get("timings_ms", {})}
+            return _noop_result(table, done, batch_id)
     else:
         cfg = table.create(cfg)
         log.info("created table %s (%s index, %d buckets)", opts.table, cfg.index_type, cfg.num_buckets)
 
-    repaired = table.rollback()  # abandoned pending instants; a live writer raises WriterAliveError
+    repaired = table.rollback(timeout_s=opts.heartbeat_timeout_s)  # abandoned instants only; live writers go on
     if repaired:
         log.info("rolled back abandoned instants %s", ", ".join(repaired))
-    view = table.view()
-    num_buckets = table.num_buckets(view)
-
-    tl = table.timeline
-    ts = tl.new_instant_time()
-    heartbeat = Heartbeat(table.io, table.layout, ts).start()
+    if view is None:
+        view = table.view()
+    plan = {"batch_id": batch_id, "operation": "upsert", "source": opts.source, "index_type": cfg.index_type,
+            "num_buckets": table.num_buckets(view)}
+    txn = Transaction(table, Action.COMMIT, plan, view=view).begin()
+    ts = txn.ts
+    log.info("instant %s: upserting %s into %s (snapshot at commit %d)", ts, opts.source, opts.table, view.seq)
+    batch = _dedupe(df, cfg, opts.delete_field).persist(StorageLevel.MEMORY_AND_DISK)
+    retries: list[dict[str, Any]] = []
     try:
-        plan = {"batch_id": batch_id, "operation": "upsert", "source": opts.source, "index_type": cfg.index_type,
-                "num_buckets": num_buckets}
-        inst = tl.create_requested(Action.COMMIT, plan, timestamp=ts)
-        _ensure_single_writer(table, ts)
-        maybe_crash("after_requested")
-        inst = tl.transition_to_inflight(inst)
-        log.info("instant %s: upserting %s into %s", ts, opts.source, opts.table)
-        result = _write(spark, table, cfg, view, num_buckets, df, data_schema, opts, ts, phases)
-        metadata = {
-            "action": Action.COMMIT,
-            "instant": ts,
-            "batch_id": batch_id,
-            "operation": "upsert",
-            "index_type": cfg.index_type,
-            "schema": encode_schema(data_schema),
-            **result,
-        }
-        maybe_crash("before_complete")
-        metadata["timings_ms"] = {**phases.timings, "total_ms": int((time.perf_counter() - started) * 1000)}
-        tl.complete(inst, metadata)
-        maybe_crash("after_complete")
-        keep = {fg["path"] for fg in result["file_groups"] if fg["path"]} | {f["path"] for f in result["index"]["added"]}
-        table.finalize_markers(ts, keep)
-        phases.done("commit")
-        metadata["timings_ms"]["commit_ms"] = phases.timings["commit_ms"]
-    except BaseException:
-        heartbeat.stop(delete=True)
-        _rollback_quietly(table, ts)
+        n = batch.count()
+        phases.done("dedupe", f"{n} distinct keys")
+        while True:
+            view = txn.view
+            assert view is not None
+            _check_schema(view, data_schema)
+            num_buckets = table.num_buckets(view)
+            result = _write(spark, table, cfg, view, num_buckets, batch, n, data_schema, ts, phases)
+            metadata = {
+                "action": Action.COMMIT,
+                "instant": ts,
+                "batch_id": batch_id,
+                "operation": "upsert",
+                "index_type": cfg.index_type,
+                "schema": encode_schema(data_schema),
+                "snapshot_seq": view.seq,
+                "conflicts": retries,
+                **result,
+            }
+            maybe_crash("before_complete")
+            metadata["timings_ms"] = {**phases.timings, "total_ms": int((time.perf_counter() - started) * 1000)}
+            try:
+                txn.commit(metadata)
+                break
+            except CommitConflict as c:
+                if c.conflict.already_applied:
+                    log.info("batch %s was committed by a concurrent writer (%s): nothing to do", batch_id,
+                             c.conflict.instant)
+                    txn.abort()
+                    return _noop_result(table, table.timeline.find(c.conflict.instant), batch_id)
+                retries.append({"attempt": len(retries) + 1, "with": c.conflict.instant,
+                                "with_action": c.conflict.action, "reason": c.conflict.reason})
+                if len(retries) > opts.max_retries:
+                    txn.record_give_up(batch_id, len(retries))
+                    raise ConflictError(
+                        f"conflict: {c.conflict}; gave up after {len(retries)} attempts (--max-retries "
+                        f"{opts.max_retries}); nothing was written, retry with the same batch id"
+                    ) from None
+                log.warning("attempt %d conflicts with %s: %s; re-tagging on the new snapshot", len(retries),
+                            c.conflict.instant, c.conflict.reason)
+                txn.rebase()
+        phases.done("commit", f"check {txn.check_ms} ms")
+    except BaseException as e:
+        rolled_back = txn.was_rolled_back()
+        txn.abort()
+        if rolled_back and not isinstance(e, InstantRolledBackError):
+            raise InstantRolledBackError(
+                f"conflict: instant {ts} was rolled back by another process while it was writing; nothing was written"
+            ) from e
         raise
-    heartbeat.stop(delete=True)
+    finally:
+        batch.unpersist()
     counts = metadata["counts"]
-    log.info("committed %s: %d inserted, %d updated, %d deleted", ts, counts["inserted"], counts["updated"], counts["deleted"])
+    log.info("committed %s: %d inserted, %d updated, %d deleted%s", ts, counts["inserted"], counts["updated"],
+             counts["deleted"], f" after {len(retries)} conflict(s)" if retries else "")
     # the stored total stops at the commit point; the caller's total includes committing
     total = int((time.perf_counter() - started) * 1000)
-    return {"instant": ts, "batch_id": batch_id, "noop": False, "counts": counts,
+    return {"instant": ts, "batch_id": batch_id, "noop": False, "counts": counts, "retries": len(retries),
             "timings_ms": {**metadata["timings_ms"], **phases.timings, "total_ms": total}}
 
 
-def _ensure_single_writer(table: Table, ts: str) -> None:
-    """Single-writer rule: if an older pending write is alive, we lost the race; step back."""
-    for other in table.timeline.reload().pending():
-        if other.timestamp < ts and other.action != Action.ROLLBACK and is_alive(table.io, table.layout, other.timestamp):
-            raise WriterAliveError(f"another writer holds the table (instant {other.timestamp}); try again later")
+def _noop_result(table: Table, done: Any, batch_id: str) -> dict[str, Any]:
+    meta = table.timeline.read_metadata(done)
+    return {"instant": done.timestamp, "batch_id": batch_id, "noop": True, "counts": meta.get("counts", {}),
+            "timings_ms": meta.get("timings_ms", {})}
 
 
-def _rollback_quietly(table: Table, ts: str) -> None:
-    try:
-        inst = table.timeline.reload().find(ts)
-        if inst is not None and not inst.is_completed:
-            table.rollback(ts, force=True)
-    except Exception:  # the next writer repairs it from the markers
-        log.warning("could not roll back %s now; the next run will", ts, exc_info=True)
+def _check_schema(view: FileSystemView, data_schema: Any) -> None:
+    """A table created concurrently by another writer must have the schema this batch was validated for."""
+    if view.schema is not None and not view.schema.equals(data_schema):
+        raise BadInputError(
+            "the table was created concurrently with a different schema than this batch; "
+            "nothing was written (rerun to validate the batch against it)"
+        )
 
 
 def _dedupe(df: DataFrame, cfg: TableConfig, delete_field: str | None) -> DataFrame:
@@ -420,54 +456,50 @@ def _drop_stale_moves(spark: SparkSession, table: Table, cfg: TableConfig, view:
 
 
 def _write(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystemView, num_buckets: int,
-           df: DataFrame, data_schema: Any, opts: UpsertOptions, ts: str, phases: _Phases) -> dict[str, Any]:
-    batch = _dedupe(df, cfg, opts.delete_field).persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        n = batch.count()
-        phases.done("dedupe", f"{n} distinct keys")
-        tagged = _tag(spark, table, cfg, view, num_buckets, batch).persist(StorageLevel.MEMORY_AND_DISK)
-        # one task per index bucket the batch touches (record); the stats job runs the lookups
-        stats: dict[str, dict[str, int]] = {}
-        if cfg.index_type != INDEX_BUCKET:  # the bucket index routes by hash: nothing to count
-            with _shuffle_partitions(spark, min(len(view.index_files), 200) or 8):
-                stats = _tag_stats(tagged)
-        found = sum(s["found"] for s in stats.values())
-        phases.done("tag", f"{found} keys found in the table")
-        actions, groups = _route(spark, table, cfg, view, num_buckets, tagged, stats)
-        names = data_schema.names
-        actions = actions.select(*[F.col(c) for c in names], F.col(OP), F.col(TPART), F.col(TFID))
-        ctx = tasks.MergeContext(
-            table_uri=table.uri,
-            instant=ts,
-            schema=data_schema,
-            base_files={f"{p}\x00{f}": s.path for (p, f), s in view.file_groups.items()},
-            precombine=cfg.precombine_field,
-            emit_index=cfg.index_type == INDEX_RECORD,
+           batch: DataFrame, n: int, data_schema: Any, ts: str, phases: _Phases) -> dict[str, Any]:
+    """Tag, route, merge and index one attempt on ``view``; returns the commit's write set and counts."""
+    tagged = _tag(spark, table, cfg, view, num_buckets, batch).persist(StorageLevel.MEMORY_AND_DISK)
+    # one task per index bucket the batch touches (record); the stats job runs the lookups
+    stats: dict[str, dict[str, int]] = {}
+    if cfg.index_type != INDEX_BUCKET:  # the bucket index routes by hash: nothing to count
+        with _shuffle_partitions(spark, min(len(view.index_files), 200) or 8):
+            stats = _tag_stats(tagged)
+    found = sum(s["found"] for s in stats.values())
+    phases.done("tag", f"{found} keys found in the table")
+    actions, groups = _route(spark, table, cfg, view, num_buckets, tagged, stats)
+    names = data_schema.names
+    actions = actions.select(*[F.col(c) for c in names], F.col(OP), F.col(TPART), F.col(TFID))
+    ctx = tasks.MergeContext(
+        table_uri=table.uri,
+        instant=ts,
+        schema=data_schema,
+        base_files={f"{p}\x00{f}": s.path for (p, f), s in view.file_groups.items()},
+        precombine=cfg.precombine_field,
+        emit_index=cfg.index_type == INDEX_RECORD,
+    )
+    merged = actions.groupBy(TPART, TFID).applyInArrow(tasks.bind(tasks.merge_file_group, ctx=ctx), tasks.MERGE_OUTPUT)
+    merged = merged.persist(StorageLevel.MEMORY_AND_DISK)
+    # as many merge tasks as file groups (up to 2000), at least one per core
+    with _shuffle_partitions(spark, max(spark.sparkContext.defaultParallelism, min(groups, 2000))):
+        files = [r.asDict() for r in merged.filter("kind = 'file'").collect()]
+    phases.done("write", f"{sum(1 for f in files if f['path'])} data files")
+    index_added: list[dict[str, Any]] = []
+    if cfg.index_type == INDEX_RECORD:
+        entries = merged.filter("kind = 'index'").select("key", "part", "fid", "tomb").withColumn(
+            "bucket", bucket_expr(F.col("key"), num_buckets)
         )
-        merged = actions.groupBy(TPART, TFID).applyInArrow(tasks.bind(tasks.merge_file_group, ctx=ctx), tasks.MERGE_OUTPUT)
-        merged = merged.persist(StorageLevel.MEMORY_AND_DISK)
-        # as many merge tasks as file groups (up to 2000), at least one per core
-        with _shuffle_partitions(spark, max(spark.sparkContext.defaultParallelism, min(groups, 2000))):
-            files = [r.asDict() for r in merged.filter("kind = 'file'").collect()]
-        phases.done("write", f"{sum(1 for f in files if f['path'])} data files")
-        index_added: list[dict[str, Any]] = []
-        if cfg.index_type == INDEX_RECORD:
-            entries = merged.filter("kind = 'index'").select("key", "part", "fid", "tomb").withColumn(
-                "bucket", bucket_expr(F.col("key"), num_buckets)
-            )
-            with _shuffle_partitions(spark, min(num_buckets, 200)):
-                written = entries.groupBy("bucket").applyInArrow(
-                    tasks.bind(tasks.write_index_delta, table_uri=table.uri, instant=ts), tasks.DELTA_OUTPUT
-                ).collect()
-            index_added = [{"bucket": r["bucket"], "path": r["path"], "entries": r["entries"], "size": r["size"],
-                            "kind": "delta"} for r in written]
-            phases.done("index", f"{len(index_added)} index deltas")
-        merged.unpersist()
-        tagged.unpersist()
-    finally:
-        batch.unpersist()
+        with _shuffle_partitions(spark, min(num_buckets, 200)):
+            written = entries.groupBy("bucket").applyInArrow(
+                tasks.bind(tasks.write_index_delta, table_uri=table.uri, instant=ts), tasks.DELTA_OUTPUT
+            ).collect()
+        index_added = [{"bucket": r["bucket"], "path": r["path"], "entries": r["entries"], "size": r["size"],
+                        "kind": "delta"} for r in written]
+        phases.done("index", f"{len(index_added)} index deltas")
+    merged.unpersist()
+    tagged.unpersist()
     counts = {k: sum(int(f[k] or 0) for f in files) for k in ("inserted", "updated", "deleted")}
     counts["rows_in_batch"] = n
+    counts["moved"] = sum(s["moved"] for s in stats.values())  # keys entering another partition (at most)
     return {
         "file_groups": [
             {"partition": f["part"], "file_id": f["fid"], "path": f["path"], "num_rows": f["num_rows"],

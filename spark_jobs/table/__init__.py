@@ -1,7 +1,8 @@
-"""The table format: config, timeline, file-system view, and the table facade."""
+"""The table format: config, timeline, file-system view, actions, and the table facade."""
 
 from spark_jobs.table.config import BadInputError, ConfigConflictError, TableConfig
-from spark_jobs.table.table import Table, TableNotFoundError, WriterAliveError
+from spark_jobs.table.errors import ConflictError, InstantRolledBackError, RetryableError, WriterAliveError
+from spark_jobs.table.table import Table, TableNotFoundError
 from spark_jobs.table.timeline import Action, Instant, InstantConflictError, State, Timeline
 from spark_jobs.table.view import FileSlice, FileSystemView
 
@@ -9,10 +10,13 @@ __all__ = [
     "Action",
     "BadInputError",
     "ConfigConflictError",
+    "ConflictError",
     "FileSlice",
     "FileSystemView",
     "Instant",
     "InstantConflictError",
+    "InstantRolledBackError",
+    "RetryableError",
     "State",
     "Table",
     "TableConfig",

@@ -23,7 +23,7 @@ __all__ = [
     "BadInputError",
 ]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 INDEX_RECORD = "record"
 INDEX_BUCKET = "bucket"
 INDEX_GLOBAL_SIMPLE = "global_simple"

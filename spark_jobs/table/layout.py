@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import posixpath
 from urllib.parse import quote, unquote
 
@@ -17,6 +18,9 @@ META_DIR = ".bucketindex"
 #: built by Spark (``spark_jobs.jobs.keys.partition_expr``), the one place that encodes them.
 NULL_PARTITION = "__NULL__"
 INDEX_FILE_SUFFIX = ".arrow"
+#: longest quoted marker name kept as is (file names are at most 255 bytes)
+MAX_QUOTED_MARKER = 200
+HASHED_MARKER_PREFIX = "h-"
 
 
 def data_file_name(file_id: str, write_token: str, instant: str) -> str:
@@ -34,6 +38,8 @@ class TableLayout:
         self.index = posixpath.join(self.meta, "index")
         self.markers = posixpath.join(self.meta, "markers")
         self.heartbeats = posixpath.join(self.meta, "heartbeats")
+        self.sequence = posixpath.join(self.meta, "sequence")
+        self.conflicts = posixpath.join(self.meta, "conflicts")
 
     def abs(self, rel: str) -> str:
         return posixpath.join(self.root, rel)
@@ -52,11 +58,31 @@ class TableLayout:
         return posixpath.join(self.markers, instant)
 
     def marker_file(self, instant: str, rel_path: str) -> str:
-        return posixpath.join(self.marker_dir(instant), quote(rel_path, safe="") + ".marker")
+        """The marker of ``rel_path``: its quoted path as the name, or -- when that would pass
+        a file name's 255 bytes (quoting a non-ASCII partition value triples it) -- a hash of
+        it, with the path stored as the marker's content (:meth:`marker_content`)."""
+        name = quote(rel_path, safe="")
+        if len(name) > MAX_QUOTED_MARKER:
+            name = HASHED_MARKER_PREFIX + hashlib.sha1(rel_path.encode()).hexdigest()
+        return posixpath.join(self.marker_dir(instant), name + ".marker")
 
     @staticmethod
-    def marker_target(marker_name: str) -> str:
+    def marker_content(rel_path: str) -> bytes:
+        return rel_path.encode() if len(quote(rel_path, safe="")) > MAX_QUOTED_MARKER else b""
+
+    @staticmethod
+    def marker_target(marker_name: str) -> str | None:
+        """The path a marker names, or None for a hashed marker (read its content instead)."""
+        if marker_name.startswith(HASHED_MARKER_PREFIX):
+            return None
         return unquote(marker_name[: -len(".marker")])
 
     def heartbeat_file(self, instant: str) -> str:
         return posixpath.join(self.heartbeats, instant)
+
+    def sequence_file(self, seq: int) -> str:
+        """The commit point of the ``seq``-th completed action (see timeline.py)."""
+        return posixpath.join(self.sequence, f"{seq:020d}.json")
+
+    def conflict_file(self, instant: str) -> str:
+        return posixpath.join(self.conflicts, f"{instant}.json")

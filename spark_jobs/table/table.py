@@ -6,16 +6,19 @@ all use it to read table state and to follow the commit protocol.
 
 from __future__ import annotations
 
+import json
 import logging
+import posixpath
 from typing import Any
+
+import pendulum
 
 from spark_jobs.io.filesystem import FileIO, resolve
 from spark_jobs.table.config import BadInputError, TableConfig
-from spark_jobs.table.heartbeat import is_alive
+from spark_jobs.table.errors import WriterAliveError
 from spark_jobs.table.layout import TableLayout
-from spark_jobs.table.timeline import Action, Instant, State, Timeline
+from spark_jobs.table.timeline import Action, Instant, Timeline
 from spark_jobs.table.view import FileSystemView
-from spark_jobs.testing.faults import maybe_crash
 
 __all__ = ["Table", "TableNotFoundError", "WriterAliveError"]
 
@@ -26,10 +29,6 @@ class TableNotFoundError(BadInputError):
     pass
 
 
-class WriterAliveError(BadInputError):
-    """A pending instant still has a live writer: the table is busy."""
-
-
 class Table:
     def __init__(self, uri: str, io: FileIO, root: str, config: TableConfig | None) -> None:
         self.uri = uri
@@ -37,7 +36,7 @@ class Table:
         self.root = root
         self.layout = TableLayout(root)
         self.config = config
-        self.timeline = Timeline(io, self.layout.timeline)
+        self.timeline = Timeline(io, self.layout)
 
     # -- opening ---------------------------------------------------------------------
     @classmethod
@@ -63,9 +62,11 @@ class Table:
 
     # -- state -----------------------------------------------------------------------
     def view(self, as_of: str | None = None) -> FileSystemView:
-        if as_of is not None and not self.timeline.completed(as_of=as_of):
+        """The snapshot (latest, or as of an instant), from a fresh listing of the timeline."""
+        tl = self.timeline.reload()
+        if as_of is not None and not tl.completed(as_of=as_of):
             raise BadInputError(f"no completed instant at or before {as_of}")
-        return FileSystemView.build(self.timeline.reload(), as_of)
+        return FileSystemView.build(tl, as_of)
 
     def num_buckets(self, view: FileSystemView | None = None) -> int:
         """The bucket count in force: from the latest completed rehash, else the table config."""
@@ -93,11 +94,22 @@ class Table:
     # -- markers ---------------------------------------------------------------------
     def create_marker(self, instant: str, rel_path: str) -> None:
         """Record that ``rel_path`` is about to be written for ``instant`` (before writing it)."""
-        self.io.write_bytes(self.layout.marker_file(instant, rel_path), b"")
+        self.io.write_bytes(self.layout.marker_file(instant, rel_path), TableLayout.marker_content(rel_path))
 
     def marked_files(self, instant: str) -> list[str]:
         d = self.layout.marker_dir(instant)
-        return [TableLayout.marker_target(n) for n in self.io.list_names(d) if n.endswith(".marker")]
+        out = []
+        for name in self.io.list_names(d):
+            if not name.endswith(".marker"):
+                continue
+            target = TableLayout.marker_target(name)
+            if target is None:  # a hashed marker holds its path
+                try:
+                    target = self.io.read_bytes(posixpath.join(d, name)).decode()
+                except FileNotFoundError:  # deleted by a concurrent cleanup
+                    continue
+            out.append(target)
+        return out
 
     def finalize_markers(self, instant: str, keep: set[str]) -> list[str]:
         """After a commit: delete marked files the commit does not reference (failed or
@@ -109,78 +121,43 @@ class Table:
         return extra
 
     # -- rollback --------------------------------------------------------------------
-    def rollback(self, instant: str | None = None, *, force: bool = False) -> list[str]:
-        """Roll back pending instants (all abandoned ones, or the one named). Returns their timestamps.
+    def rollback(self, instant: str | None = None, *, force: bool = False,
+                 timeout_s: float | None = None) -> list[str]:
+        """Roll back pending instants (every abandoned one, or the one named); see :mod:`.action.rollback`."""
+        from spark_jobs.table.action.rollback import rollback
 
-        Resumes an interrupted rollback first. A pending instant whose writer is alive is
-        refused unless ``force``. Committed data is never touched: only files listed under
-        the pending instant's markers are deleted, and those are invisible to readers.
-        """
-        tl = self.timeline.reload()
-        for rb in tl.pending([Action.ROLLBACK]):
-            self._finish_rollback(rb, tl.read_plan(rb))
-        tl.reload()
-        targets = [i for i in tl.pending() if i.action != Action.ROLLBACK]
-        if instant is not None:
-            named = [i for i in targets if i.timestamp == instant]
-            if not named:
-                found = tl.find(instant)
-                if found is not None and found.is_completed:
-                    raise BadInputError(f"instant {instant} is completed; only pending instants can be rolled back")
-                if found is None and instant not in {i.timestamp for i in tl.completed([Action.ROLLBACK])}:
-                    raise BadInputError(f"no pending instant {instant} in {self.uri}")
-                return []
-            targets = named
-        done = []
-        for target in targets:
-            if not force and is_alive(self.io, self.layout, target.timestamp):
-                raise WriterAliveError(
-                    f"instant {target.timestamp}.{target.action} has a live writer; "
-                    f"wait for it to finish or stop it (rollback --force overrides)"
-                )
-            files = self.marked_files(target.timestamp)
-            log.info("rolling back %s: %d marked files", target, len(files))
-            plan = {"target": target.timestamp, "target_action": target.action, "files": files}
-            rb = tl.create_requested(Action.ROLLBACK, plan)
-            self._finish_rollback(rb, plan)
-            done.append(target.timestamp)
-        return done
-
-    def _finish_rollback(self, rb: Instant, plan: dict[str, Any]) -> None:
-        tl = self.timeline
-        if rb.state == State.REQUESTED:
-            rb = tl.transition_to_inflight(rb)
-        target_ts = plan["target"]
-        for rel in plan["files"]:
-            self.io.delete(self.abs(rel))
-            maybe_crash("rollback_after_delete")
-        # files marked after the plan was made (a writer that was still finishing a task)
-        for rel in self.marked_files(target_ts):
-            self.io.delete(self.abs(rel))
-        self.io.delete_dir(self.layout.marker_dir(target_ts))
-        self.io.delete(self.layout.heartbeat_file(target_ts))
-        target = Instant(target_ts, plan["target_action"], State.REQUESTED)
-        tl.delete_pending(target)
-        tl.complete(rb, {"action": Action.ROLLBACK, "rolled_back": target_ts, "deleted_files": plan["files"]})
+        return rollback(self, instant, force=force, timeout_s=timeout_s)
 
     # -- description -----------------------------------------------------------------
-    def describe(self) -> dict[str, Any]:
+    def describe(self, *, recent_conflicts: int = 10) -> dict[str, Any]:
         """Everything ``bucketindex show`` prints, as data."""
         assert self.config is not None
         tl = self.timeline.reload()
-        view = self.view()
-        commits = []
+        view = FileSystemView.build(tl)
+        commits, conflicts = [], []
         for inst in tl.completed():
             meta = tl.read_metadata(inst)
             commits.append(
                 {
+                    "seq": inst.seq,
                     "instant": inst.timestamp,
                     "action": inst.action,
                     "batch_id": meta.get("batch_id"),
+                    "rolled_back": meta.get("rolled_back"),
                     "counts": meta.get("counts", {}),
                     "timings_ms": meta.get("timings_ms", {}),
                 }
             )
+            for c in meta.get("conflicts", []):
+                conflicts.append({"instant": inst.timestamp, "batch_id": meta.get("batch_id"), "outcome": "retried",
+                                  **c})
+        for name in self.io.list_names(self.layout.conflicts):
+            if name.endswith(".json") and not name.startswith("."):
+                note = json.loads(self.io.read_bytes(posixpath.join(self.layout.conflicts, name)))
+                for c in note.get("conflicts", [])[-1:]:
+                    conflicts.append({"instant": note.get("instant"), "batch_id": note.get("batch_id"),
+                                      "outcome": f"gave up after {note.get('attempts')} attempts", **c})
+        conflicts.sort(key=lambda c: c["instant"] or "")
         return {
             "uri": self.uri,
             "config": {
@@ -192,9 +169,42 @@ class Table:
             },
             "timeline": commits,
             "pending": [str(i) for i in tl.pending()],
+            "writers": self.writers(),
+            "conflicts": conflicts[-recent_conflicts:],
             "file_groups": len(view.file_groups),
             "rows": view.num_rows,
             "partitions": view.partitions(),
             "index_buckets": {b: len(files) for b, files in sorted(view.index_files.items())},
         }
 
+    def writers(self) -> list[dict[str, Any]]:
+        """Pending instants with their batch, owner, start, last heartbeat and liveness."""
+        from spark_jobs.table.action.rollback import is_writer_alive
+
+        out = []
+        for inst in self.timeline.pending():
+            try:
+                plan = self.timeline.read_plan(inst)
+            except FileNotFoundError:
+                continue
+            try:
+                beat = json.loads(self.io.read_bytes(self.layout.heartbeat_file(inst.timestamp)))
+            except (OSError, ValueError):
+                beat = {}
+            owner = plan.get("owner") or {}
+            out.append({
+                "instant": inst.timestamp,
+                "action": inst.action,
+                "state": inst.state.name.lower(),
+                "batch_id": plan.get("batch_id"),
+                "host": owner.get("host"),
+                "pid": owner.get("pid"),
+                "started": _iso(owner.get("at")),
+                "last_heartbeat": _iso(beat.get("at")),
+                "alive": is_writer_alive(self, inst),
+            })
+        return out
+
+
+def _iso(epoch: float | None) -> str | None:
+    return None if epoch is None else pendulum.from_timestamp(float(epoch), "UTC").to_iso8601_string()

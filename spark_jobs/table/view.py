@@ -2,8 +2,9 @@
 
 The view is derived from the metadata of completed instants only -- never from listing
 data directories -- so a file written by a failed, pending or duplicate (speculative) task
-attempt is invisible even though it sits on disk. Replaying completed instants up to
-``as_of`` gives time travel for free.
+attempt is invisible even though it sits on disk. Completed instants are replayed in commit
+order (the commit sequence), which is not always instant order when writers run
+concurrently; replaying a prefix of the sequence gives time travel for free.
 """
 
 from __future__ import annotations
@@ -48,12 +49,18 @@ class FileSystemView:
     schema: pa.Schema | None = None
     num_buckets: int | None = None
     instants: list[Instant] = field(default_factory=list)
+    #: the commit sequence number this view was built at: a writer planning on this view
+    #: checks every entry after it for conflicts before it commits
+    seq: int = 0
 
     @classmethod
     def build(cls, timeline: Timeline, as_of: str | None = None) -> "FileSystemView":
         view = cls(as_of=as_of)
-        for inst in timeline.completed(Action.WRITES, as_of=as_of):
-            view.apply(inst, timeline.read_metadata(inst))
+        done = timeline.completed(as_of=as_of)
+        for inst in done:
+            if inst.action in Action.WRITES:
+                view.apply(inst, timeline.read_metadata(inst))
+        view.seq = (done[-1].seq or 0) if done else 0
         return view
 
     def apply(self, inst: Instant, meta: dict[str, Any]) -> None:
@@ -74,7 +81,8 @@ class FileSystemView:
         for f in index.get("added", []):
             files = self.index_files.setdefault(int(f["bucket"]), [])
             files.append(f["path"])
-            files.sort(key=_merge_order)
+            # a base first, then deltas in commit order (a stable sort keeps that order)
+            files.sort(key=_is_delta)
         if meta.get("schema"):
             self.schema = decode_schema(meta["schema"])
         if meta.get("num_buckets"):
@@ -95,7 +103,5 @@ class FileSystemView:
         return sum(s.num_rows for s in self.file_groups.values())
 
 
-def _merge_order(rel: str) -> tuple[int, str]:
-    name = rel.rsplit("/", 1)[-1]
-    kind, _, rest = name.partition("_")
-    return (0 if kind == "base" else 1, rest)
+def _is_delta(rel: str) -> bool:
+    return not rel.rsplit("/", 1)[-1].startswith("base_")

@@ -57,6 +57,7 @@ def _crash_upsert(uri: str, src: str, index: str, point: str) -> subprocess.Comp
         ("record", "after_data_file", "rerun"),
         ("record", "after_index_file", "rollback"),
         ("record", "before_complete", "rerun"),
+        ("record", "after_conflict_check", "rerun"),  # checked, commit point not yet claimed
         ("bucket", "after_data_file", "rerun"),
     ],
 )
@@ -107,14 +108,17 @@ def test_crash_during_rollback_resumes(spark, tmp_path):
                        text=True, timeout=120, start_new_session=True)
     assert p.returncode == -signal.SIGKILL, p.stderr
     t = Table.load(uri)
-    assert [i.action for i in t.timeline.pending()] == ["commit", "rollback"] or \
-        [i.action for i in t.timeline.pending()] == ["rollback", "commit"]
+    # the rollback decided (its sequence entry aborts the target) and died while deleting
+    assert t.timeline.pending() == []
+    assert [i.timestamp for i in t.timeline.aborted_leftovers()] == [target]
+    assert t.marked_files(target), "the crash should have left marked files to delete"
     assert read_arrow(uri).to_pylist() == before
     p = subprocess.run([sys.executable, "-m", "spark_jobs.cli", "rollback", uri], capture_output=True, text=True,
                        timeout=120)
     assert p.returncode == 0, p.stderr
     t = Table.load(uri)
-    assert t.timeline.pending() == []
+    assert t.timeline.pending() == [] and t.timeline.aborted_leftovers() == []
+    assert not t.marked_files(target) and not os.path.exists(t.layout.heartbeat_file(target))
     rb = t.timeline.completed(["rollback"])
     assert len(rb) == 1 and t.timeline.read_metadata(rb[0])["rolled_back"] == target
     assert read_arrow(uri).to_pylist() == before

@@ -150,6 +150,53 @@ def test_rollback_operator_without_a_table_or_pending_instant_is_a_noop(ops, tmp
     assert not (tmp_path / "none").exists()
 
 
+@pytest.mark.parametrize("rc,retryable", [(3, True), (2, False), (1, True)])
+def test_upsert_exit_status_maps_to_retryable_or_final_failure(ops, tmp_path, monkeypatch, rc, retryable):  # type: ignore[no-untyped-def]
+    """Exit 3 (conflict, busy table) is an ordinary retryable failure; only exit 2 (bad input) is final."""
+    from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+    from airflow_provider_bucketindex.hooks import bucketindex
+
+    def fail(self, verb, args):  # type: ignore[no-untyped-def]
+        raise bucketindex.SparkJobFailed(verb, rc, "conflict: 3 record key(s) written by both")
+
+    monkeypatch.setattr(bucketindex.BucketIndexHook, "submit", fail)
+    monkeypatch.delenv("AIRFLOW_CONN_BUCKETINDEX_DEFAULT", raising=False)
+    op = ops.UpsertWithIndexOperator(task_id="upsert", table_uri=str(tmp_path / "t"), source_uri="/s", record_key="id")
+    with pytest.raises(AirflowException) as info:
+        op.execute({"ti": FakeTI()})
+    assert isinstance(info.value, AirflowFailException) is not retryable
+    if rc == 3:
+        assert "same batch id" in str(info.value)
+
+
+def test_rollback_operator_leaves_a_live_writer_and_fails_retryably(ops, tmp_path):  # type: ignore[no-untyped-def]
+    from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+    from spark_jobs.table import Action, Table, TableConfig
+    from spark_jobs.table.heartbeat import Heartbeat, owner_info
+
+    t = Table.open(str(tmp_path / "t"))
+    t.create(TableConfig(record_key_fields=["id"]))
+    batch = batch_id_from_context({"ti": FakeTI()})
+    inst = t.timeline.create_requested(Action.COMMIT, {"batch_id": batch, "owner": owner_info()})
+    hb = Heartbeat(t.io, t.layout, inst.timestamp).start()
+    try:
+        op = ops.RollbackBatchOperator(task_id="rollback", table_uri=str(tmp_path / "t"), upsert_task_id="upsert")
+        assert op.force is False
+        with pytest.raises(AirflowException, match="live writer") as info:
+            op.execute({"ti": FakeTI(task_id="rollback")})
+        assert not isinstance(info.value, AirflowFailException)
+        assert [i.timestamp for i in t.timeline.reload().pending()] == [inst.timestamp]
+    finally:
+        hb.stop()
+    # force=True aborts it although its owner (this process) is alive
+    forced = ops.RollbackBatchOperator(task_id="rollback", table_uri=str(tmp_path / "t"), upsert_task_id="upsert",
+                                       force=True)
+    assert forced.execute({"ti": FakeTI(task_id="rollback")})["rolled_back"] == inst.timestamp
+    assert t.timeline.reload().pending() == []
+
+
 def test_rollback_operator_needs_a_batch(ops, tmp_path):  # type: ignore[no-untyped-def]
     from airflow.sdk.exceptions import AirflowFailException
 

@@ -16,7 +16,7 @@ from spark_jobs.io.filesystem import InstantExistsError, resolve
 from spark_jobs.table.config import BadInputError, ConfigConflictError, TableConfig
 from spark_jobs.table.reader import read_arrow
 from spark_jobs.table.table import Table, TableNotFoundError, WriterAliveError
-from spark_jobs.table.timeline import Action, InstantConflictError, State, Timeline
+from spark_jobs.table.timeline import Action, InstantConflictError, State
 from spark_jobs.table.view import encode_schema
 
 pytestmark = pytest.mark.unit
@@ -76,8 +76,7 @@ def test_instant_times_are_strictly_increasing(tmp_path):
 
 
 def _race(path: str, ts: str, barrier, results) -> None:  # runs in a child process
-    io, root = resolve(path)
-    tl = Timeline(io, root)
+    tl = Table.load(path).timeline
     inst = tl.find(ts)
     barrier.wait()
     try:
@@ -93,7 +92,7 @@ def test_racing_completers_exactly_one_wins(tmp_path):
     n = 6
     ctx = mp.get_context("fork")
     barrier, results = ctx.Barrier(n), ctx.Queue()
-    procs = [ctx.Process(target=_race, args=(t.layout.timeline, inst.timestamp, barrier, results)) for _ in range(n)]
+    procs = [ctx.Process(target=_race, args=(t.root, inst.timestamp, barrier, results)) for _ in range(n)]
     for p in procs:
         p.start()
     for p in procs:
@@ -105,6 +104,7 @@ def test_racing_completers_exactly_one_wins(tmp_path):
     meta = t.timeline.reload().read_metadata(t.timeline.completed()[0])
     assert len(meta["padding"]) == 200_000  # the winner's whole metadata, never a half-written file
     assert [n for n in os.listdir(t.layout.timeline) if n.endswith(".tmp")] == []
+    assert [n for n in os.listdir(t.layout.sequence) if n.endswith(".tmp")] == []
 
 
 def test_exclusive_create_refuses_existing(tmp_path):
@@ -186,7 +186,7 @@ def test_creating_an_existing_table_checks_compatibility(tmp_path):
     ({"record_key_fields": ["id"], "index_type": "bloom"}, "unknown index type"),
     ({"record_key_fields": ["id"], "num_buckets": 0}, "at least 1"),
     ({"record_key_fields": ["id"], "hash_function": "md5"}, "unknown hash function"),
-    ({"record_key_fields": ["id"], "format_version": 2}, "not supported"),
+    ({"record_key_fields": ["id"], "format_version": 1}, "not supported"),
 ])
 def test_invalid_config_is_rejected(kw, msg):
     with pytest.raises(BadInputError, match=msg):
@@ -232,8 +232,10 @@ def test_live_writer_blocks_rollback(tmp_path):
     pending = write_commit(t, [("a", 1)], complete=False)
     hb = Heartbeat(t.io, t.layout, pending).start()
     try:
+        assert t.rollback() == []  # a sweep of abandoned instants leaves a live writer alone
+        assert [i.timestamp for i in t.timeline.pending()] == [pending]
         with pytest.raises(WriterAliveError, match="live writer"):
-            t.rollback()
+            t.rollback(pending)  # named: refused, retryable (exit 3)
         assert t.rollback(pending, force=True) == [pending]
     finally:
         hb.stop()
@@ -304,3 +306,32 @@ def test_cli_bad_table_exits_2(tmp_path, capsys):
     assert main(["show", str(tmp_path / "none")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("bucketindex: error: no bucketindex table")
+
+
+def test_markers_of_long_non_ascii_paths_fit_a_file_name_and_round_trip(tmp_path):
+    t = new_table(tmp_path)
+    ts = "20260101000000000"
+    long_rel = "region=" + "%E6%9D%B1" * 14 + "/fg_0-1-0_x.parquet"  # a 13-character Japanese value, encoded
+    short_rel = "region=eu/fg_0-1-0_x.parquet"
+    for rel in (long_rel, short_rel):
+        t.create_marker(ts, rel)
+    assert all(len(n) <= 255 for n in os.listdir(t.layout.marker_dir(ts)))
+    assert sorted(t.marked_files(ts)) == sorted([long_rel, short_rel])
+
+
+def test_repair_leaves_a_live_writers_markers_and_heartbeat(tmp_path):
+    """A sweep of abandoned work runs while other writers write: their files must survive it."""
+    from spark_jobs.table.action import Transaction
+
+    t = new_table(tmp_path)
+    live = Transaction(Table.load(t.root), Action.COMMIT, {"batch_id": "live"}).begin()
+    rel = f"fg_0-0-0_{live.ts}.parquet"
+    t.create_marker(live.ts, rel)
+    open(t.abs(rel), "wb").close()
+    try:
+        assert Table.load(t.root).rollback() == []
+        assert os.path.exists(t.abs(rel)) and t.marked_files(live.ts) == [rel]
+        assert os.path.exists(t.layout.heartbeat_file(live.ts))
+    finally:
+        live.abort()
+    assert not os.path.exists(t.abs(rel)) and Table.load(t.root).timeline.pending() == []

@@ -1,0 +1,143 @@
+"""Rollback: abort a pending instant and delete what it wrote, resumably.
+
+A rollback is an instant like any other: ``<rb>.rollback.requested`` holds the plan (the
+target and its marked files), and its entry in the commit sequence is the *decision*. The
+decision is claimed only after checking that the target has not completed, and a writer
+checks for it before claiming its own slot, so a writer and a rollback never both win.
+Files are deleted only after the decision, so a rolled-back instant is never published and
+a crash at any step leaves work that :func:`repair` finishes (every step is idempotent).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from spark_jobs.table.config import BadInputError
+from spark_jobs.table.errors import WriterAliveError
+from spark_jobs.table.heartbeat import is_alive
+from spark_jobs.table.timeline import Action, Instant, SequenceTakenError, State
+from spark_jobs.testing.faults import maybe_crash
+
+if TYPE_CHECKING:
+    from spark_jobs.table.table import Table
+
+__all__ = ["rollback", "repair", "is_writer_alive"]
+
+log = logging.getLogger("bucketindex.rollback")
+
+
+def is_writer_alive(table: "Table", inst: Instant, timeout_s: float | None = None) -> bool:
+    try:
+        owner = table.timeline.read_plan(inst).get("owner")
+    except FileNotFoundError:  # plan removed meanwhile: nothing is writing it any more
+        return False
+    return is_alive(table.io, table.layout, inst.timestamp, timeout_s, owner=owner)
+
+
+def rollback(table: "Table", instant: str | None = None, *, force: bool = False,
+             timeout_s: float | None = None) -> list[str]:
+    """Roll back pending instants (every abandoned one, or the one named); returns their timestamps.
+
+    Finishes interrupted rollbacks first. An instant whose writer is alive is left alone
+    (named: refused with WriterAliveError) unless ``force``; a forced rollback makes that
+    writer fail cleanly at its commit point with nothing visible.
+    """
+    repair(table)
+    tl = table.timeline
+    targets = [i for i in tl.pending() if i.action != Action.ROLLBACK]
+    if instant is not None:
+        named = [i for i in targets if i.timestamp == instant]
+        if not named:
+            if instant in tl.aborted:
+                return []  # rolled back already
+            if tl.is_completed(instant):
+                raise BadInputError(f"instant {instant} is completed; only pending instants can be rolled back")
+            raise BadInputError(f"no pending instant {instant} in {table.uri}")
+        targets = named
+    done = []
+    for target in targets:
+        if not force and is_writer_alive(table, target, timeout_s):
+            if instant is not None:
+                raise WriterAliveError(
+                    f"busy: instant {target.timestamp}.{target.action} has a live writer; "
+                    f"wait for it to finish or stop it (rollback --force overrides)"
+                )
+            log.info("instant %s has a live writer: left alone", target)
+            continue
+        files = table.marked_files(target.timestamp)
+        log.info("rolling back %s: %d marked files", target, len(files))
+        plan = {"target": target.timestamp, "target_action": target.action, "files": files}
+        rb = tl.create_requested(Action.ROLLBACK, plan)
+        if _decide_and_clean(table, rb, plan):
+            done.append(target.timestamp)
+    return done
+
+
+def repair(table: "Table") -> None:
+    """Finish what crashed rollbacks and writers left: pending rollbacks, aborted leftovers, stray markers."""
+    tl = table.timeline.reload()
+    for rb in tl.pending([Action.ROLLBACK]):
+        _decide_and_clean(table, rb, tl.read_plan(rb))
+    for inst in tl.aborted_leftovers():
+        _clean(table, inst.timestamp, inst.action, [])
+    # List first, then reload: a writer creates its plan before its markers and heartbeat,
+    # so any instant listed here that is still being written shows up as pending below.
+    marker_dirs = [n for n in table.io.list_names(table.layout.markers) if not n.startswith(".")]
+    beats = [n for n in table.io.list_names(table.layout.heartbeats) if not n.startswith(".")]
+    tl.reload()
+    for ts in marker_dirs:
+        if tl.is_completed(ts):  # crashed after its commit point, before cleanup
+            inst = tl.find(ts)
+            assert inst is not None
+            table.finalize_markers(ts, referenced_files(tl.read_metadata(inst)))
+        elif ts in tl.aborted:  # files a rolled-back writer wrote after the rollback's cleanup
+            _delete_marked(table, ts)
+    for ts in beats:
+        if tl.is_completed(ts) or ts in tl.aborted:
+            table.io.delete(table.layout.heartbeat_file(ts))
+
+
+def referenced_files(meta: dict[str, Any]) -> set[str]:
+    """Every data and index file a completed action's metadata names."""
+    return ({fg["path"] for fg in meta.get("file_groups", []) if fg.get("path")}
+            | {f["path"] for f in (meta.get("index") or {}).get("added", [])})
+
+
+def _decide_and_clean(table: "Table", rb: Instant, plan: dict[str, Any]) -> bool:
+    """Claim the rollback decision for ``plan["target"]`` unless it completed; then delete its files."""
+    tl = table.timeline
+    target = plan["target"]
+    while True:
+        tl.reload()
+        if tl.is_completed(target):  # its writer won: nothing to roll back, drop our plan
+            log.info("instant %s completed before the rollback could decide; nothing rolled back", target)
+            tl.delete_pending(rb)
+            return False
+        if target in tl.aborted:  # another rollback decided first; finishing its cleanup is safe
+            tl.delete_pending(rb)
+            break
+        meta = {"action": Action.ROLLBACK, "instant": rb.timestamp, "rolled_back": target,
+                "target_action": plan["target_action"], "deleted_files": plan["files"]}
+        try:
+            tl.append(rb, meta, seq=tl.last_seq + 1)
+            break
+        except SequenceTakenError:
+            continue
+    _clean(table, target, plan["target_action"], plan["files"])
+    return True
+
+
+def _clean(table: "Table", target: str, action: str, files: list[str]) -> None:
+    for rel in files:
+        table.io.delete(table.abs(rel))
+        maybe_crash("rollback_after_delete")
+    _delete_marked(table, target)  # files marked after the plan (a writer still finishing a task)
+    table.io.delete(table.layout.heartbeat_file(target))
+    table.timeline.delete_pending(Instant(target, action, State.REQUESTED))
+
+
+def _delete_marked(table: "Table", ts: str) -> None:
+    for rel in table.marked_files(ts):
+        table.io.delete(table.abs(rel))
+    table.io.delete_dir(table.layout.marker_dir(ts))

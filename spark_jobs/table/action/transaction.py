@@ -1,0 +1,180 @@
+"""The write protocol of every action, in one object: a job says what it wrote, this commits it.
+
+A :class:`Transaction` owns the steps a writer used to walk by hand: pick an instant time
+(a same-millisecond collision picks again and touches nothing of the other writer's),
+write the plan with its owner, start the heartbeat, go inflight, and at the end check every
+action completed since its snapshot against what it wrote (:mod:`.conflict`) and claim the
+next commit-sequence slot -- atomically with that check, because a slot taken meanwhile
+sends it back to check the newcomer. After the commit point it deletes files of failed task
+attempts and stops the heartbeat. On a conflict the job calls :meth:`rebase` and writes
+again on the new snapshot under the same instant; on failure :meth:`abort` removes every
+trace. As pyiceberg's ``Transaction`` and delta-rs's commit builder, it keeps the protocol
+out of the jobs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from spark_jobs.table.action.conflict import Conflict, WriteSet, find_conflict
+from spark_jobs.table.action.rollback import referenced_files
+from spark_jobs.table.errors import InstantRolledBackError, RetryableError
+from spark_jobs.table.heartbeat import Heartbeat, owner_info
+from spark_jobs.table.timeline import Instant, InstantConflictError, SequenceTakenError
+from spark_jobs.table.view import FileSystemView
+from spark_jobs.testing.faults import maybe_crash
+
+if TYPE_CHECKING:
+    from spark_jobs.table.table import Table
+
+__all__ = ["Transaction", "CommitConflict"]
+
+log = logging.getLogger("bucketindex.transaction")
+
+#: how many instant times to try when other writers keep taking the same millisecond
+MAX_INSTANT_ATTEMPTS = 20
+
+
+class CommitConflict(Exception):
+    """An action completed since the snapshot conflicts with this one: rebase and write again."""
+
+    def __init__(self, conflict: Conflict) -> None:
+        self.conflict = conflict
+        super().__init__(str(conflict))
+
+
+class Transaction:
+    """One action on the timeline from plan to commit point.
+
+    :param view: the snapshot the caller already planned on (validation needs it before
+        anything is written); built here when omitted. Every action completed after it is
+        checked at commit.
+    """
+
+    def __init__(self, table: "Table", action: str, plan: dict[str, Any], *,
+                 view: FileSystemView | None = None) -> None:
+        self.table = table
+        self.action = action
+        self.plan = plan
+        self.view = view
+        self.instant: Instant | None = None
+        self.conflicts: list[Conflict] = []
+        self._heartbeat: Heartbeat | None = None
+
+    @property
+    def ts(self) -> str:
+        assert self.instant is not None, "begin() first"
+        return self.instant.timestamp
+
+    # -- protocol --------------------------------------------------------------------
+    def begin(self) -> "Transaction":
+        tl = self.table.timeline
+        if self.view is None:
+            self.view = self.table.view()
+        for _ in range(MAX_INSTANT_ATTEMPTS):
+            ts = tl.new_instant_time()
+            try:
+                inst = tl.create_requested(self.action, {**self.plan, "owner": owner_info()}, timestamp=ts)
+                break
+            except InstantConflictError:
+                log.info("instant time %s was taken by another writer; picking another", ts)
+        else:
+            raise RetryableError(f"could not reserve an instant time in {MAX_INSTANT_ATTEMPTS} tries; try again")
+        self.instant = inst
+        self._heartbeat = Heartbeat(self.table.io, self.table.layout, inst.timestamp).start()
+        maybe_crash("after_requested")
+        self.instant = tl.transition_to_inflight(inst)
+        return self
+
+    def rebase(self) -> FileSystemView:
+        """Discard this attempt's files and take the latest snapshot; the instant stays."""
+        self._delete_own_files()
+        self.view = self.table.view()
+        return self.view
+
+    def commit(self, metadata: dict[str, Any]) -> Instant:
+        """Check concurrent actions and claim the next sequence slot: the commit point.
+
+        Raises :class:`CommitConflict` (rebase and retry, or give up) and
+        :class:`InstantRolledBackError` (a rollback aborted this instant).
+        """
+        assert self.instant is not None and self.view is not None, "begin() first"
+        mine = WriteSet.of(self.action, metadata)
+        tl = self.table.timeline
+        checked = self.view.seq
+        started = time.perf_counter()
+        own_entries: dict = {}  # this action's index deltas, read once for every entry checked
+        while True:
+            tl.reload()
+            if self.ts in tl.aborted:
+                raise InstantRolledBackError(
+                    f"conflict: instant {self.ts} was rolled back by another process; nothing was written"
+                )
+            for entry in tl.entries_after(checked):
+                conflict = find_conflict(mine, entry, self.table.io, self.table.layout, own_entries)
+                if conflict is not None:
+                    self.conflicts.append(conflict)
+                    raise CommitConflict(conflict)
+            checked = tl.last_seq
+            maybe_crash("after_conflict_check")
+            try:
+                done = tl.append(self.instant, metadata, seq=checked + 1)
+                break
+            except SequenceTakenError:
+                log.info("sequence slot %d was taken by another action; checking it", checked + 1)
+        self.check_ms = int((time.perf_counter() - started) * 1000)
+        self.instant = done
+        maybe_crash("after_complete")
+        self.table.finalize_markers(done.timestamp, referenced_files(metadata))
+        self._stop_heartbeat()
+        return done
+
+    def abort(self) -> None:
+        """Remove every trace of an instant that will not complete.
+
+        Only this transaction could complete its instant, so no rollback decision is
+        needed: delete the marked files, then the plan. A crash half-way leaves a pending
+        instant without a heartbeat, which the next writer or ``rollback`` repairs.
+        """
+        self._stop_heartbeat()
+        if self.instant is None:
+            return
+        tl = self.table.timeline.reload()
+        if tl.is_completed(self.ts):
+            return
+        self._delete_own_files()
+        tl.delete_pending(self.instant)
+
+    def was_rolled_back(self) -> bool:
+        return self.instant is not None and self.ts in self.table.timeline.reload().aborted
+
+    def record_give_up(self, batch_id: str | None, attempts: int) -> None:
+        """Leave a note for ``show`` (recent conflicts) when the retries ran out; no data trace."""
+        note = {"instant": self.ts if self.instant else None, "batch_id": batch_id, "attempts": attempts,
+                "at": time.time(), "conflicts": [c.__dict__ for c in self.conflicts]}
+        try:
+            self.table.io.write_atomic(self.table.layout.conflict_file(self.ts), json.dumps(note).encode())
+        except OSError:  # a note is not worth failing over
+            log.warning("could not record the conflict note", exc_info=True)
+
+    # -- helpers ---------------------------------------------------------------------
+    def _delete_own_files(self) -> None:
+        ts = self.ts
+        for rel in self.table.marked_files(ts):
+            self.table.io.delete(self.table.abs(rel))
+        self.table.io.delete_dir(self.table.layout.marker_dir(ts))
+
+    def _stop_heartbeat(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.stop(delete=True)
+            self._heartbeat = None
+
+    def __enter__(self) -> "Transaction":
+        return self.begin() if self.instant is None else self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is not None:
+            self.abort()
