@@ -1,54 +1,94 @@
-"""Reading a snapshot with Spark: the table, or the keys of every live row with its file group."""
+"""Reading a snapshot with Spark: the table, or the keys of every live row with its file group.
+
+Partition directories hold URL-encoded values (``region=s%C3%A3o+paulo``), and Spark does
+not hand paths back the way it was given them: ``input_file_name()`` and
+``_metadata.file_path`` re-encode them as URIs (``%`` becomes ``%25``). So nothing here
+ever matches a path Spark reports against a path from the table's metadata: the keys of a
+file are read by a task that opened that very file (:func:`keys_with_location`), and paths
+handed to Spark's reader are escaped so Hadoop takes them literally (:func:`file_uri`).
+"""
 
 from __future__ import annotations
 
+import re
+from urllib.parse import unquote, urlsplit
+
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
+from spark_jobs.jobs import tasks
 from spark_jobs.table.reader import META_PREFIX
 from spark_jobs.table.table import Table
 from spark_jobs.table.view import FileSystemView
 
 __all__ = ["read_table", "spark_uri", "file_uri", "keys_with_location"]
 
-KEY = "_bi_key"
+KEY = tasks.KEY
+#: file groups per read task is about len(files) / (this x the cores): a few waves, so one
+#: large file does not leave the other cores idle, without a task per small file
+READ_WAVES = 4
+#: Hadoop's glob metacharacters (``GlobPattern``); Spark globs every path holding one
+_GLOB_CHARS = re.compile(r"([\\{}\[\]*?])")
 
 
 def spark_uri(uri: str) -> str:
-    """The URI Spark (Hadoop) reads for a URI pyarrow reads: bare paths become ``file://``,
-    ``s3://`` becomes ``s3a://`` (Hadoop's S3 connector)."""
-    if "://" not in uri:
+    """The URI Spark (Hadoop) reads for a URI pyarrow reads.
+
+    Bare paths become ``file://``, ``s3://`` becomes ``s3a://`` (Hadoop's S3 connector).
+    pyarrow percent-decodes the path of a URI while Hadoop's ``Path`` takes it literally,
+    so the path is decoded here: both then name the same directory. Globs are kept (a
+    source may be one).
+    """
+    if "://" not in uri or uri.startswith("file:"):
         from spark_jobs.io.filesystem import resolve
 
         return "file://" + resolve(uri)[1]
-    if uri.startswith("s3://"):
-        return "s3a://" + uri[len("s3://"):]
-    return uri
+    parts = urlsplit(uri)
+    scheme = "s3a" if parts.scheme == "s3" else parts.scheme
+    return f"{scheme}://{parts.netloc}{unquote(parts.path)}"
 
 
 def file_uri(table: Table, rel: str) -> str:
-    return spark_uri(table.uri).rstrip("/") + "/" + rel
+    """The URI Spark reads for one of the table's files: exactly that file, never a glob.
+
+    Partition values are URL-encoded, which leaves ``*`` as is, and Spark globs every path
+    holding a glob character: ``region=a*b/f.parquet`` would also read ``region=aXb/f.parquet``.
+    """
+    return _GLOB_CHARS.sub(r"\\\1", spark_uri(table.uri).rstrip("/") + "/" + rel)
 
 
 def keys_with_location(spark: SparkSession, table: Table, view: FileSystemView, *, part: str = "part",
                        fid: str = "fid") -> DataFrame | None:
-    """``(_bi_key, part, fid)`` for every live row (None for an empty table): reads only the key column."""
+    """``(_bi_key, part, fid)`` for every live row (None for an empty table): reads only the key column.
+
+    One row per live file slice ``(path, part, fid)``, spread over tasks, each task opening
+    its files with the table's FileIO: the file group of a key is the one whose file was
+    opened, so no path is compared (and no shuffle moves the keys to find it).
+    """
     slices = view.slices()
     if not slices:
         return None
-    paths = [file_uri(table, s.path) for s in slices]
-    locs = spark.createDataFrame([(p, s.partition, s.file_id) for p, s in zip(paths, slices)],
-                                 f"_bi_path string, {part} string, {fid} string")
-    return (
-        spark.read.parquet(*paths).select(KEY)
-        .withColumn("_bi_path", F.input_file_name())
-        .join(F.broadcast(locs), "_bi_path").drop("_bi_path")
-    )
+    files = spark.createDataFrame([(s.path, s.partition, s.file_id) for s in slices], tasks.FILE_LIST_SCHEMA)
+    files = files.repartition(_read_tasks(spark, len(slices)))
+    read = tasks.bind_batches(tasks.read_file_keys, table_uri=table.uri, part=part, fid=fid)
+    return files.mapInArrow(read, f"{KEY} string, {part} string, {fid} string")
+
+
+def _read_tasks(spark: SparkSession, num_files: int) -> int:
+    try:
+        cores = spark.sparkContext.defaultParallelism
+    except Exception:  # Spark Connect has no SparkContext  # noqa: BLE001
+        cores = int(spark.conf.get("spark.sql.shuffle.partitions") or 1)
+    return max(1, min(num_files, READ_WAVES * cores))
 
 
 def read_table(spark: SparkSession, uri: str, as_of: str | None = None, *, with_meta: bool = False) -> DataFrame:
-    """The table as of ``as_of`` (default latest). Only files of completed instants are read."""
+    """The table as of ``as_of`` (default latest). Only files of completed instants are read.
+
+    Each file is named exactly (:func:`file_uri`): given files rather than directories,
+    Spark infers no partition columns from the encoded directory names, so every value
+    comes from the data as written.
+    """
     table = Table.load(uri)
     view = table.view(as_of)
     if view.schema is None:

@@ -1,14 +1,15 @@
 """The work Spark tasks do on executors, as plain functions over Arrow tables.
 
 Kept free of ``pyspark`` so the logic is unit-testable without a JVM; the jobs wrap these
-with ``groupBy(...).applyInArrow``. Each function receives everything it needs (table
-URI, file lists, schema) as arguments, because it runs in a separate Python worker.
+with ``groupBy(...).applyInArrow`` or ``mapInArrow``. Each function receives everything it
+needs (table URI, file lists, schema) as arguments, because it runs in a separate Python worker.
 """
 
 from __future__ import annotations
 
 import posixpath
 from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -30,6 +31,9 @@ __all__ = [
     "lookup_bucket",
     "merge_file_group",
     "write_index_delta",
+    "FILE_LIST_SCHEMA",
+    "bind_batches",
+    "read_file_keys",
 ]
 
 KEY = "_bi_key"  # the canonical record key, stored in every data file
@@ -42,6 +46,10 @@ MERGE_OUTPUT = (
     "inserted long, updated long, deleted long, key string, tomb boolean"
 )
 DELTA_OUTPUT = "bucket int, path string, entries long, size long"
+#: one row per live file slice, for ``mapInArrow`` readers (path relative to the table root)
+FILE_LIST_SCHEMA = "path string, part string, fid string"
+#: rows per Arrow batch a reader yields: bounds a task's memory whatever the file size
+READ_BATCH_ROWS = 64 * 1024
 
 
 def bind(fn, **kwargs):  # type: ignore[no-untyped-def]
@@ -55,6 +63,16 @@ def bind(fn, **kwargs):  # type: ignore[no-untyped-def]
         return fn(key, table, **kwargs)
 
     return grouped
+
+
+def bind_batches(fn: Callable[..., Iterator[pa.RecordBatch]], **kwargs: Any
+                 ) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """``fn`` with keyword arguments bound, as the one-argument function ``mapInArrow`` calls."""
+
+    def mapped(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return fn(batches, **kwargs)
+
+    return mapped
 
 
 def _task_token() -> str:
@@ -231,6 +249,32 @@ def read_bucket_entries(key: tuple, _: pa.Table, *, table_uri: str, files: dict[
             "fid": pa.array([l[1] for l in locs], pa.string()),  # type: ignore[index]
         }
     )
+
+
+def read_file_keys(files: Iterable[pa.RecordBatch], *, table_uri: str, part: str = "part",
+                   fid: str = "fid") -> Iterator[pa.RecordBatch]:
+    """mapInArrow over ``FILE_LIST_SCHEMA`` rows: ``(KEY, part, fid)`` for every row of each file.
+
+    The file group of a key is the one whose file this task opened, by the relative path
+    the snapshot's metadata names, through the table's FileIO. Spark's own reader would
+    only say which file a row came from as a re-encoded URI (``input_file_name()`` turns
+    ``%`` into ``%25``), which no longer equals the table's path.
+    """
+    t: Table | None = None
+    for b in files:
+        for rel, p, f in zip(b.column("path").to_pylist(), b.column("part").to_pylist(), b.column("fid").to_pylist()):
+            if t is None:  # once per task, and only if it has files to read
+                t = Table.open(table_uri)
+            yield from _keys_of_file(t, rel, p, f, names=[KEY, part, fid])
+
+
+def _keys_of_file(t: Table, rel: str, part: str, fid: str, *, names: list[str]) -> Iterator[pa.RecordBatch]:
+    """The key column of one file, in bounded batches, each labelled with its file group."""
+    with t.io.open_input_file(t.abs(rel)) as src:
+        for b in pq.ParquetFile(src).iter_batches(batch_size=READ_BATCH_ROWS, columns=[KEY]):
+            n = b.num_rows
+            loc = [pa.repeat(pa.scalar(v, pa.string()), n) for v in (part, fid)]
+            yield pa.RecordBatch.from_arrays([b.column(0).cast(pa.string()), *loc], names=names)
 
 
 def fingerprint_keys(batches, *, key_col: str = KEY):  # type: ignore[no-untyped-def]

@@ -4,6 +4,11 @@ For the record index: every live row's key is in the index pointing at the file 
 holds it, the index holds no other live key, and every entry sits in the bucket its key
 hashes to. For the bucket index: every row sits in the file group of its bucket. For every
 index: no key appears twice (per partition for the bucket index).
+
+Every check is only as good as the rows it read, so the rows read per file group are first
+reconciled with the row counts the commit metadata records: a file group that reads short
+(a replaced or truncated file, or a reader that silently skipped it) is a problem itself,
+instead of vanishing from every other check and letting the table pass.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark_jobs.jobs import tasks
@@ -19,6 +24,7 @@ from spark_jobs.jobs.keys import bucket_expr
 from spark_jobs.jobs.read import keys_with_location
 from spark_jobs.table.config import INDEX_BUCKET, INDEX_RECORD
 from spark_jobs.table.table import Table
+from spark_jobs.table.view import FileSystemView
 
 __all__ = ["run_validate"]
 
@@ -36,13 +42,15 @@ def run_validate(spark: SparkSession, uri: str) -> dict[str, Any]:
     rows = keys_with_location(spark, table, view)
     nb = table.num_buckets(view)
     problems: dict[str, Any] = {}
-    report: dict[str, Any] = {"rows": 0, "index_type": cfg.index_type, "problems": problems}
+    report: dict[str, Any] = {"rows": 0, "rows_expected": view.num_rows, "index_type": cfg.index_type,
+                              "problems": problems}
     if rows is None and not any(view.index_files.values()):
         report["ok"] = True
         return report
     if rows is not None:
         rows = rows.cache()
         report["rows"] = rows.count()
+        _collect(problems, "row_count_mismatch", _row_count_mismatches(spark, view, rows))
         identity = [tasks.KEY, "part"] if cfg.index_type == INDEX_BUCKET else [tasks.KEY]
         dups = rows.groupBy(*identity).count().filter("count > 1")
         _collect(problems, "duplicate_keys", dups.select(tasks.KEY))
@@ -82,6 +90,19 @@ def run_validate(spark: SparkSession, uri: str) -> dict[str, Any]:
         rows.unpersist()
     report["ok"] = not problems
     return report
+
+
+def _row_count_mismatches(spark: SparkSession, view: FileSystemView, rows: DataFrame) -> DataFrame:
+    """``"<part>/<fid>: expected N, read M"`` for every file group whose rows read differ from
+    the ``num_rows`` its commit recorded, including groups read from zero rows or not in the view."""
+    expected = spark.createDataFrame([(s.partition, s.file_id, s.num_rows) for s in view.slices()],
+                                     "part string, fid string, expected long")
+    read = rows.groupBy("part", "fid").agg(F.count(F.lit(1)).alias("read"))
+    j = expected.join(read, ["part", "fid"], "full_outer").fillna(0, ["read"])
+    return j.filter(F.col("expected").isNull() | (F.col("expected") != F.col("read"))).select(
+        F.format_string("%s/%s: expected %s, read %d", "part", "fid",
+                        F.coalesce(F.col("expected").cast("string"), F.lit("none")), "read").alias("group")
+    ).orderBy("group")
 
 
 def _collect(problems: dict[str, Any], name: str, df) -> None:  # type: ignore[no-untyped-def]

@@ -47,6 +47,28 @@ def bucket_of_key(t: Table, key: str) -> int:
 def test_clean_table_passes(spark, tmp_path):
     report = run_validate(spark, make_table(spark, tmp_path).uri)
     assert report["ok"] and report["rows"] == 40 and report["index_entries"] == 40
+    assert report["rows_expected"] == 40 and "row_count_mismatch" not in report["problems"]
+
+
+@pytest.mark.parametrize("index", ["record", "global_simple"])
+def test_data_file_with_fewer_rows_than_its_commit(spark, tmp_path, index):
+    """Rows validate cannot read must not pass silently: a file replaced by one holding fewer
+    rows (same schema), and one holding none, are each a row count mismatch."""
+    t = make_table(spark, tmp_path, index=index)
+    short, empty = t.view().slices()[:2]
+    rows = pq.read_table(t.abs(short.path))
+    pq.write_table(rows.slice(0, rows.num_rows // 2), t.abs(short.path))
+    pq.write_table(rows.schema.empty_table(), t.abs(empty.path))
+    report = run_validate(spark, t.uri)
+    assert not report["ok"]
+    mismatch = report["problems"]["row_count_mismatch"]
+    assert mismatch["count"] == 2
+    assert sorted(mismatch["samples"]) == sorted([
+        f"{short.partition}/{short.file_id}: expected {short.num_rows}, read {rows.num_rows // 2}",
+        f"{empty.partition}/{empty.file_id}: expected {empty.num_rows}, read 0",
+    ])
+    assert report["rows_expected"] == t.view().num_rows
+    assert report["rows"] == report["rows_expected"] - (short.num_rows - rows.num_rows // 2) - empty.num_rows
 
 
 def test_key_missing_from_index(spark, tmp_path):
