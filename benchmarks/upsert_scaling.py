@@ -36,7 +36,6 @@ Progress goes to stdout; the last line is one JSON object with the figures.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -49,6 +48,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from results import emit_result  # noqa: E402
 from machine_info import cpu_model, mem_total_gb  # noqa: E402 (benchmarks/ is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -187,10 +187,11 @@ def table_facts(uri: str) -> dict:
 
 def snapshot_count(spark, uri: str) -> int:
     """Rows of the current snapshot, counted by Spark from the files the view lists (Parquet footers)."""
+    from spark_jobs.jobs.read import file_uri
     from spark_jobs.table.table import Table
 
     t = Table.load(uri)
-    paths = ["file://" + t.abs(s.path) for s in t.view().slices()]
+    paths = [file_uri(t, s.path) for s in t.view().slices()]  # escaped: a `*` in a partition value is no glob
     return spark.read.parquet(*paths).count() if paths else 0
 
 
@@ -323,10 +324,7 @@ def main() -> None:
                 shutil.rmtree(workdir / "warmup", ignore_errors=True)
     result["runtime_s"] = round(time.perf_counter() - t_script, 1)
     log(f"benchmark runtime {result['runtime_s']:.0f} s")
-    line = json.dumps(result, separators=(",", ":"))
-    if args.json_out:
-        Path(args.json_out).write_text(line + "\n")
-    print(line, flush=True)
+    emit_result(result, args.json_out)
 
 
 def warm_up(spark, workdir: Path, indexes: list[str], partitions: int) -> float:
