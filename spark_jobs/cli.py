@@ -176,7 +176,7 @@ def cmd_show(args: argparse.Namespace, submitted: bool) -> int:
         print("recent conflicts")
         for c in d["conflicts"]:
             print(f"  {c['instant']} batch={c['batch_id'] or '-'} {c['outcome']}: {c['reason']} "
-                  f"(with {c.get('with_action') or c.get('action')} {c.get('with') or c.get('instant')})")
+                  f"(with {c['with_action']} {c['with']})")
     print("timeline")
     for c in d["timeline"]:
         counts = c["counts"]

@@ -154,9 +154,11 @@ class Table:
         for name in self.io.list_names(self.layout.conflicts):
             if name.endswith(".json") and not name.startswith("."):
                 note = json.loads(self.io.read_bytes(posixpath.join(self.layout.conflicts, name)))
-                for c in note.get("conflicts", [])[-1:]:
+                for c in note.get("conflicts", [])[-1:]:  # the one it gave up on
                     conflicts.append({"instant": note.get("instant"), "batch_id": note.get("batch_id"),
-                                      "outcome": f"gave up after {note.get('attempts')} attempts", **c})
+                                      "outcome": f"gave up after {note.get('attempts')} attempt(s)",
+                                      "with": c.get("instant"), "with_action": c.get("action"),
+                                      "reason": c.get("reason")})
         conflicts.sort(key=lambda c: c["instant"] or "")
         return {
             "uri": self.uri,

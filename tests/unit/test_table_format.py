@@ -335,3 +335,33 @@ def test_repair_leaves_a_live_writers_markers_and_heartbeat(tmp_path):
     finally:
         live.abort()
     assert not os.path.exists(t.abs(rel)) and Table.load(t.root).timeline.pending() == []
+
+
+def test_show_lists_live_writers_and_recent_conflicts(tmp_path, capsys):
+    from spark_jobs.cli import main
+    from spark_jobs.table.action import CommitConflict, Transaction
+
+    t = new_table(tmp_path)
+
+    def meta(batch: str) -> dict:
+        return {"batch_id": batch, "file_groups": [{"partition": "", "file_id": "fg1", "path": None, "num_rows": 0,
+                                                    "removed": True}], "index": {"added": []}}
+
+    a = Transaction(Table.load(t.root), Action.COMMIT, {"batch_id": "a"}).begin()
+    b = Transaction(Table.load(t.root), Action.COMMIT, {"batch_id": "b"}).begin()
+    live = Transaction(Table.load(t.root), Action.COMMIT, {"batch_id": "hourly"}).begin()
+    try:
+        a.commit(meta("a"))
+        with pytest.raises(CommitConflict):
+            b.commit(meta("b"))
+        b.record_give_up("b", 1)
+        b.abort()
+        d = Table.load(t.root).describe()
+        assert [(w["instant"], w["batch_id"], w["alive"]) for w in d["writers"]] == [(live.ts, "hourly", True)]
+        assert [(c["instant"], c["batch_id"], c["with"]) for c in d["conflicts"]] == [(b.ts, "b", a.ts)]
+        assert main(["show", t.root]) == 0
+        out = capsys.readouterr().out
+        assert f"{live.ts} commit" in out and "alive" in out and "gave up after 1 attempt(s)" in out
+    finally:
+        live.abort()
+    assert Table.load(t.root).describe()["writers"] == []
