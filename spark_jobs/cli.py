@@ -30,6 +30,10 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"bucketindex: error: {message}\n")
 
 
+_DRIVER_MEMORY_HELP = ("JVM heap for a local master, e.g. 8g (default: about a third of the machine's memory, "
+                       "or $BUCKETINDEX_DRIVER_MEMORY)")
+
+
 def _csv(text: str) -> list[str]:
     return [p.strip() for p in text.split(",") if p.strip()]
 
@@ -57,6 +61,7 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
     up.add_argument("--heartbeat-timeout", type=float,
                     help="seconds without a heartbeat before a pending write counts as abandoned (default 60)")
     up.add_argument("--master", help="Spark master (default local[*])")
+    up.add_argument("--driver-memory", help=_DRIVER_MEMORY_HELP)
 
     rd = sub.add_parser("read", help="read a snapshot")
     rd.add_argument("table")
@@ -64,6 +69,7 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
     rd.add_argument("--output", help="write the snapshot as one Parquet file")
     rd.add_argument("--limit", type=int, default=20, help="rows to print without --output")
     rd.add_argument("--master")
+    rd.add_argument("--driver-memory", help=_DRIVER_MEMORY_HELP)
 
     sh = sub.add_parser("show", help="timeline, file groups, index buckets, pending work")
     sh.add_argument("table")
@@ -72,6 +78,7 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
     va = sub.add_parser("validate", help="full index <-> data check; exit 1 on any mismatch")
     va.add_argument("table")
     va.add_argument("--master")
+    va.add_argument("--driver-memory", help=_DRIVER_MEMORY_HELP)
 
     rb = sub.add_parser("rollback", help="roll back pending instants (all abandoned ones, or INSTANT)")
     rb.add_argument("table")
@@ -88,8 +95,11 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
 def _spark(args: argparse.Namespace, submitted: bool):  # type: ignore[no-untyped-def]
     from spark_jobs.jobs.session import get_spark  # lazy: only Spark verbs start a JVM
 
-    if submitted or args.verbose:
-        return get_spark(None if submitted else (args.master or "local[*]"))
+    if submitted:
+        return get_spark(None)
+    memory = getattr(args, "driver_memory", None)
+    if args.verbose:
+        return get_spark(args.master or "local[*]", driver_memory=memory, ui=False)
     # The JVM writes its start-up chatter and log4j output to stderr; send it to a log file
     # so the terminal shows our progress lines and, on bad input, exactly one error line.
     log_path = os.environ.get("BUCKETINDEX_SPARK_LOG") or os.path.join(
@@ -99,7 +109,7 @@ def _spark(args: argparse.Namespace, submitted: bool):  # type: ignore[no-untype
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         os.dup2(fd, 2)  # inherited by the JVM that get_spark launches
-        spark = get_spark(args.master or "local[*]")
+        spark = get_spark(args.master or "local[*]", driver_memory=memory, ui=False)
     finally:
         os.dup2(saved, 2)
         os.close(saved)
@@ -238,6 +248,29 @@ def main(argv: list[str] | None = None, *, submitted: bool = False,
     except RetryableError as e:
         print(f"bucketindex: {_one_line(e)}", file=sys.stderr)
         return 3
+    except Exception as e:  # noqa: BLE001 - only resource failures are translated, the rest re-raised
+        from spark_jobs.resources import describe_resource_failure
+
+        what = describe_resource_failure(e, master=_master(args, submitted),
+                                         driver_memory=getattr(args, "driver_memory", None))
+        if what is None:
+            raise
+        log.debug("resource failure", exc_info=True)
+        tail = "; nothing was committed (the write was rolled back)" if args.verb == "upsert" else ""
+        print(f"bucketindex: {args.verb} failed: {what}{tail}", file=sys.stderr)
+        return 1
+
+
+def _master(args: argparse.Namespace, submitted: bool) -> str | None:
+    if not submitted:
+        return getattr(args, "master", None) or "local[*]"
+    try:  # under spark-submit the master is the session's
+        from pyspark.sql import SparkSession
+
+        active = SparkSession.getActiveSession()
+        return active.conf.get("spark.master") if active is not None else None
+    except Exception:  # noqa: BLE001 - the JVM may be gone; then say nothing about the master
+        return None
 
 
 def _one_line(e: BaseException) -> str:

@@ -49,6 +49,14 @@ class FileIO:
     def size(self, path: str) -> int:
         return self.fs.get_file_info(path).size
 
+    def total_size(self, path: str) -> int:
+        """Bytes of a file, or of every file under a directory."""
+        info = self.fs.get_file_info(path)
+        if info.type == pafs.FileType.Directory:
+            sel = pafs.FileSelector(path, recursive=True)
+            return sum(i.size or 0 for i in self.fs.get_file_info(sel) if i.type == pafs.FileType.File)
+        return info.size or 0
+
     def list_names(self, path: str) -> list[str]:
         """Names directly under ``path`` (empty when it does not exist)."""
         sel = pafs.FileSelector(path, allow_not_found=True, recursive=False)

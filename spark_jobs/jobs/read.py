@@ -17,6 +17,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from spark_jobs.jobs import tasks
+from spark_jobs.jobs.session import default_parallelism
 from spark_jobs.table.reader import META_PREFIX
 from spark_jobs.table.table import Table
 from spark_jobs.table.view import FileSystemView
@@ -75,11 +76,7 @@ def keys_with_location(spark: SparkSession, table: Table, view: FileSystemView, 
 
 
 def _read_tasks(spark: SparkSession, num_files: int) -> int:
-    try:
-        cores = spark.sparkContext.defaultParallelism
-    except Exception:  # Spark Connect has no SparkContext  # noqa: BLE001
-        cores = int(spark.conf.get("spark.sql.shuffle.partitions") or 1)
-    return max(1, min(num_files, READ_WAVES * cores))
+    return max(1, min(num_files, READ_WAVES * default_parallelism(spark)))
 
 
 def read_table(spark: SparkSession, uri: str, as_of: str | None = None, *, with_meta: bool = False) -> DataFrame:

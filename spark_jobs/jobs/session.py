@@ -1,33 +1,101 @@
-"""The Spark session the CLI and jobs use."""
+"""The Spark session the CLI and jobs use, and the per-job settings every job applies.
+
+Session-wide settings are few on purpose: a user's own session (Python API) or a
+spark-submit keeps its configuration, so everything a job depends on for speed is set
+around that job's actions by :func:`job_conf` and restored afterwards.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import time
+from contextlib import contextmanager
+from typing import Iterator
 
 from pyspark.sql import SparkSession
 
-__all__ = ["get_spark"]
+from spark_jobs.resources import is_local_master, local_driver_memory
+
+__all__ = ["get_spark", "job_conf", "default_parallelism", "session_start_ms"]
+
+log = logging.getLogger("bucketindex.session")
+
+#: time the last :func:`get_spark` of this process took to start the JVM and session
+_START_MS: int | None = None
+
+#: settings for a session this package starts itself (CLI, spark-submit entry point)
+SESSION_CONF = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    # adaptive execution sizes shuffles to the data and skips empty partitions
+    "spark.sql.adaptive.enabled": "true",
+    "spark.sql.adaptive.coalescePartitions.enabled": "true",
+    # Python workers are reused across the job's stages: one interpreter start per core
+    "spark.python.worker.reuse": "true",
+}
 
 
-def get_spark(master: str | None = None, app_name: str = "bucketindex") -> SparkSession:
+def get_spark(master: str | None = None, app_name: str = "bucketindex", *, driver_memory: str | None = None,
+              ui: bool = True) -> SparkSession:
     """Get (or create) the session.
 
-    ``master=None`` means the job runs under ``spark-submit``, whose ``--master`` and
-    ``--name`` must win, so neither is set here.
+    ``master=None`` means the job runs under ``spark-submit``, whose ``--master``, ``--name``
+    and ``--driver-memory`` must win, so none is set here. A local master gets a heap sized
+    to the machine (:func:`spark_jobs.resources.local_driver_memory`), since executors run
+    inside the driver JVM there. ``ui=False`` skips starting the web UI (a CLI run is over
+    before anybody opens it).
     """
+    global _START_MS
     # Executors must run this interpreter (it has pyarrow), not whatever python3 is on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    t0 = time.perf_counter()
     b = SparkSession.builder
     if master:
         b = b.master(master).appName(app_name)
-    spark = (
-        b.config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.shuffle.partitions", "8")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .getOrCreate()
-    )
+        if is_local_master(master):
+            b = b.config("spark.driver.memory", local_driver_memory(driver_memory))
+    if not ui:
+        b = b.config("spark.ui.enabled", "false")
+    for k, v in SESSION_CONF.items():
+        b = b.config(k, v)
+    spark = b.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("BUCKETINDEX_SPARK_LOG_LEVEL", "WARN"))
+    _START_MS = int((time.perf_counter() - t0) * 1000)
+    log.info("Spark session started in %d ms (master %s, driver memory %s)", _START_MS,
+             spark.conf.get("spark.master", master or "?"), spark.conf.get("spark.driver.memory", "default"))
     return spark
+
+
+def session_start_ms() -> int | None:
+    """How long this process took to start its Spark session (None if it did not start one)."""
+    return _START_MS
+
+
+def default_parallelism(spark: SparkSession) -> int:
+    """Cores the session can run tasks on."""
+    try:
+        return int(spark.sparkContext.defaultParallelism)
+    except Exception:  # Spark Connect has no SparkContext  # noqa: BLE001
+        return int(spark.conf.get("spark.default.parallelism", "0") or 0) or os.cpu_count() or 1
+
+
+@contextmanager
+def job_conf(spark: SparkSession, **conf: object) -> Iterator[None]:
+    """Run the enclosed Spark actions with ``conf`` (full keys: ``**{"spark.sql.x": v}``), then
+    restore the caller's values: a job sizes its own shuffles without changing the user's session."""
+    before: dict[str, str | None] = {}
+    for key, value in conf.items():
+        before[key] = spark.conf.get(key, None)
+        spark.conf.set(key, str(value))
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)

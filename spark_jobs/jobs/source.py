@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pyspark.errors import AnalysisException
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -11,7 +11,7 @@ from spark_jobs.io.filesystem import resolve
 from spark_jobs.jobs.read import spark_uri
 from spark_jobs.table.config import BadInputError
 
-__all__ = ["read_source", "SOURCE_FORMATS"]
+__all__ = ["read_source", "SOURCE_FORMATS", "castability_checks", "raise_uncastable", "source_bytes"]
 
 SOURCE_FORMATS = ("parquet", "json", "csv")
 
@@ -44,22 +44,35 @@ def _first_line(e: BaseException) -> str:
     return text[0][:300] if text else type(e).__name__
 
 
-def check_castable(df: DataFrame, target: T.StructType) -> None:
-    """Fail with BadInputError when a non-null source value cannot be cast to the table type."""
-    aggs = []
+def castability_checks(df: DataFrame, target: T.StructType) -> list[tuple[str, Column]]:
+    """``(column, aggregate)`` pairs counting the non-null source values of each column that
+    cannot be cast to the table type; run them in the batch's one validation query."""
+    checks = []
     for field in target.fields:
         if field.name not in df.columns:
             continue
         src = F.col(field.name)
         bad = src.isNotNull() & src.try_cast(field.dataType).isNull()
-        aggs.append(F.sum(bad.cast("long")).alias(field.name))
-    if not aggs:
-        return
-    row = df.agg(*aggs).first()
-    for field in target.fields:
-        if field.name in df.columns and (row[field.name] or 0) > 0:
-            src_type = df.schema[field.name].dataType.simpleString()
+        checks.append((field.name, F.sum(bad.cast("long")).alias(f"_bi_uncastable_{len(checks)}")))
+    return checks
+
+
+def raise_uncastable(df: DataFrame, target: T.StructType, row: Row, names: list[str]) -> None:
+    """Raise BadInputError for the first column whose check (see :func:`castability_checks`) counted values."""
+    for i, name in enumerate(names):
+        bad = row[f"_bi_uncastable_{i}"] or 0
+        if bad > 0:
+            src_type = df.schema[name].dataType.simpleString()
             raise BadInputError(
-                f"column {field.name!r}: {row[field.name]} value(s) of type {src_type} cannot be cast "
-                f"to the table's {field.dataType.simpleString()}"
+                f"column {name!r}: {bad} value(s) of type {src_type} cannot be cast "
+                f"to the table's {target[name].dataType.simpleString()}"
             )
+
+
+def source_bytes(uri: str) -> int:
+    """Bytes of the source's files (0 when unknown, e.g. a glob): sizes the batch's shuffles."""
+    io, path = resolve(uri)
+    try:
+        return io.total_size(path)
+    except (OSError, ValueError):
+        return 0

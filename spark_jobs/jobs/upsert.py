@@ -31,19 +31,20 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from pyspark import StorageLevel
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
 from spark_jobs.jobs import tasks
 from spark_jobs.jobs.read import file_uri, keys_with_location
 from spark_jobs.jobs.keys import bucket_expr, file_id_for_bucket_expr, key_expr, partition_expr
-from spark_jobs.jobs.source import check_castable, read_source
+from spark_jobs.jobs.session import default_parallelism, job_conf, session_start_ms
+from spark_jobs.jobs.source import castability_checks, raise_uncastable, read_source, source_bytes
+from spark_jobs.resources import shuffle_partitions
 from spark_jobs.table.config import (
     DEFAULT_NUM_BUCKETS,
     INDEX_BUCKET,
@@ -93,23 +94,19 @@ class _Phases:
     timings: dict[str, int] = field(default_factory=dict)
     _t: float = field(default_factory=time.perf_counter)
 
-    def done(self, name: str, detail: str = "") -> None:
+    _deferred: list[tuple[str, str]] = field(default_factory=list)
+
+    def done(self, name: str, detail: str = "", *, defer: bool = False) -> None:
+        """Record a phase; ``defer`` holds its log line back until the next phase (a batch
+        that turns out bad must print exactly one line: the error)."""
         now = time.perf_counter()
         self.timings[f"{name}_ms"] = int((now - self._t) * 1000)
-        log.info("phase %-8s %6d ms %s", name, self.timings[f"{name}_ms"], detail)
         self._t = now
-
-
-@contextmanager
-def _shuffle_partitions(spark: SparkSession, n: int) -> Iterator[None]:
-    """Run the enclosed Spark actions with ``n`` shuffle partitions, then restore the caller's setting."""
-    key = "spark.sql.shuffle.partitions"
-    before = spark.conf.get(key)
-    spark.conf.set(key, str(max(1, n)))
-    try:
-        yield
-    finally:
-        spark.conf.set(key, before)
+        self._deferred.append((name, detail))
+        if not defer:
+            for n, d in self._deferred:
+                log.info("phase %-8s %6d ms %s", n, self.timings[f"{n}_ms"], d)
+            self._deferred.clear()
 
 
 def _requested_config(opts: UpsertOptions, existing: TableConfig | None) -> tuple[TableConfig, set[str]]:
@@ -137,9 +134,10 @@ def _requested_config(opts: UpsertOptions, existing: TableConfig | None) -> tupl
 
 def _validated_batch(
     spark: SparkSession, opts: UpsertOptions, cfg: TableConfig, view: FileSystemView | None
-) -> tuple[DataFrame, Any]:
-    """The source as a DataFrame in the table's column order plus the data schema; raises BadInputError."""
-    df = read_source(spark, opts.source, opts.source_format)
+) -> tuple[DataFrame, Any, "_BatchChecks"]:
+    """The source as a DataFrame in the table's column order, the data schema, and the row-level
+    checks to raise after the first query over it; raises BadInputError for schema problems."""
+    df = raw = read_source(spark, opts.source, opts.source_format)
     cols = df.columns
     for f in cfg.record_key_fields:
         if f not in cols:
@@ -151,6 +149,7 @@ def _validated_batch(
     data_cols = [c for c in cols if c != opts.delete_field]
     if any(c.startswith("_bi_") for c in data_cols):
         raise BadInputError("source columns may not start with '_bi_' (reserved for bucketindex)")
+    target, cast_checks = None, []
     if view is not None and view.schema is not None:
         table_cols = [n for n in view.schema.names if n != KEY]
         extra = [c for c in data_cols if c not in table_cols]
@@ -159,9 +158,24 @@ def _validated_batch(
                 f"source columns {', '.join(extra)} are not in the table schema (schema evolution is not supported in format v1)"
             )
         target = from_arrow_schema(view.schema)
-        check_castable(df, target)
+        cast_checks = castability_checks(raw, target)
+    # The row-level checks (empty batch, null keys, values that cannot be cast) run as
+    # observed metrics of the dedupe query instead of a query of their own: one pass over
+    # the source, and a cold JVM pays a second or more per query. Castability is observed
+    # on the source values, before the cast.
+    key = key_expr(cfg.record_key_fields)
+    observation = Observation("bucketindex_batch_checks")
+    df = raw.observe(
+        observation,
+        F.count(F.lit(1)).alias("n"),
+        F.coalesce(F.sum((key.isNull() | (key == "")).cast("long")), F.lit(0)).alias("bad_keys"),
+        *[agg for _, agg in cast_checks],
+    )
+    if target is not None:
+        # try_cast: a value that cannot be cast fails the observed checks, whose error names
+        # the column; an ANSI cast error would end the query with a stack trace instead
         df = df.select(
-            *[(F.col(f.name) if f.name in cols else F.lit(None)).cast(f.dataType).alias(f.name)
+            *[(F.col(f.name).try_cast(f.dataType) if f.name in cols else F.lit(None).cast(f.dataType)).alias(f.name)
               for f in target.fields if f.name != KEY],
             *([F.col(opts.delete_field)] if opts.delete_field else []),
         )
@@ -172,18 +186,32 @@ def _validated_batch(
         dtype = df.schema[opts.delete_field].dataType.simpleString()
         if dtype not in ("boolean", "string", "int", "bigint", "smallint", "tinyint"):
             raise BadInputError(f"delete field {opts.delete_field!r} must be boolean, got {dtype}")
-    key = key_expr(cfg.record_key_fields)
-    stats = df.agg(
-        F.count(F.lit(1)).alias("n"),
-        F.sum((key.isNull() | (key == "")).cast("long")).alias("bad_keys"),
-    ).first()
-    if not stats["n"]:
-        raise BadInputError(f"the batch at {opts.source} is empty")
-    if stats["bad_keys"]:
-        raise BadInputError(f"{stats['bad_keys']} row(s) have a null or empty record key ({','.join(cfg.record_key_fields)})")
+    checks = _BatchChecks(observation, raw, target, [name for name, _ in cast_checks], cfg.record_key_fields,
+                          opts.source)
     if data_schema is None:
-        data_schema = to_arrow_schema(df.select(*data_cols, key.alias(KEY)).schema)
-    return df, data_schema
+        data_schema = to_arrow_schema(raw.select(*data_cols, key.alias(KEY)).schema)
+    return df, data_schema, checks
+
+
+@dataclass
+class _BatchChecks:
+    """The batch's row-level checks, observed while the dedupe query runs (see :func:`_validated_batch`)."""
+
+    observation: Observation
+    raw: DataFrame
+    target: Any
+    cast_columns: list[str]
+    key_fields: list[str]
+    source: str
+
+    def raise_if_bad(self) -> None:
+        stats = self.observation.get
+        if not stats.get("n"):
+            raise BadInputError(f"the batch at {self.source} is empty")
+        if stats.get("bad_keys"):
+            raise BadInputError(f"{stats['bad_keys']} row(s) have a null or empty record key ({','.join(self.key_fields)})")
+        if self.cast_columns:
+            raise_uncastable(self.raw, self.target, stats, self.cast_columns)
 
 
 def run_upsert(spark: SparkSession, opts: UpsertOptions) -> dict[str, Any]:
@@ -207,8 +235,8 @@ def run_upsert(spark: SparkSession, opts: UpsertOptions) -> dict[str, Any]:
                 f"change it with `bucketindex rehash` instead"
             )
         cfg = table.config
-    df, data_schema = _validated_batch(spark, opts, cfg, view)
-    phases.done("validate")
+    df, data_schema, checks = _validated_batch(spark, opts, cfg, view)
+    phases.done("validate", defer=True)  # the row checks run with the dedupe query
 
     batch_id = opts.batch_id or f"adhoc-{uuid.uuid4().hex}"
     if table.config is not None:
@@ -216,10 +244,21 @@ def run_upsert(spark: SparkSession, opts: UpsertOptions) -> dict[str, Any]:
         if done is not None:
             log.info("batch %s is already committed as instant %s: nothing to do", batch_id, done.timestamp)
             return _noop_result(table, done, batch_id)
-    else:
+    cores = default_parallelism(spark)
+    batch = _dedupe(df, cfg, opts.delete_field).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        # dedupe and the batch's row checks in one query, before anything is written
+        with job_conf(spark, **{"spark.sql.shuffle.partitions": shuffle_partitions(source_bytes(opts.source), cores)}):
+            n = batch.count()
+        checks.raise_if_bad()
+    except BaseException:
+        _unpersist(batch)
+        raise
+    phases.done("dedupe", f"{n} distinct keys")
+
+    if table.config is None:
         cfg = table.create(cfg)
         log.info("created table %s (%s index, %d buckets)", opts.table, cfg.index_type, cfg.num_buckets)
-
     repaired = table.rollback(timeout_s=opts.heartbeat_timeout_s)  # abandoned instants only; live writers go on
     if repaired:
         log.info("rolled back abandoned instants %s", ", ".join(repaired))
@@ -227,20 +266,21 @@ def run_upsert(spark: SparkSession, opts: UpsertOptions) -> dict[str, Any]:
         view = table.view()
     plan = {"batch_id": batch_id, "operation": "upsert", "source": opts.source, "index_type": cfg.index_type,
             "num_buckets": table.num_buckets(view)}
-    txn = Transaction(table, Action.COMMIT, plan, view=view).begin()
+    try:
+        txn = Transaction(table, Action.COMMIT, plan, view=view).begin()
+    except BaseException:
+        _unpersist(batch)
+        raise
     ts = txn.ts
     log.info("instant %s: upserting %s into %s (snapshot at commit %d)", ts, opts.source, opts.table, view.seq)
-    batch = _dedupe(df, cfg, opts.delete_field).persist(StorageLevel.MEMORY_AND_DISK)
     retries: list[dict[str, Any]] = []
     try:
-        n = batch.count()
-        phases.done("dedupe", f"{n} distinct keys")
         while True:
             view = txn.view
             assert view is not None
             _check_schema(view, data_schema)
             num_buckets = table.num_buckets(view)
-            result = _write(spark, table, cfg, view, num_buckets, batch, n, data_schema, ts, phases)
+            result = _write(spark, table, cfg, view, num_buckets, batch, n, data_schema, ts, phases, cores)
             metadata = {
                 "action": Action.COMMIT,
                 "instant": ts,
@@ -252,6 +292,8 @@ def run_upsert(spark: SparkSession, opts: UpsertOptions) -> dict[str, Any]:
                 "conflicts": retries,
                 **result,
             }
+            if session_start_ms() is not None:  # JVM and session start, apart from the phases
+                metadata["session_start_ms"] = session_start_ms()
             maybe_crash("before_complete")
             metadata["timings_ms"] = {**phases.timings, "total_ms": int((time.perf_counter() - started) * 1000)}
             try:
@@ -284,14 +326,22 @@ def run_upsert(spark: SparkSession, opts: UpsertOptions) -> dict[str, Any]:
             ) from e
         raise
     finally:
-        batch.unpersist()
+        _unpersist(batch)
     counts = metadata["counts"]
     log.info("committed %s: %d inserted, %d updated, %d deleted%s", ts, counts["inserted"], counts["updated"],
              counts["deleted"], f" after {len(retries)} conflict(s)" if retries else "")
     # the stored total stops at the commit point; the caller's total includes committing
     total = int((time.perf_counter() - started) * 1000)
     return {"instant": ts, "batch_id": batch_id, "noop": False, "counts": counts, "retries": len(retries),
-            "timings_ms": {**metadata["timings_ms"], **phases.timings, "total_ms": total}}
+            "timings_ms": {**metadata["timings_ms"], **phases.timings, "total_ms": total},
+            "session_start_ms": session_start_ms()}
+
+
+def _unpersist(df: DataFrame) -> None:
+    try:
+        df.unpersist()
+    except Exception:  # noqa: BLE001 - a dead JVM must not hide the error that killed it
+        log.debug("could not unpersist the batch", exc_info=True)
 
 
 def _noop_result(table: Table, done: Any, batch_id: str) -> dict[str, Any]:
@@ -351,6 +401,12 @@ def _assign_new_file_groups(spark: SparkSession, cfg: TableConfig, view: FileSys
                             counts: dict[str, int]) -> tuple[DataFrame, int]:
     """Give rows entering a partition a file group: fill small groups up to the target, then new ones.
 
+    Each partition's ``n`` entering rows are spread over slots ``0..n-1`` by a hash of the key
+    and every planned file group takes a range of slots. A hash rather than a row number:
+    numbering rows needs a window over the whole partition, which is one task sorting every
+    insert (10M rows into a new unpartitioned table ran out of memory there). Group sizes
+    are then the target give or take a fraction of a percent.
+
     ``counts`` (rows entering each partition) come from the tag phase; they may overcount
     (a stale mover dropped later), which only leaves part of a planned range unused.
     Returns the rows with TPART/TFID and the number of file groups planned.
@@ -364,18 +420,22 @@ def _assign_new_file_groups(spark: SparkSession, cfg: TableConfig, view: FileSys
                 break
             room = target - s.num_rows
             if room > 0:
-                ranges.append((part, s.file_id, start, start + room))
+                ranges.append((part, s.file_id, start, start + room, n))
                 start += room
         while start < n:
-            ranges.append((part, uuid.uuid4().hex, start, start + target))
+            ranges.append((part, uuid.uuid4().hex, start, start + target, n))
             start += target
     if not ranges:
         return rows.withColumn(TPART, F.col(PART)).withColumn(TFID, F.lit(None).cast("string")), 0
-    plan = spark.createDataFrame(ranges, f"{PART} string, {TFID} string, _bi_lo long, _bi_hi long")
-    rn = rows.withColumn("_bi_rn", F.row_number().over(Window.partitionBy(PART).orderBy(KEY)) - 1)
+    plan = spark.createDataFrame(ranges, f"_bi_ppart string, {TFID} string, _bi_lo long, _bi_hi long, _bi_n long")
+    sizes = F.broadcast(plan.select(F.col("_bi_ppart").alias(PART), "_bi_n").distinct())
+    # a hash independent of the index bucket (salted), so file groups do not follow buckets
+    slot = F.pmod(F.xxhash64(F.col(KEY), F.lit("file-group")), F.col("_bi_n"))
+    rn = rows.join(sizes, PART).withColumn("_bi_slot", slot).drop("_bi_n")
     routed = (
-        rn.join(F.broadcast(plan), (rn[PART] == plan[PART]) & (rn["_bi_rn"] >= plan["_bi_lo"]) & (rn["_bi_rn"] < plan["_bi_hi"]))
-        .drop(plan[PART]).drop("_bi_rn", "_bi_lo", "_bi_hi")
+        rn.join(F.broadcast(plan), (F.col(PART) == F.col("_bi_ppart")) & (F.col("_bi_slot") >= F.col("_bi_lo"))
+                & (F.col("_bi_slot") < F.col("_bi_hi")))
+        .drop("_bi_ppart", "_bi_slot", "_bi_lo", "_bi_hi", "_bi_n")
         .withColumn(TPART, F.col(PART))
     )
     return routed, len(ranges)
@@ -456,13 +516,16 @@ def _drop_stale_moves(spark: SparkSession, table: Table, cfg: TableConfig, view:
 
 
 def _write(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystemView, num_buckets: int,
-           batch: DataFrame, n: int, data_schema: Any, ts: str, phases: _Phases) -> dict[str, Any]:
+           batch: DataFrame, n: int, data_schema: Any, ts: str, phases: _Phases, cores: int) -> dict[str, Any]:
     """Tag, route, merge and index one attempt on ``view``; returns the commit's write set and counts."""
     tagged = _tag(spark, table, cfg, view, num_buckets, batch).persist(StorageLevel.MEMORY_AND_DISK)
     # one task per index bucket the batch touches (record); the stats job runs the lookups
     stats: dict[str, dict[str, int]] = {}
     if cfg.index_type != INDEX_BUCKET:  # the bucket index routes by hash: nothing to count
-        with _shuffle_partitions(spark, min(len(view.index_files), 200) or 8):
+        # one lookup task per index bucket the batch touches, not coalesced: a task's work is
+        # the bucket's index files, not the few keys the shuffle carries
+        with job_conf(spark, **{"spark.sql.shuffle.partitions": max(cores, min(len(view.index_files), 200)),
+                                "spark.sql.adaptive.coalescePartitions.enabled": "false"}):
             stats = _tag_stats(tagged)
     found = sum(s["found"] for s in stats.values())
     phases.done("tag", f"{found} keys found in the table")
@@ -479,8 +542,11 @@ def _write(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystem
     )
     merged = actions.groupBy(TPART, TFID).applyInArrow(tasks.bind(tasks.merge_file_group, ctx=ctx), tasks.MERGE_OUTPUT)
     merged = merged.persist(StorageLevel.MEMORY_AND_DISK)
-    # as many merge tasks as file groups (up to 2000), at least one per core
-    with _shuffle_partitions(spark, max(spark.sparkContext.defaultParallelism, min(groups, 2000))):
+    # as many merge tasks as file groups (up to 2000), at least one per core. Not coalesced:
+    # the shuffle carries only the batch, while each task reads and rewrites a whole file
+    # group, so adaptive execution would judge the partitions small and merge them into one task.
+    with job_conf(spark, **{"spark.sql.shuffle.partitions": max(cores, min(groups, 2000)),
+                            "spark.sql.adaptive.coalescePartitions.enabled": "false"}):
         files = [r.asDict() for r in merged.filter("kind = 'file'").collect()]
     phases.done("write", f"{sum(1 for f in files if f['path'])} data files")
     index_added: list[dict[str, Any]] = []
@@ -488,7 +554,7 @@ def _write(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystem
         entries = merged.filter("kind = 'index'").select("key", "part", "fid", "tomb").withColumn(
             "bucket", bucket_expr(F.col("key"), num_buckets)
         )
-        with _shuffle_partitions(spark, min(num_buckets, 200)):
+        with job_conf(spark, **{"spark.sql.shuffle.partitions": max(cores, min(num_buckets, 200))}):
             written = entries.groupBy("bucket").applyInArrow(
                 tasks.bind(tasks.write_index_delta, table_uri=table.uri, instant=ts), tasks.DELTA_OUTPUT
             ).collect()

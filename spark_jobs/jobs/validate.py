@@ -16,12 +16,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark_jobs.jobs import tasks
 from spark_jobs.jobs.keys import bucket_expr
 from spark_jobs.jobs.read import keys_with_location
+from spark_jobs.jobs.session import default_parallelism, job_conf
+from spark_jobs.resources import shuffle_partitions
 from spark_jobs.table.config import INDEX_BUCKET, INDEX_RECORD
 from spark_jobs.table.table import Table
 from spark_jobs.table.view import FileSystemView
@@ -36,9 +38,16 @@ ENTRY_SCHEMA = "bucket int, fp_hi long, fp_lo long, part string, fid string"
 
 def run_validate(spark: SparkSession, uri: str) -> dict[str, Any]:
     table = Table.load(uri)
+    view = table.view()
+    # shuffles sized to the table (keys only: a fraction of its bytes), whatever the session says
+    parts = shuffle_partitions(sum(s.size for s in view.slices()) // 4, default_parallelism(spark))
+    with job_conf(spark, **{"spark.sql.shuffle.partitions": parts}):
+        return _validate(spark, table, view)
+
+
+def _validate(spark: SparkSession, table: Table, view: FileSystemView) -> dict[str, Any]:
     cfg = table.config
     assert cfg is not None
-    view = table.view()
     rows = keys_with_location(spark, table, view)
     nb = table.num_buckets(view)
     problems: dict[str, Any] = {}
@@ -73,18 +82,17 @@ def run_validate(spark: SparkSession, uri: str) -> dict[str, Any]:
             )
         data = data.withColumn("data_bucket", bucket_expr(F.col(tasks.KEY), nb))
         j = data.alias("d").join(entries.alias("i"), ["fp_hi", "fp_lo"], "full_outer")
-        _collect(problems, "keys_missing_from_index", j.filter(F.col("i.fid").isNull()).select(F.col("d." + tasks.KEY)))
-        _collect(problems, "index_entries_without_row",
-                 j.filter(F.col("d.fid").isNull()).select(F.concat_ws(":", "fp_hi", "fp_lo").alias("fingerprint")))
-        _collect(
-            problems, "index_points_to_wrong_file",
-            j.filter(F.col("d.fid").isNotNull() & F.col("i.fid").isNotNull()
-                     & ((F.col("d.fid") != F.col("i.fid")) | (F.col("d.part") != F.col("i.part"))))
-            .select(F.col("d." + tasks.KEY)),
-        )
-        _collect(problems, "index_entries_in_wrong_bucket",
-                 j.filter(F.col("i.bucket").isNotNull() & F.col("d.data_bucket").isNotNull()
-                          & (F.col("i.bucket") != F.col("d.data_bucket"))).select(F.col("d." + tasks.KEY)))
+        d_key = F.col("d." + tasks.KEY)
+        _collect_many(problems, j, {
+            "keys_missing_from_index": (F.col("i.fid").isNull(), d_key),
+            "index_entries_without_row": (F.col("d.fid").isNull(), F.concat_ws(":", "fp_hi", "fp_lo")),
+            "index_points_to_wrong_file": (
+                F.col("d.fid").isNotNull() & F.col("i.fid").isNotNull()
+                & ((F.col("d.fid") != F.col("i.fid")) | (F.col("d.part") != F.col("i.part"))), d_key),
+            "index_entries_in_wrong_bucket": (
+                F.col("i.bucket").isNotNull() & F.col("d.data_bucket").isNotNull()
+                & (F.col("i.bucket") != F.col("d.data_bucket")), d_key),
+        })
         entries.unpersist()
     if rows is not None:
         rows.unpersist()
@@ -103,6 +111,18 @@ def _row_count_mismatches(spark: SparkSession, view: FileSystemView, rows: DataF
         F.format_string("%s/%s: expected %s, read %d", "part", "fid",
                         F.coalesce(F.col("expected").cast("string"), F.lit("none")), "read").alias("group")
     ).orderBy("group")
+
+
+def _collect_many(problems: dict[str, Any], df: DataFrame, checks: dict[str, tuple[Column, Column]]) -> None:
+    """Count every check's rows in one query over ``df`` (a join is computed once, not once
+    per check); sample only the checks that found something."""
+    counts = df.agg(*[F.sum(F.coalesce(cond, F.lit(False)).cast("long")).alias(f"c{i}")
+                      for i, (cond, _) in enumerate(checks.values())]).first()
+    for i, (name, (cond, sample)) in enumerate(checks.items()):
+        n = counts[f"c{i}"] or 0
+        if n:
+            problems[name] = {"count": n,
+                              "samples": [r[0] for r in df.filter(cond).select(sample).limit(SAMPLES).collect()]}
 
 
 def _collect(problems: dict[str, Any], name: str, df) -> None:  # type: ignore[no-untyped-def]

@@ -1,0 +1,115 @@
+"""Sizing Spark to the machine and the data, and naming what ran out when it fails.
+
+Kept free of ``pyspark`` (and of Airflow) so the CLI, the Airflow hook and the jobs share
+one set of rules: the hook derives ``--driver-memory`` for a local-mode spark-submit with
+the same function the CLI uses for its own session.
+
+Why derive at all: Spark's defaults are a 1 GiB driver heap and 200 shuffle partitions.
+In local mode the driver heap is also the executors' heap, so a 10M-row load dies with
+``OutOfMemoryError`` on a machine with 24 GiB free, while a 200-row batch pays for 200
+empty shuffle tasks per shuffle. Neither default fits any size a user runs.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+
+__all__ = [
+    "DRIVER_MEMORY_ENV",
+    "local_driver_memory",
+    "is_local_master",
+    "shuffle_partitions",
+    "describe_resource_failure",
+]
+
+#: the user's override of the derived local-mode heap, e.g. ``8g`` (the CLI's ``--driver-memory`` wins)
+DRIVER_MEMORY_ENV = "BUCKETINDEX_DRIVER_MEMORY"
+#: share of physical memory the local-mode JVM heap may take; the rest is for the Python
+#: workers (Arrow UDFs hold a file group or an index bucket each), the page cache and the OS
+LOCAL_HEAP_FRACTION = 0.35
+MIN_HEAP_MB, MAX_HEAP_MB = 1024, 32 * 1024
+#: bytes of shuffled input per task we aim for; AQE coalesces smaller partitions further
+TARGET_PARTITION_BYTES = 64 * 1024 * 1024
+MAX_SHUFFLE_PARTITIONS = 2000
+
+
+def _physical_memory_mb() -> int:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1024 * 1024))
+    except (ValueError, OSError, AttributeError):  # not POSIX: assume a small machine
+        return 4096
+
+
+def local_driver_memory(override: str | None = None) -> str:
+    """The JVM heap for local mode: ``override``, else ``$BUCKETINDEX_DRIVER_MEMORY``, else
+    about a third of physical memory (1-32 GiB), as a Spark size string (``"8g"``, ``"1536m"``)."""
+    chosen = override or os.environ.get(DRIVER_MEMORY_ENV)
+    if chosen:
+        if not re.fullmatch(r"\d+[kmgtKMGT]?", chosen.strip()):
+            from spark_jobs.table.config import BadInputError
+
+            raise BadInputError(f"driver memory {chosen!r} is not a size like 4g or 1536m")
+        return chosen.strip().lower()
+    mb = int(_physical_memory_mb() * LOCAL_HEAP_FRACTION)
+    mb = max(MIN_HEAP_MB, min(MAX_HEAP_MB, mb))
+    return f"{mb // 1024}g" if mb % 1024 == 0 else f"{mb}m"
+
+
+def is_local_master(master: str | None) -> bool:
+    return master is None or master == "local" or master.startswith("local[")
+
+
+def shuffle_partitions(input_bytes: int, cores: int) -> int:
+    """Shuffle partitions for ``input_bytes`` of input: ~64 MiB each, at least one per core.
+
+    A starting point only: jobs run with adaptive execution, which merges partitions that
+    turn out small, so erring high costs little and erring low costs a spill.
+    """
+    by_size = math.ceil(max(0, input_bytes) / TARGET_PARTITION_BYTES)
+    return max(1, cores, min(MAX_SHUFFLE_PARTITIONS, by_size))
+
+
+_OOM = re.compile(r"OutOfMemoryError|Java heap space|GC overhead limit exceeded")
+_PY_MEM = re.compile(r"(Python worker exited unexpectedly|worker crashed|MemoryError|killed by signal 9|"
+                     r"exit code 137|SIGKILL)")
+_LOST = re.compile(r"(ExecutorLostFailure|Executor (heartbeat )?lost|Lost executor|"
+                   r"Container killed by YARN for exceeding memory|OOMKilled)")
+_JVM_GONE = re.compile(r"(Py4JNetworkError|Answer from Java side is empty|"
+                       r"Error while sending or receiving)")
+_DISK = re.compile(r"No space left on device")
+
+
+def describe_resource_failure(error: BaseException, *, master: str | None = None,
+                              driver_memory: str | None = None) -> str | None:
+    """One line naming what ran out and the setting to raise, or None when ``error`` is not a
+    resource failure (then it is a bug or bad input and keeps its own message)."""
+    text = f"{type(error).__name__}: {error}"
+    local = is_local_master(master)
+    if _DISK.search(text):
+        return ("out of disk: Spark could not write shuffle or spill files; free space under "
+                "spark.local.dir (default /tmp) or point spark.local.dir at a larger disk")
+    if _OOM.search(text):
+        if local:
+            return ("out of memory: the Spark driver JVM ran out of heap (local mode runs the executors "
+                    "in it); raise --driver-memory (or $BUCKETINDEX_DRIVER_MEMORY), e.g. --driver-memory "
+                    f"{_double(local_driver_memory(driver_memory))}")
+        return ("out of memory: a Spark JVM ran out of heap; raise spark.executor.memory (or "
+                "spark.driver.memory if the driver failed)")
+    if _LOST.search(text):
+        return ("an executor was lost (killed or out of memory); raise spark.executor.memory and "
+                "spark.executor.memoryOverhead, or check the cluster manager's log for why it was killed")
+    if _PY_MEM.search(text):
+        return ("a Python worker died (usually out of memory: it holds one file group or one index bucket); "
+                "raise the machine's free memory or spark.executor.memoryOverhead, or lower "
+                "--target-file-rows / raise --num-buckets so each task holds less")
+    if _JVM_GONE.search(text):
+        return ("the Spark driver JVM stopped responding (it usually died of memory exhaustion); raise "
+                "--driver-memory (or $BUCKETINDEX_DRIVER_MEMORY) and see the Spark log for the cause")
+    return None
+
+
+def _double(size: str) -> str:
+    m = re.fullmatch(r"(\d+)([kmgt]?)", size)
+    return f"{int(m.group(1)) * 2}{m.group(2)}" if m else size

@@ -1,0 +1,124 @@
+"""A lean job: no phase pays for work it does not need.
+
+* the number of Spark jobs an upsert and a validate run is fixed per index type, so an
+  extra action (a count here, a collect there) fails a test instead of slowing every batch;
+* a cold CLI upsert into an unpartitioned table splits its merge over several tasks
+  (file groups are capped by rows, and the merge shuffle is not coalesced into one task);
+* the session's start is reported apart from the phases;
+* a resource failure ends with one line naming what ran out and the setting to raise.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from spark_jobs.jobs.upsert import UpsertOptions, run_upsert
+from spark_jobs.jobs.validate import run_validate
+from spark_jobs.table.config import DEFAULT_TARGET_FILE_ROWS
+from spark_jobs.table.reader import read_arrow
+from spark_jobs.table.table import Table
+from tests.oracle import reduce_batches, rows_by_identity
+from tests.spark.conftest import write_batch
+
+pytestmark = pytest.mark.spark
+
+#: Spark jobs (adaptive execution included) of the second upsert and of validate, per index
+#: type, on the data below. Lower these when a change removes an action; never raise them
+#: without removing an action elsewhere.
+UPSERT_JOBS = {"record": 18, "bucket": 9, "global_simple": 16}
+VALIDATE_JOBS = {"record": 19, "bucket": 13, "global_simple": 11}
+
+
+def _rows(lo: int, hi: int, ts: int) -> list[dict]:
+    return [{"id": f"k {i}/%+é", "region": ["eu west", "são paulo"][i % 2], "ts": ts, "v": float(i)}
+            for i in range(lo, hi)]
+
+
+def _jobs(spark, group: str, fn):  # type: ignore[no-untyped-def]
+    sc = spark.sparkContext
+    sc.setJobGroup(group, group)
+    try:
+        result = fn()
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+    return result, len(sc.statusTracker().getJobIdsForGroup(group))
+
+
+@pytest.mark.parametrize("index", sorted(UPSERT_JOBS))
+def test_spark_jobs_per_upsert_and_validate(spark, tmp_path, index):
+    uri = str(tmp_path / "t")
+    b1, b2 = _rows(0, 600, 1), _rows(500, 700, 2)
+    run_upsert(spark, UpsertOptions(table=uri, source=write_batch(tmp_path / "b1.parquet", b1), record_key=["id"],
+                                    precombine_field="ts", index=index, target_file_rows=200))
+    result, jobs = _jobs(spark, f"upsert-{index}", lambda: run_upsert(
+        spark, UpsertOptions(table=uri, source=write_batch(tmp_path / "b2.parquet", b2), record_key=["id"])))
+    assert result["counts"]["updated"] == 100 and result["counts"]["inserted"] == 100
+    assert rows_by_identity(read_arrow(uri).to_pylist()) == reduce_batches([b1, b2])
+    assert jobs <= UPSERT_JOBS[index], f"{index} upsert ran {jobs} Spark jobs (budget {UPSERT_JOBS[index]})"
+    report, vjobs = _jobs(spark, f"validate-{index}", lambda: run_validate(spark, uri))
+    assert report["ok"], report
+    assert vjobs <= VALIDATE_JOBS[index], f"{index} validate ran {vjobs} Spark jobs (budget {VALIDATE_JOBS[index]})"
+
+
+def _wide_rows(rng: np.random.Generator, ids: list[str], ts: int) -> pa.Table:
+    n = len(ids)
+    return pa.table({"id": ids, "ts": pa.array(np.full(n, ts, dtype=np.int64)), "amount": rng.random(n),
+                     "note": [f"n{i % 97}" for i in range(n)]})
+
+
+def test_cold_cli_merge_of_an_unpartitioned_table_runs_in_several_tasks(spark, tmp_path):
+    rng = np.random.default_rng(3)
+    n = 2 * DEFAULT_TARGET_FILE_ROWS  # 200k rows: two file groups at the default cap
+    ids = [f"key {i:07d}/é" for i in range(n)]
+    base = tmp_path / "base.parquet"
+    pq.write_table(_wide_rows(rng, ids, 1), base)
+    uri = str(tmp_path / "t")
+    run_upsert(spark, UpsertOptions(table=uri, source=str(base), record_key=["id"], precombine_field="ts"))
+    view = Table.load(uri).view()
+    assert len(view.file_groups) >= 2, "an unpartitioned table is capped into several file groups"
+    # 2,000 updates spread over the whole table, plus 500 inserts
+    upd = [ids[i] for i in rng.choice(n, 2000, replace=False)]
+    batch = tmp_path / "batch.parquet"
+    pq.write_table(_wide_rows(rng, upd + [f"new {i}" for i in range(500)], 2), batch)
+    p = subprocess.run([sys.executable, "-m", "spark_jobs.cli", "upsert", uri, str(batch), "--record-key", "id"],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    result = json.loads(p.stdout.strip().splitlines()[-1])
+    assert result["counts"]["updated"] == 2000 and result["counts"]["inserted"] == 500
+    assert result["session_start_ms"] > 0  # the JVM start is reported apart from the phases
+    table = Table.load(uri)
+    meta = table.timeline.read_metadata(table.timeline.find(result["instant"]))
+    assert meta["session_start_ms"] == result["session_start_ms"]
+    written = [g["path"] for g in meta["file_groups"] if g["path"]]
+    # data file names carry the writing task's token <partition>-<stage>-<attempt>
+    tasks = {Path(p).name.split("_")[1].split("-")[0] for p in written}
+    assert len(written) >= 2 and len(tasks) >= 2, f"merge ran in {len(tasks)} task(s): {written}"
+    assert read_arrow(uri).num_rows == n + 500
+    assert run_validate(spark, uri)["ok"]
+
+
+def test_resource_failure_is_one_line_exit_1(tmp_path, monkeypatch, capsys):
+    """The CLI turns an out-of-memory error from Spark into one line naming the setting to raise."""
+    from spark_jobs import cli
+    import spark_jobs.jobs.upsert as upsert
+
+    src = write_batch(tmp_path / "b.parquet", _rows(0, 5, 1))
+
+    def oom(spark, opts):  # type: ignore[no-untyped-def]
+        raise RuntimeError("An error occurred while calling o93.count.\n: java.lang.OutOfMemoryError: Java heap space\n\tat ...")
+
+    monkeypatch.setattr(upsert, "run_upsert", oom)
+    monkeypatch.setattr(cli, "_spark", lambda args, submitted: None)
+    rc = cli.main(["upsert", str(tmp_path / "t"), src, "--record-key", "id", "--driver-memory", "2g"])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("bucketindex:")]
+    assert rc == 1
+    assert len(err) == 1 and "out of memory" in err[0] and "--driver-memory 4g" in err[0], err
+    assert "nothing was committed" in err[0]
