@@ -196,8 +196,9 @@ def cmd_show(args: argparse.Namespace, submitted: bool) -> int:
         if c["action"] == "rollback":
             print(f"  {c['instant']} rollback   of {c['rolled_back']}")
             continue
+        start = f" +session start {c['session_start_ms']}ms" if c.get("session_start_ms") else ""
         print(f"  {c['instant']} {c['action']:<10}{cnt}  batch={c['batch_id'] or '-'}"
-              + (f"  total={t.get('total_ms')}ms [{phases}]" if t else ""))
+              + (f"  total={t.get('total_ms')}ms [{phases}]{start}" if t else ""))
     return 0
 
 

@@ -350,7 +350,7 @@ class BucketIndexHook(BaseHook):
             name=self.name or f"bucketindex-{verb}",
             application_args=[verb, *[str(a) for a in args]],
             env_vars=env,
-            driver_memory=self.driver_memory,
+            driver_memory=self.driver_memory or _local_driver_memory(master, conf),
             executor_memory=self.executor_memory,
             executor_cores=self.executor_cores,
             total_executor_cores=self.total_executor_cores,
@@ -441,6 +441,16 @@ class BucketIndexHook(BaseHook):
         self.log.info("Rolling back %s of batch %s in %s", inst, batch_id, table_uri)
         done = t.rollback(inst.timestamp, force=force)
         return done[0] if done else None
+
+
+def _local_driver_memory(master: str, conf: dict[str, str]) -> str | None:
+    """A local master runs the executors inside the driver JVM, so Spark's 1 GiB default heap is
+    the whole job's memory: size it to the worker machine unless the task or connection set it."""
+    from spark_jobs.resources import is_local_master, local_driver_memory
+
+    if not is_local_master(master) or "spark.driver.memory" in conf:
+        return None
+    return local_driver_memory()
 
 
 def _summary(t: "Table", inst: "Instant") -> dict[str, Any]:

@@ -528,7 +528,8 @@ def _write(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystem
                                 "spark.sql.adaptive.coalescePartitions.enabled": "false"}):
             stats = _tag_stats(tagged)
     found = sum(s["found"] for s in stats.values())
-    phases.done("tag", f"{found} keys found in the table")
+    phases.done("tag", "routed by hash (bucket index: nothing to look up)" if cfg.index_type == INDEX_BUCKET
+                else f"{found} keys found in the table")
     actions, groups = _route(spark, table, cfg, view, num_buckets, tagged, stats)
     names = data_schema.names
     actions = actions.select(*[F.col(c) for c in names], F.col(OP), F.col(TPART), F.col(TFID))

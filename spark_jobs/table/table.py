@@ -146,6 +146,7 @@ class Table:
                     "rolled_back": meta.get("rolled_back"),
                     "counts": meta.get("counts", {}),
                     "timings_ms": meta.get("timings_ms", {}),
+                    "session_start_ms": meta.get("session_start_ms"),
                 }
             )
             for c in meta.get("conflicts", []):

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from airflow_provider_bucketindex import packaging, sandbox
+from spark_jobs.resources import local_driver_memory
 
 pytestmark = pytest.mark.unit
 
@@ -37,6 +38,10 @@ def spark_submit() -> str:
     return packaging.resolve_spark_binary("spark-submit")
 
 
+#: a local master runs the executors inside the driver JVM: its heap is sized to the machine
+LOCAL_HEAP = local_driver_memory()
+
+
 def _conn(monkeypatch, conn_id="bucketindex_default", **body) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({"conn_type": "bucketindex", **body}))
 
@@ -58,6 +63,7 @@ def test_embedded_default_without_a_connection(ops, monkeypatch, zip_path, spark
         spark_submit,
         "--master", "local[*]",
         "--py-files", zip_path,
+        "--driver-memory", LOCAL_HEAP,
         "--name", "bucketindex-upsert",
         SUBMIT,
         "upsert", str(tmp_path / "t"), "/landing/2024-01-01", "--record-key", "id", "--batch-id", "b-1",
@@ -85,6 +91,7 @@ def test_all_upsert_options_in_cli_order(ops, monkeypatch, zip_path, spark_submi
         spark_submit,
         "--master", "local[2]",
         "--py-files", zip_path,
+        "--driver-memory", LOCAL_HEAP,
         "--name", "bucketindex-upsert",
         SUBMIT,
         "upsert", str(tmp_path / "t"), "/landing/2024-01-01",
@@ -170,6 +177,7 @@ def test_validate_command(ops, monkeypatch, zip_path, spark_submit):  # type: ig
         "--master", "local[2]",
         "--conf", "spark.ui.enabled=false",
         "--py-files", zip_path,
+        "--driver-memory", LOCAL_HEAP,
         "--name", "bucketindex-validate",
         SUBMIT,
         "validate", "/lake/t",
@@ -189,6 +197,7 @@ def test_delegating_to_a_spark_connection(ops, monkeypatch, zip_path, spark_subm
         "--conf", "spark.yarn.appMasterEnv.PYSPARK_PYTHON=/opt/py/bin/python",
         "--conf", "spark.yarn.appMasterEnv.PYSPARK_DRIVER_PYTHON=/opt/py/bin/python",
         "--py-files", zip_path,
+        "--driver-memory", LOCAL_HEAP,
         "--name", "bucketindex-validate",
         "--queue", "etl",
         "--deploy-mode", "client",
