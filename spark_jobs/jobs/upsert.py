@@ -246,12 +246,16 @@ def run_upsert(spark: SparkSession, opts: UpsertOptions) -> dict[str, Any]:
             log.info("batch %s is already committed as instant %s: nothing to do", batch_id, done.timestamp)
             return _noop_result(table, done, batch_id)
     cores = default_parallelism(spark)
-    batch = _dedupe(df, cfg, opts.delete_field).persist(StorageLevel.MEMORY_AND_DISK)
+    deduped = Observation("bucketindex_deduped")
+    batch = _dedupe(df, cfg, opts.delete_field)
+    batch = batch.observe(deduped, F.coalesce(F.sum((~F.col(DEL)).cast("long")), F.lit(0)).alias("upserts"))
+    batch = batch.persist(StorageLevel.MEMORY_AND_DISK)
     try:
         # dedupe and the batch's row checks in one query, before anything is written
         with job_conf(spark, **{"spark.sql.shuffle.partitions": shuffle_partitions(source_bytes(opts.source), cores)}):
             n = batch.count()
         checks.raise_if_bad()
+        upserts = int(deduped.get.get("upserts") or 0)
     except BaseException:
         _unpersist(batch)
         raise
@@ -281,7 +285,8 @@ def run_upsert(spark: SparkSession, opts: UpsertOptions) -> dict[str, Any]:
             assert view is not None
             _check_schema(view, data_schema)
             num_buckets = table.num_buckets(view)
-            result = _write(spark, table, cfg, view, num_buckets, batch, n, data_schema, ts, phases, cores)
+            result = _write(spark, table, cfg, view, num_buckets, batch, n, upserts, data_schema, ts, phases,
+                            cores)
             metadata = {
                 "action": Action.COMMIT,
                 "instant": ts,
@@ -527,12 +532,17 @@ def _drop_stale_moves(spark: SparkSession, table: Table, cfg: TableConfig, view:
 
 
 def _write(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystemView, num_buckets: int,
-           batch: DataFrame, n: int, data_schema: Any, ts: str, phases: _Phases, cores: int) -> dict[str, Any]:
+           batch: DataFrame, n: int, upserts: int, data_schema: Any, ts: str, phases: _Phases, cores: int
+           ) -> dict[str, Any]:
     """Tag, route, merge and index one attempt on ``view``; returns the commit's write set and counts."""
     tagged = _tag(spark, table, cfg, view, num_buckets, batch).persist(StorageLevel.MEMORY_AND_DISK)
     # one task per index bucket the batch touches (record); the stats job runs the lookups
     stats: dict[str, dict[str, int]] = {}
-    if cfg.index_type != INDEX_BUCKET:  # the bucket index routes by hash: nothing to count
+    if cfg.index_type != INDEX_BUCKET and not view.file_groups and not cfg.partition_fields:
+        # an empty unpartitioned table: nothing to find, every upsert enters the one partition
+        # (counted while the batch was deduplicated), so no query is needed
+        stats = {"": {"found": 0, "moved": 0, "entering": upserts}}
+    elif cfg.index_type != INDEX_BUCKET:  # the bucket index routes by hash: nothing to count
         # one lookup task per index bucket the batch touches, not coalesced: a task's work is
         # the bucket's index files, not the few keys the shuffle carries
         with job_conf(spark, **{"spark.sql.shuffle.partitions": max(cores, min(len(view.index_files), 200)),
