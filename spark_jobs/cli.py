@@ -105,7 +105,7 @@ def _spark(args: argparse.Namespace, submitted: bool):  # type: ignore[no-untype
 
     if submitted:
         return get_spark(None)
-    remote = args.remote or (None if args.master else os.environ.get("SPARK_REMOTE"))
+    remote = args.remote = args.remote or (None if args.master else os.environ.get("SPARK_REMOTE"))
     if remote:  # Spark Connect: no JVM here, nothing to keep off the terminal
         if args.master or getattr(args, "driver_memory", None):
             raise BadInputError("--remote excludes --master and --driver-memory (the server has its own)")
@@ -270,8 +270,15 @@ def main(argv: list[str] | None = None, *, submitted: bool = False,
     except RetryableError as e:
         print(f"bucketindex: {_one_line(e)}", file=sys.stderr)
         return 3
-    except Exception as e:  # noqa: BLE001 - only resource failures are translated, the rest re-raised
+    except Exception as e:  # noqa: BLE001 - only resource failures and a lost server are translated, the rest re-raised
+        from spark_jobs.jobs.connect import is_connection_error
         from spark_jobs.resources import describe_resource_failure
+
+        if is_connection_error(e):
+            # a writer aborts its own instant on the way out, and a batch id is never applied twice
+            print(f"bucketindex: the Spark Connect server went away: {_one_line(e)[:300]}; "
+                  f"safe to retry with the same batch id", file=sys.stderr)
+            return 3
 
         what = describe_resource_failure(e, master=_master(args, submitted),
                                          driver_memory=getattr(args, "driver_memory", None))
@@ -284,8 +291,8 @@ def main(argv: list[str] | None = None, *, submitted: bool = False,
 
 
 def _master(args: argparse.Namespace, submitted: bool) -> str | None:
-    if not submitted:
-        return getattr(args, "master", None) or "local[*]"
+    if not submitted:  # a Spark Connect URL: the server's resources, never a local driver's
+        return getattr(args, "remote", None) or getattr(args, "master", None) or "local[*]"
     try:  # under spark-submit the master is the session's
         from pyspark.sql import SparkSession
 

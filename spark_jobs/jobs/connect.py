@@ -13,7 +13,10 @@ What differs lives here:
 * **Facts a classic session reads from its SparkContext** (:func:`default_parallelism`).
 * **Releasing the session** (:func:`release_on_exit`): a Connect session lives on the
   server until released; the CLI releases it at exit and, on SIGTERM, first interrupts
-  what the session still runs there, so a killed writer leaves no task writing.
+  what the session still runs there, so a stopped writer leaves no task writing. (A
+  client killed outright cannot: the server finishes the Spark action it was running, and
+  the files that action writes after the instant is rolled back stay behind as garbage that
+  no reader sees, since their instant never completes.)
 * **A local server** (:func:`start_server`, ``bucketindex connect-server``): the pyspark
   wheel carries ``spark-connect_*.jar``; ``spark-submit --class
   org.apache.spark.sql.connect.service.SparkConnectServer`` with that jar starts it.
@@ -63,6 +66,8 @@ DEFAULT_PORT = 15002
 SESSION_CONF: dict[str, str] = {}
 #: retries of the first round trip (backoff 50 ms x4 each time: about 4 s in all)
 CONNECT_RETRIES = 4
+#: seconds a SIGTERMed client waits, after interrupting its server work, for running tasks to die
+INTERRUPT_GRACE_S = 5.0
 #: per session id: the zip shipped to it, and its default parallelism
 _shipped: dict[str, str] = {}
 _parallelism: dict[str, int] = {}
@@ -111,15 +116,19 @@ def remote_session(url: str, *, app_name: str = "bucketindex", conf: dict[str, s
     return spark
 
 
+def _short_retries(spark: "SparkSession") -> None:
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+
+    spark.client.set_retry_policies([DefaultPolicy(max_retries=CONNECT_RETRIES)])
+
+
 def _probe(spark: "SparkSession") -> None:
     """One round trip, retried for a few seconds only: PySpark's own policy waits out a server
     restart for 10+ minutes, which is right inside a job but not for a wrong address. The
     session keeps the default policy afterwards."""
-    from pyspark.sql.connect.client.retries import DefaultPolicy
-
     client = spark.client
     policies = client.get_retry_policies()
-    client.set_retry_policies([DefaultPolicy(max_retries=CONNECT_RETRIES)])
+    _short_retries(spark)
     try:
         import warnings
 
@@ -213,6 +222,7 @@ def release_on_exit(spark: "SparkSession") -> None:
 
     def _release() -> None:
         if not spark.is_stopped:
+            _short_retries(spark)  # a server that went away must not hold the exit for minutes
             try:
                 spark.stop()
             except Exception:  # noqa: BLE001 - the server may be gone
@@ -223,9 +233,15 @@ def release_on_exit(spark: "SparkSession") -> None:
     def _on_term(signum: int, frame: Any) -> None:
         signal.signal(signum, signal.SIG_DFL)  # a second SIGTERM ends the process at once
         try:
-            spark.interruptAll()
+            interrupted = spark.interruptAll()
         except Exception:  # noqa: BLE001
-            pass
+            interrupted = []
+        if interrupted:
+            # The job is cancelled at once, but a Python task already running is killed only
+            # after the executor notices (spark.python.task.killTimeout, 2 s, after a check every
+            # 2 s): give it that long before the job's cleanup deletes what the instant wrote,
+            # or a late task could write a file nobody deletes.
+            time.sleep(INTERRUPT_GRACE_S)
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, _on_term)
