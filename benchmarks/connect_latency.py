@@ -108,12 +108,12 @@ def main() -> None:
 
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "BUCKETINDEX_SPARK_LOG_LEVEL": "ERROR",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-    classic_env = {**env, "PYSPARK_SUBMIT_ARGS": f"--driver-memory {args.driver_memory} pyspark-shell"}
+    classic_env = env
     common = ["--record-key", "id", "--precombine-field", "ts", "--partition-field", "region"]
 
     t0 = time.perf_counter()
     _, built = cli(["upsert", table, str(src / "build.parquet"), *common, "--index", "record", "--batch-id", "build",
-                    "--master", args.master], classic_env)
+                    "--master", args.master, "--driver-memory", args.driver_memory], classic_env)
     log(f"built the {args.size:,}-row table in {time.perf_counter() - t0:.1f} s (classic CLI): {built['counts']}")
 
     from spark_jobs.jobs.connect import start_server
@@ -128,7 +128,8 @@ def main() -> None:
     runs: dict[str, list[dict]] = {"connect": [], "classic": [], "connect_warm": []}
     warm = None
     try:
-        target = {"connect": ["--remote", server.url], "classic": ["--master", args.master]}
+        target = {"connect": ["--remote", server.url],
+                  "classic": ["--master", args.master, "--driver-memory", args.driver_memory]}
         for path in ("connect", "classic"):  # server warm-up (JIT, first jobs) and page cache, both paths
             wall, _ = cli(["upsert", table, str(src / f"warm-{path}.parquet"), *common, "--batch-id", f"warm-{path}",
                            *target[path]], classic_env if path == "classic" else env)

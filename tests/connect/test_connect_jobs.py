@@ -46,3 +46,9 @@ def test_crash_subset_is_drawn_from_the_classic_matrix():
 @pytest.mark.parametrize("index,point,repair", CRASHES)
 def test_killed_writer_leaves_old_snapshot_and_next_run_repairs(spark, spark_cli_args, tmp_path, index, point, repair):  # type: ignore[no-untyped-def]
     crash.test_killed_writer_leaves_old_snapshot_and_next_run_repairs(spark, spark_cli_args, tmp_path, index, point, repair)
+
+
+def test_every_oracle_test_runs_over_connect_too():
+    from tests.spark import test_upsert_oracle as oracle
+
+    assert {n for n in dir(oracle) if n.startswith("test_")} <= set(globals())
