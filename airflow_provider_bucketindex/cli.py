@@ -1,8 +1,10 @@
 """The ``bucketindex`` console script.
 
-Every verb but ``demo`` is a table operation implemented in :mod:`spark_jobs.cli`; ``demo``
-runs the example ingest DAG through Airflow, so it lives on the Airflow side of the
-dependency line. Airflow is imported only when ``demo`` runs.
+Every verb but ``demo`` and ``connect-server`` is a table operation implemented in
+:mod:`spark_jobs.cli`; ``demo`` runs the example ingest DAG through Airflow, so it lives on
+the Airflow side of the dependency line (Airflow is imported only when ``demo`` runs);
+``connect-server`` runs a local Spark Connect server for ``--remote`` jobs
+(:func:`spark_jobs.jobs.connect.serve`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from spark_jobs import cli as table_cli
 __all__ = ["main"]
 
 DEMO_HELP = "the whole pipeline on embedded defaults (sample data, Airflow with SQLite, local Spark), with a summary"
+CONNECT_SERVER_HELP = "run a local Spark Connect server for --remote jobs (prints its sc:// URL; Ctrl-C stops it)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,7 +25,11 @@ def main(argv: list[str] | None = None) -> int:
         from airflow_provider_bucketindex.demo import main as demo_main  # lazy: imports Airflow
 
         return demo_main(args[1:])
-    return table_cli.main(args, extra_verbs={"demo": DEMO_HELP})
+    if args and args[0] == "connect-server":
+        from spark_jobs.jobs.connect import serve
+
+        return serve(args[1:])
+    return table_cli.main(args, extra_verbs={"demo": DEMO_HELP, "connect-server": CONNECT_SERVER_HELP})
 
 
 if __name__ == "__main__":

@@ -8,20 +8,18 @@
 * the Python interpreter for ``PYSPARK_PYTHON`` (executors otherwise start ``python3``
   from PATH, which may lack pyarrow).
 
-Nothing here imports ``pyspark``, ``spark_jobs`` or Airflow: packages are located with
+Nothing here imports ``pyspark`` or Airflow, and of ``spark_jobs`` only the stdlib-only
+:mod:`spark_jobs.shipping` (which builds the zip): packages are located with
 :func:`importlib.util.find_spec`, which does not execute them.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 import shutil
 import sys
 import sysconfig
-import tempfile
-import zipfile
 
 __all__ = [
     "ALLOWED_SPARK_BINARIES",
@@ -37,9 +35,6 @@ __all__ = [
 #: an arbitrary program on the worker.
 ALLOWED_SPARK_BINARIES = ("spark-submit", "spark2-submit", "spark3-submit")
 ZIP_CACHE_DIR_NAME = "bucketindex-pyfiles"
-_SKIP_DIRS = {"__pycache__"}
-_SKIP_SUFFIXES = (".pyc", ".pyo")
-_ZIP_DATE = (1980, 1, 1, 0, 0, 0)  # fixed timestamps: the same files always give the same bytes
 
 
 class SparkBinaryNotFound(FileNotFoundError):
@@ -59,59 +54,18 @@ def submit_script() -> str:
     return os.path.join(package_dir("spark_jobs"), "submit.py")
 
 
-def _package_files(root: str) -> list[tuple[str, str]]:
-    """(absolute path, archive name) of every file of the package, sorted, archive names
-    starting with the package folder name."""
-    top = os.path.basename(root)
-    out = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
-        for fn in sorted(filenames):
-            if fn.endswith(_SKIP_SUFFIXES) or fn.startswith("."):
-                continue
-            full = os.path.join(dirpath, fn)
-            arc = "/".join([top, *os.path.relpath(full, root).split(os.sep)])
-            out.append((full, arc))
-    return sorted(out, key=lambda p: p[1])
-
-
 def spark_jobs_zip(cache_dir: str | None = None, package: str = "spark_jobs") -> str:
     """Path of a zip of the installed ``spark_jobs`` package (``spark_jobs/`` as its top folder).
 
     The zip is named by a hash of the package's file names and contents and kept in
     ``<tmp>/bucketindex-pyfiles/``; an unchanged package reuses the existing zip, an
     edited one gets a new zip. Written to a temp name and renamed, so concurrent tasks
-    never ship a half-written zip.
+    never ship a half-written zip. (The zip itself is built by :mod:`spark_jobs.shipping`,
+    stdlib only, which the Spark Connect path uses too.)
     """
-    root = package_dir(package)
-    files = _package_files(root)
-    if not any(arc == f"{os.path.basename(root)}/__init__.py" for _, arc in files):
-        raise ModuleNotFoundError(f"{root} has no __init__.py; cannot ship it as a package")
-    digest = hashlib.sha256()
-    contents = []
-    for full, arc in files:
-        with open(full, "rb") as f:
-            data = f.read()
-        contents.append((arc, data))
-        digest.update(arc.encode() + b"\0" + hashlib.sha256(data).digest())
-    cache = cache_dir or os.path.join(tempfile.gettempdir(), ZIP_CACHE_DIR_NAME)
-    os.makedirs(cache, exist_ok=True)
-    target = os.path.join(cache, f"{package}-{digest.hexdigest()[:20]}.zip")
-    if os.path.exists(target):
-        return target
-    fd, tmp = tempfile.mkstemp(prefix=f".{package}-", suffix=".zip.tmp", dir=cache)
-    try:
-        with os.fdopen(fd, "wb") as raw, zipfile.ZipFile(raw, "w", zipfile.ZIP_DEFLATED) as zf:
-            for arc, data in contents:
-                info = zipfile.ZipInfo(arc, date_time=_ZIP_DATE)
-                info.compress_type = zipfile.ZIP_DEFLATED
-                info.external_attr = 0o644 << 16
-                zf.writestr(info, data)
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return target
+    from spark_jobs.shipping import zip_package
+
+    return zip_package(package_dir(package), cache_dir)
 
 
 def _env_bin_dirs() -> list[str]:

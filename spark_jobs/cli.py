@@ -4,7 +4,9 @@ Exit status: 0 success, 1 a check found a problem, 2 bad usage or bad input (one
 stderr, nothing written), 3 a concurrent write conflicted, the table was busy or a rollback
 aborted the write (one line starting ``conflict:`` or naming the live writer; nothing
 written; safe to retry with the same batch id). Verbs that need Spark start a local session (``--master`` to
-change it); ``show`` and ``rollback`` read and repair the table with the pure-Python core.
+change it), or use a running Spark Connect server (``--remote sc://HOST:PORT``, or the
+``SPARK_REMOTE`` environment variable when neither option is given); ``show`` and
+``rollback`` read and repair the table with the pure-Python core.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ def _csv(text: str) -> list[str]:
     return [p.strip() for p in text.split(",") if p.strip()]
 
 
+REMOTE_HELP = "run on this Spark Connect server instead of a Spark of our own (default: $SPARK_REMOTE unless --master)"
+
+
 def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.ArgumentParser:
     """The CLI's parser; ``extra_verbs`` (name -> help) are verbs another layer runs, listed in ``--help``."""
     p = _Parser(prog="bucketindex", description="Upsertable lake tables with a record-level or bucket hash index.")
@@ -62,6 +67,7 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
                     help="seconds without a heartbeat before a pending write counts as abandoned (default 60)")
     up.add_argument("--master", help="Spark master (default local[*])")
     up.add_argument("--driver-memory", help=_DRIVER_MEMORY_HELP)
+    up.add_argument("--remote", metavar="sc://HOST:PORT", help=REMOTE_HELP)
 
     rd = sub.add_parser("read", help="read a snapshot")
     rd.add_argument("table")
@@ -70,6 +76,7 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
     rd.add_argument("--limit", type=int, default=20, help="rows to print without --output")
     rd.add_argument("--master")
     rd.add_argument("--driver-memory", help=_DRIVER_MEMORY_HELP)
+    rd.add_argument("--remote", metavar="sc://HOST:PORT", help=REMOTE_HELP)
 
     sh = sub.add_parser("show", help="timeline, file groups, index buckets, pending work")
     sh.add_argument("table")
@@ -79,6 +86,7 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
     va.add_argument("table")
     va.add_argument("--master")
     va.add_argument("--driver-memory", help=_DRIVER_MEMORY_HELP)
+    va.add_argument("--remote", metavar="sc://HOST:PORT", help=REMOTE_HELP)
 
     rb = sub.add_parser("rollback", help="roll back pending instants (all abandoned ones, or INSTANT)")
     rb.add_argument("table")
@@ -97,6 +105,15 @@ def _spark(args: argparse.Namespace, submitted: bool):  # type: ignore[no-untype
 
     if submitted:
         return get_spark(None)
+    remote = args.remote = args.remote or (None if args.master else os.environ.get("SPARK_REMOTE"))
+    if remote:  # Spark Connect: no JVM here, nothing to keep off the terminal
+        if args.master or getattr(args, "driver_memory", None):
+            raise BadInputError("--remote excludes --master and --driver-memory (the server has its own)")
+        from spark_jobs.jobs.connect import release_on_exit
+
+        spark = get_spark(remote=remote)
+        release_on_exit(spark)
+        return spark
     memory = getattr(args, "driver_memory", None)
     if args.verbose:
         return get_spark(args.master or "local[*]", driver_memory=memory, ui=False)
@@ -241,6 +258,10 @@ def main(argv: list[str] | None = None, *, submitted: bool = False,
         stream=sys.stderr,
     )
     logging.getLogger("py4j").setLevel(logging.WARNING)
+    if hasattr(args, "remote"):  # a Spark verb: a Connect server's tasks do not share our working directory
+        for name in ("table", "source"):
+            if getattr(args, name, None):
+                setattr(args, name, _absolute(getattr(args, name)))
     try:
         return COMMANDS[args.verb](args, submitted)
     except BadInputError as e:
@@ -249,8 +270,15 @@ def main(argv: list[str] | None = None, *, submitted: bool = False,
     except RetryableError as e:
         print(f"bucketindex: {_one_line(e)}", file=sys.stderr)
         return 3
-    except Exception as e:  # noqa: BLE001 - only resource failures are translated, the rest re-raised
+    except Exception as e:  # noqa: BLE001 - only resource failures and a lost server are translated, the rest re-raised
+        from spark_jobs.jobs.connect import is_connection_error
         from spark_jobs.resources import describe_resource_failure
+
+        if is_connection_error(e):
+            # a writer aborts its own instant on the way out, and a batch id is never applied twice
+            print(f"bucketindex: the Spark Connect server went away: {_one_line(e)[:300]}; "
+                  f"safe to retry with the same batch id", file=sys.stderr)
+            return 3
 
         what = describe_resource_failure(e, master=_master(args, submitted),
                                          driver_memory=getattr(args, "driver_memory", None))
@@ -263,8 +291,8 @@ def main(argv: list[str] | None = None, *, submitted: bool = False,
 
 
 def _master(args: argparse.Namespace, submitted: bool) -> str | None:
-    if not submitted:
-        return getattr(args, "master", None) or "local[*]"
+    if not submitted:  # a Spark Connect URL: the server's resources, never a local driver's
+        return getattr(args, "remote", None) or getattr(args, "master", None) or "local[*]"
     try:  # under spark-submit the master is the session's
         from pyspark.sql import SparkSession
 
@@ -272,6 +300,14 @@ def _master(args: argparse.Namespace, submitted: bool) -> str | None:
         return active.conf.get("spark.master") if active is not None else None
     except Exception:  # noqa: BLE001 - the JVM may be gone; then say nothing about the master
         return None
+
+
+def _absolute(uri: str) -> str:
+    """A plain relative path made absolute (URIs with a scheme are left alone)."""
+    from urllib.parse import urlparse
+
+    scheme = urlparse(uri).scheme
+    return os.path.abspath(uri) if (scheme == "" or len(scheme) == 1) and not os.path.isabs(uri) else uri
 
 
 def _one_line(e: BaseException) -> str:

@@ -11,6 +11,15 @@ changes a bucketindex job needs:
 * the ``spark_jobs`` package is shipped as a zip via ``--py-files`` and the entry point is
   the installed ``spark_jobs/submit.py``; ``PYSPARK_PYTHON`` is the worker's interpreter.
 
+**Spark Connect** (the warm path): when the task's connection -- or the connection a
+``bucketindex`` connection names in its ``spark_conn_id`` extra -- is of the Spark
+provider's ``spark_connect`` type (or ``master`` is an ``sc://`` URL), no spark-submit and
+no JVM run on the worker: the job is a local subprocess ``python -m spark_jobs.cli VERB
+ARGS --remote sc://HOST:PORT`` that ships ``spark_jobs`` to the server itself. The URL is
+built as the Spark provider's :class:`SparkConnectHook` builds it; its token travels in
+the subprocess's environment (``SPARK_CONNECT_AUTHENTICATE_TOKEN``), never on the command
+line, and is masked in logs. Exit statuses and failures are the same on both paths.
+
 Reading table state (timeline, pending instants, the commit of a batch) uses the
 pure-Python core, :class:`spark_jobs.table.Table`: no Spark, no ``pyspark`` import.
 """
@@ -20,9 +29,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
+import subprocess
 import time
-from dataclasses import dataclass, field
+from collections import deque
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -42,6 +54,7 @@ __all__ = [
     "ConnectionSettings",
     "SparkJobFailed",
     "DEFAULT_MASTER",
+    "CONNECT_CONN_TYPE",
     "upsert_args",
 ]
 
@@ -55,6 +68,15 @@ EXIT_RETRYABLE = 3
 _SENSITIVE_CONF = re.compile(r"secret|password|token|credential|passwd", re.IGNORECASE)
 _LOG_LINE = re.compile(r"^(\d{2}/\d{2}/\d{2} |\d{4}-\d{2}-\d{2}[ T]|\s+at |Exception in thread|WARNING: )")
 _PORT_SUFFIX = re.compile(r":\d+$")
+#: the Spark provider's Spark Connect connection type (``SparkConnectHook.conn_type``)
+CONNECT_CONN_TYPE = "spark_connect"
+#: where pyspark's Connect client reads a token that is not in the URL
+CONNECT_TOKEN_ENV = "SPARK_CONNECT_AUTHENTICATE_TOKEN"
+_TOKEN_PARAM = re.compile(r"(?:^|;)token=([^;]*)")
+
+
+#: seconds a Spark Connect client has, after SIGTERM, to interrupt its server work and clean up
+CONNECT_KILL_GRACE_S = 15.0
 
 
 class SparkJobFailed(AirflowException):
@@ -83,6 +105,17 @@ class ConnectionSettings:
     conf: dict[str, str] = field(default_factory=dict)
     #: options an upsert uses when it *creates* a table (index, num_buckets, source_format)
     table_defaults: dict[str, Any] = field(default_factory=dict)
+    #: a Spark Connect server, ``sc://host:port[/;param=value]`` without its token: jobs run
+    #: as local ``spark_jobs.cli ... --remote`` processes instead of spark-submit
+    remote: str | None = None
+    remote_token: str | None = field(default=None, repr=False)
+
+    @classmethod
+    def for_spark_connect(cls, conn_id: str, *, base: "ConnectionSettings | None" = None) -> "ConnectionSettings":
+        """Settings that run jobs on the Spark Connect server of ``spark_connect`` connection ``conn_id``
+        (python, table defaults and the rest from ``base``, a ``bucketindex`` connection, if given)."""
+        url, token = spark_connect_url(conn_id)
+        return replace(base or cls(conn_id=conn_id), remote=url, remote_token=token)
 
     @classmethod
     def from_connection(cls, conn: Any) -> "ConnectionSettings":
@@ -118,6 +151,31 @@ class ConnectionSettings:
             conf={str(k): str(v) for k, v in conf.items()},
             table_defaults=defaults,
         )
+
+
+def spark_connect_url(conn_id: str) -> tuple[str, str | None]:
+    """``(url, token)`` of a ``spark_connect`` connection: the URL exactly as the Spark provider's
+    :class:`SparkConnectHook` builds it, minus the ``token`` parameter (returned apart)."""
+    from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+
+    return split_token(SparkConnectHook(conn_id).get_connection_url())
+
+
+def split_token(url: str) -> tuple[str, str | None]:
+    """``sc://h:p/;user_id=a;token=t`` -> (``sc://h:p/;user_id=a``, ``t``)."""
+    from urllib.parse import unquote
+
+    head, sep, params = url.partition("/;")
+    if not sep:
+        return url, None
+    token = None
+    kept = []
+    for p in params.split(";"):
+        if p.startswith("token="):
+            token = unquote(p[len("token="):]) or None
+        elif p:
+            kept.append(p)
+    return (f"{head}/;{';'.join(kept)}" if kept else f"{head}/"), token
 
 
 def upsert_args(
@@ -289,6 +347,7 @@ class BucketIndexHook(BaseHook):
         self.num_executors = num_executors
         self.verbose = verbose
         self._submit_hook: BucketIndexSparkSubmitHook | None = None
+        self._connect_proc: subprocess.Popen | None = None
 
     def get_conn(self) -> ConnectionSettings:
         return self.settings
@@ -305,6 +364,8 @@ class BucketIndexHook(BaseHook):
                 "Connection %s is not defined: using the embedded default (Spark %s)", self.conn_id, DEFAULT_MASTER
             )
             return ConnectionSettings(conn_id=self.conn_id)
+        if conn.conn_type == CONNECT_CONN_TYPE:  # the Spark provider's Spark Connect connection
+            return ConnectionSettings.for_spark_connect(self.conn_id)
         if conn.conn_type not in (CONN_TYPE, None, ""):
             self.log.warning(
                 "Connection %s has type %r, expected %r; reading it as a bucketindex connection",
@@ -312,7 +373,10 @@ class BucketIndexHook(BaseHook):
                 conn.conn_type,
                 CONN_TYPE,
             )
-        return ConnectionSettings.from_connection(conn)
+        settings = ConnectionSettings.from_connection(conn)
+        if settings.spark_conn_id and self.get_connection(settings.spark_conn_id).conn_type == CONNECT_CONN_TYPE:
+            return ConnectionSettings.for_spark_connect(settings.spark_conn_id, base=settings)
+        return settings
 
     def table_defaults(self) -> dict[str, Any]:
         """Options the connection sets for tables an upsert creates."""
@@ -359,11 +423,70 @@ class BucketIndexHook(BaseHook):
         )
 
     def build_command(self, verb: str, args: Sequence[str]) -> list[str]:
-        """The exact spark-submit command :meth:`submit` runs (for logs and tests)."""
+        """The exact command :meth:`submit` runs (for logs and tests): spark-submit, or on
+        Spark Connect the local ``spark_jobs.cli`` process."""
+        if self.remote_url() is not None:
+            return self.connect_command(verb, args)
         return self.spark_submit_hook(verb, args)._build_spark_submit_command(packaging.submit_script())
+
+    # -- Spark Connect ---------------------------------------------------------------------
+    def remote_url(self) -> str | None:
+        """The Spark Connect URL jobs run on (token removed), or None for spark-submit."""
+        if self.master and str(self.master).startswith("sc://"):
+            return split_token(str(self.master))[0]
+        return self.settings.remote
+
+    def _remote_token(self) -> str | None:
+        if self.master and str(self.master).startswith("sc://"):
+            return split_token(str(self.master))[1]
+        return self.settings.remote_token
+
+    def connect_command(self, verb: str, args: Sequence[str]) -> list[str]:
+        """``python -m spark_jobs.cli VERB ARGS --remote URL``: the job as a Spark Connect client."""
+        url = self.remote_url()
+        if url is None:
+            raise ValueError(f"connection {self.conn_id!r} is not a Spark Connect connection")
+        python = packaging.python_for_spark(self.settings.python)
+        return [python, "-m", "spark_jobs.cli", verb, *[str(a) for a in args], "--remote", url]
+
+    def connect_env(self) -> dict[str, str]:
+        """The client process's environment: the worker's, ``env_vars``, and the token if any (masked)."""
+        env = {**os.environ, **{str(k): str(v) for k, v in (self.env_vars or {}).items()}}
+        token = self._remote_token()
+        if token:
+            _mask_secret(token, CONNECT_TOKEN_ENV)
+            env[CONNECT_TOKEN_ENV] = token
+        return env
+
+    def _run_connect(self, verb: str, args: Sequence[str]) -> None:
+        ignored = [n for n in ("driver_memory", "executor_memory", "executor_cores", "total_executor_cores",
+                               "num_executors") if getattr(self, n) is not None]
+        if ignored or self.spark_conf():
+            self.log.warning("Spark Connect: %s apply to spark-submit only and are ignored (the server's "
+                             "own configuration rules)", ", ".join(ignored + (["conf"] if self.spark_conf() else [])))
+        cmd = self.connect_command(verb, args)
+        self.log.info("Running on Spark Connect: %s", " ".join(shlex.quote(c) for c in cmd))
+        tail: deque[str] = deque(maxlen=50)
+        # own session, as spark-submit's: on_kill reaches the client and nothing it does reaches the task
+        proc = subprocess.Popen(cmd, env=self.connect_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        self._connect_proc = proc
+        assert proc.stdout is not None
+        for raw in iter(proc.stdout.readline, b""):
+            line = raw.decode(errors="replace").rstrip()
+            if line:
+                self.log.info("%s", line)
+                tail.append(line)
+        rc = proc.wait()
+        if rc != 0:
+            detail = "\nLast output:\n" + "\n".join(list(tail)[-20:]) if tail else ""
+            raise SparkJobFailed(verb, rc, _reason_of(list(tail)), detail)
 
     def submit(self, verb: str, args: Sequence[str]) -> None:
         """Run the job; raise :class:`SparkJobFailed` with the exit status if it fails."""
+        if self.remote_url() is not None:
+            self._run_connect(verb, args)
+            return
         hook = self.spark_submit_hook(verb, args)
         self._submit_hook = hook
         try:
@@ -374,9 +497,22 @@ class BucketIndexHook(BaseHook):
             raise SparkJobFailed(verb, rc, _reason(hook), hook._submit_log_tail) from e
 
     def on_kill(self) -> None:
-        """Stop a running spark-submit (and its driver on a cluster). Table state is left as is."""
+        """Stop a running spark-submit (and its driver on a cluster). Table state is left as is.
+
+        On Spark Connect: SIGTERM the client process, which interrupts what its session runs
+        on the server and aborts its pending instant; SIGKILL whatever remains after
+        :data:`CONNECT_KILL_GRACE_S` (a pending instant is then left for rollback)."""
         if self._submit_hook is not None:
             self._submit_hook.on_kill()
+        proc = self._connect_proc
+        if proc is not None and proc.poll() is None:
+            sid = proc.pid  # the session leader (start_new_session)
+            _signal_session(sid, signal.SIGTERM)
+            try:
+                proc.wait(CONNECT_KILL_GRACE_S)
+            except subprocess.TimeoutExpired:
+                pass
+            _signal_session(sid, signal.SIGKILL)
 
     # -- table state (pure Python, no Spark) ---------------------------------------------
     @staticmethod
@@ -471,14 +607,19 @@ def _summary(t: "Table", inst: "Instant") -> dict[str, Any]:
 def _reason(hook: SparkSubmitHook) -> str:
     """The job's one-line reason: its last ``bucketindex: ...`` line, else the last output
     line that is not a Spark/JVM log line."""
-    lines = [ln.strip() for ln in hook._last_submit_log_lines if ln.strip()]
+    return _reason_of(list(hook._last_submit_log_lines), lambda text: hook._mask_cmd([text]), "spark-submit's output")
+
+
+def _reason_of(output: list[str], mask: Any = None, what: str = "the job's output") -> str:
+    lines = [ln.strip() for ln in output if ln.strip()]
+    mask = mask or (lambda text: text)
     for text in reversed(lines):
         if text.startswith("bucketindex:"):
-            return hook._mask_cmd([text])
+            return mask(text)
     for text in reversed(lines):
         if not _LOG_LINE.match(text):
-            return hook._mask_cmd([text])
-    return "see the task log for spark-submit's output"
+            return mask(text)
+    return f"see the task log for {what}"
 
 
 def _mask_secret(value: str, name: str) -> None:

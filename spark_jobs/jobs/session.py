@@ -39,16 +39,26 @@ SESSION_CONF = {
 
 
 def get_spark(master: str | None = None, app_name: str = "bucketindex", *, driver_memory: str | None = None,
-              ui: bool = True) -> SparkSession:
+              ui: bool = True, remote: str | None = None) -> SparkSession:
     """Get (or create) the session.
 
     ``master=None`` means the job runs under ``spark-submit``, whose ``--master``, ``--name``
     and ``--driver-memory`` must win, so none is set here. A local master gets a heap sized
     to the machine (:func:`spark_jobs.resources.local_driver_memory`), since executors run
     inside the driver JVM there. ``ui=False`` skips starting the web UI (a CLI run is over
-    before anybody opens it).
+    before anybody opens it). ``remote="sc://host:port"`` opens a Spark Connect session
+    instead (no JVM here; the server has its own memory and UI; see
+    :mod:`spark_jobs.jobs.connect`).
     """
     global _START_MS
+    if remote:
+        from spark_jobs.jobs.connect import remote_session
+
+        t0 = time.perf_counter()
+        spark = remote_session(remote, app_name=app_name)
+        _START_MS = int((time.perf_counter() - t0) * 1000)
+        log.info("Spark Connect session opened in %d ms", _START_MS)
+        return spark
     # Executors must run this interpreter (it has pyarrow), not whatever python3 is on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -62,7 +72,11 @@ def get_spark(master: str | None = None, app_name: str = "bucketindex", *, drive
         b = b.config("spark.ui.enabled", "false")
     for k, v in SESSION_CONF.items():
         b = b.config(k, v)
+    # PySpark turns any builder into a Connect client when SPARK_REMOTE is set: classic means classic
+    remote_env = os.environ.pop("SPARK_REMOTE", None)
     spark = b.getOrCreate()
+    if remote_env is not None:
+        os.environ["SPARK_REMOTE"] = remote_env
     spark.sparkContext.setLogLevel(os.environ.get("BUCKETINDEX_SPARK_LOG_LEVEL", "WARN"))
     _START_MS = int((time.perf_counter() - t0) * 1000)
     log.info("Spark session started in %d ms (master %s, driver memory %s)", _START_MS,
@@ -76,11 +90,12 @@ def session_start_ms() -> int | None:
 
 
 def default_parallelism(spark: SparkSession) -> int:
-    """Cores the session can run tasks on."""
-    try:
-        return int(spark.sparkContext.defaultParallelism)
-    except Exception:  # Spark Connect has no SparkContext  # noqa: BLE001
-        return int(spark.conf.get("spark.default.parallelism", "0") or 0) or os.cpu_count() or 1
+    """Cores the session can run tasks on (the server's, for a Spark Connect session, which has no SparkContext)."""
+    from spark_jobs.jobs.connect import default_parallelism as remote_parallelism, is_remote
+
+    if is_remote(spark):
+        return remote_parallelism(spark)
+    return int(spark.sparkContext.defaultParallelism)
 
 
 @contextmanager

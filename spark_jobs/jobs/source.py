@@ -8,6 +8,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from spark_jobs.io.filesystem import resolve
+from spark_jobs.jobs.connect import is_connection_error
 from spark_jobs.jobs.read import spark_uri
 from spark_jobs.table.config import BadInputError
 
@@ -33,6 +34,8 @@ def read_source(spark: SparkSession, uri: str, fmt: str) -> DataFrame:
     except AnalysisException as e:
         raise BadInputError(f"cannot read {fmt} source {uri}: {_first_line(e)}") from e
     except Exception as e:  # corrupt files surface as Py4J/Spark errors
+        if is_connection_error(e):  # a Spark Connect server gone: not the source's fault
+            raise
         raise BadInputError(f"cannot read {fmt} source {uri}: {_first_line(e)}") from e
     if fmt == "json" and "_corrupt_record" in df.columns:
         raise BadInputError(f"source {uri} has malformed JSON records")

@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 from spark_jobs.index.record_index import IndexEntries, lookup, write_index_file
 from spark_jobs.table.layout import data_file_name
 from spark_jobs.table.table import Table
+from spark_jobs.testing import faults
 from spark_jobs.testing.faults import maybe_crash
 
 __all__ = [
@@ -56,10 +57,14 @@ def bind(fn, **kwargs):  # type: ignore[no-untyped-def]
     """``fn`` with keyword arguments bound, as a plain two-argument function.
 
     PySpark 4.2's ``applyInArrow`` inspects the function's signature to pick the UDF kind
-    and fails on ``functools.partial``; a closure inspects cleanly.
+    and fails on ``functools.partial``; a closure inspects cleanly. The driver's fault
+    injection settings travel with it (see :mod:`spark_jobs.testing.faults`): a Spark
+    Connect server's workers do not inherit the client's environment.
     """
+    fault_env = faults.carried()
 
     def grouped(key, table):  # type: ignore[no-untyped-def]
+        faults.adopt(fault_env)
         return fn(key, table, **kwargs)
 
     return grouped
@@ -67,9 +72,12 @@ def bind(fn, **kwargs):  # type: ignore[no-untyped-def]
 
 def bind_batches(fn: Callable[..., Iterator[pa.RecordBatch]], **kwargs: Any
                  ) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """``fn`` with keyword arguments bound, as the one-argument function ``mapInArrow`` calls."""
+    """``fn`` with keyword arguments bound, as the one-argument function ``mapInArrow`` calls
+    (fault settings carried as in :func:`bind`)."""
+    fault_env = faults.carried()
 
     def mapped(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        faults.adopt(fault_env)
         return fn(batches, **kwargs)
 
     return mapped

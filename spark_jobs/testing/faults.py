@@ -9,21 +9,34 @@ writer in a session of its own (``start_new_session=True``), as the tests do.
 widen a race window (another writer commits, a rollback fires). With
 ``BUCKETINDEX_PAUSE_SIGNAL=<dir>`` the process first touches ``<dir>/<point>`` so a test
 knows the writer has reached the point. Unset (the default), both are a dictionary lookup.
+
+Points inside Spark tasks (``after_data_file``, ``after_index_file``) run in Python
+workers. Under ``local[*]`` or spark-submit those inherit the driver's environment; on a
+Spark Connect server they do not (the server was started by someone else). So the jobs
+wrap every task function with :func:`carried` settings (``spark_jobs.jobs.tasks.bind``)
+and the task re-applies them (:func:`adopt`), together with the driver's host and
+session id: a crash in a task kills the *driver's* session -- the writer -- and then only
+the task's own process where that is not the writer's session (a Connect server's
+workers serve other clients too and must survive; the failed task fails the server's job).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 
 from spark_jobs.processes import session_pids
 
-__all__ = ["maybe_crash", "POINTS"]
+__all__ = ["maybe_crash", "POINTS", "carried", "adopt"]
 
 ENV = "BUCKETINDEX_FAULT"
 PAUSE_ENV = "BUCKETINDEX_PAUSE"
 SIGNAL_ENV = "BUCKETINDEX_PAUSE_SIGNAL"
+#: ``<host> <session id>`` of the driver whose settings a task adopted
+DRIVER_ENV = "BUCKETINDEX_FAULT_DRIVER"
+_CARRIED = (ENV, PAUSE_ENV, SIGNAL_ENV)
 POINTS = (
     "after_requested",  # plan written, nothing else
     "after_data_file",  # an executor has written one data file (others may be pending)
@@ -52,12 +65,43 @@ def maybe_crash(point: str) -> None:
                 time.sleep(float(seconds or 1))
 
 
+def carried() -> dict[str, str] | None:
+    """This (driver) process's fault settings, for the tasks it starts; None when it has none."""
+    values = {k: os.environ[k] for k in _CARRIED if k in os.environ}
+    if not values:
+        return None
+    values[DRIVER_ENV] = f"{socket.gethostname()} {os.getsid(0)}"
+    return values
+
+
+def adopt(values: dict[str, str] | None) -> None:
+    """In a task: take exactly the driver's settings (a reused worker keeps none of an earlier task's)."""
+    for k in (*_CARRIED, DRIVER_ENV):
+        if values and k in values:
+            os.environ[k] = values[k]
+        elif k in os.environ:
+            del os.environ[k]
+
+
+def _driver_session() -> int | None:
+    """The session id of the driver whose settings this process adopted, if it runs on this host."""
+    host, _, sid = os.environ.get(DRIVER_ENV, "").partition(" ")
+    if host == socket.gethostname() and sid.isdigit():
+        return int(sid)
+    return None
+
+
 def _kill_session() -> None:
     me = os.getpid()
-    for pid in session_pids(os.getsid(0)) or []:
+    own = os.getsid(0)
+    driver = _driver_session()
+    for pid in session_pids(driver if driver is not None else own) or []:
         if pid != me:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-    os.killpg(os.getpgrp(), signal.SIGKILL)
+    if driver is None or driver == own:
+        os.killpg(os.getpgrp(), signal.SIGKILL)  # the writer's own worker: its process group goes with it
+    # a worker outside the writer's session (a Spark Connect server's): only this task dies
+    os.kill(me, signal.SIGKILL)

@@ -24,6 +24,12 @@ def spark():
     logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
+@pytest.fixture(scope="session")
+def spark_cli_args() -> list[str]:
+    """How a CLI subprocess reaches Spark in this tier (tests/connect: ``--remote``)."""
+    return ["--master", "local[2]"]
+
+
 def write_batch(path: Path, rows: list[dict], schema: pa.Schema | None = None) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)

@@ -42,10 +42,10 @@ def test_same_batch_id_twice_is_one_commit(spark, tmp_path):
     assert rows_by_identity(read_arrow(uri).to_pylist()) == reduce_batches([B1])
 
 
-def _crash_upsert(uri: str, src: str, index: str, point: str) -> subprocess.CompletedProcess:
+def _crash_upsert(uri: str, src: str, index: str, point: str, spark_args: list[str]) -> subprocess.CompletedProcess:
     env = {**os.environ, "BUCKETINDEX_FAULT": point}
     cmd = [sys.executable, "-m", "spark_jobs.cli", "upsert", uri, src, "--record-key", "id", "--precombine-field", "ts",
-           "--partition-field", "region", "--delete-field", "is_deleted", "--batch-id", "batch-2", "--master", "local[2]"]
+           "--partition-field", "region", "--delete-field", "is_deleted", "--batch-id", "batch-2", *spark_args]
     # its own process group, like a job on a node: SIGKILL takes the driver, JVM and Python workers
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, start_new_session=True)
 
@@ -61,13 +61,13 @@ def _crash_upsert(uri: str, src: str, index: str, point: str) -> subprocess.Comp
         ("bucket", "after_data_file", "rerun"),
     ],
 )
-def test_killed_writer_leaves_old_snapshot_and_next_run_repairs(spark, tmp_path, index, point, repair):
+def test_killed_writer_leaves_old_snapshot_and_next_run_repairs(spark, spark_cli_args, tmp_path, index, point, repair):
     uri = str(tmp_path / "t")
     run_upsert(spark, options(uri, write_batch(tmp_path / "b1.parquet", B1), index, "batch-1"))
     before = read_arrow(uri).to_pylist()
     src2 = write_batch(tmp_path / "b2.parquet", B2)
 
-    p = _crash_upsert(uri, src2, index, point)
+    p = _crash_upsert(uri, src2, index, point, spark_cli_args)
     assert p.returncode == -signal.SIGKILL, (p.returncode, p.stderr[-2000:])
     t = Table.load(uri)
     pending = t.timeline.pending()
@@ -96,12 +96,12 @@ def test_killed_writer_leaves_old_snapshot_and_next_run_repairs(spark, tmp_path,
     assert on_disk <= referenced
 
 
-def test_crash_during_rollback_resumes(spark, tmp_path):
+def test_crash_during_rollback_resumes(spark, spark_cli_args, tmp_path):
     uri = str(tmp_path / "t")
     run_upsert(spark, options(uri, write_batch(tmp_path / "b1.parquet", B1), "record", "batch-1"))
     before = read_arrow(uri).to_pylist()
     src2 = write_batch(tmp_path / "b2.parquet", B2)
-    assert _crash_upsert(uri, src2, "record", "before_complete").returncode == -signal.SIGKILL
+    assert _crash_upsert(uri, src2, "record", "before_complete", spark_cli_args).returncode == -signal.SIGKILL
     target = Table.load(uri).timeline.pending()[0].timestamp
     env = {**os.environ, "BUCKETINDEX_FAULT": "rollback_after_delete"}
     p = subprocess.run([sys.executable, "-m", "spark_jobs.cli", "rollback", uri], env=env, capture_output=True,
