@@ -40,6 +40,8 @@ import tempfile
 import time
 from typing import TYPE_CHECKING, Any, Sequence
 
+from spark_jobs.resources import is_local_master, local_driver_memory
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -360,7 +362,12 @@ def server_command(port: int, *, host: str = "127.0.0.1", master: str = "local[*
            "--name", "bucketindex-connect",
            "--conf", f"spark.connect.grpc.binding.address={host}",
            "--conf", f"spark.connect.grpc.binding.port={port}"]
-    for k, v in sorted((conf or {}).items()):
+    conf = dict(conf or {})
+    if is_local_master(master) and "spark.driver.memory" not in conf:
+        # local mode runs every task in the driver's JVM: size it to the machine, as the
+        # classic CLI does, rather than Spark's 1 GiB default
+        conf["spark.driver.memory"] = local_driver_memory()
+    for k, v in sorted(conf.items()):
         cmd += ["--conf", f"{k}={v}"]
     return [*cmd, connect_jar(home)]
 

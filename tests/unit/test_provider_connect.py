@@ -166,3 +166,17 @@ def test_on_kill_terminates_the_client_which_cleans_up(ops, fake_client):  # typ
     assert not th.is_alive()
     assert (fake_client / "term").read_text() == "interrupted server work"  # SIGTERM first, not SIGKILL
     assert len(errors) == 1 and isinstance(errors[0], SparkJobFailed) and errors[0].returncode == 143
+
+
+def test_local_connect_server_sizes_its_heap_to_the_machine() -> None:
+    """A local server runs every task in its driver JVM: Spark's 1 GiB default would fail a
+    10M-row upsert, so ``connect-server`` sizes it as the classic CLI does, unless told."""
+    from spark_jobs.jobs.connect import server_command
+    from spark_jobs.resources import local_driver_memory
+
+    cmd = server_command(15002, master="local[*]")
+    assert f"spark.driver.memory={local_driver_memory()}" in cmd
+    told = server_command(15002, master="local[2]", conf={"spark.driver.memory": "3g"})
+    assert "spark.driver.memory=3g" in told and f"spark.driver.memory={local_driver_memory()}" not in told
+    cluster = server_command(15002, master="spark://head:7077")
+    assert not any(c.startswith("spark.driver.memory=") for c in cluster)
