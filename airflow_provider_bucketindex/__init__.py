@@ -122,6 +122,14 @@ def get_provider_info() -> dict[str, Any]:
                         "description": "Used when an upsert creates a table",
                         "schema": {"type": ["integer", "null"], "minimum": 1},
                     },
+                    "table-type": {
+                        "label": "Default table type",
+                        "description": (
+                            "copy_on_write or merge_on_read (upserts append logs, compaction folds them); "
+                            "used when an upsert creates a table"
+                        ),
+                        "schema": {"type": ["string", "null"], "enum": ["copy_on_write", "merge_on_read", None]},
+                    },
                     "source-format": {
                         "label": "Default source format",
                         "description": "parquet, json or csv",

@@ -16,6 +16,9 @@ Contenders (``--contenders``), each checked for correctness after every measured
   window, write the whole table to a new directory and swap it in.
 * ``bucketindex_record`` / ``bucketindex_bucket`` -- the upsert job on a table with the record-level
   index / the bucket hash index, at defaults (no tuning flag, no Spark conf).
+* ``bucketindex_record_mor`` / ``bucketindex_bucket_mor`` -- the same on a ``merge_on_read`` table
+  (created with ``--table-type merge_on_read``; upserts append logs, nothing is compacted during
+  the run). Read-back checks merge the logs like every reader.
 * ``bucketindex_record_connect`` -- the CLI as a Spark Connect client (``--remote sc://...``)
   against a server that is already running. Skipped, with a message, without ``--remote`` or while
   the CLI has no ``--remote`` option.
@@ -99,9 +102,12 @@ from results import emit_result  # noqa: E402
 from machine_info import cpu_model, mem_total_gb  # noqa: E402 (benchmarks/ is on sys.path)
 
 CONTENDERS = ("delta_rs", "pyiceberg", "plain_spark", "bucketindex_record", "bucketindex_bucket",
-              "bucketindex_record_connect")
+              "bucketindex_record_mor", "bucketindex_bucket_mor", "bucketindex_record_connect")
 PEERS = ("delta_rs", "pyiceberg", "plain_spark")
-SPARK_CONTENDERS = ("plain_spark", "bucketindex_record", "bucketindex_bucket")
+SPARK_CONTENDERS = ("plain_spark", "bucketindex_record", "bucketindex_bucket", "bucketindex_record_mor",
+                    "bucketindex_bucket_mor")
+#: bucketindex table variants whose ratios are reported: copy-on-write and merge-on-read
+OWN = ("record", "bucket", "record_mor", "bucket_mor")
 MODES = ("cold", "warm")
 PATTERNS = ("uniform", "recent")
 RECENT_FRACTION = 0.05
@@ -564,11 +570,12 @@ class Bench:
             from spark_jobs.jobs.upsert import UpsertOptions, run_upsert
 
             ix = contender.split("_")[1]
+            table_type = "merge_on_read" if contender.endswith("_mor") else None  # else the default
             for i, f in enumerate(files):
                 self.spark.conf.set("spark.sql.shuffle.partitions", SESSION_SHUFFLE_PARTITIONS)
                 run_upsert(self.spark, UpsertOptions(table=str(path), source=f, record_key=["id"],
                                                      precombine_field="ts", partition_field=self.part, index=ix,
-                                                     batch_id=f"build-{i}"))
+                                                     batch_id=f"build-{i}", table_type=table_type))
         info["build_s"] = round(time.perf_counter() - t0, 1)
         info["bytes"] = dir_size(path)
         info["files"] = data_files(path)
@@ -986,9 +993,9 @@ def summarise(runs: list[dict], sizes: list[int], contenders: list[str], modes: 
                 pt = med.get((size, case, peer, peer_mode))
                 if pt is None:
                     continue
-                own = {ix: med.get((size, case, f"bucketindex_{ix}", mode)) for ix in ("record", "bucket")}
+                own = {ix: med.get((size, case, f"bucketindex_{ix}", mode)) for ix in OWN}
                 best_ix = min((ix for ix in own if own[ix]), key=lambda ix: own[ix], default=None)
-                for label, t in (("record", own["record"]), ("bucket", own["bucket"]),
+                for label, t in (*((ix, own[ix]) for ix in OWN),
                                  (f"best ({best_ix})", own.get(best_ix) if best_ix else None)):
                     if t:
                         ratios.append({"size": size, "case": case, "vs": peer, "mode": mode, "peer_mode": peer_mode,
@@ -998,6 +1005,9 @@ def summarise(runs: list[dict], sizes: list[int], contenders: list[str], modes: 
                         pt / own["record"], 2)
                     if peer_mode != mode:
                         headline[f"speedup_vs_{peer}_{size_label(size)}"][f"{mode}_peer_mode"] = peer_mode
+                if own["record_mor"] and case == head_case:  # the merge-on-read table type
+                    headline.setdefault(f"mor_speedup_vs_{peer}_{size_label(size)}", {})[mode] = round(
+                        pt / own["record_mor"], 2)
 
     peak = {}
     for f in figures:

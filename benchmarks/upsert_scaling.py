@@ -28,7 +28,8 @@ Spark count of the snapshot files) equals size + batch/2 per applied batch, and 
 show batch/2 updates and batch/2 inserts.
 
     python benchmarks/upsert_scaling.py [--sizes 1000000,10000000] [--batch 100000]
-        [--indexes record,bucket,global_simple] [--repeats 1] [--workdir DIR] [--keep]
+        [--indexes record,bucket,global_simple] [--repeats 1] [--table-type merge_on_read]
+        [--workdir DIR] [--keep]
 
 Progress goes to stdout; the last line is one JSON object with the figures.
 """
@@ -186,23 +187,21 @@ def table_facts(uri: str) -> dict:
 
 
 def snapshot_count(spark, uri: str) -> int:
-    """Rows of the current snapshot, counted by Spark from the files the view lists (Parquet footers)."""
-    from spark_jobs.jobs.read import file_uri
-    from spark_jobs.table.table import Table
+    """Rows of the current snapshot, counted by Spark (merge-on-read slices merged with their logs)."""
+    from spark_jobs.jobs.read import read_table
 
-    t = Table.load(uri)
-    paths = [file_uri(t, s.path) for s in t.view().slices()]  # escaped: a `*` in a partition value is no glob
-    return spark.read.parquet(*paths).count() if paths else 0
+    return read_table(spark, uri).count()
 
 
 def table_options(index: str, size: int, args) -> dict:
     """num_buckets / target_file_rows per index type (see the --help of the options)."""
+    tt = {"table_type": args.table_type}
     if index == "bucket":
         nb = args.bucket_buckets or max(1, round(size / args.partitions / args.bucket_file_rows))
-        return {"num_buckets": nb, "target_file_rows": None}
+        return {"num_buckets": nb, "target_file_rows": None, **tt}
     if index == "record":
-        return {"num_buckets": args.record_buckets, "target_file_rows": args.target_file_rows}
-    return {"num_buckets": None, "target_file_rows": args.target_file_rows}
+        return {"num_buckets": args.record_buckets, "target_file_rows": args.target_file_rows, **tt}
+    return {"num_buckets": None, "target_file_rows": args.target_file_rows, **tt}
 
 
 def upsert(spark, table: str, source: str, index: str, opts: dict, batch_id: str,
@@ -217,7 +216,7 @@ def upsert(spark, table: str, source: str, index: str, opts: dict, batch_id: str
         UpsertOptions(
             table=table, source=source, record_key=["id"], precombine_field="ts", partition_field="region",
             index=index, num_buckets=opts.get("num_buckets"), target_file_rows=opts.get("target_file_rows"),
-            batch_id=batch_id,
+            batch_id=batch_id, table_type=opts.get("table_type"),
         ),
     )
     wall = (time.perf_counter() - t0) * 1000
@@ -265,6 +264,8 @@ def main() -> None:
     p.add_argument("--local-batch", action="store_true",
                    help="also time one batch per (index, size) whose updates and inserts all fall in one partition "
                         "(update locality), after the random batches; reported apart")
+    p.add_argument("--table-type", choices=("copy_on_write", "merge_on_read"), default=None,
+                   help="table type of every table (default: the product's default)")
     p.add_argument("--seed", type=int, default=20240611)
     p.add_argument("--json-out", default=None, help="also write the final JSON object to this file")
     args = p.parse_args()
@@ -372,7 +373,9 @@ def measure(spark, workdir: Path, ix: str, size: int, src: str, batch_id: str, l
     ok = rows == expected and facts["rows_meta"] == expected and c["updated"] == half and c["inserted"] == half
     rec = {"wall_ms": round(wall_ms), **{k: int(t.get(k, 0)) for k in PHASES},
            "rows": rows, "expected_rows": expected, "files": facts["files"],
-           "files_written": len(rewritten), "rows_written": sum(int(fg.get("num_rows") or 0) for fg in rewritten),
+           "files_written": len(rewritten),
+           # a merge-on-read log holds only the batch's rows of its group, a base the whole group
+           "rows_written": sum(int((fg.get("log") or fg).get("num_rows") or 0) for fg in rewritten),
            "updated": c["updated"], "inserted": c["inserted"], "ok": ok, "stage_tasks": stages}
     log(f"[{human_rows(size)}] {ix:13s} {label}: wall {wall_ms / 1000:6.2f} s | "
         + " ".join(f"{k[:-3]} {t.get(k, 0) / 1000:.2f}" for k in PHASES)

@@ -19,7 +19,7 @@ import sys
 import tempfile
 from typing import Callable
 
-from spark_jobs.table.config import INDEX_TYPES, BadInputError
+from spark_jobs.table.config import INDEX_TYPES, TABLE_TYPES, BadInputError
 from spark_jobs.table.errors import RetryableError
 
 __all__ = ["main", "build_parser"]
@@ -57,6 +57,9 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
     up.add_argument("--partition-field")
     up.add_argument("--index", choices=INDEX_TYPES, help="index type (fixed at table creation; default record)")
     up.add_argument("--num-buckets", type=int, help="index buckets (record) or buckets per partition (bucket)")
+    up.add_argument("--table-type", choices=TABLE_TYPES,
+                    help="copy_on_write rewrites touched file groups; merge_on_read appends a log to them "
+                         "(fixed at table creation; default copy_on_write)")
     up.add_argument("--source-format", default="parquet", choices=("parquet", "json", "csv"))
     up.add_argument("--delete-field", help="boolean column: rows where it is true are deletes")
     up.add_argument("--batch-id", help="idempotence key: a batch id already committed makes the run a no-op")
@@ -95,6 +98,22 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
                     help="even if its writer looks alive (that writer then fails at its commit point, nothing visible)")
     rb.add_argument("--heartbeat-timeout", type=float,
                     help="seconds without a heartbeat before a pending write counts as abandoned (default 60)")
+    co = sub.add_parser("compact", help="fold merge-on-read logs into new base files (schedule, execute, or both)")
+    co.add_argument("table")
+    mode = co.add_mutually_exclusive_group()
+    mode.add_argument("--schedule-only", action="store_true",
+                      help="only write the plan; its instant is the last line printed (pass it to --execute)")
+    mode.add_argument("--execute", metavar="INSTANT", help="execute a scheduled plan (again, after a failure)")
+    co.add_argument("--min-logs", type=int, default=None,
+                    help="a file group is due with at least this many logs (default 4)")
+    co.add_argument("--log-ratio", type=float, default=None,
+                    help="... or with logs of at least this fraction of its base's bytes (default 0.2)")
+    co.add_argument("--max-groups", type=int, help="at most this many file groups per plan (most log bytes first)")
+    co.add_argument("--heartbeat-timeout", type=float,
+                    help="seconds without a heartbeat before an attempt at the plan counts as dead (default 60)")
+    co.add_argument("--master")
+    co.add_argument("--driver-memory", help=_DRIVER_MEMORY_HELP)
+    co.add_argument("--remote", metavar="sc://HOST:PORT", help=REMOTE_HELP)
     for name, text in (extra_verbs or {}).items():
         sub.add_parser(name, help=text)
     return p
@@ -152,6 +171,7 @@ def cmd_upsert(args: argparse.Namespace, submitted: bool) -> int:
     opts = UpsertOptions(
         table=args.table, source=args.source, record_key=args.record_key, precombine_field=args.precombine_field,
         partition_field=args.partition_field, index=args.index, num_buckets=args.num_buckets,
+        table_type=args.table_type,
         source_format=args.source_format, delete_field=args.delete_field, batch_id=args.batch_id,
         target_file_rows=args.target_file_rows, max_retries=args.max_retries,
         heartbeat_timeout_s=args.heartbeat_timeout,
@@ -190,7 +210,17 @@ def cmd_show(args: argparse.Namespace, submitted: bool) -> int:
     print(f"index      {c['index_type']} ({c['num_buckets']} buckets), key {','.join(c['record_key_fields'])}"
           + (f", partitioned by {','.join(c['partition_fields'])}" if c["partition_fields"] else "")
           + (f", precombine {c['precombine_field']}" if c["precombine_field"] else ""))
-    print(f"snapshot   {d['rows']} rows in {d['file_groups']} file groups, {len(d['partitions'])} partitions")
+    print(f"type       {c['table_type']}")
+    print(f"snapshot   {d['rows']} rows in {d['file_groups']} file groups, {len(d['partitions'])} partitions, "
+          f"{_human_bytes(d['data_bytes'])} of base files")
+    lg = d["logs"]
+    if lg["files"] or c["table_type"] == "merge_on_read":
+        print(f"logs       {lg['files']} log files, {_human_bytes(lg['bytes'])}, in {lg['file_groups_with_logs']} "
+              f"file groups (at most {lg['max_per_group']} per group)")
+        for g in lg["largest"]:
+            where = f"{g['partition']}/{g['file_id']}" if g["partition"] else g["file_id"]
+            print(f"  {where}: {g['logs']} logs, {_human_bytes(g['log_bytes'])} on a "
+                  f"{_human_bytes(g['base_bytes'])} base, {g['rows']} rows")
     print(f"index      {len(d['index_buckets'])} buckets with files, {sum(d['index_buckets'].values())} index files")
     print(f"pending    {', '.join(d['pending']) or 'none'}")
     if d["writers"]:
@@ -219,6 +249,14 @@ def cmd_show(args: argparse.Namespace, submitted: bool) -> int:
     return 0
 
 
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"  # pragma: no cover
+
+
 def cmd_validate(args: argparse.Namespace, submitted: bool) -> int:
     from spark_jobs.jobs.validate import run_validate
 
@@ -240,7 +278,33 @@ def cmd_rollback(args: argparse.Namespace, submitted: bool) -> int:
     return 0
 
 
+def cmd_compact(args: argparse.Namespace, submitted: bool) -> int:
+    from spark_jobs.table.action.compact import DEFAULT_LOG_RATIO, DEFAULT_MIN_LOGS, CompactionPolicy
+
+    if args.execute and (args.min_logs is not None or args.log_ratio is not None or args.max_groups is not None):
+        raise BadInputError("--execute runs a plan as scheduled; --min-logs, --log-ratio and --max-groups "
+                            "apply when scheduling")
+    if args.heartbeat_timeout is not None and args.heartbeat_timeout <= 0:
+        raise BadInputError(f"--heartbeat-timeout must be positive, got {args.heartbeat_timeout}")
+    policy = CompactionPolicy(
+        min_logs=DEFAULT_MIN_LOGS if args.min_logs is None else args.min_logs,
+        log_ratio=DEFAULT_LOG_RATIO if args.log_ratio is None else args.log_ratio,
+        max_groups=args.max_groups,
+    )
+    from spark_jobs.jobs.compact import run_compact
+
+    result = run_compact(lambda: _spark(args, submitted), args.table, policy=policy, schedule_only=args.schedule_only,
+                         instant=args.execute, heartbeat_timeout_s=args.heartbeat_timeout)
+    print(json.dumps(result, sort_keys=True))
+    if result["instant"] is None:
+        print("nothing to compact: no file group is due")
+    elif args.schedule_only:
+        print(result["instant"])  # the last line: scripts pass it to --execute
+    return 0
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, bool], int]] = {
+    "compact": cmd_compact,
     "upsert": cmd_upsert,
     "read": cmd_read,
     "show": cmd_show,

@@ -103,7 +103,7 @@ class ConnectionSettings:
     spark_conn_id: str | None = None
     python: str | None = None
     conf: dict[str, str] = field(default_factory=dict)
-    #: options an upsert uses when it *creates* a table (index, num_buckets, source_format)
+    #: options an upsert uses when it *creates* a table (index, num_buckets, table_type, source_format)
     table_defaults: dict[str, Any] = field(default_factory=dict)
     #: a Spark Connect server, ``sc://host:port[/;param=value]`` without its token: jobs run
     #: as local ``spark_jobs.cli ... --remote`` processes instead of spark-submit
@@ -138,7 +138,8 @@ class ConnectionSettings:
         if not isinstance(conf, dict):
             raise ValueError(f"connection {conn.conn_id!r}: extra 'conf' must be a JSON object of Spark properties")
         defaults = {}
-        for key, opt in (("index", "index"), ("num-buckets", "num_buckets"), ("source-format", "source_format")):
+        for key, opt in (("index", "index"), ("num-buckets", "num_buckets"), ("table-type", "table_type"),
+                         ("source-format", "source_format")):
             if extra.get(key) not in (None, ""):
                 defaults[opt] = extra[key]
         return cls(
@@ -187,6 +188,7 @@ def upsert_args(
     partition_field: str | None = None,
     index: str | None = None,
     num_buckets: int | str | None = None,
+    table_type: str | None = None,
     source_format: str | None = None,
     delete_field: str | None = None,
     batch_id: str | None = None,
@@ -199,6 +201,7 @@ def upsert_args(
         ("--partition-field", partition_field),
         ("--index", index),
         ("--num-buckets", num_buckets),
+        ("--table-type", table_type),
         ("--source-format", source_format),
         ("--delete-field", delete_field),
         ("--batch-id", batch_id),

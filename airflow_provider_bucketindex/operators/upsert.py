@@ -36,6 +36,8 @@ class UpsertWithIndexOperator(BucketIndexSparkOperator):
     :param partition_field: partition the table by this field (templated).
     :param index: ``record``, ``bucket`` or ``global_simple`` (templated).
     :param num_buckets: index bucket count (templated).
+    :param table_type: ``copy_on_write`` or ``merge_on_read`` (upserts append logs that
+        ``bucketindex compact`` folds later), fixed when the table is created (templated).
     :param source_format: ``parquet``, ``json`` or ``csv`` (templated).
     :param delete_field: rows whose field is true delete their key (templated).
     :param batch_id: the batch's id; a batch id that is already committed makes the upsert
@@ -44,9 +46,9 @@ class UpsertWithIndexOperator(BucketIndexSparkOperator):
     :param skip_committed_batches: when the batch id is already committed (a retry after
         the commit), do not even start spark-submit; push the existing commit.
 
-    Index type, bucket count and source format default to the connection's extras; index
-    type and bucket count only when the upsert creates the table (an existing table keeps
-    its own). Pushes to XCom: ``instant`` (the commit), ``counts`` (inserted, updated,
+    Index type, bucket count, table type and source format default to the connection's
+    extras; index type, bucket count and table type only when the upsert creates the table
+    (an existing table keeps its own). Pushes to XCom: ``instant`` (the commit), ``counts`` (inserted, updated,
     deleted), and as return value a summary of both.
 
     Exit status 2 (bad input) fails the task without retries; exit status 3 (a concurrent
@@ -66,6 +68,7 @@ class UpsertWithIndexOperator(BucketIndexSparkOperator):
         "partition_field",
         "index",
         "num_buckets",
+        "table_type",
         "source_format",
         "delete_field",
         "batch_id",
@@ -86,6 +89,7 @@ class UpsertWithIndexOperator(BucketIndexSparkOperator):
         partition_field: str | None = None,
         index: str | None = None,
         num_buckets: int | str | None = None,
+        table_type: str | None = None,
         source_format: str | None = None,
         delete_field: str | None = None,
         batch_id: str | None = None,
@@ -100,6 +104,7 @@ class UpsertWithIndexOperator(BucketIndexSparkOperator):
         self.partition_field = partition_field
         self.index = index
         self.num_buckets = num_buckets
+        self.table_type = table_type
         self.source_format = source_format
         self.delete_field = delete_field
         self.batch_id = batch_id
@@ -108,10 +113,11 @@ class UpsertWithIndexOperator(BucketIndexSparkOperator):
     def build_args(self, batch_id: str, *, table_exists: bool) -> list[str]:
         """``bucketindex upsert`` arguments, connection defaults filled in."""
         defaults = self.hook.table_defaults()
-        index, num_buckets = self.index, self.num_buckets
+        index, num_buckets, table_type = self.index, self.num_buckets, self.table_type
         if not table_exists:
             index = index if index not in (None, "") else defaults.get("index")
             num_buckets = num_buckets if num_buckets not in (None, "") else defaults.get("num_buckets")
+            table_type = table_type if table_type not in (None, "") else defaults.get("table_type")
         source_format = self.source_format if self.source_format not in (None, "") else defaults.get("source_format")
         return upsert_args(
             self.table_uri,
@@ -121,6 +127,7 @@ class UpsertWithIndexOperator(BucketIndexSparkOperator):
             partition_field=self.partition_field,
             index=index,
             num_buckets=num_buckets,
+            table_type=table_type,
             source_format=source_format,
             delete_field=self.delete_field,
             batch_id=batch_id,

@@ -20,9 +20,9 @@ from spark_jobs.jobs import tasks
 from spark_jobs.jobs.session import default_parallelism
 from spark_jobs.table.reader import META_PREFIX
 from spark_jobs.table.table import Table
-from spark_jobs.table.view import FileSystemView
+from spark_jobs.table.view import FileSlice, FileSystemView
 
-__all__ = ["read_table", "spark_uri", "file_uri", "keys_with_location"]
+__all__ = ["read_table", "read_slices", "spark_uri", "file_uri", "keys_with_location"]
 
 KEY = tasks.KEY
 #: file groups per read task is about len(files) / (this x the cores): a few waves, so one
@@ -69,14 +69,44 @@ def keys_with_location(spark: SparkSession, table: Table, view: FileSystemView, 
     slices = view.slices()
     if not slices:
         return None
-    files = spark.createDataFrame([(s.path, s.partition, s.file_id) for s in slices], tasks.FILE_LIST_SCHEMA)
-    files = files.repartition(_read_tasks(spark, len(slices)))
+    files = _file_list(spark, slices)
     read = tasks.bind_batches(tasks.read_file_keys, table_uri=table.uri, part=part, fid=fid)
     return files.mapInArrow(read, f"{KEY} string, {part} string, {fid} string")
 
 
 def _read_tasks(spark: SparkSession, num_files: int) -> int:
     return max(1, min(num_files, READ_WAVES * default_parallelism(spark)))
+
+
+def _file_list(spark: SparkSession, slices: list[FileSlice]) -> DataFrame:
+    """One row per file slice (``FILE_LIST_SCHEMA``), spread over a few waves of tasks."""
+    rows = [(s.path, s.partition, s.file_id, [lf.path for lf in s.logs]) for s in slices]
+    return spark.createDataFrame(rows, tasks.FILE_LIST_SCHEMA).repartition(_read_tasks(spark, len(slices)))
+
+
+def read_slices(spark: SparkSession, table: Table, view: FileSystemView, slices: list[FileSlice]) -> DataFrame:
+    """Every live row of ``slices`` with the snapshot's schema (meta columns included).
+
+    Slices without logs go through Spark's Parquet reader; merge-on-read slices with logs are
+    merged per file group inside the task that reads them (``tasks.read_slices``): no shuffle.
+    """
+    assert view.schema is not None and table.config is not None
+    schema = from_arrow_schema(view.schema)
+    plain = [file_uri(table, s.path) for s in slices if not s.logs]
+    merged = [s for s in slices if s.logs]
+    parts = []
+    if plain:
+        parts.append(spark.read.schema(schema).parquet(*plain))
+    if merged:
+        fn = tasks.bind_batches(tasks.read_slices, table_uri=table.uri, schema=view.schema,
+                                precombine=table.config.precombine_field)
+        parts.append(_file_list(spark, merged).mapInArrow(fn, schema))
+    if not parts:
+        return spark.createDataFrame([], schema)
+    out = parts[0]
+    for p in parts[1:]:
+        out = out.unionByName(p)
+    return out
 
 
 def read_table(spark: SparkSession, uri: str, as_of: str | None = None, *, with_meta: bool = False) -> DataFrame:
@@ -90,9 +120,7 @@ def read_table(spark: SparkSession, uri: str, as_of: str | None = None, *, with_
     view = table.view(as_of)
     if view.schema is None:
         return spark.createDataFrame([], "dummy string").drop("dummy")
-    schema = from_arrow_schema(view.schema)
-    paths = [file_uri(table, s.path) for s in view.slices()]
-    df = spark.read.schema(schema).parquet(*paths) if paths else spark.createDataFrame([], schema)
+    df = read_slices(spark, table, view, view.slices())
     if not with_meta:
         df = df.drop(*[c for c in df.columns if c.startswith(META_PREFIX)])
     return df

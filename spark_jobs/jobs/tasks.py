@@ -17,7 +17,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from spark_jobs.index.record_index import IndexEntries, lookup, write_index_file
-from spark_jobs.table.layout import data_file_name
+from spark_jobs.table.layout import data_file_name, log_file_name
+from spark_jobs.table.merge import LOG_DELETE, LOG_MOVE_OUT, LOG_OP, LOG_UPSERT
+from spark_jobs.table.reader import read_slice
 from spark_jobs.table.table import Table
 from spark_jobs.testing import faults
 from spark_jobs.testing.faults import maybe_crash
@@ -31,24 +33,35 @@ __all__ = [
     "MergeContext",
     "lookup_bucket",
     "merge_file_group",
+    "append_log",
     "write_index_delta",
     "FILE_LIST_SCHEMA",
     "bind_batches",
     "read_file_keys",
+    "read_slices",
+    "compact_slices",
+    "COMPACT_INPUT",
+    "COMPACT_OUTPUT",
 ]
 
 KEY = "_bi_key"  # the canonical record key, stored in every data file
-OP = "_bi_op"  # upsert | delete | move_in | move_out (routing only, never stored)
+OP = "_bi_op"  # upsert | delete | move_in | move_out (routing; a log stores its own LOG_OP)
+#: whether the index found the key in the target file group (null: unknown, the bucket index)
+FOUND = "_bi_found"
 UPSERT, DELETE, MOVE_IN, MOVE_OUT = "upsert", "delete", "move_in", "move_out"
 
 LOOKUP_OUTPUT = "_bi_key string, _bi_old_part string, _bi_old_fid string"
 MERGE_OUTPUT = (
     "kind string, part string, fid string, path string, num_rows long, size long, "
-    "inserted long, updated long, deleted long, key string, tomb boolean"
+    "inserted long, updated long, deleted long, key string, tomb boolean, log boolean, row_delta long"
 )
 DELTA_OUTPUT = "bucket int, path string, entries long, size long"
-#: one row per live file slice, for ``mapInArrow`` readers (path relative to the table root)
-FILE_LIST_SCHEMA = "path string, part string, fid string"
+#: one row per file group a data compaction folds, and what it wrote for it
+COMPACT_INPUT = "part string, fid string, base string, logs array<string>"
+COMPACT_OUTPUT = "part string, fid string, path string, num_rows long, size long"
+#: one row per live file slice, for ``mapInArrow`` readers (paths relative to the table root;
+#: ``logs``: a merge-on-read slice's logs in commit order, empty otherwise)
+FILE_LIST_SCHEMA = "path string, part string, fid string, logs array<string>"
 #: rows per Arrow batch a reader yields: bounds a task's memory whatever the file size
 READ_BATCH_ROWS = 64 * 1024
 
@@ -130,6 +143,8 @@ class MergeContext:
     precombine: str | None
     emit_index: bool  # record index: report new locations and tombstones
     partition_dirs: dict[str, str] = field(default_factory=dict)
+    #: merge-on-read: "<part>\x00<fid>" -> the slice's logs (relative paths, commit order)
+    log_files: dict[str, list[str]] = field(default_factory=dict)
 
 
 def _stale(incoming: pa.Array, stored: pa.Array) -> pa.Array:
@@ -181,25 +196,36 @@ def merge_file_group(key: tuple, incoming: pa.Table, *, ctx: MergeContext) -> pa
 
     rel, size = None, 0
     if result.num_rows:
-        part_dir = ctx.partition_dirs.get(part, part)
-        rel = posixpath.join(part_dir, data_file_name(fid, _task_token(), ctx.instant))
-        t.create_marker(ctx.instant, rel)
-        with t.io.open_output_stream(t.abs(rel)) as out:
-            pq.write_table(result, out, compression="zstd")
-        size = t.io.size(t.abs(rel))
-        maybe_crash("after_data_file")
+        rel = posixpath.join(ctx.partition_dirs.get(part, part), data_file_name(fid, _task_token(), ctx.instant))
+        size = _write_marked(t, ctx.instant, rel, result)
 
     schema = _merge_schema()
     file_row = pa.table(
         {"kind": ["file"], "part": [part], "fid": [fid], "path": [rel], "num_rows": [result.num_rows], "size": [size],
-         "inserted": [counts[0]], "updated": [counts[1]], "deleted": [counts[2]], "key": [None], "tomb": [None]},
+         "inserted": [counts[0]], "updated": [counts[1]], "deleted": [counts[2]], "key": [None], "tomb": [None],
+         "log": [False], "row_delta": [None]},
         schema=schema,
     )
     if not ctx.emit_index:
         return file_row
-    # record index: new locations for inserts and keys moving in; tombstones for deletes
-    new_loc = pc.filter(in_keys, pc.and_(upserts, pc.invert(in_base)))
-    gone = pc.filter(in_keys, deleted)
+    return pa.concat_tables([file_row, _index_rows(part, fid, in_keys, pc.and_(upserts, pc.invert(in_base)), deleted)])
+
+
+def _write_marked(t: Table, instant: str, rel: str, rows: pa.Table) -> int:
+    """Write one data file of ``instant`` -- its marker first, so a crash leaves nothing
+    unaccounted for (format.md §4 step 6) -- and return its size."""
+    t.create_marker(instant, rel)
+    with t.io.open_output_stream(t.abs(rel)) as out:
+        pq.write_table(rows, out, compression="zstd")
+    maybe_crash("after_data_file")
+    return t.io.size(t.abs(rel))
+
+
+def _index_rows(part: str, fid: str, in_keys: pa.ChunkedArray, new_mask: Any, gone_mask: Any) -> pa.Table:
+    """Record index: new locations for inserts and keys moving in; tombstones for deletes."""
+    schema = _merge_schema()
+    new_loc = pc.filter(in_keys, new_mask)
+    gone = pc.filter(in_keys, gone_mask)
     keys = pa.concat_arrays([new_loc.combine_chunks() if isinstance(new_loc, pa.ChunkedArray) else new_loc,
                              gone.combine_chunks() if isinstance(gone, pa.ChunkedArray) else gone])
     n = len(keys)
@@ -208,10 +234,77 @@ def merge_file_group(key: tuple, incoming: pa.Table, *, ctx: MergeContext) -> pa
          "fid": pa.array([fid] * n, pa.string()), "path": pa.nulls(n, pa.string()), "num_rows": pa.nulls(n, pa.int64()),
          "size": pa.nulls(n, pa.int64()), "inserted": pa.nulls(n, pa.int64()), "updated": pa.nulls(n, pa.int64()),
          "deleted": pa.nulls(n, pa.int64()), "key": keys.cast(pa.string()),
-         "tomb": pa.array(np.arange(n) >= len(new_loc))},
+         "tomb": pa.array(np.arange(n) >= len(new_loc)), "log": pa.nulls(n, pa.bool_()),
+         "row_delta": pa.nulls(n, pa.int64())},
         schema=schema,
     )
-    return pa.concat_tables([file_row, entries])
+    return entries
+
+
+def append_log(key: tuple, incoming: pa.Table, *, ctx: MergeContext) -> pa.Table:
+    """Merge-on-read: write one file group's incoming rows as a log on top of its slice.
+
+    Cost follows the batch: the slice is not read at all when the index says which keys it
+    holds (record, global_simple) and no delete needs its precombine check; otherwise only
+    the key (and precombine) columns of the slice are read. Upserts that are stale against
+    the stored row are dropped when the stored row was read, else left to the readers'
+    merge, which applies the same rule (``spark_jobs.table.merge``). A new file group (no
+    base yet) gets a base file, as copy-on-write writes it.
+    """
+    part, fid = key[0].as_py(), key[1].as_py()
+    slice_key = f"{part}\x00{fid}"
+    base_rel = ctx.base_files.get(slice_key)
+    if base_rel is None:
+        return merge_file_group(key, incoming, ctx=ctx)
+    t = Table.open(ctx.table_uri)
+    names = ctx.schema.names
+    ops = incoming.column(OP)
+    in_keys = incoming.column(KEY)
+    found = incoming.column(FOUND) if FOUND in incoming.column_names else pa.nulls(incoming.num_rows, pa.bool_())
+    is_delete = pc.equal(ops, DELETE)
+    has_delete = bool(pc.any(is_delete).as_py())
+    effective = pa.array(np.ones(incoming.num_rows, dtype=bool))
+    if found.null_count or (ctx.precombine and has_delete):
+        cols = [KEY] + ([ctx.precombine] if ctx.precombine else [])
+        stored = read_slice(t, base_rel, ctx.log_files.get(slice_key, []), columns=cols, precombine=ctx.precombine,
+                            schema=ctx.schema)
+        pos = pc.index_in(in_keys, value_set=stored.column(KEY))
+        in_base = pc.is_valid(pos)
+        if ctx.precombine and stored.num_rows:
+            prev = pc.take(stored.column(ctx.precombine), pos)
+            inc = incoming.column(ctx.precombine).cast(ctx.schema.field(ctx.precombine).type)
+            stale = pc.and_(pc.and_(in_base, _stale(inc, prev)), pc.not_equal(ops, MOVE_OUT))
+            effective = pc.invert(pc.fill_null(stale, False))
+    else:
+        in_base = pc.fill_null(found, False)
+    is_upsert = pc.is_in(ops, value_set=pa.array([UPSERT, MOVE_IN]))
+    upserts = pc.and_(effective, is_upsert)
+    deleted = pc.and_(pc.and_(effective, in_base), is_delete)
+    moved_out = pc.and_(in_base, pc.equal(ops, MOVE_OUT))
+    keep = pc.or_(pc.or_(upserts, deleted), moved_out)
+    log_op = pc.if_else(deleted, LOG_DELETE, pc.if_else(moved_out, LOG_MOVE_OUT, LOG_UPSERT))
+    rows = incoming.select(names).cast(ctx.schema).append_column(LOG_OP, log_op).filter(keep)
+
+    op_is = lambda v: pc.equal(ops, v)  # noqa: E731
+    new_in_group = pc.and_(upserts, pc.invert(in_base))
+    inserted = pc.and_(new_in_group, op_is(UPSERT))
+    updated = pc.or_(pc.and_(upserts, in_base), pc.and_(upserts, op_is(MOVE_IN)))
+    c = [int(pc.sum(pc.cast(m, pa.int64())).as_py() or 0) for m in (inserted, updated, deleted, new_in_group, moved_out)]
+    row_delta = c[3] - c[2] - c[4]
+
+    rel, size = None, 0
+    if rows.num_rows:
+        rel = posixpath.join(ctx.partition_dirs.get(part, part), log_file_name(fid, _task_token(), ctx.instant))
+        size = _write_marked(t, ctx.instant, rel, rows)
+    file_row = pa.table(
+        {"kind": ["file"], "part": [part], "fid": [fid], "path": [rel], "num_rows": [rows.num_rows], "size": [size],
+         "inserted": [c[0]], "updated": [c[1]], "deleted": [c[2]], "key": [None], "tomb": [None], "log": [True],
+         "row_delta": [row_delta]},
+        schema=_merge_schema(),
+    )
+    if not ctx.emit_index:
+        return file_row
+    return pa.concat_tables([file_row, _index_rows(part, fid, in_keys, new_in_group, deleted)])
 
 
 def _merge_schema() -> pa.Schema:
@@ -270,10 +363,30 @@ def read_file_keys(files: Iterable[pa.RecordBatch], *, table_uri: str, part: str
     """
     t: Table | None = None
     for b in files:
-        for rel, p, f in zip(b.column("path").to_pylist(), b.column("part").to_pylist(), b.column("fid").to_pylist()):
+        cols = [b.column(c).to_pylist() for c in ("path", "part", "fid", "logs")]
+        for rel, p, f, logs in zip(*cols):
             if t is None:  # once per task, and only if it has files to read
                 t = Table.open(table_uri)
-            yield from _keys_of_file(t, rel, p, f, names=[KEY, part, fid])
+            if logs:  # live keys do not depend on precombine values: merge on the key alone
+                keys = read_slice(t, rel, logs, columns=[KEY]).column(KEY).combine_chunks().cast(pa.string())
+                n = len(keys)
+                loc = [pa.repeat(pa.scalar(v, pa.string()), n) for v in (p, f)]
+                yield pa.RecordBatch.from_arrays([keys, *loc], names=[KEY, part, fid])
+            else:
+                yield from _keys_of_file(t, rel, p, f, names=[KEY, part, fid])
+
+
+def read_slices(files: Iterable[pa.RecordBatch], *, table_uri: str, schema: pa.Schema,
+                precombine: str | None) -> Iterator[pa.RecordBatch]:
+    """mapInArrow over ``FILE_LIST_SCHEMA`` rows: every live row of each merge-on-read slice,
+    merged per file group in the task that reads it (no shuffle)."""
+    t: Table | None = None
+    for b in files:
+        for rel, logs in zip(b.column("path").to_pylist(), b.column("logs").to_pylist()):
+            if t is None:
+                t = Table.open(table_uri)
+            merged = read_slice(t, rel, logs or [], precombine=precombine, schema=schema)
+            yield from merged.select(schema.names).cast(schema).to_batches(max_chunksize=READ_BATCH_ROWS)
 
 
 def _keys_of_file(t: Table, rel: str, part: str, fid: str, *, names: list[str]) -> Iterator[pa.RecordBatch]:
@@ -296,3 +409,29 @@ def fingerprint_keys(batches, *, key_col: str = KEY):  # type: ignore[no-untyped
             names=list(b.schema.names) + ["fp_hi", "fp_lo"],
         )
 
+
+
+def compact_slices(groups: Iterable[pa.RecordBatch], *, table_uri: str, instant: str, attempt: str,
+                   schema: pa.Schema, precombine: str | None) -> Iterator[pa.RecordBatch]:
+    """mapInArrow over ``COMPACT_INPUT``: fold each planned base and logs into a new base.
+
+    Reads exactly the files the plan names (logs committed after the plan stay on top of the
+    new base). The new base sits beside the old one, named with the compaction's instant and
+    this attempt's token, so a retried or concurrent attempt never overwrites another's file.
+    A group whose rows were all deleted gets an empty base: later logs may still need one.
+    """
+    t: Table | None = None
+    out_schema = pa.schema([("part", pa.string()), ("fid", pa.string()), ("path", pa.string()),
+                            ("num_rows", pa.int64()), ("size", pa.int64())])
+    for b in groups:
+        cols = [b.column(c).to_pylist() for c in ("part", "fid", "base", "logs")]
+        for part, fid, base, logs in zip(*cols):
+            if t is None:
+                t = Table.open(table_uri)
+            merged = read_slice(t, base, logs or [], precombine=precombine, schema=schema)
+            merged = merged.select(schema.names).cast(schema)
+            rel = posixpath.join(posixpath.dirname(base), data_file_name(fid, f"{attempt}-{_task_token()}", instant))
+            size = _write_marked(t, instant, rel, merged)
+            yield pa.RecordBatch.from_pylist(
+                [{"part": part, "fid": fid, "path": rel, "num_rows": merged.num_rows, "size": size}],
+                schema=out_schema)

@@ -41,7 +41,7 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
 from spark_jobs.jobs import tasks
-from spark_jobs.jobs.read import file_uri, keys_with_location
+from spark_jobs.jobs.read import keys_with_location, read_slices
 from spark_jobs.jobs.keys import bucket_expr, file_id_for_bucket_expr, key_expr, partition_expr
 from spark_jobs.jobs.session import default_parallelism, job_conf, session_start_ms
 from spark_jobs.jobs.source import castability_checks, raise_uncastable, read_source, source_bytes
@@ -80,6 +80,8 @@ class UpsertOptions:
     partition_field: str | None = None
     index: str | None = None
     num_buckets: int | None = None
+    #: copy_on_write | merge_on_read, fixed at creation (default copy_on_write)
+    table_type: str | None = None
     source_format: str = "parquet"
     delete_field: str | None = None
     batch_id: str | None = None
@@ -118,6 +120,8 @@ def _requested_config(opts: UpsertOptions, existing: TableConfig | None) -> tupl
         explicit.add("partition_fields")
     if opts.precombine_field is not None:
         explicit.add("precombine_field")
+    if opts.table_type:
+        explicit.add("table_type")
     index = opts.index or (existing.index_type if existing else INDEX_RECORD)
     cfg = TableConfig(
         record_key_fields=list(opts.record_key),
@@ -129,6 +133,7 @@ def _requested_config(opts: UpsertOptions, existing: TableConfig | None) -> tupl
             existing.precombine_field if existing else None),
         target_file_rows=opts.target_file_rows or (
             existing.target_file_rows if existing else TableConfig.target_file_rows),
+        table_type=opts.table_type or (existing.table_type if existing else TableConfig.table_type),
     )
     return cfg, explicit
 
@@ -489,6 +494,7 @@ def _route(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystem
             tagged.withColumn(TPART, F.col(PART))
             .withColumn(TFID, file_id_for_bucket_expr(bucket_expr(F.col(KEY), num_buckets)))
             .withColumn(OP, F.when(F.col(DEL), F.lit(tasks.DELETE)).otherwise(F.lit(tasks.UPSERT)))
+            .withColumn(tasks.FOUND, F.lit(None).cast("boolean"))  # not looked up: the log writer reads keys
         )
         return routed, len(view.file_groups) + num_buckets
     exists, is_del = _exists(), F.col(DEL)
@@ -499,14 +505,16 @@ def _route(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystem
         tagged.filter(exists & ~F.col("_bi_moved"))
         .withColumn(OP, F.when(is_del, F.lit(tasks.DELETE)).otherwise(F.lit(tasks.UPSERT)))
         .withColumn(TPART, F.col(OLD_PART)).withColumn(TFID, F.col(OLD_FID))
+        .withColumn(tasks.FOUND, F.lit(True))
     )
     move_out = (
         tagged.filter(F.col("_bi_moved")).withColumn(OP, F.lit(tasks.MOVE_OUT))
         .withColumn(TPART, F.col(OLD_PART)).withColumn(TFID, F.col(OLD_FID))
+        .withColumn(tasks.FOUND, F.lit(True))
     )
     entering = tagged.filter(F.col("_bi_moved") | (~exists & ~is_del)).withColumn(
         OP, F.when(F.col("_bi_moved"), F.lit(tasks.MOVE_IN)).otherwise(F.lit(tasks.UPSERT))
-    )
+    ).withColumn(tasks.FOUND, F.lit(False))
     entering, planned = _assign_new_file_groups(
         spark, cfg, view, entering, {p: s["entering"] for p, s in stats.items() if s["entering"]}
     )
@@ -521,14 +529,23 @@ def _drop_stale_moves(spark: SparkSession, table: Table, cfg: TableConfig, view:
     holders = {(r[OLD_PART], r[OLD_FID]) for r in tagged.filter("_bi_moved").select(OLD_PART, OLD_FID).distinct().collect()}
     if not holders:
         return tagged
-    paths = [file_uri(table, view.file_groups[h].path) for h in holders if h in view.file_groups]
+    slices = [view.file_groups[h] for h in holders if h in view.file_groups]
     pc = cfg.precombine_field
-    stored = spark.read.parquet(*paths).select(F.col(KEY), F.col(pc).alias("_bi_stored"))
+    stored = read_slices(spark, table, view, slices).select(F.col(KEY), F.col(pc).alias("_bi_stored"))
     joined = tagged.join(stored, KEY, "left")
     stale = F.col("_bi_moved") & F.col("_bi_stored").isNotNull() & (
         F.col(pc).isNull() | (F.col("_bi_stored") > F.col(pc))
     )
     return joined.filter(~F.coalesce(stale, F.lit(False))).drop("_bi_stored")
+
+
+def _file_group_entry(f: dict[str, Any]) -> dict[str, Any]:
+    """The commit metadata of one merge task's output (format.md §3.3)."""
+    if f["log"]:
+        return {"partition": f["part"], "file_id": f["fid"], "row_delta": f["row_delta"],
+                "log": {"path": f["path"], "num_rows": f["num_rows"], "size": f["size"]}}
+    return {"partition": f["part"], "file_id": f["fid"], "path": f["path"], "num_rows": f["num_rows"],
+            "size": f["size"], "removed": f["path"] is None}
 
 
 def _write(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystemView, num_buckets: int,
@@ -553,7 +570,7 @@ def _write(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystem
                 else f"{found} keys found in the table")
     actions, groups = _route(spark, table, cfg, view, num_buckets, tagged, stats)
     names = data_schema.names
-    actions = actions.select(*[F.col(c) for c in names], F.col(OP), F.col(TPART), F.col(TFID))
+    actions = actions.select(*[F.col(c) for c in names], F.col(OP), F.col(tasks.FOUND), F.col(TPART), F.col(TFID))
     ctx = tasks.MergeContext(
         table_uri=table.uri,
         instant=ts,
@@ -561,8 +578,11 @@ def _write(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystem
         base_files={f"{p}\x00{f}": s.path for (p, f), s in view.file_groups.items()},
         precombine=cfg.precombine_field,
         emit_index=cfg.index_type == INDEX_RECORD,
+        log_files={f"{p}\x00{f}": [lf.path for lf in s.logs] for (p, f), s in view.file_groups.items() if s.logs},
     )
-    merged = actions.groupBy(TPART, TFID).applyInArrow(tasks.bind(tasks.merge_file_group, ctx=ctx), tasks.MERGE_OUTPUT)
+    # copy-on-write rewrites each touched file group; merge-on-read appends a log to it
+    task = tasks.append_log if cfg.merge_on_read else tasks.merge_file_group
+    merged = actions.groupBy(TPART, TFID).applyInArrow(tasks.bind(task, ctx=ctx), tasks.MERGE_OUTPUT)
     merged = merged.persist(StorageLevel.MEMORY_AND_DISK)
     # as many merge tasks as file groups (up to 2000), at least one per core. Not coalesced:
     # the shuffle carries only the batch, while each task reads and rewrites a whole file
@@ -570,7 +590,9 @@ def _write(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystem
     with job_conf(spark, **{"spark.sql.shuffle.partitions": max(cores, min(groups, 2000)),
                             "spark.sql.adaptive.coalescePartitions.enabled": "false"}):
         files = [r.asDict() for r in merged.filter("kind = 'file'").collect()]
-    phases.done("write", f"{sum(1 for f in files if f['path'])} data files")
+    logs = sum(1 for f in files if f["path"] and f["log"])
+    phases.done("write", f"{sum(1 for f in files if f['path'] and not f['log'])} data files"
+                + (f", {logs} logs" if cfg.merge_on_read else ""))
     index_added: list[dict[str, Any]] = []
     if cfg.index_type == INDEX_RECORD:
         entries = merged.filter("kind = 'index'").select("key", "part", "fid", "tomb").withColumn(
@@ -589,11 +611,7 @@ def _write(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystem
     counts["rows_in_batch"] = n
     counts["moved"] = sum(s["moved"] for s in stats.values())  # keys entering another partition (at most)
     return {
-        "file_groups": [
-            {"partition": f["part"], "file_id": f["fid"], "path": f["path"], "num_rows": f["num_rows"],
-             "size": f["size"], "removed": f["path"] is None}
-            for f in files
-        ],
+        "file_groups": [_file_group_entry(f) for f in files if f["path"] or not f["log"]],
         "index": {"added": index_added, "removed": []},
         "counts": counts,
         "num_buckets": num_buckets,

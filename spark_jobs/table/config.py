@@ -18,6 +18,9 @@ from spark_jobs.io.filesystem import FileIO, InstantExistsError
 __all__ = [
     "FORMAT_VERSION",
     "INDEX_TYPES",
+    "TABLE_TYPES",
+    "COPY_ON_WRITE",
+    "MERGE_ON_READ",
     "TableConfig",
     "ConfigConflictError",
     "BadInputError",
@@ -30,6 +33,11 @@ INDEX_GLOBAL_SIMPLE = "global_simple"
 INDEX_TYPES = (INDEX_RECORD, INDEX_BUCKET, INDEX_GLOBAL_SIMPLE)
 DEFAULT_NUM_BUCKETS = {INDEX_RECORD: 16, INDEX_BUCKET: 8, INDEX_GLOBAL_SIMPLE: 16}
 DEFAULT_TARGET_FILE_ROWS = 100_000
+#: copy-on-write rewrites a file group's base per upsert; merge-on-read appends a log to it
+#: (format.md §5.1) and data compaction folds the logs later
+COPY_ON_WRITE = "copy_on_write"
+MERGE_ON_READ = "merge_on_read"
+TABLE_TYPES = (COPY_ON_WRITE, MERGE_ON_READ)
 
 
 class BadInputError(ValueError):
@@ -50,12 +58,16 @@ class TableConfig:
     hash_function: str = DEFAULT_HASH
     target_file_rows: int = DEFAULT_TARGET_FILE_ROWS
     format_version: int = FORMAT_VERSION
+    #: absent from tables written before merge-on-read existed: those are copy-on-write
+    table_type: str = COPY_ON_WRITE
 
     def __post_init__(self) -> None:
         if not self.record_key_fields or any(not f for f in self.record_key_fields):
             raise BadInputError("a record key needs at least one field name")
         if self.index_type not in INDEX_TYPES:
             raise BadInputError(f"unknown index type {self.index_type!r}; expected one of {', '.join(INDEX_TYPES)}")
+        if self.table_type not in TABLE_TYPES:
+            raise BadInputError(f"unknown table type {self.table_type!r}; expected one of {', '.join(TABLE_TYPES)}")
         if self.num_buckets < 1:
             raise BadInputError(f"--num-buckets must be at least 1, got {self.num_buckets}")
         if self.hash_function != DEFAULT_HASH:
@@ -66,6 +78,10 @@ class TableConfig:
             raise BadInputError(
                 f"table format version {self.format_version} is not supported by this release (supports {FORMAT_VERSION})"
             )
+
+    @property
+    def merge_on_read(self) -> bool:
+        return self.table_type == MERGE_ON_READ
 
     # -- (de)serialisation ---------------------------------------------------------------
     def to_json(self) -> bytes:
@@ -107,6 +123,7 @@ class TableConfig:
             "partition_fields": "partition fields",
             "precombine_field": "precombine field",
             "hash_function": "hash function",
+            "table_type": "table type",
         }
         for attr, label in checks.items():
             if explicit is not None and attr not in explicit:

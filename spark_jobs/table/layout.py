@@ -10,6 +10,7 @@ __all__ = [
     "META_DIR",
     "NULL_PARTITION",
     "data_file_name",
+    "log_file_name",
     "TableLayout",
 ]
 
@@ -25,6 +26,11 @@ HASHED_MARKER_PREFIX = "h-"
 
 def data_file_name(file_id: str, write_token: str, instant: str) -> str:
     return f"{file_id}_{write_token}_{instant}.parquet"
+
+
+def log_file_name(file_id: str, write_token: str, instant: str) -> str:
+    """A merge-on-read log of file group ``file_id``: what ``instant`` wrote on top of its base."""
+    return f"{file_id}_{write_token}_{instant}.log.parquet"
 
 
 class TableLayout:

@@ -169,12 +169,15 @@ class Table:
                 "precombine_field": self.config.precombine_field,
                 "index_type": self.config.index_type,
                 "num_buckets": self.num_buckets(view),
+                "table_type": self.config.table_type,
             },
             "timeline": commits,
             "pending": [str(i) for i in tl.pending()],
             "writers": self.writers(),
             "conflicts": conflicts[-recent_conflicts:],
             "file_groups": len(view.file_groups),
+            "data_bytes": sum(fs.size for fs in view.file_groups.values()),
+            "logs": _log_summary(view, limit=recent_conflicts),
             "rows": view.num_rows,
             "partitions": view.partitions(),
             "index_buckets": {b: len(files) for b, files in sorted(view.index_files.items())},
@@ -207,6 +210,22 @@ class Table:
                 "alive": is_writer_alive(self, inst),
             })
         return out
+
+
+def _log_summary(view: FileSystemView, *, limit: int) -> dict[str, Any]:
+    """Merge-on-read logs: totals, and the file groups with the most log bytes (compaction's
+    candidates), so a user sees what reads pay for merging and what compaction would fold."""
+    with_logs = [fs for fs in view.file_groups.values() if fs.logs]
+    with_logs.sort(key=lambda fs: (-(fs.total_size - fs.size), fs.partition, fs.file_id))
+    return {
+        "files": sum(len(fs.logs) for fs in with_logs),
+        "bytes": sum(fs.total_size - fs.size for fs in with_logs),
+        "file_groups_with_logs": len(with_logs),
+        "max_per_group": max((len(fs.logs) for fs in with_logs), default=0),
+        "largest": [{"partition": fs.partition, "file_id": fs.file_id, "logs": len(fs.logs),
+                     "log_bytes": fs.total_size - fs.size, "base_bytes": fs.size, "rows": fs.num_rows}
+                    for fs in with_logs[:limit]],
+    }
 
 
 def _iso(epoch: float | None) -> str | None:

@@ -57,6 +57,8 @@ class Action:
     ALL = (COMMIT, COMPACTION, REHASH, ROLLBACK, CLEAN, BOOTSTRAP)
     #: actions whose completed metadata changes the data files or the index
     WRITES = (COMMIT, COMPACTION, REHASH, BOOTSTRAP)
+    #: table services: scheduled as a plan, executed (and resumed after a crash) later
+    SERVICES = (COMPACTION,)
 
 
 class State(IntEnum):

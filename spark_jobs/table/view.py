@@ -10,14 +10,14 @@ concurrently; replaying a prefix of the sequence gives time travel for free.
 from __future__ import annotations
 
 import base64
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
 
 from spark_jobs.table.timeline import Action, Instant, Timeline
 
-__all__ = ["FileSlice", "FileSystemView", "encode_schema", "decode_schema"]
+__all__ = ["FileSlice", "LogFile", "FileSystemView", "encode_schema", "decode_schema"]
 
 
 def encode_schema(schema: pa.Schema) -> str:
@@ -29,15 +29,36 @@ def decode_schema(text: str) -> pa.Schema:
 
 
 @dataclass(frozen=True)
-class FileSlice:
-    """The current version of one file group: one Parquet file (copy-on-write)."""
+class LogFile:
+    """One merge-on-read log of a file group: the rows one commit wrote to it (format.md §5.1)."""
 
-    partition: str
-    file_id: str
     path: str  # relative to the table root
     instant: str
     num_rows: int
     size: int = 0
+
+
+@dataclass(frozen=True)
+class FileSlice:
+    """The current version of one file group: a base Parquet file and, for merge-on-read,
+    the logs written on top of it in commit order (empty for copy-on-write)."""
+
+    partition: str
+    file_id: str
+    path: str  # the base file, relative to the table root
+    instant: str  # the instant that wrote the base
+    num_rows: int  # live rows: the base merged with its logs
+    size: int = 0  # bytes of the base
+    logs: tuple[LogFile, ...] = ()
+
+    @property
+    def total_size(self) -> int:
+        return self.size + sum(lf.size for lf in self.logs)
+
+    @property
+    def files(self) -> list[str]:
+        """Every file of the slice, base first."""
+        return [self.path, *(lf.path for lf in self.logs)]
 
 
 @dataclass
@@ -67,8 +88,23 @@ class FileSystemView:
         self.instants.append(inst)
         for fg in meta.get("file_groups", []):
             key = (fg["partition"], fg["file_id"])
+            old = self.file_groups.get(key)
             if fg.get("removed"):
                 self.file_groups.pop(key, None)
+            elif fg.get("log"):  # merge-on-read: one more log on the group's base
+                lf = fg["log"]
+                assert old is not None, f"a log for file group {key} without a base"
+                self.file_groups[key] = replace(
+                    old, num_rows=old.num_rows + int(fg.get("row_delta", 0)),
+                    logs=(*old.logs, LogFile(lf["path"], inst.timestamp, int(lf.get("num_rows", 0)),
+                                            int(lf.get("size", 0)))))
+            elif "compacted_logs" in fg and old is not None:
+                # data compaction: a new base for the logs it folded; logs committed after its
+                # plan stay on top, and the live row count does not change
+                folded = set(fg["compacted_logs"])
+                self.file_groups[key] = replace(
+                    old, path=fg["path"], instant=inst.timestamp, size=fg.get("size", 0),
+                    logs=tuple(lf for lf in old.logs if lf.path not in folded))
             else:
                 self.file_groups[key] = FileSlice(
                     fg["partition"], fg["file_id"], fg["path"], inst.timestamp, fg.get("num_rows", 0), fg.get("size", 0)

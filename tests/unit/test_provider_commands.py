@@ -209,13 +209,15 @@ def test_delegating_to_a_spark_connection(ops, monkeypatch, zip_path, spark_subm
 def test_connection_table_defaults_apply_only_to_new_tables(ops, monkeypatch, tmp_path):  # type: ignore[no-untyped-def]
     from spark_jobs.table import Table, TableConfig
 
-    _conn(monkeypatch, host="local[2]", extra={"index": "bucket", "num-buckets": 4, "source-format": "json"})
+    _conn(monkeypatch, host="local[2]", extra={"index": "bucket", "num-buckets": 4, "source-format": "json",
+                                               "table-type": "merge_on_read"})
     table = str(tmp_path / "t")
     op = _upsert(ops, table_uri=table)
     cmd = op.spark_submit_command("b")
     assert cmd[cmd.index("upsert") :] == [
         "upsert", table, "/landing/2024-01-01", "--record-key", "id",
-        "--index", "bucket", "--num-buckets", "4", "--source-format", "json", "--batch-id", "b",
+        "--index", "bucket", "--num-buckets", "4", "--table-type", "merge_on_read", "--source-format", "json",
+        "--batch-id", "b",
     ]  # fmt: skip
     Table.open(table).create(TableConfig(record_key_fields=["id"], index_type="record"))
     cmd = op.spark_submit_command("b")

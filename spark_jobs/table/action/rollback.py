@@ -46,6 +46,10 @@ def rollback(table: "Table", instant: str | None = None, *, force: bool = False,
     repair(table)
     tl = table.timeline
     targets = [i for i in tl.pending() if i.action != Action.ROLLBACK]
+    if instant is None:
+        # a scheduled table-service plan is not abandoned: its next execution resumes it
+        # (naming it cancels it)
+        targets = [i for i in targets if i.action not in Action.SERVICES]
     if instant is not None:
         named = [i for i in targets if i.timestamp == instant]
         if not named:
@@ -101,6 +105,7 @@ def repair(table: "Table") -> None:
 def referenced_files(meta: dict[str, Any]) -> set[str]:
     """Every data and index file a completed action's metadata names."""
     return ({fg["path"] for fg in meta.get("file_groups", []) if fg.get("path")}
+            | {fg["log"]["path"] for fg in meta.get("file_groups", []) if fg.get("log")}
             | {f["path"] for f in (meta.get("index") or {}).get("added", [])})
 
 

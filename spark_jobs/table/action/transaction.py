@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import posixpath
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +24,7 @@ from spark_jobs.table.action.conflict import Conflict, WriteSet, find_conflict
 from spark_jobs.table.action.rollback import referenced_files
 from spark_jobs.table.errors import InstantRolledBackError, RetryableError
 from spark_jobs.table.heartbeat import Heartbeat, owner_info
-from spark_jobs.table.timeline import Instant, InstantConflictError, SequenceTakenError
+from spark_jobs.table.timeline import Instant, InstantConflictError, SequenceTakenError, State
 from spark_jobs.table.view import FileSystemView
 from spark_jobs.testing.faults import maybe_crash
 
@@ -63,6 +64,9 @@ class Transaction:
         self.instant: Instant | None = None
         self.conflicts: list[Conflict] = []
         self._heartbeat: Heartbeat | None = None
+        #: a resumed table-service plan (:meth:`resume`): its files carry this attempt's token,
+        #: and a failed attempt removes only its own files and keeps the plan
+        self.attempt: str | None = None
 
     @property
     def ts(self) -> str:
@@ -89,6 +93,29 @@ class Transaction:
         self.instant = tl.transition_to_inflight(inst)
         return self
 
+    @classmethod
+    def resume(cls, table: "Table", instant: Instant) -> "Transaction":
+        """Execute a scheduled plan (a table service): the instant exists, requested or left
+        inflight by a crashed attempt.
+
+        Another attempt's files are never deleted here: a crashed attempt's files are only
+        unreferenced garbage that the commit's marker cleanup removes, and a concurrent
+        attempt's files may be the ones that win. Each attempt names its files with its own
+        token (:attr:`attempt`), so two attempts never write the same path.
+        """
+        import uuid
+
+        txn = cls(table, instant.action, table.timeline.read_plan(instant), view=table.view())
+        txn.instant = instant
+        txn.attempt = uuid.uuid4().hex[:8]
+        txn._heartbeat = Heartbeat(table.io, table.layout, instant.timestamp).start()
+        if instant.state == State.REQUESTED:
+            try:
+                txn.instant = table.timeline.transition_to_inflight(instant)
+            except InstantConflictError:  # another attempt started it meanwhile; the commit point decides
+                txn.instant = Instant(instant.timestamp, instant.action, State.INFLIGHT)
+        return txn
+
     def rebase(self) -> FileSystemView:
         """Discard this attempt's files and take the latest snapshot; the instant stays."""
         self._delete_own_files()
@@ -113,6 +140,8 @@ class Transaction:
                 raise InstantRolledBackError(
                     f"conflict: instant {self.ts} was rolled back by another process; nothing was written"
                 )
+            if tl.is_completed(self.ts):  # a concurrent attempt at the same plan won
+                raise InstantConflictError(f"instant {self.ts}.{self.action} was completed by another attempt")
             for entry in tl.entries_after(checked):
                 conflict = find_conflict(mine, entry, self.table.io, self.table.layout, own_entries)
                 if conflict is not None:
@@ -144,6 +173,11 @@ class Transaction:
             return
         tl = self.table.timeline.reload()
         if tl.is_completed(self.ts):
+            return
+        if self.attempt is not None:  # a table service: the plan stays for the next attempt
+            for rel in self.table.marked_files(self.ts):
+                if self.attempt in posixpath.basename(rel):
+                    self.table.io.delete(self.table.abs(rel))
             return
         self._delete_own_files()
         tl.delete_pending(self.instant)

@@ -1,0 +1,92 @@
+"""``compact``: the Spark side of data compaction (planning and committing live in
+:mod:`spark_jobs.table.action.compact` and :mod:`spark_jobs.table.action.service`).
+
+One Spark task per planned file group reads the group's base and the planned logs, merges
+them (``spark_jobs.table.merge``) and writes the new base; nothing is shuffled.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable
+
+from pyspark.sql import SparkSession
+
+from spark_jobs.jobs import tasks
+from spark_jobs.jobs.session import session_start_ms
+from spark_jobs.table.action.compact import CompactionPolicy, compaction_metadata, plan_compaction
+from spark_jobs.table.action.service import execute, schedule
+from spark_jobs.table.action.transaction import Transaction
+from spark_jobs.table.table import Table
+from spark_jobs.table.timeline import Action
+
+__all__ = ["run_compact"]
+
+log = logging.getLogger("bucketindex.compact")
+
+
+def run_compact(spark: SparkSession | Callable[[], SparkSession] | None, uri: str, *,
+                policy: CompactionPolicy | None = None,
+                schedule_only: bool = False, instant: str | None = None,
+                heartbeat_timeout_s: float | None = None) -> dict[str, Any]:
+    """Schedule a compaction (``schedule_only``), execute a scheduled one (``instant``), or both.
+
+    Returns ``{"instant": ts or None, "scheduled": bool, "executed": bool, "noop": bool, ...}``;
+    ``instant`` None means nothing was due and nothing was written. ``spark`` may be a
+    function that starts a session: it is called only when there is work for Spark.
+    """
+    table = Table.load(uri)
+    started = time.perf_counter()
+    out: dict[str, Any] = {"instant": instant, "scheduled": False, "executed": False, "noop": False}
+    if instant is None:
+        view = table.view()
+        plan = plan_compaction(table, view, policy or CompactionPolicy())
+        if plan is None:
+            log.info("no file group is due for compaction (policy %s)", policy or CompactionPolicy())
+            out["noop"] = True
+            return out
+        inst = schedule(table, Action.COMPACTION, plan)
+        instant = out["instant"] = inst.timestamp
+        out["scheduled"] = True
+        out["file_groups"] = len(plan["file_groups"])
+        log.info("compaction %s planned: %d file groups, %d logs", instant, len(plan["file_groups"]),
+                 sum(len(g["logs"]) for g in plan["file_groups"]))
+        if schedule_only:
+            return out
+    assert spark is not None
+    session = spark
+
+    def work(txn: Transaction) -> dict[str, Any]:
+        s = session() if callable(session) else session
+        return _execute(s, table, txn)
+
+    done = execute(table, instant, Action.COMPACTION, work, heartbeat_timeout_s=heartbeat_timeout_s)
+    out.update(executed=not done.noop, noop=done.noop, counts=done.metadata.get("counts", {}),
+               total_ms=int((time.perf_counter() - started) * 1000), session_start_ms=session_start_ms())
+    return out
+
+
+def _execute(spark: SparkSession, table: Table, txn: Transaction) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    plan, view = txn.plan, txn.view
+    assert view is not None and view.schema is not None and table.config is not None and txn.attempt
+    groups = plan["file_groups"]
+    for g in groups:  # a plan only folds what is still there (a rehash would have conflicted)
+        s = view.file_groups.get((g["partition"], g["file_id"]))
+        if s is None or s.path != g["base"]:
+            raise RuntimeError(f"compaction {txn.ts}: file group {g['partition']}/{g['file_id']} changed "
+                               f"since it was planned; cancel it (`bucketindex rollback {txn.ts}`) and schedule again")
+    rows = [(g["partition"], g["file_id"], g["base"], g["logs"]) for g in groups]
+    todo = spark.createDataFrame(rows, tasks.COMPACT_INPUT).repartition(len(rows))
+    fn = tasks.bind_batches(tasks.compact_slices, table_uri=table.uri, instant=txn.ts, attempt=txn.attempt,
+                            schema=view.schema, precombine=table.config.precombine_field)
+    written = [r.asDict() for r in todo.mapInArrow(fn, tasks.COMPACT_OUTPUT).collect()]
+    # a retried Spark task may have written twice: keep one file per group (the marker
+    # cleanup after the commit deletes the other)
+    one = {(w["part"], w["fid"]): w for w in sorted(written, key=lambda w: w["path"])}
+    meta = compaction_metadata(txn.ts, plan, list(one.values()))
+    meta["timings_ms"] = {"compact_ms": int((time.perf_counter() - t0) * 1000)}
+    log.info("compaction %s: %d file groups folded into new bases in %d ms", txn.ts, len(one),
+             meta["timings_ms"]["compact_ms"])
+    return meta

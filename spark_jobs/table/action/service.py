@@ -1,0 +1,119 @@
+"""Table services as actions on the timeline: a plan is scheduled, and executed later or at once.
+
+Every service -- data compaction now; index compaction, clean and the others of the table
+services -- is the same two steps, as in Hudi's ``table/action``:
+
+* **schedule** writes ``<instant>.<action>.requested`` with the plan (what to read, what to
+  replace). A plan is durable: it has no heartbeat, writers' automatic rollbacks leave it
+  alone, and it can be executed by another process, on another day;
+* **execute** resumes the plan (:meth:`Transaction.resume`), lets the service's Spark job
+  write its files under the instant's markers, and commits through the same conflict check
+  and commit point as every write. Executing a completed plan is a no-op; executing after a
+  crash writes new files under a new attempt token, and the commit's marker cleanup deletes
+  the crashed attempt's files. A failed attempt deletes its own files and keeps the plan.
+
+Which services may run beside which writes is the matrix in ``docs/format.md`` §4.5
+(:data:`spark_jobs.table.action.conflict.MATRIX`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+from spark_jobs.table.action.transaction import CommitConflict, Transaction
+from spark_jobs.table.config import BadInputError
+from spark_jobs.table.errors import ConflictError, WriterAliveError
+from spark_jobs.table.heartbeat import owner_info
+from spark_jobs.table.timeline import Action, Instant, InstantConflictError, State
+
+if TYPE_CHECKING:
+    from spark_jobs.table.table import Table
+
+__all__ = ["schedule", "pending_plans", "execute", "Executed"]
+
+log = logging.getLogger("bucketindex.service")
+
+MAX_INSTANT_ATTEMPTS = 20
+
+
+def schedule(table: "Table", action: str, plan: dict[str, Any]) -> Instant:
+    """Write ``plan`` as a requested ``action`` instant; returns it."""
+    assert action in Action.SERVICES, action
+    tl = table.timeline
+    for _ in range(MAX_INSTANT_ATTEMPTS):
+        ts = tl.new_instant_time()
+        try:
+            inst = tl.create_requested(action, {**plan, "scheduled_by": owner_info()}, timestamp=ts)
+            log.info("scheduled %s %s", action, ts)
+            return inst
+        except InstantConflictError:
+            continue
+    raise ConflictError(f"could not reserve an instant time in {MAX_INSTANT_ATTEMPTS} tries; try again")
+
+
+def pending_plans(table: "Table", action: str) -> list[tuple[Instant, dict[str, Any]]]:
+    """Scheduled, not yet completed plans of ``action`` with their plan, oldest first."""
+    out = []
+    for inst in table.timeline.reload().pending([action]):
+        try:
+            out.append((inst, table.timeline.read_plan(inst)))
+        except FileNotFoundError:  # cancelled meanwhile
+            continue
+    return out
+
+
+@dataclass
+class Executed:
+    instant: str
+    #: the plan had completed already (by an earlier or a concurrent attempt): nothing was done
+    noop: bool
+    metadata: dict[str, Any]
+
+
+def execute(table: "Table", instant: str, action: str, run: Callable[[Transaction], dict[str, Any]], *,
+            heartbeat_timeout_s: float | None = None) -> Executed:
+    """Execute the scheduled plan ``instant``: ``run`` writes the files and returns the metadata.
+
+    BadInputError (exit 2): no such plan, another action's, or cancelled. WriterAliveError
+    (exit 3): an attempt at it is running. ConflictError (exit 3): an action completed since
+    it was planned makes it invalid (a rehash); the plan is cancelled, schedule again.
+    """
+    from spark_jobs.table.action.rollback import is_writer_alive
+
+    tl = table.timeline.reload()
+    if tl.is_completed(instant):
+        done = tl.find(instant)
+        assert done is not None
+        log.info("%s %s is already completed: nothing to do", action, instant)
+        return Executed(instant, True, tl.read_metadata(done))
+    if instant in tl.aborted:
+        raise BadInputError(f"{action} {instant} was cancelled (rolled back); schedule a new one")
+    inst = tl.find(instant)
+    if inst is None:
+        raise BadInputError(f"no scheduled {action} {instant} in {table.uri}")
+    if inst.action != action:
+        raise BadInputError(f"instant {instant} is a {inst.action}, not a {action}")
+    if inst.state == State.INFLIGHT and is_writer_alive(table, inst, heartbeat_timeout_s):
+        raise WriterAliveError(f"busy: {action} {instant} is being executed by a live process")
+    if inst.state == State.INFLIGHT:
+        log.info("%s %s: resuming after a failed or crashed attempt", action, instant)
+    txn = Transaction.resume(table, inst)
+    try:
+        metadata = run(txn)
+        try:
+            txn.commit(metadata)
+        except InstantConflictError:  # a concurrent attempt committed the same plan first
+            txn.abort()
+            done = table.timeline.reload().find(instant)
+            assert done is not None
+            return Executed(instant, True, table.timeline.read_metadata(done))
+        except CommitConflict as c:
+            txn.abort()
+            table.rollback(instant, force=True)
+            raise ConflictError(f"conflict: {c.conflict}; {action} {instant} was cancelled, schedule a new one") from None
+    except BaseException:
+        txn.abort()
+        raise
+    return Executed(instant, False, metadata)

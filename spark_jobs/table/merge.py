@@ -1,0 +1,102 @@
+"""Merging a merge-on-read file slice: a base file plus its log files, in Arrow alone.
+
+One function serves every reader (Spark's ``mapInArrow`` tasks, the Arrow reader, the
+upsert's delete check and data compaction), so they cannot disagree on what a slice holds.
+
+The rules (``docs/format.md`` §5.1), per record key, over the base (position 0) and the
+logs (positions 1.. in commit order):
+
+* a *barrier* -- a ``delete`` or ``move_out`` row of a log -- erases every earlier row of
+  the key. Writers only log a delete that was effective against the stored row (its
+  precombine value checked when it was written), so a delete is final, and a re-insert
+  after it is a new row whatever its precombine value, exactly as with copy-on-write;
+* of the ``upsert`` rows after the key's last barrier, the one with the greatest
+  precombine value wins (nulls lowest), ties going to the later position. That is the
+  copy-on-write rule "an incoming row older than the stored one is stale" applied at read
+  time instead of write time, which is what lets an upsert write only its batch;
+* a key whose last row is a barrier is absent.
+
+Without a precombine field the later position always wins.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+__all__ = ["LOG_OP", "LOG_UPSERT", "LOG_DELETE", "LOG_MOVE_OUT", "merge_slice"]
+
+#: the column of a log file saying what a row does (stored; dropped by readers like every ``_bi_`` column)
+LOG_OP = "_bi_op"
+LOG_UPSERT, LOG_DELETE, LOG_MOVE_OUT = "upsert", "delete", "move_out"
+_POS = "_bi_pos"
+
+
+def merge_slice(base: pa.Table | None, logs: Sequence[pa.Table], *, key: str, precombine: str | None,
+                columns: Sequence[str] | None = None) -> pa.Table:
+    """The live rows of one file slice: ``base`` merged with ``logs`` (oldest first).
+
+    ``columns`` (default: the base's, else the first log's minus ``LOG_OP``) are the output
+    columns; every input must hold them plus ``key`` (and ``LOG_OP`` for logs). Row order
+    is not kept: with logs, rows come out sorted by key.
+    """
+    if columns is None:
+        first = base if base is not None else logs[0]
+        columns = [c for c in first.column_names if c != LOG_OP]
+    cols = list(columns)
+    need = list(dict.fromkeys([*cols, key] + ([precombine] if precombine else [])))
+    if not logs:
+        return base.select(cols) if base is not None else pa.table({})
+    parts = []
+    if base is not None and base.num_rows:
+        parts.append(_tagged(base.select(need), 0, LOG_UPSERT))
+    for i, log in enumerate(logs, start=1):
+        if log.num_rows:
+            parts.append(_tagged(log.select(need), i, None, log.column(LOG_OP)))
+    if not parts:
+        schema = (base if base is not None else logs[0]).select(cols).schema
+        return schema.empty_table()
+    allrows = pa.concat_tables(parts, promote_options="permissive")
+    n = allrows.num_rows
+    pos = allrows.column(_POS).to_numpy()
+    # 1. the last barrier position per key (-1: none)
+    order = pc.sort_indices(allrows, sort_keys=[(key, "ascending"), (_POS, "ascending")]).to_numpy()
+    keys_sorted = allrows.column(key).take(order)
+    starts = _run_starts(keys_sorted)
+    run_of = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, n)))
+    op = allrows.column(LOG_OP)
+    barrier = pc.fill_null(pc.not_equal(op, LOG_UPSERT), False).to_numpy(zero_copy_only=False)
+    barrier_pos = np.where(barrier[order], pos[order], -1)
+    last_barrier = np.maximum.reduceat(barrier_pos, starts) if n else barrier_pos
+    # 2. live candidates: upserts after their key's last barrier
+    live_sorted = (~barrier[order]) & (pos[order] > last_barrier[run_of])
+    candidates = order[live_sorted]
+    if candidates.size == 0:
+        return allrows.select(cols).schema.empty_table()
+    cand = allrows.take(pa.array(candidates))
+    # 3. the winner per key: greatest (precombine, position); nulls lowest
+    sort_keys = ([(key, "ascending")] + ([(precombine, "ascending", "at_start")] if precombine else [])
+                 + [(_POS, "ascending")])
+    o2 = pc.sort_indices(cand, sort_keys=sort_keys).to_numpy()
+    k2 = cand.column(key).take(o2)
+    s2 = _run_starts(k2)
+    last = np.append(s2[1:], len(o2)) - 1
+    return cand.take(pa.array(o2[last])).select(cols)
+
+
+def _tagged(t: pa.Table, pos: int, op: str | None, ops: pa.ChunkedArray | None = None) -> pa.Table:
+    n = t.num_rows
+    t = t.append_column(_POS, pa.array(np.full(n, pos, dtype=np.int32)))
+    return t.append_column(LOG_OP, pa.array([op] * n, pa.string()) if ops is None else ops.cast(pa.string()))
+
+
+def _run_starts(sorted_keys: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """Indexes where a new key starts in a sorted key column."""
+    arr = sorted_keys.combine_chunks() if isinstance(sorted_keys, pa.ChunkedArray) else sorted_keys
+    if len(arr) == 0:
+        return np.zeros(0, dtype=np.int64)
+    change = pc.not_equal(arr.slice(1), arr.slice(0, len(arr) - 1)).to_numpy(zero_copy_only=False)
+    return np.concatenate([[0], np.nonzero(change)[0] + 1]).astype(np.int64)

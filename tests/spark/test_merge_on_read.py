@@ -1,0 +1,207 @@
+"""Merge-on-read tables: upserts append logs instead of rewriting bases, every reader merges
+them (Arrow, Spark, time travel, validate, global_simple tagging), and data compaction folds
+them -- scheduled and executed apart, beside upserts, after a crash -- without changing what
+readers see."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from spark_jobs.jobs.compact import run_compact
+from spark_jobs.jobs.read import read_table
+from spark_jobs.jobs.upsert import UpsertOptions, run_upsert
+from spark_jobs.jobs.validate import run_validate
+from spark_jobs.table.action.compact import CompactionPolicy
+from spark_jobs.table.reader import read_arrow
+from spark_jobs.table.table import Table
+from tests.oracle import reduce_batches, rows_by_identity
+from tests.spark.conftest import tree_digest, write_batch
+from tests.spark.test_upsert_oracle import _dedupe_ties, make_batches
+
+pytestmark = pytest.mark.spark
+
+EVERY_GROUP = CompactionPolicy(min_logs=1)
+
+
+def _upsert(spark, uri, src, i, index="record", **kw):  # type: ignore[no-untyped-def]
+    return run_upsert(spark, UpsertOptions(
+        table=uri, source=src, record_key=["id"], precombine_field="ts", partition_field="region", index=index,
+        num_buckets=4, delete_field="is_deleted", batch_id=f"b{i}", target_file_rows=60,
+        table_type="merge_on_read", **kw))
+
+
+def _spark_rows(spark, uri, as_of=None):  # type: ignore[no-untyped-def]
+    return [r.asDict() for r in read_table(spark, uri, as_of).collect()]
+
+
+@pytest.mark.parametrize("index", ["record", "bucket", "global_simple"])
+def test_logs_not_rewrites_and_every_reader_merges_them(spark, tmp_path, index):
+    part = "region" if index == "bucket" else None
+    batches = make_batches(seed={"record": 11, "bucket": 12, "global_simple": 13}[index], n_batches=4)
+    _dedupe_ties(batches, part is not None)
+    uri = str(tmp_path / "t")
+    instants, first_bases = [], {}
+    for i, rows in enumerate(batches):
+        res = _upsert(spark, uri, write_batch(tmp_path / f"b{i}.parquet", rows), i, index)
+        instants.append(res["instant"])
+        expected = reduce_batches(batches[: i + 1], partition=part)
+        assert rows_by_identity(read_arrow(uri).to_pylist(), partition=part) == expected, f"arrow, batch {i}"
+        assert rows_by_identity(_spark_rows(spark, uri), partition=part) == expected, f"spark, batch {i}"
+        view = Table.load(uri).view()
+        if i == 0:
+            first_bases = {k: s.path for k, s in view.file_groups.items()}
+            assert not any(s.logs for s in view.file_groups.values())
+        else:  # no base of the first commit was rewritten: updates and deletes went to logs
+            assert {k: view.file_groups[k].path for k in first_bases} == first_bases
+            assert any(s.logs for s in view.file_groups.values())
+        assert view.num_rows == len(expected)  # row counts kept exact without reading the groups
+    report = run_validate(spark, uri)
+    assert report["ok"], report
+    # time travel sees each snapshot merged as of its commit
+    for i, inst in enumerate(instants):
+        expected = reduce_batches(batches[: i + 1], partition=part)
+        assert rows_by_identity(read_arrow(uri, as_of=inst).to_pylist(), partition=part) == expected
+    assert rows_by_identity(_spark_rows(spark, uri, instants[1]), partition=part) == reduce_batches(
+        batches[:2], partition=part)
+
+    done = run_compact(spark, uri, policy=EVERY_GROUP)
+    assert done["executed"] and done["counts"]["logs_folded"] > 0
+    view = Table.load(uri).view()
+    assert not any(s.logs for s in view.file_groups.values())
+    expected = reduce_batches(batches, partition=part)
+    assert rows_by_identity(read_arrow(uri).to_pylist(), partition=part) == expected
+    assert rows_by_identity(read_arrow(uri, as_of=instants[1]).to_pylist(), partition=part) == reduce_batches(
+        batches[:2], partition=part)  # what compaction replaced is still there for time travel
+    assert run_validate(spark, uri)["ok"]
+
+
+def test_compaction_beside_upserts_folds_only_its_plan(spark, tmp_path):
+    batches = make_batches(seed=21, n_batches=3)
+    _dedupe_ties(batches, False)
+    uri = str(tmp_path / "t")
+    srcs = [write_batch(tmp_path / f"b{i}.parquet", rows) for i, rows in enumerate(batches)]
+    _upsert(spark, uri, srcs[0], 0)
+    _upsert(spark, uri, srcs[1], 1)
+    planned = run_compact(None, uri, policy=EVERY_GROUP, schedule_only=True)
+    assert planned["scheduled"] and not planned["executed"]
+    # a second schedule finds every due group already planned: nothing written
+    assert run_compact(None, uri, policy=EVERY_GROUP, schedule_only=True)["instant"] is None
+    # an upsert runs while the plan waits: not blocked, not rolled back, its logs stay on top
+    third = _upsert(spark, uri, srcs[2], 2)
+    t = Table.load(uri)
+    assert [i.timestamp for i in t.timeline.pending()] == [planned["instant"]]
+    third_logs = {fg["log"]["path"] for fg in t.timeline.read_metadata(t.timeline.find(third["instant"]))["file_groups"]
+                  if fg.get("log")}
+    assert third_logs
+    done = run_compact(spark, uri, instant=planned["instant"])
+    assert done["executed"] and not done["noop"]
+    view = Table.load(uri).view()
+    left = {lf.path for s in view.file_groups.values() for lf in s.logs}
+    assert left == third_logs  # exactly the logs committed after the plan
+    assert rows_by_identity(read_arrow(uri).to_pylist()) == reduce_batches(batches)
+    assert run_validate(spark, uri)["ok"]
+    again = run_compact(spark, uri, instant=planned["instant"])
+    assert again["noop"] and not again["executed"]
+
+
+def _crash_compaction(uri: str, instant: str, spark_args: list[str]) -> subprocess.CompletedProcess:
+    env = {**os.environ, "BUCKETINDEX_FAULT": "after_data_file"}
+    cmd = [sys.executable, "-m", "spark_jobs.cli", "compact", uri, "--execute", instant, "--heartbeat-timeout", "2",
+           *spark_args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, start_new_session=True)
+
+
+def test_killed_compaction_leaves_the_snapshot_and_resumes(spark, spark_cli_args, tmp_path):
+    batches = make_batches(seed=31, n_batches=2)
+    _dedupe_ties(batches, False)
+    uri = str(tmp_path / "t")
+    for i, rows in enumerate(batches):
+        _upsert(spark, uri, write_batch(tmp_path / f"b{i}.parquet", rows), i)
+    before = read_arrow(uri).to_pylist()
+    planned = run_compact(None, uri, policy=EVERY_GROUP, schedule_only=True)["instant"]
+
+    p = _crash_compaction(uri, planned, spark_cli_args)
+    assert p.returncode == -signal.SIGKILL, (p.returncode, p.stderr[-2000:])
+    t = Table.load(uri)
+    assert t.marked_files(planned), "the dead attempt should have left a new base"
+    assert read_arrow(uri).to_pylist() == before  # readers: the old snapshot
+    # a writer's automatic repair leaves a scheduled plan alone: it is resumed, not abandoned
+    assert t.rollback(timeout_s=2) == []
+    assert [i.timestamp for i in t.timeline.pending()] == [planned]
+
+    import time
+
+    time.sleep(2.5)  # the dead attempt's heartbeat expires
+    done = run_compact(spark, uri, instant=planned, heartbeat_timeout_s=2)
+    assert done["executed"]
+    t = Table.load(uri)
+    assert t.timeline.pending() == [] and not t.marked_files(planned)
+    assert rows_by_identity(read_arrow(uri).to_pylist()) == reduce_batches(batches)
+    assert run_validate(spark, uri)["ok"]
+    # the crashed attempt's base is gone: every file on disk is referenced by a completed action
+    referenced = set()
+    for inst in t.timeline.completed():
+        for fg in t.timeline.read_metadata(inst).get("file_groups", []):
+            referenced |= {fg.get("path"), (fg.get("log") or {}).get("path")}
+    on_disk = {str(q.relative_to(tmp_path / "t")) for q in (tmp_path / "t").rglob("*.parquet")}
+    assert on_disk <= referenced
+
+
+def test_compaction_bad_input_is_one_line_and_writes_nothing(spark, tmp_path):
+    uri = str(tmp_path / "t")
+    src = write_batch(tmp_path / "b.parquet", make_batches(seed=41, n_batches=1)[0])
+    run_upsert(spark, UpsertOptions(table=uri, source=src, record_key=["id"], precombine_field="ts",
+                                    delete_field="is_deleted", num_buckets=2))  # copy-on-write
+    before = tree_digest(tmp_path / "t")
+    for args, needle in (
+        ([], "copy_on_write table: it has no logs to compact"),
+        (["--execute", "20990101000000000"], "no scheduled compaction 20990101000000000"),
+        (["--min-logs", "0"], "--min-logs must be at least 1"),
+        (["--execute", "20990101000000000", "--min-logs", "2"], "apply when scheduling"),
+    ):
+        p = subprocess.run([sys.executable, "-m", "spark_jobs.cli", "compact", uri, *args],
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 2, (args, p.stderr)
+        assert p.stderr.strip().count("\n") == 0 and needle in p.stderr, (args, p.stderr)
+        assert tree_digest(tmp_path / "t") == before
+    # nothing due on a merge-on-read table: no instant, and the command says so
+    mor = str(tmp_path / "m")
+    _upsert(spark, mor, src, 0)
+    p = subprocess.run([sys.executable, "-m", "spark_jobs.cli", "compact", mor, "--schedule-only"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip().splitlines()[-1] == "nothing to compact: no file group is due"
+    assert json.loads(p.stdout.splitlines()[0])["instant"] is None
+    assert Table.load(mor).timeline.pending() == []
+
+
+def test_killed_log_writer_leaves_old_snapshot_and_next_run_repairs(spark, spark_cli_args, tmp_path):
+    """Killed after writing every log and index delta, before its commit point (the crash
+    matrix of copy-on-write covers the earlier points; the files are marked the same way)."""
+    point = "before_complete"
+    from tests.spark.test_retry_and_crash import B1, B2, _crash_upsert
+
+    uri = str(tmp_path / "t")
+    run_upsert(spark, UpsertOptions(table=uri, source=write_batch(tmp_path / "b1.parquet", B1), record_key=["id"],
+                                    precombine_field="ts", partition_field="region", delete_field="is_deleted",
+                                    batch_id="batch-1", target_file_rows=50, table_type="merge_on_read"))
+    before = read_arrow(uri).to_pylist()
+    src2 = write_batch(tmp_path / "b2.parquet", B2)
+    p = _crash_upsert(uri, src2, "record", point, spark_cli_args)
+    assert p.returncode == -signal.SIGKILL, (p.returncode, p.stderr[-2000:])
+    t = Table.load(uri)
+    (pending,) = t.timeline.pending()
+    marked = t.marked_files(pending.timestamp)
+    assert any(f.endswith(".log.parquet") for f in marked), marked  # the moves out of eu/us are logs
+    assert read_arrow(uri).to_pylist() == before
+    res = run_upsert(spark, UpsertOptions(table=uri, source=src2, record_key=["id"], precombine_field="ts",
+                                          partition_field="region", delete_field="is_deleted", batch_id="batch-2",
+                                          heartbeat_timeout_s=1))
+    assert not res["noop"]
+    assert rows_by_identity(read_arrow(uri).to_pylist()) == reduce_batches([B1, B2])
+    assert run_validate(spark, uri)["ok"]
