@@ -7,6 +7,7 @@ needs (table URI, file lists, schema) as arguments, because it runs in a separat
 
 from __future__ import annotations
 
+import functools
 import posixpath
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
@@ -96,6 +97,14 @@ def bind_batches(fn: Callable[..., Iterator[pa.RecordBatch]], **kwargs: Any
     return mapped
 
 
+@functools.lru_cache(maxsize=8)
+def _table(uri: str) -> Table:
+    """The table handle of a Python worker, opened once: a task calls the per-group functions
+    once per file group (hundreds of small logs for a merge-on-read upsert), and a handle is
+    immutable here (tasks only read files and write new ones)."""
+    return Table.open(uri)
+
+
 def _task_token() -> str:
     """``<partition>-<stage>-<attempt>``: unique per task attempt, so a retried or
     speculative attempt writes a different file and never clobbers a sibling."""
@@ -118,7 +127,7 @@ def lookup_bucket(key: tuple, keys: pa.Table, *, table_uri: str, files: dict[int
                       "_bi_old_fid": pa.array([], pa.string())})
     if not rels or keys.num_rows == 0:
         return empty
-    t = Table.open(table_uri)
+    t = _table(table_uri)
     key_list = keys.column(KEY).to_pylist()
     res = lookup(t.io, [t.abs(r) for r in rels], key_list)
     hit = np.nonzero(res.found)[0]
@@ -161,7 +170,7 @@ def merge_file_group(key: tuple, incoming: pa.Table, *, ctx: MergeContext) -> pa
     plus, for the record index, one ``index`` row per key whose location changed.
     """
     part, fid = key[0].as_py(), key[1].as_py()
-    t = Table.open(ctx.table_uri)
+    t = _table(ctx.table_uri)
     names = ctx.schema.names
     base_rel = ctx.base_files.get(f"{part}\x00{fid}")
     if base_rel:
@@ -256,7 +265,7 @@ def append_log(key: tuple, incoming: pa.Table, *, ctx: MergeContext) -> pa.Table
     base_rel = ctx.base_files.get(slice_key)
     if base_rel is None:
         return merge_file_group(key, incoming, ctx=ctx)
-    t = Table.open(ctx.table_uri)
+    t = _table(ctx.table_uri)
     names = ctx.schema.names
     ops = incoming.column(OP)
     in_keys = incoming.column(KEY)

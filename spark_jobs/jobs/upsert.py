@@ -539,6 +539,10 @@ def _drop_stale_moves(spark: SparkSession, table: Table, cfg: TableConfig, view:
     return joined.filter(~F.coalesce(stale, F.lit(False))).drop("_bi_stored")
 
 
+#: merge-on-read: batch rows per log-writing task (a task writes the logs of many file groups)
+LOG_TASK_ROWS = 250_000
+
+
 def _file_group_entry(f: dict[str, Any]) -> dict[str, Any]:
     """The commit metadata of one merge task's output (format.md §3.3)."""
     if f["log"]:
@@ -584,10 +588,16 @@ def _write(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystem
     task = tasks.append_log if cfg.merge_on_read else tasks.merge_file_group
     merged = actions.groupBy(TPART, TFID).applyInArrow(tasks.bind(task, ctx=ctx), tasks.MERGE_OUTPUT)
     merged = merged.persist(StorageLevel.MEMORY_AND_DISK)
-    # as many merge tasks as file groups (up to 2000), at least one per core. Not coalesced:
-    # the shuffle carries only the batch, while each task reads and rewrites a whole file
-    # group, so adaptive execution would judge the partitions small and merge them into one task.
-    with job_conf(spark, **{"spark.sql.shuffle.partitions": max(cores, min(groups, 2000)),
+    # copy-on-write: as many merge tasks as file groups (up to 2000), at least one per core.
+    # Not coalesced: the shuffle carries only the batch, while each task reads and rewrites a
+    # whole file group, so adaptive execution would judge the partitions small and merge them
+    # into one task. Merge-on-read (record, global_simple): a log costs what its rows cost, so
+    # the tasks follow the batch -- one per new file group (those write a base) plus one per
+    # LOG_TASK_ROWS rows -- and a uniform batch over a 10x larger table does not get 10x the tasks
+    merge_tasks = groups
+    if cfg.merge_on_read and cfg.index_type != INDEX_BUCKET:
+        merge_tasks = (groups - len(view.file_groups)) + -(-n // LOG_TASK_ROWS)
+    with job_conf(spark, **{"spark.sql.shuffle.partitions": max(cores, min(merge_tasks, 2000)),
                             "spark.sql.adaptive.coalescePartitions.enabled": "false"}):
         files = [r.asDict() for r in merged.filter("kind = 'file'").collect()]
     logs = sum(1 for f in files if f["path"] and f["log"])

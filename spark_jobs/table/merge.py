@@ -50,6 +50,22 @@ def merge_slice(base: pa.Table | None, logs: Sequence[pa.Table], *, key: str, pr
     need = list(dict.fromkeys([*cols, key] + ([precombine] if precombine else [])))
     if not logs:
         return base.select(cols) if base is not None else pa.table({})
+    if base is not None and base.num_rows:
+        # most of a base is untouched by its logs: pass those rows through, merge the rest
+        log_keys = pa.chunked_array([lg.column(key) for lg in logs if lg.num_rows], type=base.schema.field(key).type)
+        touched = pc.is_in(base.column(key), value_set=log_keys.combine_chunks() if len(log_keys) else
+                           pa.array([], base.schema.field(key).type))
+        if not pc.any(touched).as_py():
+            rest = merge_slice(None, logs, key=key, precombine=precombine, columns=cols)
+            return pa.concat_tables([base.select(cols), rest.cast(base.select(cols).schema)])
+        untouched = base.filter(pc.invert(touched)).select(cols)
+        merged = _merge(base.filter(touched), logs, key, precombine, cols, need)
+        return pa.concat_tables([untouched, merged.cast(untouched.schema)])
+    return _merge(base, logs, key, precombine, cols, need)
+
+
+def _merge(base: pa.Table | None, logs: Sequence[pa.Table], key: str, precombine: str | None, cols: list[str],
+           need: list[str]) -> pa.Table:
     parts = []
     if base is not None and base.num_rows:
         parts.append(_tagged(base.select(need), 0, LOG_UPSERT))

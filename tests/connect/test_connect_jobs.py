@@ -10,7 +10,8 @@ travel, composite keys) and the idempotent retry. Of the crash matrix, a subset 
 tier near its time budget: each Connect-specific mechanism once -- a crash inside a server
 task during the data write (record and bucket index) and during the index write (repaired
 by an explicit rollback), and a crash of the client between Spark actions
-(``before_complete``). Left to the classic tier: ``after_requested`` and
+(``before_complete``). The merge-on-read oracle runs for the record index. Left to the
+classic tier: ``after_requested`` and
 ``after_conflict_check`` (client-side points like ``before_complete``: over Connect the same
 kill of the CLI process) and the crash during a rollback (pure Python, no Spark).
 """
@@ -52,3 +53,12 @@ def test_every_oracle_test_runs_over_connect_too():
     from tests.spark import test_upsert_oracle as oracle
 
     assert {n for n in dir(oracle) if n.startswith("test_")} <= set(globals())
+
+
+def test_merge_on_read_over_connect(spark, tmp_path):  # type: ignore[no-untyped-def]
+    """The merge-on-read oracle (logs, Spark reads merging them in server tasks, time travel,
+    validate, data compaction) with the record index: the other indexes share every Connect
+    mechanism it uses, so the classic tier covers them."""
+    from tests.spark import test_merge_on_read as mor
+
+    mor.test_logs_not_rewrites_and_every_reader_merges_them(spark, tmp_path, "record")

@@ -40,10 +40,10 @@ def _row(i: int, region: str, ts: int, writer: str, deleted: bool = False) -> di
     return {"id": _key(i), "region": region, "ts": ts, "amount": float(i), "writer": writer, "is_deleted": deleted}
 
 
-def _options(uri: str, src: str, index: str, batch_id: str) -> UpsertOptions:
+def _options(uri: str, src: str, index: str, batch_id: str, table_type: str | None = None) -> UpsertOptions:
     return UpsertOptions(table=uri, source=src, record_key=["id"], precombine_field="ts", partition_field="region",
                          index=index, num_buckets=4, delete_field="is_deleted", batch_id=batch_id,
-                         target_file_rows=100)
+                         target_file_rows=100, table_type=table_type)
 
 
 def _cli_upsert(uri: str, src: str, batch_id: str, env: dict[str, str], *extra: str) -> subprocess.Popen:
@@ -54,11 +54,11 @@ def _cli_upsert(uri: str, src: str, batch_id: str, env: dict[str, str], *extra: 
                             text=True, start_new_session=True)
 
 
-def _base(spark, tmp_path: Path, index: str) -> tuple[str, list[dict]]:
+def _base(spark, tmp_path: Path, index: str, table_type: str | None = None) -> tuple[str, list[dict]]:
     """A table with a full and a small file group in 'eu west' (130 rows, 100 per file) and one in 'são paulo'."""
     uri = str(tmp_path / f"t-{index}")
     rows = [_row(i, "eu west", 1, "base") for i in range(130)] + [_row(i, "são paulo", 1, "base") for i in range(130, 170)]
-    run_upsert(spark, _options(uri, write_batch(tmp_path / f"base-{index}.parquet", rows), index, "base"))
+    run_upsert(spark, _options(uri, write_batch(tmp_path / f"base-{index}.parquet", rows), index, "base", table_type))
     return uri, rows
 
 
@@ -98,9 +98,12 @@ def _round(spark, tmp_path: Path, uri: str, index: str, name: str, batches: list
     return status
 
 
-@pytest.mark.parametrize("index", ["record", "bucket"])
-def test_three_writers_overlapping_then_disjoint(spark, tmp_path, index):
-    uri, base = _base(spark, tmp_path, index)
+@pytest.mark.parametrize("index,table_type", [("record", "copy_on_write"), ("bucket", "copy_on_write"),
+                                              ("record", "merge_on_read")])
+def test_three_writers_overlapping_then_disjoint(spark, tmp_path, index, table_type):
+    """Merge-on-read writers append logs instead of rewriting bases; the same conflict rules
+    (a file group written by both, a key in both index deltas) keep them correct."""
+    uri, base = _base(spark, tmp_path, index, table_type)
     history: list[tuple[str, list[dict]]] = [("base", base)]
 
     # round 1, overlapping: all three update keys 0-39 (same ts: the later commit wins) and

@@ -76,8 +76,10 @@ def test_logs_not_rewrites_and_every_reader_merges_them(spark, tmp_path, index):
     assert not any(s.logs for s in view.file_groups.values())
     expected = reduce_batches(batches, partition=part)
     assert rows_by_identity(read_arrow(uri).to_pylist(), partition=part) == expected
-    assert rows_by_identity(read_arrow(uri, as_of=instants[1]).to_pylist(), partition=part) == reduce_batches(
-        batches[:2], partition=part)  # what compaction replaced is still there for time travel
+    # what compaction replaced is still there for time travel: every instant, as before
+    for i, inst in enumerate(instants):
+        assert rows_by_identity(read_arrow(uri, as_of=inst).to_pylist(), partition=part) == reduce_batches(
+            batches[: i + 1], partition=part), f"as of commit {i}, after compaction"
     assert run_validate(spark, uri)["ok"]
 
 
@@ -180,11 +182,13 @@ def test_compaction_bad_input_is_one_line_and_writes_nothing(spark, tmp_path):
     assert Table.load(mor).timeline.pending() == []
 
 
-def test_killed_log_writer_leaves_old_snapshot_and_next_run_repairs(spark, spark_cli_args, tmp_path):
-    """Killed after writing every log and index delta, before its commit point (the crash
-    matrix of copy-on-write covers the earlier points; the files are marked the same way)."""
-    point = "before_complete"
-    from tests.spark.test_retry_and_crash import B1, B2, _crash_upsert
+@pytest.mark.parametrize("point", ["after_data_file", "before_complete"])
+def test_killed_log_writer_leaves_old_snapshot_and_next_run_repairs(spark, spark_cli_args, tmp_path, point):
+    """Killed after its first log (the others unwritten) and after every log and index delta,
+    before its commit point. The batch updates and deletes keys in place, so it writes logs only."""
+    from tests.spark.test_retry_and_crash import B1, _crash_upsert
+
+    B2 = [{**r, "ts": 1000 + i, "amount": -1.0, "is_deleted": i % 7 == 0} for i, r in enumerate(B1[:70])]
 
     uri = str(tmp_path / "t")
     run_upsert(spark, UpsertOptions(table=uri, source=write_batch(tmp_path / "b1.parquet", B1), record_key=["id"],
@@ -197,11 +201,14 @@ def test_killed_log_writer_leaves_old_snapshot_and_next_run_repairs(spark, spark
     t = Table.load(uri)
     (pending,) = t.timeline.pending()
     marked = t.marked_files(pending.timestamp)
-    assert any(f.endswith(".log.parquet") for f in marked), marked  # the moves out of eu/us are logs
+    data = [f for f in marked if not f.startswith(".bucketindex")]
+    assert data and all(f.endswith(".log.parquet") for f in data), marked
     assert read_arrow(uri).to_pylist() == before
-    res = run_upsert(spark, UpsertOptions(table=uri, source=src2, record_key=["id"], precombine_field="ts",
-                                          partition_field="region", delete_field="is_deleted", batch_id="batch-2",
-                                          heartbeat_timeout_s=1))
+    opts = UpsertOptions(table=uri, source=src2, record_key=["id"], precombine_field="ts", partition_field="region",
+                         delete_field="is_deleted", batch_id="batch-2")
+    res = run_upsert(spark, opts)
     assert not res["noop"]
+    assert run_upsert(spark, opts)["noop"]  # a retry of the same batch id applies nothing twice
     assert rows_by_identity(read_arrow(uri).to_pylist()) == reduce_batches([B1, B2])
     assert run_validate(spark, uri)["ok"]
+    assert len(Table.load(uri).timeline.completed(["commit"])) == 2

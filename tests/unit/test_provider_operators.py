@@ -83,7 +83,8 @@ def test_init_does_no_work(ops, monkeypatch):  # type: ignore[no-untyped-def]
 def test_template_fields_are_the_constructor_arguments_verbatim(ops):  # type: ignore[no-untyped-def]
     kw = dict(
         table_uri="{{ params.t }}", source_uri="{{ ds }}", record_key=["a", "b"], precombine_field="ts",
-        partition_field="p", index="bucket", num_buckets="{{ params.n }}", source_format="json",
+        partition_field="p", index="bucket", num_buckets="{{ params.n }}", table_type="merge_on_read",
+        source_format="json",
         delete_field="del", batch_id="{{ run_id }}", master="spark://m:7077", conf={"k": "{{ ds }}"},
         name="n", env_vars={"E": "1"},
     )  # fmt: skip
