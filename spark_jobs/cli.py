@@ -227,7 +227,8 @@ def cmd_show(args: argparse.Namespace, submitted: bool) -> int:
         print("writers")
         for w in d["writers"]:
             print(f"  {w['instant']} {w['action']:<10} {w['state']:<9} batch={w['batch_id'] or '-'} "
-                  f"{'alive' if w['alive'] else 'abandoned'} host={w['host'] or '?'} pid={w['pid'] or '?'} "
+                  f"{'alive' if w['alive'] else 'scheduled' if w.get('scheduled') else 'abandoned'} "
+                  f"host={w['host'] or '?'} pid={w['pid'] or '?'} "
                   f"started={w['started'] or '?'} heartbeat={w['last_heartbeat'] or 'none'}")
     if d["conflicts"]:
         print("recent conflicts")
@@ -242,6 +243,11 @@ def cmd_show(args: argparse.Namespace, submitted: bool) -> int:
         cnt = (f" +{counts.get('inserted', 0)} ~{counts.get('updated', 0)} -{counts.get('deleted', 0)}" if counts else "")
         if c["action"] == "rollback":
             print(f"  {c['instant']} rollback   of {c['rolled_back']}")
+            continue
+        if c["action"] == "compaction":
+            print(f"  {c['instant']} compaction {counts.get('file_groups', 0)} file groups, "
+                  f"{counts.get('logs_folded', 0)} logs folded"
+                  + (f"  [{phases}]" if t else ""))
             continue
         start = f" +session start {c['session_start_ms']}ms" if c.get("session_start_ms") else ""
         print(f"  {c['instant']} {c['action']:<10}{cnt}  batch={c['batch_id'] or '-'}"

@@ -18,6 +18,7 @@ from spark_jobs.jobs.session import session_start_ms
 from spark_jobs.table.action.compact import CompactionPolicy, compaction_metadata, plan_compaction
 from spark_jobs.table.action.service import execute, schedule
 from spark_jobs.table.action.transaction import Transaction
+from spark_jobs.table.config import BadInputError
 from spark_jobs.table.table import Table
 from spark_jobs.table.timeline import Action
 
@@ -75,7 +76,7 @@ def _execute(spark: SparkSession, table: Table, txn: Transaction) -> dict[str, A
     for g in groups:  # a plan only folds what is still there (a rehash would have conflicted)
         s = view.file_groups.get((g["partition"], g["file_id"]))
         if s is None or s.path != g["base"]:
-            raise RuntimeError(f"compaction {txn.ts}: file group {g['partition']}/{g['file_id']} changed "
+            raise BadInputError(f"compaction {txn.ts}: file group {g['partition']}/{g['file_id']} changed "
                                f"since it was planned; cancel it (`bucketindex rollback {txn.ts}`) and schedule again")
     rows = [(g["partition"], g["file_id"], g["base"], g["logs"]) for g in groups]
     todo = spark.createDataFrame(rows, tasks.COMPACT_INPUT).repartition(len(rows))

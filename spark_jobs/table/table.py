@@ -197,7 +197,7 @@ class Table:
                 beat = json.loads(self.io.read_bytes(self.layout.heartbeat_file(inst.timestamp)))
             except (OSError, ValueError):
                 beat = {}
-            owner = plan.get("owner") or {}
+            owner = plan.get("owner") or plan.get("scheduled_by") or {}
             out.append({
                 "instant": inst.timestamp,
                 "action": inst.action,
@@ -208,6 +208,8 @@ class Table:
                 "started": _iso(owner.get("at")),
                 "last_heartbeat": _iso(beat.get("at")),
                 "alive": is_writer_alive(self, inst),
+                # a table-service plan waiting for its executor is not an abandoned write
+                "scheduled": inst.action in Action.SERVICES,
             })
         return out
 

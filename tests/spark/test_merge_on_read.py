@@ -98,6 +98,11 @@ def test_compaction_beside_upserts_folds_only_its_plan(spark, tmp_path):
     third = _upsert(spark, uri, srcs[2], 2)
     t = Table.load(uri)
     assert [i.timestamp for i in t.timeline.pending()] == [planned["instant"]]
+    (w,) = t.describe()["writers"]  # `show` lists the plan as scheduled, not as an abandoned write
+    assert w["instant"] == planned["instant"] and w["scheduled"] and not w["alive"]
+    logs = t.describe()["logs"]
+    assert logs["files"] == sum(len(s.logs) for s in t.view().file_groups.values()) > 0
+    assert logs["largest"][0]["log_bytes"] > 0
     third_logs = {fg["log"]["path"] for fg in t.timeline.read_metadata(t.timeline.find(third["instant"]))["file_groups"]
                   if fg.get("log")}
     assert third_logs
