@@ -377,10 +377,8 @@ def read_file_keys(files: Iterable[pa.RecordBatch], *, table_uri: str, part: str
             if t is None:  # once per task, and only if it has files to read
                 t = Table.open(table_uri)
             if logs:  # live keys do not depend on precombine values: merge on the key alone
-                keys = read_slice(t, rel, logs, columns=[KEY]).column(KEY).combine_chunks().cast(pa.string())
-                n = len(keys)
-                loc = [pa.repeat(pa.scalar(v, pa.string()), n) for v in (p, f)]
-                yield pa.RecordBatch.from_arrays([keys, *loc], names=[KEY, part, fid])
+                keys = read_slice(t, rel, logs, columns=[KEY]).column(KEY).combine_chunks()
+                yield _labelled(keys, p, f, names=[KEY, part, fid])
             else:
                 yield from _keys_of_file(t, rel, p, f, names=[KEY, part, fid])
 
@@ -402,9 +400,13 @@ def _keys_of_file(t: Table, rel: str, part: str, fid: str, *, names: list[str]) 
     """The key column of one file, in bounded batches, each labelled with its file group."""
     with t.io.open_input_file(t.abs(rel)) as src:
         for b in pq.ParquetFile(src).iter_batches(batch_size=READ_BATCH_ROWS, columns=[KEY]):
-            n = b.num_rows
-            loc = [pa.repeat(pa.scalar(v, pa.string()), n) for v in (part, fid)]
-            yield pa.RecordBatch.from_arrays([b.column(0).cast(pa.string()), *loc], names=names)
+            yield _labelled(b.column(0), part, fid, names=names)
+
+
+def _labelled(keys: pa.Array, part: str, fid: str, *, names: list[str]) -> pa.RecordBatch:
+    """Keys labelled with the file group they were read from."""
+    loc = [pa.repeat(pa.scalar(v, pa.string()), len(keys)) for v in (part, fid)]
+    return pa.RecordBatch.from_arrays([keys.cast(pa.string()), *loc], names=names)
 
 
 def fingerprint_keys(batches, *, key_col: str = KEY):  # type: ignore[no-untyped-def]

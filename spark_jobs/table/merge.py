@@ -55,9 +55,6 @@ def merge_slice(base: pa.Table | None, logs: Sequence[pa.Table], *, key: str, pr
         log_keys = pa.chunked_array([lg.column(key) for lg in logs if lg.num_rows], type=base.schema.field(key).type)
         touched = pc.is_in(base.column(key), value_set=log_keys.combine_chunks() if len(log_keys) else
                            pa.array([], base.schema.field(key).type))
-        if not pc.any(touched).as_py():
-            rest = merge_slice(None, logs, key=key, precombine=precombine, columns=cols)
-            return pa.concat_tables([base.select(cols), rest.cast(base.select(cols).schema)])
         untouched = base.filter(pc.invert(touched)).select(cols)
         merged = _merge(base.filter(touched), logs, key, precombine, cols, need)
         return pa.concat_tables([untouched, merged.cast(untouched.schema)])

@@ -15,13 +15,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import pyarrow.parquet as pq
 import pytest
 
 from spark_jobs.jobs.read import keys_with_location, read_table
 from spark_jobs.jobs.upsert import UpsertOptions, run_upsert
 from spark_jobs.jobs.validate import run_validate
-from spark_jobs.table.reader import read_arrow
+from spark_jobs.table.reader import read_arrow, read_slice
 from spark_jobs.table.table import Table
 from tests.oracle import reduce_batches, rows_by_identity
 from tests.spark.conftest import write_batch
@@ -74,10 +73,11 @@ def second_batch(first: list[dict[str, Any]], seed: int) -> list[dict[str, Any]]
     return rows
 
 
-def upsert(spark, uri: str, src: str, index: str, batch_id: str) -> dict[str, Any]:
+def upsert(spark, uri: str, src: str, index: str, batch_id: str, table_type: str | None = None) -> dict[str, Any]:
     return run_upsert(spark, UpsertOptions(
         table=uri, source=src, record_key=["id"], precombine_field="ts", partition_field="region", index=index,
         num_buckets=3, delete_field="is_deleted", batch_id=batch_id, target_file_rows=TARGET_FILE_ROWS,
+        table_type=table_type,
     ))
 
 
@@ -99,23 +99,24 @@ def assert_keys_located_per_file(spark, uri: str) -> None:
     table = Table.load(uri)
     view = table.view()
     expected: Counter = Counter()
-    for s in view.slices():
-        with table.io.open_input_file(table.abs(s.path)) as f:
-            for k in pq.read_table(f, columns=["_bi_key"]).column("_bi_key").to_pylist():
-                expected[(k, s.partition, s.file_id)] += 1
+    for s in view.slices():  # a merge-on-read slice: its base merged with its logs
+        keys = read_slice(table, s.path, [lf.path for lf in s.logs], columns=["_bi_key"])
+        for k in keys.column("_bi_key").to_pylist():
+            expected[(k, s.partition, s.file_id)] += 1
     df = keys_with_location(spark, table, view, part="p", fid="f")
     assert df is not None and df.columns == ["_bi_key", "p", "f"]
     assert Counter(tuple(r) for r in df.collect()) == expected
 
 
-@pytest.mark.parametrize("index", ["record", "bucket", "global_simple"])
-def test_odd_partition_values_and_keys(spark, tmp_path, index):
+@pytest.mark.parametrize("index,table_type", [("record", None), ("bucket", None), ("global_simple", None),
+                                              ("record", "merge_on_read")])
+def test_odd_partition_values_and_keys(spark, tmp_path, index, table_type):
     partition = "region" if index == "bucket" else None
     uri = str(tmp_path / "table")
     batches = [first_batch()]
     batches.append(second_batch(batches[0], seed=len(index)))
     for i, rows in enumerate(batches):
-        res = upsert(spark, uri, write_batch(tmp_path / f"b{i}.parquet", rows), index, f"b{i}")
+        res = upsert(spark, uri, write_batch(tmp_path / f"b{i}.parquet", rows), index, f"b{i}", table_type)
         assert not res["noop"]
         expected = reduce_batches(batches[: i + 1], partition=partition)
         # the cheap check after each batch; the second batch's routing depends on the first
@@ -125,6 +126,8 @@ def test_odd_partition_values_and_keys(spark, tmp_path, index):
     per_partition = Counter(s.partition for s in Table.load(uri).view().slices())
     assert len(per_partition) == len(REGIONS)
     assert all(n > 1 for n in per_partition.values()), per_partition  # several file groups everywhere
+    if table_type == "merge_on_read":  # the second batch's updates, deletes and moves went to logs
+        assert any(s.logs for s in Table.load(uri).view().slices())
 
 
 def test_spark_reads_exactly_the_files_named(spark, tmp_path):

@@ -18,6 +18,7 @@ import json
 import logging
 import posixpath
 import time
+import uuid
 from typing import TYPE_CHECKING, Any
 
 from spark_jobs.table.action.conflict import Conflict, WriteSet, find_conflict
@@ -103,8 +104,6 @@ class Transaction:
         attempt's files may be the ones that win. Each attempt names its files with its own
         token (:attr:`attempt`), so two attempts never write the same path.
         """
-        import uuid
-
         txn = cls(table, instant.action, table.timeline.read_plan(instant), view=table.view())
         txn.instant = instant
         txn.attempt = uuid.uuid4().hex[:8]
