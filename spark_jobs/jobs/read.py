@@ -10,10 +10,13 @@ handed to Spark's reader are escaped so Hadoop takes them literally (:func:`file
 
 from __future__ import annotations
 
+import posixpath
 import re
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from spark_jobs.jobs import tasks
@@ -87,26 +90,68 @@ def _file_list(spark: SparkSession, slices: list[FileSlice]) -> DataFrame:
 def read_slices(spark: SparkSession, table: Table, view: FileSystemView, slices: list[FileSlice]) -> DataFrame:
     """Every live row of ``slices`` with the snapshot's schema (meta columns included).
 
-    Slices without logs go through Spark's Parquet reader; merge-on-read slices with logs are
-    merged per file group inside the task that reads them (``tasks.read_slices``): no shuffle.
+    Bases go through Spark's Parquet reader; the logs of merge-on-read slices are applied
+    per file group by position (:func:`_merged_natively`), or, when that cannot name rows
+    safely, each such slice is read and merged whole in one Python task (``tasks.read_slices``).
+    Neither shuffles.
     """
     assert view.schema is not None and table.config is not None
     schema = from_arrow_schema(view.schema)
-    plain = [file_uri(table, s.path) for s in slices if not s.logs]
     merged = [s for s in slices if s.logs]
+    args = {"table_uri": table.uri, "schema": view.schema, "precombine": table.config.precombine_field}
+    if merged and "_metadata" not in schema.names and _native_merge(slices, merged):
+        return _merged_natively(spark, table, slices, merged, schema, args)
+    plain = [file_uri(table, s.path) for s in slices if not s.logs]
     parts = []
     if plain:
         parts.append(spark.read.schema(schema).parquet(*plain))
     if merged:
-        fn = tasks.bind_batches(tasks.read_slices, table_uri=table.uri, schema=view.schema,
-                                precombine=table.config.precombine_field)
-        parts.append(_file_list(spark, merged).mapInArrow(fn, schema))
+        parts.append(_file_list(spark, merged).mapInArrow(tasks.bind_batches(tasks.read_slices, **args), schema))
     if not parts:
         return spark.createDataFrame([], schema)
     out = parts[0]
     for p in parts[1:]:
         out = out.unionByName(p)
     return out
+
+
+#: above this many log rows a read merges whole slices in Python instead: the base rows a
+#: merge drops are broadcast to every task (16 bytes each), which must stay small
+NATIVE_MERGE_MAX_LOG_ROWS = 20_000_000
+_PLAIN_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+def _native_merge(slices: list[FileSlice], merged: list[FileSlice]) -> bool:
+    """Whether the bases of ``slices`` can be read by Spark and ``merged``'s logs applied by position.
+
+    Spark names a row's file by its URI-encoded name, so the names must need no encoding
+    (every name this table writes is such), and their hashes must be distinct (they are,
+    short of a 64-bit collision, which is checked rather than assumed).
+    """
+    from spark_jobs.index.hashing import bucket_hash
+
+    if sum(lf.num_rows for s in merged for lf in s.logs) > NATIVE_MERGE_MAX_LOG_ROWS:
+        return False
+    names = [posixpath.basename(s.path) for s in slices]
+    return all(_PLAIN_NAME.match(n) for n in names) and len({bucket_hash(n) for n in names}) == len(names)
+
+
+def _merged_natively(spark: SparkSession, table: Table, slices: list[FileSlice], merged: list[FileSlice],
+                     schema: Any, args: dict[str, Any]) -> DataFrame:
+    """Every live row of ``slices``: their bases, read by Spark's Parquet reader in one scan
+    minus the rows the logs of ``merged`` replace, plus the live rows of those logs.
+
+    Only keys cross into Python (``tasks.slice_drops`` plans each slice's merge from its
+    base's key column and its logs), so a merge-on-read table reads nearly as a plain one
+    does. The dropped rows are named by (file name hash, row index in the file) and removed
+    with a broadcast anti-join: no shuffle, and each slice still planned by one task.
+    """
+    bases = spark.read.schema(schema).parquet(*[file_uri(table, s.path) for s in slices]).select(
+        "*", F.xxhash64(F.col("_metadata.file_name")).alias("_bi_f"), F.col("_metadata.row_index").alias("_bi_r"))
+    drops = _file_list(spark, merged).mapInArrow(tasks.bind_batches(tasks.slice_drops, **args), tasks.DROPS_SCHEMA)
+    kept = bases.join(F.broadcast(drops), ["_bi_f", "_bi_r"], "left_anti").drop("_bi_f", "_bi_r")
+    added = _file_list(spark, merged).mapInArrow(tasks.bind_batches(tasks.slice_log_rows, **args), schema)
+    return kept.unionByName(added)
 
 
 def read_table(spark: SparkSession, uri: str, as_of: str | None = None, *, with_meta: bool = False) -> DataFrame:

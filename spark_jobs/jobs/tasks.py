@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 from spark_jobs.index.record_index import IndexEntries, lookup, write_index_file
 from spark_jobs.table.layout import data_file_name, log_file_name
 from spark_jobs.table.merge import LOG_DELETE, LOG_MOVE_OUT, LOG_OP, LOG_UPSERT
-from spark_jobs.table.reader import read_slice
+from spark_jobs.table.reader import read_slice, read_slice_plan
 from spark_jobs.table.table import Table
 from spark_jobs.testing import faults
 from spark_jobs.testing.faults import maybe_crash
@@ -40,6 +40,9 @@ __all__ = [
     "bind_batches",
     "read_file_keys",
     "read_slices",
+    "slice_drops",
+    "slice_log_rows",
+    "DROPS_SCHEMA",
     "compact_slices",
     "COMPACT_INPUT",
     "COMPACT_OUTPUT",
@@ -63,6 +66,8 @@ COMPACT_OUTPUT = "part string, fid string, path string, num_rows long, size long
 #: one row per live file slice, for ``mapInArrow`` readers (paths relative to the table root;
 #: ``logs``: a merge-on-read slice's logs in commit order, empty otherwise)
 FILE_LIST_SCHEMA = "path string, part string, fid string, logs array<string>"
+#: base rows a merge drops: (``xxhash64`` of the base file's name, row index in the file)
+DROPS_SCHEMA = "_bi_f long, _bi_r long"
 #: rows per Arrow batch a reader yields: bounds a task's memory whatever the file size
 READ_BATCH_ROWS = 64 * 1024
 
@@ -394,6 +399,39 @@ def read_slices(files: Iterable[pa.RecordBatch], *, table_uri: str, schema: pa.S
                 t = Table.open(table_uri)
             merged = read_slice(t, rel, logs or [], precombine=precombine, schema=schema)
             yield from merged.select(schema.names).cast(schema).to_batches(max_chunksize=READ_BATCH_ROWS)
+
+
+def slice_drops(files: Iterable[pa.RecordBatch], *, table_uri: str, schema: pa.Schema,
+                precombine: str | None) -> Iterator[pa.RecordBatch]:
+    """mapInArrow over ``FILE_LIST_SCHEMA`` rows: the base rows each slice's merge drops
+    (``DROPS_SCHEMA``), read from the base's key column and the logs' merge columns only."""
+    from spark_jobs.index.hashing import bucket_hash  # Spark's xxhash64 of a string
+
+    t: Table | None = None
+    for b in files:
+        for rel, logs in zip(b.column("path").to_pylist(), b.column("logs").to_pylist()):
+            if t is None:
+                t = Table.open(table_uri)
+            plan, _ = read_slice_plan(t, rel, logs or [], precombine=precombine, schema=schema)
+            if len(plan.dropped):
+                f = np.full(len(plan.dropped), bucket_hash(posixpath.basename(rel)), dtype=np.int64)
+                yield pa.RecordBatch.from_arrays([pa.array(f), pa.array(plan.dropped.astype(np.int64))],
+                                                 names=["_bi_f", "_bi_r"])
+
+
+def slice_log_rows(files: Iterable[pa.RecordBatch], *, table_uri: str, schema: pa.Schema,
+                   precombine: str | None) -> Iterator[pa.RecordBatch]:
+    """mapInArrow over ``FILE_LIST_SCHEMA`` rows: the live rows each slice's logs contribute."""
+    t: Table | None = None
+    for b in files:
+        for rel, logs in zip(b.column("path").to_pylist(), b.column("logs").to_pylist()):
+            if t is None:
+                t = Table.open(table_uri)
+            plan, read = read_slice_plan(t, rel, logs or [], precombine=precombine, schema=schema, log_columns=None)
+            for log, rows in zip(read, plan.live):
+                if len(rows):
+                    live = log.take(pa.array(rows)).select(schema.names).cast(schema)
+                    yield from live.to_batches(max_chunksize=READ_BATCH_ROWS)
 
 
 def _keys_of_file(t: Table, rel: str, part: str, fid: str, *, names: list[str]) -> Iterator[pa.RecordBatch]:

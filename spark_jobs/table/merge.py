@@ -21,18 +21,19 @@ Without a precombine field the later position always wins.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["LOG_OP", "LOG_UPSERT", "LOG_DELETE", "LOG_MOVE_OUT", "merge_slice"]
+__all__ = ["LOG_OP", "LOG_UPSERT", "LOG_DELETE", "LOG_MOVE_OUT", "merge_slice", "plan_slice", "SlicePlan"]
 
 #: the column of a log file saying what a row does (stored; dropped by readers like every ``_bi_`` column)
 LOG_OP = "_bi_op"
 LOG_UPSERT, LOG_DELETE, LOG_MOVE_OUT = "upsert", "delete", "move_out"
 _POS = "_bi_pos"
+_ROW = "_bi_row"
 
 
 def merge_slice(base: pa.Table | None, logs: Sequence[pa.Table], *, key: str, precombine: str | None,
@@ -41,37 +42,70 @@ def merge_slice(base: pa.Table | None, logs: Sequence[pa.Table], *, key: str, pr
 
     ``columns`` (default: the base's, else the first log's minus ``LOG_OP``) are the output
     columns; every input must hold them plus ``key`` (and ``LOG_OP`` for logs). Row order
-    is not kept: with logs, rows come out sorted by key.
+    is not kept: the base's live rows come first, then the logs' live rows.
     """
     if columns is None:
         first = base if base is not None else logs[0]
         columns = [c for c in first.column_names if c != LOG_OP]
     cols = list(columns)
-    need = list(dict.fromkeys([*cols, key] + ([precombine] if precombine else [])))
     if not logs:
         return base.select(cols) if base is not None else pa.table({})
-    if base is not None and base.num_rows:
-        # most of a base is untouched by its logs: pass those rows through, merge the rest
-        log_keys = pa.chunked_array([lg.column(key) for lg in logs if lg.num_rows], type=base.schema.field(key).type)
-        touched = pc.is_in(base.column(key), value_set=log_keys.combine_chunks() if len(log_keys) else
-                           pa.array([], base.schema.field(key).type))
-        untouched = base.filter(pc.invert(touched)).select(cols)
-        merged = _merge(base.filter(touched), logs, key, precombine, cols, need)
-        return pa.concat_tables([untouched, merged.cast(untouched.schema)])
-    return _merge(base, logs, key, precombine, cols, need)
-
-
-def _merge(base: pa.Table | None, logs: Sequence[pa.Table], key: str, precombine: str | None, cols: list[str],
-           need: list[str]) -> pa.Table:
+    plan = plan_slice(base, logs, key=key, precombine=precombine)
     parts = []
     if base is not None and base.num_rows:
-        parts.append(_tagged(base.select(need), 0, LOG_UPSERT))
+        keep = np.ones(base.num_rows, dtype=bool)
+        keep[plan.dropped] = False
+        parts.append(base.select(cols).filter(pa.array(keep)))
+    parts += [log.select(cols).take(pa.array(rows)) for log, rows in zip(logs, plan.live) if len(rows)]
+    if not parts:
+        return (base if base is not None else logs[0]).select(cols).schema.empty_table()
+    out = pa.concat_tables(parts, promote_options="permissive")
+    return out.cast(parts[0].schema) if base is not None and base.num_rows else out
+
+
+class SlicePlan(NamedTuple):
+    """What merging a slice keeps: every base row but ``dropped`` (positions in the base
+    file), and of log ``i`` the rows at positions ``live[i]``."""
+
+    dropped: np.ndarray
+    live: list[np.ndarray]
+
+
+def plan_slice(base: pa.Table | None, logs: Sequence[pa.Table], *, key: str, precombine: str | None) -> SlicePlan:
+    """The merge of a slice as positions, from its keys (and precombine values) alone.
+
+    ``base`` needs only ``key`` (and ``precombine``), in file order; each log ``key``,
+    ``precombine`` and ``LOG_OP``. Positions refer to rows of the files as stored, so a
+    reader can apply the plan to rows it reads some other way (Spark's Parquet reader reads
+    a base's columns while only the keys cross into Python).
+    """
+    need = [key] + ([precombine] if precombine else [])
+    parts = []
+    touched_rows = np.zeros(0, dtype=np.int64)
+    if base is not None and base.num_rows:
+        # most of a base is untouched by its logs: only rows whose key a log names take part
+        log_keys = [lg.column(key).combine_chunks() for lg in logs if lg.num_rows]
+        ktype = base.schema.field(key).type
+        value_set = pa.concat_arrays([k.cast(ktype) for k in log_keys]) if log_keys else pa.array([], ktype)
+        touched = pc.is_in(base.column(key), value_set=value_set)
+        touched_rows = np.flatnonzero(touched.to_numpy(zero_copy_only=False))
+        if touched_rows.size:
+            parts.append(_tagged(base.select(need).take(pa.array(touched_rows)), 0, touched_rows, LOG_UPSERT))
     for i, log in enumerate(logs, start=1):
         if log.num_rows:
-            parts.append(_tagged(log.select(need), i, None, log.column(LOG_OP)))
+            parts.append(_tagged(log.select(need), i, np.arange(log.num_rows), None, log.column(LOG_OP)))
+    winners_pos, winners_row = _winners(parts, key, precombine)
+    base_kept = winners_row[winners_pos == 0]
+    dropped = np.setdiff1d(touched_rows, base_kept, assume_unique=True)
+    live = [np.sort(winners_row[winners_pos == i]) for i in range(1, len(logs) + 1)]
+    return SlicePlan(dropped=dropped, live=live)
+
+
+def _winners(parts: list[pa.Table], key: str, precombine: str | None) -> tuple[np.ndarray, np.ndarray]:
+    """(position, row) of the live row of every key over ``parts`` (the rules above)."""
+    empty = np.zeros(0, dtype=np.int64)
     if not parts:
-        schema = (base if base is not None else logs[0]).select(cols).schema
-        return schema.empty_table()
+        return empty, empty
     allrows = pa.concat_tables(parts, promote_options="permissive")
     n = allrows.num_rows
     pos = allrows.column(_POS).to_numpy()
@@ -88,7 +122,7 @@ def _merge(base: pa.Table | None, logs: Sequence[pa.Table], key: str, precombine
     live_sorted = (~barrier[order]) & (pos[order] > last_barrier[run_of])
     candidates = order[live_sorted]
     if candidates.size == 0:
-        return allrows.select(cols).schema.empty_table()
+        return empty, empty
     cand = allrows.take(pa.array(candidates))
     # 3. the winner per key: greatest (precombine, position); nulls lowest
     sort_keys = ([(key, "ascending")] + ([(precombine, "ascending", "at_start")] if precombine else [])
@@ -97,12 +131,14 @@ def _merge(base: pa.Table | None, logs: Sequence[pa.Table], key: str, precombine
     k2 = cand.column(key).take(o2)
     s2 = _run_starts(k2)
     last = np.append(s2[1:], len(o2)) - 1
-    return cand.take(pa.array(o2[last])).select(cols)
+    won = cand.take(pa.array(o2[last]))
+    return won.column(_POS).to_numpy().astype(np.int64), won.column(_ROW).to_numpy()
 
 
-def _tagged(t: pa.Table, pos: int, op: str | None, ops: pa.ChunkedArray | None = None) -> pa.Table:
+def _tagged(t: pa.Table, pos: int, rows: np.ndarray, op: str | None, ops: pa.ChunkedArray | None = None) -> pa.Table:
     n = t.num_rows
     t = t.append_column(_POS, pa.array(np.full(n, pos, dtype=np.int32)))
+    t = t.append_column(_ROW, pa.array(rows.astype(np.int64)))
     return t.append_column(LOG_OP, pa.array([op] * n, pa.string()) if ops is None else ops.cast(pa.string()))
 
 

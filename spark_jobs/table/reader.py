@@ -8,10 +8,10 @@ from typing import Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from spark_jobs.table.merge import LOG_OP, merge_slice
+from spark_jobs.table.merge import LOG_OP, SlicePlan, merge_slice, plan_slice
 from spark_jobs.table.table import Table
 
-__all__ = ["read_arrow", "read_slice", "META_PREFIX"]
+__all__ = ["read_arrow", "read_slice", "read_slice_plan", "META_PREFIX"]
 
 META_PREFIX = "_bi_"
 #: the record key column of every data file (``spark_jobs.jobs.tasks.KEY``)
@@ -27,19 +27,34 @@ def read_slice(table: Table, base: str, logs: Sequence[str] = (), *, columns: Se
     ``schema`` casts every file to the snapshot's schema first (older files may lack a
     column added since, or hold a narrower type).
     """
-    def read(rel: str, cols: list[str] | None) -> pa.Table:
-        with table.io.open_input_file(table.abs(rel)) as f:
-            t = pq.read_table(f, columns=cols)
-        return t
-
     cols = list(columns) if columns is not None else None
     if not logs:
-        t = read(base, cols)
-        return _cast(t, schema)
+        return _cast(_read(table, base, cols), schema)
     need = None if cols is None else list(dict.fromkeys([*cols, KEY_COLUMN] + ([precombine] if precombine else [])))
-    b = _cast(read(base, need), schema)
-    ls = [_cast(read(rel, None if need is None else [*need, LOG_OP]), schema) for rel in logs]
+    b = _cast(_read(table, base, need), schema)
+    ls = [_cast(_read(table, rel, None if need is None else [*need, LOG_OP]), schema) for rel in logs]
     return merge_slice(b, ls, key=KEY_COLUMN, precombine=precombine, columns=cols or b.column_names)
+
+
+def read_slice_plan(table: Table, base: str, logs: Sequence[str], *, precombine: str | None,
+                    schema: pa.Schema | None = None, log_columns: Sequence[str] | None = ()
+                    ) -> tuple[SlicePlan, list[pa.Table]]:
+    """The merge plan of one slice (``merge.plan_slice``) and its logs as read.
+
+    Only the base's key (and precombine) column is read: a reader that applies the plan
+    reads the base's rows itself. The logs are read with the merge's columns plus
+    ``log_columns`` (``None``: all of them).
+    """
+    merge_cols = [KEY_COLUMN] + ([precombine] if precombine else [])
+    b = _cast(_read(table, base, merge_cols), schema)
+    wanted = None if log_columns is None else list(dict.fromkeys([*log_columns, *merge_cols, LOG_OP]))
+    ls = [_cast(_read(table, rel, wanted), schema) for rel in logs]
+    return plan_slice(b, ls, key=KEY_COLUMN, precombine=precombine), ls
+
+
+def _read(table: Table, rel: str, cols: list[str] | None) -> pa.Table:
+    with table.io.open_input_file(table.abs(rel)) as f:
+        return pq.read_table(f, columns=cols)
 
 
 def _cast(t: pa.Table, schema: pa.Schema | None) -> pa.Table:
