@@ -254,10 +254,12 @@ def run_upsert(spark: SparkSession, opts: UpsertOptions) -> dict[str, Any]:
     deduped = Observation("bucketindex_deduped")
     batch = _dedupe(df, cfg, opts.delete_field)
     batch = batch.observe(deduped, F.coalesce(F.sum((~F.col(DEL)).cast("long")), F.lit(0)).alias("upserts"))
-    batch = batch.persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        # dedupe and the batch's row checks in one query, before anything is written
+        # dedupe and the batch's row checks in one query, before anything is written. Persisted
+        # inside the settings: a cached plan keeps the shuffle partitions it was planned with,
+        # and every later stage over the batch runs one task per cached partition
         with job_conf(spark, **{"spark.sql.shuffle.partitions": shuffle_partitions(source_bytes(opts.source), cores)}):
+            batch = batch.persist(StorageLevel.MEMORY_AND_DISK)
             n = batch.count()
         checks.raise_if_bad()
         upserts = int(deduped.get.get("upserts") or 0)
@@ -539,6 +541,8 @@ def _drop_stale_moves(spark: SparkSession, table: Table, cfg: TableConfig, view:
     return joined.filter(~F.coalesce(stale, F.lit(False))).drop("_bi_stored")
 
 
+#: bytes of a key and its location in a shuffle, to size global_simple's join with every key
+KEY_BYTES = 48
 #: merge-on-read: batch rows per log-writing task (a task writes the logs of many file groups)
 LOG_TASK_ROWS = 250_000
 
@@ -556,19 +560,24 @@ def _write(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystem
            batch: DataFrame, n: int, upserts: int, data_schema: Any, ts: str, phases: _Phases, cores: int
            ) -> dict[str, Any]:
     """Tag, route, merge and index one attempt on ``view``; returns the commit's write set and counts."""
-    tagged = _tag(spark, table, cfg, view, num_buckets, batch).persist(StorageLevel.MEMORY_AND_DISK)
-    # one task per index bucket the batch touches (record); the stats job runs the lookups
-    stats: dict[str, dict[str, int]] = {}
-    if cfg.index_type != INDEX_BUCKET and not view.file_groups and not cfg.partition_fields:
-        # an empty unpartitioned table: nothing to find, every upsert enters the one partition
-        # (counted while the batch was deduplicated), so no query is needed
-        stats = {"": {"found": 0, "moved": 0, "entering": upserts}}
-    elif cfg.index_type != INDEX_BUCKET:  # the bucket index routes by hash: nothing to count
+    # Each persist below happens inside the settings its plan needs: a cached plan keeps the
+    # shuffle partitions it was planned with, and every later stage over it runs that many tasks
+    if cfg.index_type == INDEX_RECORD:
         # one lookup task per index bucket the batch touches, not coalesced: a task's work is
         # the bucket's index files, not the few keys the shuffle carries
-        with job_conf(spark, **{"spark.sql.shuffle.partitions": max(cores, min(len(view.index_files), 200)),
-                                "spark.sql.adaptive.coalescePartitions.enabled": "false"}):
-            stats = _tag_stats(tagged)
+        tag_conf = {"spark.sql.shuffle.partitions": max(cores, min(len(view.index_files), 200)),
+                    "spark.sql.adaptive.coalescePartitions.enabled": "false"}
+    else:  # global_simple joins the batch with every key of the table (the bucket index: no shuffle)
+        tag_conf = {"spark.sql.shuffle.partitions": shuffle_partitions(view.num_rows * KEY_BYTES, cores)}
+    stats: dict[str, dict[str, int]] = {}
+    with job_conf(spark, **tag_conf):
+        tagged = _tag(spark, table, cfg, view, num_buckets, batch).persist(StorageLevel.MEMORY_AND_DISK)
+        if cfg.index_type != INDEX_BUCKET and not view.file_groups and not cfg.partition_fields:
+            # an empty unpartitioned table: nothing to find, every upsert enters the one partition
+            # (counted while the batch was deduplicated), so no query is needed
+            stats = {"": {"found": 0, "moved": 0, "entering": upserts}}
+        elif cfg.index_type != INDEX_BUCKET:  # the bucket index routes by hash: nothing to count
+            stats = _tag_stats(tagged)  # the stats job runs the lookups
     found = sum(s["found"] for s in stats.values())
     phases.done("tag", "routed by hash (bucket index: nothing to look up)" if cfg.index_type == INDEX_BUCKET
                 else f"{found} keys found in the table")
@@ -587,7 +596,6 @@ def _write(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystem
     # copy-on-write rewrites each touched file group; merge-on-read appends a log to it
     task = tasks.append_log if cfg.merge_on_read else tasks.merge_file_group
     merged = actions.groupBy(TPART, TFID).applyInArrow(tasks.bind(task, ctx=ctx), tasks.MERGE_OUTPUT)
-    merged = merged.persist(StorageLevel.MEMORY_AND_DISK)
     # copy-on-write: as many merge tasks as file groups (up to 2000), at least one per core.
     # Not coalesced: the shuffle carries only the batch, while each task reads and rewrites a
     # whole file group, so adaptive execution would judge the partitions small and merge them
@@ -599,6 +607,7 @@ def _write(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystem
         merge_tasks = (groups - len(view.file_groups)) + -(-n // LOG_TASK_ROWS)
     with job_conf(spark, **{"spark.sql.shuffle.partitions": max(cores, min(merge_tasks, 2000)),
                             "spark.sql.adaptive.coalescePartitions.enabled": "false"}):
+        merged = merged.persist(StorageLevel.MEMORY_AND_DISK)
         files = [r.asDict() for r in merged.filter("kind = 'file'").collect()]
     logs = sum(1 for f in files if f["path"] and f["log"])
     phases.done("write", f"{sum(1 for f in files if f['path'] and not f['log'])} data files"
