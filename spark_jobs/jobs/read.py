@@ -90,10 +90,10 @@ def _file_list(spark: SparkSession, slices: list[FileSlice]) -> DataFrame:
 def read_slices(spark: SparkSession, table: Table, view: FileSystemView, slices: list[FileSlice]) -> DataFrame:
     """Every live row of ``slices`` with the snapshot's schema (meta columns included).
 
-    Bases go through Spark's Parquet reader; the logs of merge-on-read slices are applied
-    per file group by position (:func:`_merged_natively`), or, when that cannot name rows
-    safely, each such slice is read and merged whole in one Python task (``tasks.read_slices``).
-    Neither shuffles.
+    Every file goes through Spark's Parquet reader, the merges of merge-on-read slices applied
+    by position (:func:`_merged_natively`); when rows cannot be named safely that way, each
+    such slice is read and merged whole in one Python task (``tasks.read_slices``). Neither
+    shuffles.
     """
     assert view.schema is not None and table.config is not None
     schema = from_arrow_schema(view.schema)
@@ -115,14 +115,18 @@ def read_slices(spark: SparkSession, table: Table, view: FileSystemView, slices:
     return out
 
 
-#: above this many log rows a read merges whole slices in Python instead: the base rows a
-#: merge drops are broadcast to every task (16 bytes each), which must stay small
+#: above this many log rows a read merges whole slices in Python instead: the rows a merge
+#: drops are broadcast to every task (16 bytes each), which must stay small
 NATIVE_MERGE_MAX_LOG_ROWS = 20_000_000
 _PLAIN_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
+def _files(slices: list[FileSlice]) -> list[str]:
+    return [rel for s in slices for rel in (s.path, *(lf.path for lf in s.logs))]
+
+
 def _native_merge(slices: list[FileSlice], merged: list[FileSlice]) -> bool:
-    """Whether the bases of ``slices`` can be read by Spark and ``merged``'s logs applied by position.
+    """Whether the files of ``slices`` can be scanned by Spark and ``merged``'s merges applied by position.
 
     Spark names a row's file by its URI-encoded name, so the names must need no encoding
     (every name this table writes is such), and their hashes must be distinct (they are,
@@ -132,26 +136,26 @@ def _native_merge(slices: list[FileSlice], merged: list[FileSlice]) -> bool:
 
     if sum(lf.num_rows for s in merged for lf in s.logs) > NATIVE_MERGE_MAX_LOG_ROWS:
         return False
-    names = [posixpath.basename(s.path) for s in slices]
+    names = [posixpath.basename(rel) for rel in _files(slices)]
     return all(_PLAIN_NAME.match(n) for n in names) and len({bucket_hash(n) for n in names}) == len(names)
 
 
 def _merged_natively(spark: SparkSession, table: Table, slices: list[FileSlice], merged: list[FileSlice],
                      schema: Any, args: dict[str, Any]) -> DataFrame:
-    """Every live row of ``slices``: their bases, read by Spark's Parquet reader in one scan
-    minus the rows the logs of ``merged`` replace, plus the live rows of those logs.
+    """Every live row of ``slices``: one scan of their bases and logs by Spark's Parquet
+    reader, minus the rows the merges of ``merged`` drop.
 
-    Only keys cross into Python (``tasks.slice_drops`` plans each slice's merge from its
-    base's key column and its logs), so a merge-on-read table reads nearly as a plain one
-    does. The dropped rows are named by (file name hash, row index in the file) and removed
-    with a broadcast anti-join: no shuffle, and each slice still planned by one task.
+    Only keys (with precombine values and ops) cross into Python: ``tasks.slice_drops``
+    plans each slice's merge in one task, and names the rows it drops -- base rows that were
+    replaced, log rows that are not live -- by (file name hash, row index in the file). They
+    are removed with a broadcast anti-join: no shuffle, and the rows themselves are read as
+    a plain table's are. A log's ``_bi_op`` column is not in the snapshot schema, so the scan
+    leaves it out.
     """
-    bases = spark.read.schema(schema).parquet(*[file_uri(table, s.path) for s in slices]).select(
+    scan = spark.read.schema(schema).parquet(*[file_uri(table, rel) for rel in _files(slices)]).select(
         "*", F.xxhash64(F.col("_metadata.file_name")).alias("_bi_f"), F.col("_metadata.row_index").alias("_bi_r"))
     drops = _file_list(spark, merged).mapInArrow(tasks.bind_batches(tasks.slice_drops, **args), tasks.DROPS_SCHEMA)
-    kept = bases.join(F.broadcast(drops), ["_bi_f", "_bi_r"], "left_anti").drop("_bi_f", "_bi_r")
-    added = _file_list(spark, merged).mapInArrow(tasks.bind_batches(tasks.slice_log_rows, **args), schema)
-    return kept.unionByName(added)
+    return scan.join(F.broadcast(drops), ["_bi_f", "_bi_r"], "left_anti").drop("_bi_f", "_bi_r")
 
 
 def read_table(spark: SparkSession, uri: str, as_of: str | None = None, *, with_meta: bool = False) -> DataFrame:

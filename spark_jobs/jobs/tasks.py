@@ -41,7 +41,6 @@ __all__ = [
     "read_file_keys",
     "read_slices",
     "slice_drops",
-    "slice_log_rows",
     "DROPS_SCHEMA",
     "compact_slices",
     "COMPACT_INPUT",
@@ -66,7 +65,7 @@ COMPACT_OUTPUT = "part string, fid string, path string, num_rows long, size long
 #: one row per live file slice, for ``mapInArrow`` readers (paths relative to the table root;
 #: ``logs``: a merge-on-read slice's logs in commit order, empty otherwise)
 FILE_LIST_SCHEMA = "path string, part string, fid string, logs array<string>"
-#: base rows a merge drops: (``xxhash64`` of the base file's name, row index in the file)
+#: rows a merge drops: (``xxhash64`` of the file's name, row index in the file)
 DROPS_SCHEMA = "_bi_f long, _bi_r long"
 #: rows per Arrow batch a reader yields: bounds a task's memory whatever the file size
 READ_BATCH_ROWS = 64 * 1024
@@ -403,35 +402,29 @@ def read_slices(files: Iterable[pa.RecordBatch], *, table_uri: str, schema: pa.S
 
 def slice_drops(files: Iterable[pa.RecordBatch], *, table_uri: str, schema: pa.Schema,
                 precombine: str | None) -> Iterator[pa.RecordBatch]:
-    """mapInArrow over ``FILE_LIST_SCHEMA`` rows: the base rows each slice's merge drops
-    (``DROPS_SCHEMA``), read from the base's key column and the logs' merge columns only."""
+    """mapInArrow over ``FILE_LIST_SCHEMA`` rows: the rows each slice's merge drops
+    (``DROPS_SCHEMA``) -- of its base, and of its logs every row that is not live (stale or
+    superseded updates, delete markers, moves out) -- planned from the key, precombine and
+    op columns only, so a reader can scan every file of the slice as stored minus these."""
     from spark_jobs.index.hashing import bucket_hash  # Spark's xxhash64 of a string
 
+    def named(rel: str, rows: np.ndarray) -> pa.RecordBatch:
+        f = np.full(len(rows), bucket_hash(posixpath.basename(rel)), dtype=np.int64)
+        return pa.RecordBatch.from_arrays([pa.array(f), pa.array(rows.astype(np.int64))], names=["_bi_f", "_bi_r"])
+
     t: Table | None = None
     for b in files:
         for rel, logs in zip(b.column("path").to_pylist(), b.column("logs").to_pylist()):
             if t is None:
                 t = Table.open(table_uri)
-            plan, _ = read_slice_plan(t, rel, logs or [], precombine=precombine, schema=schema)
+            logs = logs or []
+            plan, read = read_slice_plan(t, rel, logs, precombine=precombine, schema=schema)
             if len(plan.dropped):
-                f = np.full(len(plan.dropped), bucket_hash(posixpath.basename(rel)), dtype=np.int64)
-                yield pa.RecordBatch.from_arrays([pa.array(f), pa.array(plan.dropped.astype(np.int64))],
-                                                 names=["_bi_f", "_bi_r"])
-
-
-def slice_log_rows(files: Iterable[pa.RecordBatch], *, table_uri: str, schema: pa.Schema,
-                   precombine: str | None) -> Iterator[pa.RecordBatch]:
-    """mapInArrow over ``FILE_LIST_SCHEMA`` rows: the live rows each slice's logs contribute."""
-    t: Table | None = None
-    for b in files:
-        for rel, logs in zip(b.column("path").to_pylist(), b.column("logs").to_pylist()):
-            if t is None:
-                t = Table.open(table_uri)
-            plan, read = read_slice_plan(t, rel, logs or [], precombine=precombine, schema=schema, log_columns=None)
-            for log, rows in zip(read, plan.live):
-                if len(rows):
-                    live = log.take(pa.array(rows)).select(schema.names).cast(schema)
-                    yield from live.to_batches(max_chunksize=READ_BATCH_ROWS)
+                yield named(rel, plan.dropped)
+            for log_rel, log, live in zip(logs, read, plan.live):
+                dead = np.setdiff1d(np.arange(log.num_rows), live, assume_unique=True)
+                if len(dead):
+                    yield named(log_rel, dead)
 
 
 def _keys_of_file(t: Table, rel: str, part: str, fid: str, *, names: list[str]) -> Iterator[pa.RecordBatch]:

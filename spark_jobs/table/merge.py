@@ -102,37 +102,40 @@ def plan_slice(base: pa.Table | None, logs: Sequence[pa.Table], *, key: str, pre
 
 
 def _winners(parts: list[pa.Table], key: str, precombine: str | None) -> tuple[np.ndarray, np.ndarray]:
-    """(position, row) of the live row of every key over ``parts`` (the rules above)."""
+    """(position, row) of the live row of every key over ``parts`` (the rules above).
+
+    Keys and precombine values become integers first (a dictionary code per key, a dense
+    rank per value, nulls lowest), so the grouping is numpy sorts of integers rather than
+    sorts of strings: this runs for every file group with logs on every read.
+    """
     empty = np.zeros(0, dtype=np.int64)
     if not parts:
         return empty, empty
     allrows = pa.concat_tables(parts, promote_options="permissive")
     n = allrows.num_rows
     pos = allrows.column(_POS).to_numpy()
+    row = allrows.column(_ROW).to_numpy()
+    gid = allrows.column(key).combine_chunks().dictionary_encode().indices.to_numpy(zero_copy_only=False)
+    barrier = pc.fill_null(pc.not_equal(allrows.column(LOG_OP), LOG_UPSERT), False).to_numpy(zero_copy_only=False)
     # 1. the last barrier position per key (-1: none)
-    order = pc.sort_indices(allrows, sort_keys=[(key, "ascending"), (_POS, "ascending")]).to_numpy()
-    keys_sorted = allrows.column(key).take(order)
-    starts = _run_starts(keys_sorted)
-    run_of = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, n)))
-    op = allrows.column(LOG_OP)
-    barrier = pc.fill_null(pc.not_equal(op, LOG_UPSERT), False).to_numpy(zero_copy_only=False)
-    barrier_pos = np.where(barrier[order], pos[order], -1)
-    last_barrier = np.maximum.reduceat(barrier_pos, starts) if n else barrier_pos
+    last_barrier = np.full(int(gid.max()) + 1 if n else 0, -1, dtype=np.int64)
+    np.maximum.at(last_barrier, gid[barrier], pos[barrier].astype(np.int64))
     # 2. live candidates: upserts after their key's last barrier
-    live_sorted = (~barrier[order]) & (pos[order] > last_barrier[run_of])
-    candidates = order[live_sorted]
-    if candidates.size == 0:
+    live = ~barrier & (pos > last_barrier[gid])
+    if not live.any():
         return empty, empty
-    cand = allrows.take(pa.array(candidates))
+    cand = np.flatnonzero(live)
     # 3. the winner per key: greatest (precombine, position); nulls lowest
-    sort_keys = ([(key, "ascending")] + ([(precombine, "ascending", "at_start")] if precombine else [])
-                 + [(_POS, "ascending")])
-    o2 = pc.sort_indices(cand, sort_keys=sort_keys).to_numpy()
-    k2 = cand.column(key).take(o2)
-    s2 = _run_starts(k2)
-    last = np.append(s2[1:], len(o2)) - 1
-    won = cand.take(pa.array(o2[last]))
-    return won.column(_POS).to_numpy().astype(np.int64), won.column(_ROW).to_numpy()
+    sort_cols = [pos[cand], gid[cand]]
+    if precombine:
+        values = allrows.column(precombine).take(pa.array(cand))
+        rank = pc.rank(values, sort_keys="ascending", tiebreaker="dense").to_numpy().astype(np.int64)
+        sort_cols.insert(1, np.where(pc.is_null(values).to_numpy(zero_copy_only=False), 0, rank))  # nulls lowest
+    order = cand[np.lexsort(sort_cols)]  # by key, then precombine, then position
+    g = gid[order]
+    last = np.append(np.flatnonzero(g[1:] != g[:-1]), len(g) - 1)
+    won = order[last]
+    return pos[won].astype(np.int64), row[won]
 
 
 def _tagged(t: pa.Table, pos: int, rows: np.ndarray, op: str | None, ops: pa.ChunkedArray | None = None) -> pa.Table:
@@ -140,12 +143,3 @@ def _tagged(t: pa.Table, pos: int, rows: np.ndarray, op: str | None, ops: pa.Chu
     t = t.append_column(_POS, pa.array(np.full(n, pos, dtype=np.int32)))
     t = t.append_column(_ROW, pa.array(rows.astype(np.int64)))
     return t.append_column(LOG_OP, pa.array([op] * n, pa.string()) if ops is None else ops.cast(pa.string()))
-
-
-def _run_starts(sorted_keys: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    """Indexes where a new key starts in a sorted key column."""
-    arr = sorted_keys.combine_chunks() if isinstance(sorted_keys, pa.ChunkedArray) else sorted_keys
-    if len(arr) == 0:
-        return np.zeros(0, dtype=np.int64)
-    change = pc.not_equal(arr.slice(1), arr.slice(0, len(arr) - 1)).to_numpy(zero_copy_only=False)
-    return np.concatenate([[0], np.nonzero(change)[0] + 1]).astype(np.int64)

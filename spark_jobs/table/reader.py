@@ -37,18 +37,15 @@ def read_slice(table: Table, base: str, logs: Sequence[str] = (), *, columns: Se
 
 
 def read_slice_plan(table: Table, base: str, logs: Sequence[str], *, precombine: str | None,
-                    schema: pa.Schema | None = None, log_columns: Sequence[str] | None = ()
-                    ) -> tuple[SlicePlan, list[pa.Table]]:
-    """The merge plan of one slice (``merge.plan_slice``) and its logs as read.
+                    schema: pa.Schema | None = None) -> tuple[SlicePlan, list[pa.Table]]:
+    """The merge plan of one slice (``merge.plan_slice``) and its logs' merge columns.
 
-    Only the base's key (and precombine) column is read: a reader that applies the plan
-    reads the base's rows itself. The logs are read with the merge's columns plus
-    ``log_columns`` (``None``: all of them).
+    Only the columns the merge rules look at are read (key, precombine, and a log's op): a
+    reader that applies the plan by position reads the rows themselves some other way.
     """
     merge_cols = [KEY_COLUMN] + ([precombine] if precombine else [])
     b = _cast(_read(table, base, merge_cols), schema)
-    wanted = None if log_columns is None else list(dict.fromkeys([*log_columns, *merge_cols, LOG_OP]))
-    ls = [_cast(_read(table, rel, wanted), schema) for rel in logs]
+    ls = [_cast(_read(table, rel, [*merge_cols, LOG_OP]), schema) for rel in logs]
     return plan_slice(b, ls, key=KEY_COLUMN, precombine=precombine), ls
 
 

@@ -55,10 +55,10 @@ def test_every_oracle_test_runs_over_connect_too():
     assert {n for n in dir(oracle) if n.startswith("test_")} <= set(globals())
 
 
-def test_merge_on_read_over_connect(spark, tmp_path):  # type: ignore[no-untyped-def]
+def test_merge_on_read_over_connect(spark, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
     """The merge-on-read oracle (logs, Spark reads merging them in server tasks, time travel,
     validate, data compaction) with the record index: the other indexes share every Connect
     mechanism it uses, so the classic tier covers them."""
     from tests.spark import test_merge_on_read as mor
 
-    mor.test_logs_not_rewrites_and_every_reader_merges_them(spark, tmp_path, "record")
+    mor.test_logs_not_rewrites_and_every_reader_merges_them(spark, tmp_path, monkeypatch, "record")
