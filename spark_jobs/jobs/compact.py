@@ -81,7 +81,8 @@ def _execute(spark: SparkSession, table: Table, txn: Transaction) -> dict[str, A
     rows = [(g["partition"], g["file_id"], g["base"], g["logs"]) for g in groups]
     todo = spark.createDataFrame(rows, tasks.COMPACT_INPUT).repartition(len(rows))
     fn = tasks.bind_batches(tasks.compact_slices, table_uri=table.uri, instant=txn.ts, attempt=txn.attempt,
-                            schema=view.schema, precombine=table.config.precombine_field)
+                            schema=view.schema, precombine=table.config.precombine_field,
+                            snapshot_seq=view.seq)
     written = [r.asDict() for r in todo.mapInArrow(fn, tasks.COMPACT_OUTPUT).collect()]
     # a retried Spark task may have written twice: keep one file per group (the marker
     # cleanup after the commit deletes the other)

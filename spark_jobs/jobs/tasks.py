@@ -155,6 +155,7 @@ class MergeContext:
     base_files: dict[str, str]  # "<part>\x00<fid>" -> current file (relative path)
     precombine: str | None
     emit_index: bool  # record index: report new locations and tombstones
+    snapshot_seq: int  # the sequence position the writer planned on (rollback checks read past it)
     partition_dirs: dict[str, str] = field(default_factory=dict)
     #: merge-on-read: "<part>\x00<fid>" -> the slice's logs (relative paths, commit order)
     log_files: dict[str, list[str]] = field(default_factory=dict)
@@ -210,7 +211,7 @@ def merge_file_group(key: tuple, incoming: pa.Table, *, ctx: MergeContext) -> pa
     rel, size = None, 0
     if result.num_rows:
         rel = posixpath.join(ctx.partition_dirs.get(part, part), data_file_name(fid, _task_token(), ctx.instant))
-        size = _write_marked(t, ctx.instant, rel, result)
+        size = _write_marked(t, ctx.instant, rel, result, snapshot_seq=ctx.snapshot_seq)
 
     schema = _merge_schema()
     file_row = pa.table(
@@ -224,13 +225,16 @@ def merge_file_group(key: tuple, incoming: pa.Table, *, ctx: MergeContext) -> pa
     return pa.concat_tables([file_row, _index_rows(part, fid, in_keys, pc.and_(upserts, pc.invert(in_base)), deleted)])
 
 
-def _write_marked(t: Table, instant: str, rel: str, rows: pa.Table) -> int:
+def _write_marked(t: Table, instant: str, rel: str, rows: pa.Table, *, snapshot_seq: int) -> int:
     """Write one data file of ``instant`` -- its marker first, so a crash leaves nothing
-    unaccounted for (format.md §4 step 6) -- and return its size."""
-    t.create_marker(instant, rel)
-    with t.io.open_output_stream(t.abs(rel)) as out:
-        pq.write_table(rows, out, compression="zstd")
-    maybe_crash("after_data_file")
+    unaccounted for (format.md §4 step 6), and nothing left behind a rollback that overtook
+    the task (:meth:`Table.write_marked`) -- and return its size."""
+    def write() -> None:
+        with t.io.open_output_stream(t.abs(rel)) as out:
+            pq.write_table(rows, out, compression="zstd")
+        maybe_crash("after_data_file")
+
+    t.write_marked(instant, rel, write, snapshot_seq=snapshot_seq)
     return t.io.size(t.abs(rel))
 
 
@@ -308,7 +312,7 @@ def append_log(key: tuple, incoming: pa.Table, *, ctx: MergeContext) -> pa.Table
     rel, size = None, 0
     if rows.num_rows:
         rel = posixpath.join(ctx.partition_dirs.get(part, part), log_file_name(fid, _task_token(), ctx.instant))
-        size = _write_marked(t, ctx.instant, rel, rows)
+        size = _write_marked(t, ctx.instant, rel, rows, snapshot_seq=ctx.snapshot_seq)
     file_row = pa.table(
         {"kind": ["file"], "part": [part], "fid": [fid], "path": [rel], "num_rows": [rows.num_rows], "size": [size],
          "inserted": [c[0]], "updated": [c[1]], "deleted": [c[2]], "key": [None], "tomb": [None], "log": [True],
@@ -325,7 +329,7 @@ def _merge_schema() -> pa.Schema:
     return pa.schema([(n, types[t]) for n, t in (c.split() for c in MERGE_OUTPUT.split(", "))])
 
 
-def write_index_delta(key: tuple, entries: pa.Table, *, table_uri: str, instant: str) -> pa.Table:
+def write_index_delta(key: tuple, entries: pa.Table, *, table_uri: str, instant: str, snapshot_seq: int) -> pa.Table:
     """Write one index bucket's delta for ``instant`` (new locations and tombstones)."""
     bucket = key[0].as_py()
     t = Table.open(table_uri)
@@ -337,9 +341,14 @@ def write_index_delta(key: tuple, entries: pa.Table, *, table_uri: str, instant:
     idx = IndexEntries.from_keys(keys, targets)
     path = t.layout.index_file(bucket, "delta", instant)
     rel = t.layout.rel(path)
-    t.create_marker(instant, rel)
-    size = write_index_file(t.io, path, idx, metadata={"instant": instant, "bucket": bucket})
-    maybe_crash("after_index_file")
+    sizes = []
+
+    def write() -> None:
+        sizes.append(write_index_file(t.io, path, idx, metadata={"instant": instant, "bucket": bucket}))
+        maybe_crash("after_index_file")
+
+    t.write_marked(instant, rel, write, snapshot_seq=snapshot_seq)
+    size = sizes[0]
     return pa.table(
         {"bucket": pa.array([bucket], pa.int32()), "path": [rel], "entries": pa.array([len(idx)], pa.int64()),
          "size": pa.array([size], pa.int64())}
@@ -454,7 +463,7 @@ def fingerprint_keys(batches, *, key_col: str = KEY):  # type: ignore[no-untyped
 
 
 def compact_slices(groups: Iterable[pa.RecordBatch], *, table_uri: str, instant: str, attempt: str,
-                   schema: pa.Schema, precombine: str | None) -> Iterator[pa.RecordBatch]:
+                   schema: pa.Schema, precombine: str | None, snapshot_seq: int) -> Iterator[pa.RecordBatch]:
     """mapInArrow over ``COMPACT_INPUT``: fold each planned base and logs into a new base.
 
     Reads exactly the files the plan names (logs committed after the plan stay on top of the
@@ -473,7 +482,7 @@ def compact_slices(groups: Iterable[pa.RecordBatch], *, table_uri: str, instant:
             merged = read_slice(t, base, logs or [], precombine=precombine, schema=schema)
             merged = merged.select(schema.names).cast(schema)
             rel = posixpath.join(posixpath.dirname(base), data_file_name(fid, f"{attempt}-{_task_token()}", instant))
-            size = _write_marked(t, instant, rel, merged)
+            size = _write_marked(t, instant, rel, merged, snapshot_seq=snapshot_seq)
             yield pa.RecordBatch.from_pylist(
                 [{"part": part, "fid": fid, "path": rel, "num_rows": merged.num_rows, "size": size}],
                 schema=out_schema)

@@ -286,6 +286,7 @@ def run_upsert(spark: SparkSession, opts: UpsertOptions) -> dict[str, Any]:
     ts = txn.ts
     log.info("instant %s: upserting %s into %s (snapshot at commit %d)", ts, opts.source, opts.table, view.seq)
     retries: list[dict[str, Any]] = []
+    planned_seq = view.seq  # a rollback of this instant can only decide after this position
     try:
         while True:
             view = txn.view
@@ -293,7 +294,7 @@ def run_upsert(spark: SparkSession, opts: UpsertOptions) -> dict[str, Any]:
             _check_schema(view, data_schema)
             num_buckets = table.num_buckets(view)
             result = _write(spark, table, cfg, view, num_buckets, batch, n, upserts, data_schema, ts, phases,
-                            cores)
+                            cores, planned_seq=planned_seq)
             metadata = {
                 "action": Action.COMMIT,
                 "instant": ts,
@@ -557,8 +558,8 @@ def _file_group_entry(f: dict[str, Any]) -> dict[str, Any]:
 
 
 def _write(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystemView, num_buckets: int,
-           batch: DataFrame, n: int, upserts: int, data_schema: Any, ts: str, phases: _Phases, cores: int
-           ) -> dict[str, Any]:
+           batch: DataFrame, n: int, upserts: int, data_schema: Any, ts: str, phases: _Phases, cores: int,
+           *, planned_seq: int) -> dict[str, Any]:
     """Tag, route, merge and index one attempt on ``view``; returns the commit's write set and counts."""
     # Each persist below happens inside the settings its plan needs: a cached plan keeps the
     # shuffle partitions it was planned with, and every later stage over it runs that many tasks
@@ -591,6 +592,7 @@ def _write(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystem
         base_files={f"{p}\x00{f}": s.path for (p, f), s in view.file_groups.items()},
         precombine=cfg.precombine_field,
         emit_index=cfg.index_type == INDEX_RECORD,
+        snapshot_seq=planned_seq,
         log_files={f"{p}\x00{f}": [lf.path for lf in s.logs] for (p, f), s in view.file_groups.items() if s.logs},
     )
     # copy-on-write rewrites each touched file group; merge-on-read appends a log to it
@@ -619,7 +621,7 @@ def _write(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystem
         )
         with job_conf(spark, **{"spark.sql.shuffle.partitions": max(cores, min(num_buckets, 200))}):
             written = entries.groupBy("bucket").applyInArrow(
-                tasks.bind(tasks.write_index_delta, table_uri=table.uri, instant=ts), tasks.DELTA_OUTPUT
+                tasks.bind(tasks.write_index_delta, table_uri=table.uri, instant=ts, snapshot_seq=planned_seq), tasks.DELTA_OUTPUT
             ).collect()
         index_added = [{"bucket": r["bucket"], "path": r["path"], "entries": r["entries"], "size": r["size"],
                         "kind": "delta"} for r in written]

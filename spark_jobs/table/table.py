@@ -9,13 +9,13 @@ from __future__ import annotations
 import json
 import logging
 import posixpath
-from typing import Any
+from typing import Any, Callable
 
 import pendulum
 
 from spark_jobs.io.filesystem import FileIO, resolve
 from spark_jobs.table.config import BadInputError, TableConfig
-from spark_jobs.table.errors import WriterAliveError
+from spark_jobs.table.errors import InstantRolledBackError, WriterAliveError
 from spark_jobs.table.layout import TableLayout
 from spark_jobs.table.timeline import Action, Instant, Timeline
 from spark_jobs.table.view import FileSystemView
@@ -95,6 +95,32 @@ class Table:
     def create_marker(self, instant: str, rel_path: str) -> None:
         """Record that ``rel_path`` is about to be written for ``instant`` (before writing it)."""
         self.io.write_bytes(self.layout.marker_file(instant, rel_path), TableLayout.marker_content(rel_path))
+
+    def write_marked(self, instant: str, rel_path: str, write: Callable[[], None], *, snapshot_seq: int) -> None:
+        """Write one file of ``instant`` from a task: marker first, then ``write()``.
+
+        Checked against a rollback before and after (``snapshot_seq``: the sequence position
+        the writer planned on): a task that a rollback overtook -- a zombie of a killed
+        client, or a writer aborted by ``rollback --force`` -- deletes what it wrote and
+        raises :class:`InstantRolledBackError`. The rollback records its decision before it
+        lists markers, so either it finds this marker or this check finds the decision.
+        """
+        if self._rolled_back(instant, snapshot_seq):
+            raise InstantRolledBackError(f"instant {instant} was rolled back; task not run")
+        self.create_marker(instant, rel_path)
+        write()
+        if self._rolled_back(instant, snapshot_seq):
+            # the rollback may have listed the markers before ours: clean as it does (every
+            # other task of the instant checks after its write too, so the last one out is clean)
+            self.io.delete(self.abs(rel_path))
+            for rel in self.marked_files(instant):
+                self.io.delete(self.abs(rel))
+            self.io.delete_dir(self.layout.marker_dir(instant))
+            raise InstantRolledBackError(f"instant {instant} was rolled back while this task wrote {rel_path}; "
+                                         "its file is deleted")
+
+    def _rolled_back(self, instant: str, snapshot_seq: int) -> bool:
+        return Timeline.rolled_back_since(self.io, self.layout, instant, snapshot_seq)
 
     def marked_files(self, instant: str) -> list[str]:
         d = self.layout.marker_dir(instant)

@@ -214,6 +214,25 @@ class Timeline:
     def is_completed(self, timestamp: str) -> bool:
         return timestamp in self._completed
 
+    @staticmethod
+    def rolled_back_since(io: FileIO, layout: TableLayout, timestamp: str, after_seq: int) -> bool:
+        """Whether a rollback decided against ``timestamp``, reading only the entries after ``after_seq``.
+
+        For a writer's tasks, which must not leave files behind an instant rolled back under
+        them (a Spark Connect server keeps running a killed client's tasks). A rollback can
+        only decide after the instant's plan exists, so its entry follows the snapshot the
+        writer planned on: one listing and the few entries since, not the whole history.
+        """
+        names = sorted(n for n in io.list_names(layout.sequence) if _SEQ_NAME.match(n))
+        for name in names[after_seq:]:
+            try:
+                entry = json.loads(io.read_bytes(posixpath.join(layout.sequence, name)))
+            except FileNotFoundError:  # pragma: no cover - sequence entries are never deleted
+                continue
+            if entry["action"] == Action.ROLLBACK and entry["metadata"].get("rolled_back") == timestamp:
+                return True
+        return False
+
     def _path(self, instant: Instant, state: State) -> str:
         return posixpath.join(self.dir, instant.file_name(state))
 

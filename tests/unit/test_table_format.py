@@ -14,6 +14,7 @@ import pytest
 from spark_jobs.index.record_index import IndexEntries, lookup, write_index_file
 from spark_jobs.io.filesystem import InstantExistsError, resolve
 from spark_jobs.table.config import BadInputError, ConfigConflictError, TableConfig
+from spark_jobs.table.errors import InstantRolledBackError
 from spark_jobs.table.reader import read_arrow
 from spark_jobs.table.table import Table, TableNotFoundError, WriterAliveError
 from spark_jobs.table.timeline import Action, InstantConflictError, State
@@ -239,6 +240,36 @@ def test_live_writer_blocks_rollback(tmp_path):
         assert t.rollback(pending, force=True) == [pending]
     finally:
         hb.stop()
+
+
+def test_a_task_overtaken_by_a_rollback_leaves_nothing(tmp_path):
+    """A writer's task still running after its instant was rolled back (a killed Spark
+    Connect client's job keeps running on the server) removes what it wrote."""
+    t = new_table(tmp_path)
+    write_commit(t, [("a", 1)])
+    committed = {p for p in os.listdir(t.root) if p.endswith(".parquet")}
+    seq = t.timeline.reload().last_seq
+    pending = write_commit(t, [("b", 2)], file_id="fg2", complete=False)
+
+    def write_while_rolled_back(rel: str):
+        def write() -> None:
+            assert t.rollback(pending, force=True) == [pending]  # decides and cleans before our file exists
+            pq.write_table(pa.table({"id": ["c"], "v": [3], "_bi_key": ["c"]}, schema=SCHEMA), t.abs(rel))
+        return write
+
+    late = f"fg3_0-9-0_{pending}.parquet"
+    with pytest.raises(InstantRolledBackError, match="rolled back while this task wrote"):
+        t.write_marked(pending, late, write_while_rolled_back(late), snapshot_seq=seq)
+    assert {p for p in os.listdir(t.root) if p.endswith(".parquet")} == committed
+    assert not os.path.exists(t.layout.marker_dir(pending))
+    # a task that starts after the decision writes nothing at all
+    with pytest.raises(InstantRolledBackError, match="task not run"):
+        t.write_marked(pending, late, lambda: pytest.fail("must not write"), snapshot_seq=seq)
+    assert not os.path.exists(t.layout.marker_dir(pending))
+    # a writer nobody rolled back writes, under its marker, even past the earlier rollback
+    live = write_commit(t, [("d", 4)], file_id="fg4", complete=False)
+    t.write_marked(live, "x.parquet", lambda: open(t.abs("x.parquet"), "wb").close(), snapshot_seq=seq)
+    assert os.path.exists(t.abs("x.parquet")) and "x.parquet" in t.marked_files(live)
 
 
 def test_rollback_of_completed_instant_is_refused(tmp_path):
