@@ -58,10 +58,22 @@ def get_provider_info() -> dict[str, Any]:
                 ],
             }
         ],
+        "sensors": [
+            {
+                "integration-name": "Bucket Index",
+                "python-modules": ["airflow_provider_bucketindex.sensors.table_state"],
+            }
+        ],
         "hooks": [
             {
                 "integration-name": "Bucket Index",
                 "python-modules": ["airflow_provider_bucketindex.hooks.bucketindex"],
+            }
+        ],
+        "triggers": [
+            {
+                "integration-name": "Bucket Index",
+                "python-modules": ["airflow_provider_bucketindex.triggers.table_state"],
             }
         ],
         "connection-types": [

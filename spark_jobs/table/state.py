@@ -1,0 +1,156 @@
+"""Questions a scheduler asks about a table, answered from its metadata alone.
+
+Pure Python over :class:`~spark_jobs.table.table.Table` (no Spark, no Airflow): the
+provider's sensors and triggers call these every poke, so each one lists the timeline once,
+reads only small JSON files (config, commit sequence, plans, heartbeats) and writes nothing.
+The answers are JSON-able, because a trigger sends them back to its task as an event payload.
+
+Every function raises :class:`~spark_jobs.table.config.BadInputError` (one line) when no
+table exists at ``uri``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pendulum
+
+from spark_jobs.table.action.compact import DEFAULT_LOG_RATIO, DEFAULT_MIN_LOGS, CompactionPolicy, plan_compaction
+from spark_jobs.table.action.rollback import is_writer_alive
+from spark_jobs.table.action.service import pending_plans
+from spark_jobs.table.config import BadInputError
+from spark_jobs.table.table import Table
+from spark_jobs.table.timeline import Action, State
+
+__all__ = ["compaction_due", "pending_writes", "find_commit", "COMMIT_ACTIONS"]
+
+#: the actions ``find_commit`` returns: the ones that add a batch of user data (an upsert,
+#: a bootstrap), as :meth:`Table.commit_for_batch`; compactions and rehashes change no rows
+COMMIT_ACTIONS = (Action.COMMIT, Action.BOOTSTRAP)
+
+
+def compaction_due(uri: str, *, min_logs: int = DEFAULT_MIN_LOGS,
+                   log_ratio: float = DEFAULT_LOG_RATIO) -> dict[str, Any]:
+    """What a data compaction scheduled now would fold, without scheduling it.
+
+    The decision is :func:`~spark_jobs.table.action.compact.plan_compaction`'s (the same
+    :class:`CompactionPolicy`, the same exclusion of file groups already in a pending
+    compaction plan), so "due" here means ``bucketindex compact`` would write a plan.
+    Returns ``{"due", "file_groups", "logs", "log_bytes", "reason", "pending_plans"}``: the
+    counts are the would-be plan's (0 when nothing is due); ``pending_plans`` lists scheduled
+    compactions still waiting for ``compact --execute`` (their groups are not counted again).
+    A copy-on-write table has no logs: nothing is ever due there, which is an answer, not an
+    error. BadInputError for a missing table or a policy out of range.
+    """
+    policy = CompactionPolicy(min_logs=int(min_logs), log_ratio=float(log_ratio))
+    table = Table.load(uri)
+    assert table.config is not None
+    out: dict[str, Any] = {"due": False, "file_groups": 0, "logs": 0, "log_bytes": 0, "reason": "",
+                           "pending_plans": []}
+    if not table.config.merge_on_read:
+        out["reason"] = f"{table.config.table_type} table: upserts rewrite base files, there are no logs to compact"
+        return out
+    view = table.view()
+    plan = plan_compaction(table, view, policy)  # computes only: scheduling is a separate step
+    out["pending_plans"] = [inst.timestamp for inst, _ in pending_plans(table, Action.COMPACTION)]
+    rule = f"min_logs={policy.min_logs}, log_ratio={policy.log_ratio:g}"
+    if plan is not None:
+        groups = plan["file_groups"]
+        out.update(due=True, file_groups=len(groups), logs=sum(len(g["logs"]) for g in groups),
+                   log_bytes=sum(int(g["log_bytes"]) for g in groups))
+        out["reason"] = (f"{out['file_groups']} file group(s) due ({rule}): "
+                         f"{out['logs']} log(s), {out['log_bytes']} log bytes")
+        return out
+    with_logs = [s for s in view.slices() if s.logs]
+    if not with_logs:
+        out["reason"] = "no file group has logs"
+    elif any(policy.due(s) for s in with_logs):
+        out["reason"] = (f"every due file group is in a pending compaction plan "
+                         f"({', '.join(out['pending_plans'])}): execute it instead")
+    else:
+        out["reason"] = f"{len(with_logs)} file group(s) have logs, none is due ({rule})"
+    return out
+
+
+def pending_writes(uri: str, *, heartbeat_timeout_s: float | None = None) -> list[dict[str, Any]]:
+    """Writes in progress right now: pending instants of a writing action whose writer is alive.
+
+    * ``commit``, ``rehash``, ``bootstrap`` (:data:`Action.WRITES` minus the services): counted
+      while their writer heartbeats (:func:`~spark_jobs.table.action.rollback.is_writer_alive`
+      with ``heartbeat_timeout_s``, default 60 s). An abandoned one -- a killed or crashed
+      writer -- is not in progress: nothing will ever complete it, and waiting for it would
+      wait for ever (``bucketindex rollback`` or the next writer's repair removes it).
+    * table services (``compaction``, :data:`Action.SERVICES`): a scheduled plan
+      (``requested``) is durable and may wait days for its executor, so it is **not** a
+      write in progress; it is counted only while a live process executes it (``inflight``
+      with a live heartbeat). A crashed execution (``inflight``, dead heartbeat) waits for
+      the next ``compact --execute`` and is not counted either.
+    * ``rollback`` and ``clean`` are not writes (they only delete files no snapshot shows).
+
+    Returns one small dict per write, oldest first:
+    ``{"instant", "action", "state", "batch_id", "host", "pid", "last_heartbeat"}``.
+    """
+    table = Table.load(uri)
+    tl = table.timeline.reload()
+    out = []
+    for inst in tl.pending(Action.WRITES):
+        if inst.action in Action.SERVICES and inst.state != State.INFLIGHT:
+            continue  # scheduled, not being executed
+        if not is_writer_alive(table, inst, heartbeat_timeout_s):
+            continue
+        try:
+            plan = tl.read_plan(inst)
+        except FileNotFoundError:  # completed or rolled back since the listing
+            continue
+        owner = plan.get("owner") or plan.get("scheduled_by") or {}
+        out.append({
+            "instant": inst.timestamp,
+            "action": inst.action,
+            "state": inst.state.name.lower(),
+            "batch_id": plan.get("batch_id"),
+            "host": owner.get("host"),
+            "pid": owner.get("pid"),
+            "last_heartbeat": _last_beat(table, inst.timestamp),
+        })
+    return out
+
+
+def find_commit(uri: str, *, batch_id: str | None = None, after_instant: str | None = None) -> dict[str, Any] | None:
+    """The completed commit of ``batch_id``, or the first one whose instant is after ``after_instant``.
+
+    Exactly one of the two. ``batch_id`` is compared exactly (the commit metadata's
+    ``batch_id``; a batch committed twice -- not possible through the writers, which skip
+    committed batches -- gives the latest). ``after_instant`` is an instant time (digits,
+    ``yyyyMMddHHmmssSSS``; a prefix such as ``20240131`` compares as that day's start): the
+    first such commit *in commit order*, i.e. the first one a reader could have seen. Only
+    :data:`COMMIT_ACTIONS` count. Returns ``{"instant", "action", "seq", "batch_id",
+    "counts"}`` or None if there is none yet.
+    """
+    if (batch_id is None) == (after_instant is None):
+        raise BadInputError("find_commit needs exactly one of batch_id and after_instant")
+    if after_instant is not None:
+        after_instant = str(after_instant)
+        if not after_instant.isdigit():
+            raise BadInputError(f"after_instant must be an instant time (yyyyMMddHHmmssSSS digits), "
+                                f"got {after_instant!r}")
+    table = Table.load(uri)
+    tl = table.timeline
+    if batch_id is not None:
+        found = table.commit_for_batch(str(batch_id))  # reloads the timeline
+    else:
+        found = next((i for i in tl.reload().completed(COMMIT_ACTIONS) if i.timestamp > after_instant), None)
+    if found is None:
+        return None
+    meta = tl.read_metadata(found)
+    return {"instant": found.timestamp, "action": found.action, "seq": found.seq,
+            "batch_id": meta.get("batch_id"), "counts": meta.get("counts") or {}}
+
+
+def _last_beat(table: Table, instant: str) -> str | None:
+    """The writer's last heartbeat as an ISO time, None before its first beat."""
+    try:
+        at = float(json.loads(table.io.read_bytes(table.layout.heartbeat_file(instant)))["at"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return pendulum.from_timestamp(at, "UTC").to_iso8601_string()
