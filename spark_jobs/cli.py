@@ -98,7 +98,8 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
                     help="even if its writer looks alive (that writer then fails at its commit point, nothing visible)")
     rb.add_argument("--heartbeat-timeout", type=float,
                     help="seconds without a heartbeat before a pending write counts as abandoned (default 60)")
-    co = sub.add_parser("compact", help="fold merge-on-read logs into new base files (schedule, execute, or both)")
+    co = sub.add_parser("compact", help="fold merge-on-read logs and record-index deltas into new base files "
+                                        "(schedule, execute, or both)")
     co.add_argument("table")
     mode = co.add_mutually_exclusive_group()
     mode.add_argument("--schedule-only", action="store_true",
@@ -109,6 +110,12 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
     co.add_argument("--log-ratio", type=float, default=None,
                     help="... or with logs of at least this fraction of its base's bytes (default 0.2)")
     co.add_argument("--max-groups", type=int, help="at most this many file groups per plan (most log bytes first)")
+    co.add_argument("--min-deltas", type=int, default=None,
+                    help="a record-index bucket is due with at least this many deltas (default 10)")
+    co.add_argument("--delta-ratio", type=float, default=None,
+                    help="... or with deltas of at least this fraction of its base's bytes (default 0.5)")
+    co.add_argument("--only", choices=("data", "index"),
+                    help="plan only data compaction (merge-on-read logs) or only index compaction (default both)")
     co.add_argument("--heartbeat-timeout", type=float,
                     help="seconds without a heartbeat before an attempt at the plan counts as dead (default 60)")
     co.add_argument("--master")
@@ -246,7 +253,8 @@ def cmd_show(args: argparse.Namespace, submitted: bool) -> int:
             continue
         if c["action"] == "compaction":
             print(f"  {c['instant']} compaction {counts.get('file_groups', 0)} file groups, "
-                  f"{counts.get('logs_folded', 0)} logs folded"
+                  f"{counts.get('logs_folded', 0)} logs folded, {counts.get('index_buckets', 0)} index buckets, "
+                  f"{counts.get('index_deltas_folded', 0)} deltas folded"
                   + (f"  [{phases}]" if t else ""))
             continue
         start = f" +session start {c['session_start_ms']}ms" if c.get("session_start_ms") else ""
@@ -285,17 +293,28 @@ def cmd_rollback(args: argparse.Namespace, submitted: bool) -> int:
 
 
 def cmd_compact(args: argparse.Namespace, submitted: bool) -> int:
-    from spark_jobs.table.action.compact import DEFAULT_LOG_RATIO, DEFAULT_MIN_LOGS, CompactionPolicy
+    from spark_jobs.table.action.compact import (
+        DEFAULT_DELTA_RATIO,
+        DEFAULT_LOG_RATIO,
+        DEFAULT_MIN_DELTAS,
+        DEFAULT_MIN_LOGS,
+        CompactionPolicy,
+    )
 
-    if args.execute and (args.min_logs is not None or args.log_ratio is not None or args.max_groups is not None):
-        raise BadInputError("--execute runs a plan as scheduled; --min-logs, --log-ratio and --max-groups "
-                            "apply when scheduling")
+    scheduling = (args.min_logs, args.log_ratio, args.max_groups, args.min_deltas, args.delta_ratio, args.only)
+    if args.execute and any(v is not None for v in scheduling):
+        raise BadInputError("--execute runs a plan as scheduled; --min-logs, --log-ratio, --max-groups, "
+                            "--min-deltas, --delta-ratio and --only apply when scheduling")
     if args.heartbeat_timeout is not None and args.heartbeat_timeout <= 0:
         raise BadInputError(f"--heartbeat-timeout must be positive, got {args.heartbeat_timeout}")
     policy = CompactionPolicy(
         min_logs=DEFAULT_MIN_LOGS if args.min_logs is None else args.min_logs,
         log_ratio=DEFAULT_LOG_RATIO if args.log_ratio is None else args.log_ratio,
         max_groups=args.max_groups,
+        min_deltas=DEFAULT_MIN_DELTAS if args.min_deltas is None else args.min_deltas,
+        delta_ratio=DEFAULT_DELTA_RATIO if args.delta_ratio is None else args.delta_ratio,
+        data=args.only in (None, "data"),
+        index=args.only in (None, "index"),
     )
     from spark_jobs.jobs.compact import run_compact
 
@@ -303,7 +322,7 @@ def cmd_compact(args: argparse.Namespace, submitted: bool) -> int:
                          instant=args.execute, heartbeat_timeout_s=args.heartbeat_timeout)
     print(json.dumps(result, sort_keys=True))
     if result["instant"] is None:
-        print("nothing to compact: no file group is due")
+        print("nothing to compact: no file group or index bucket is due")
     elif args.schedule_only:
         print(result["instant"])  # the last line: scripts pass it to --execute
     return 0

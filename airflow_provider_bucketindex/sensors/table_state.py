@@ -138,7 +138,8 @@ class CompactionDueSensor(TableStateSensor):
     The gate of a nightly table-services DAG: compaction is a Spark job, worth starting only
     when some file group has enough logs that reads pay for merging them. "Due" is exactly
     what ``bucketindex compact`` would plan (the same policy; groups already in a pending
-    compaction plan are not counted twice). A copy-on-write table is never due.
+    compaction plan are not counted twice), data (merge-on-read logs) and index (record-index
+    deltas). A copy-on-write table without the record index is never due.
 
     Most nights nothing may be due: set ``soft_fail=True`` so the sensor's timeout (or a
     short ``timeout``) **skips** the compaction instead of failing the run, e.g.
@@ -150,20 +151,29 @@ class CompactionDueSensor(TableStateSensor):
         as ``bucketindex compact``).
     :param log_ratio: ... or with logs of at least this fraction of its base's bytes
         (templated; default 0.2).
+    :param min_deltas: a record-index bucket is due with at least this many deltas
+        (templated; default 10, as ``bucketindex compact``).
+    :param delta_ratio: ... or with deltas of at least this fraction of its base's bytes
+        (templated; default 0.5).
 
-    XCom (return value): ``{"due", "file_groups", "logs", "log_bytes", "reason", "pending_plans"}``.
+    XCom (return value): ``{"due", "file_groups", "logs", "log_bytes", "index_buckets",
+    "index_deltas", "reason", "pending_plans"}``.
     """
 
-    template_fields: Sequence[str] = ("table_uri", "min_logs", "log_ratio")
+    template_fields: Sequence[str] = ("table_uri", "min_logs", "log_ratio", "min_deltas", "delta_ratio")
 
-    def __init__(self, *, table_uri: str, min_logs: int = 4, log_ratio: float = 0.2, **kwargs: Any) -> None:
+    def __init__(self, *, table_uri: str, min_logs: int = 4, log_ratio: float = 0.2, min_deltas: int = 10,
+                 delta_ratio: float = 0.5, **kwargs: Any) -> None:
         super().__init__(table_uri=table_uri, **kwargs)
         self.min_logs = min_logs
         self.log_ratio = log_ratio
+        self.min_deltas = min_deltas
+        self.delta_ratio = delta_ratio
 
     def trigger(self) -> CompactionDueTrigger:
         return CompactionDueTrigger(table_uri=str(self.table_uri), min_logs=int(self.min_logs),
-                                    log_ratio=float(self.log_ratio), poke_interval=self.poke_interval)
+                                    log_ratio=float(self.log_ratio), min_deltas=int(self.min_deltas),
+                                    delta_ratio=float(self.delta_ratio), poke_interval=self.poke_interval)
 
 
 class NoPendingWritesSensor(TableStateSensor):

@@ -113,23 +113,29 @@ class TableStateTrigger(BaseTrigger):
 
 
 class CompactionDueTrigger(TableStateTrigger):
-    """Fires when a data compaction would fold file groups (:func:`spark_jobs.table.state.compaction_due`).
+    """Fires when a compaction would fold file groups or index buckets (:func:`spark_jobs.table.state.compaction_due`).
 
     :param min_logs: a file group is due with at least this many logs, or
     :param log_ratio: with logs of at least this fraction of its base's bytes.
+    :param min_deltas: a record-index bucket is due with at least this many deltas, or
+    :param delta_ratio: with deltas of at least this fraction of its base's bytes.
     """
 
-    def __init__(self, *, table_uri: str, min_logs: int = 4, log_ratio: float = 0.2, poke_interval: float = 60.0,
-                 timeout_s: float | None = None) -> None:
+    def __init__(self, *, table_uri: str, min_logs: int = 4, log_ratio: float = 0.2, min_deltas: int = 10,
+                 delta_ratio: float = 0.5, poke_interval: float = 60.0, timeout_s: float | None = None) -> None:
         super().__init__(table_uri=table_uri, poke_interval=poke_interval, timeout_s=timeout_s)
         self.min_logs = int(min_logs)
         self.log_ratio = float(log_ratio)
+        self.min_deltas = int(min_deltas)
+        self.delta_ratio = float(delta_ratio)
 
     def _arguments(self) -> dict[str, Any]:
-        return {"min_logs": self.min_logs, "log_ratio": self.log_ratio}
+        return {"min_logs": self.min_logs, "log_ratio": self.log_ratio, "min_deltas": self.min_deltas,
+                "delta_ratio": self.delta_ratio}
 
     def _check(self, state: ModuleType) -> Poll:
-        summary = state.compaction_due(self.table_uri, min_logs=self.min_logs, log_ratio=self.log_ratio)
+        summary = state.compaction_due(self.table_uri, min_logs=self.min_logs, log_ratio=self.log_ratio,
+                                       min_deltas=self.min_deltas, delta_ratio=self.delta_ratio)
         return Poll(summary["due"], summary, summary["reason"])
 
 

@@ -1,8 +1,10 @@
-"""``compact``: the Spark side of data compaction (planning and committing live in
+"""``compact``: the Spark side of compaction (planning and committing live in
 :mod:`spark_jobs.table.action.compact` and :mod:`spark_jobs.table.action.service`).
 
 One Spark task per planned file group reads the group's base and the planned logs, merges
-them (``spark_jobs.table.merge``) and writes the new base; nothing is shuffled.
+them (``spark_jobs.table.merge``) and writes the new base; one per planned index bucket
+merges its base and deltas newest-wins into a new base without tombstones. Nothing is
+shuffled.
 """
 
 from __future__ import annotations
@@ -42,17 +44,19 @@ def run_compact(spark: SparkSession | Callable[[], SparkSession] | None, uri: st
     out: dict[str, Any] = {"instant": instant, "scheduled": False, "executed": False, "noop": False}
     if instant is None:
         view = table.view()
-        plan = plan_compaction(table, view, policy or CompactionPolicy())
+        plan = plan_compaction(table, view, policy or CompactionPolicy(), heartbeat_timeout_s=heartbeat_timeout_s)
         if plan is None:
-            log.info("no file group is due for compaction (policy %s)", policy or CompactionPolicy())
+            log.info("nothing is due for compaction (policy %s)", policy or CompactionPolicy())
             out["noop"] = True
             return out
         inst = schedule(table, Action.COMPACTION, plan)
         instant = out["instant"] = inst.timestamp
         out["scheduled"] = True
         out["file_groups"] = len(plan["file_groups"])
-        log.info("compaction %s planned: %d file groups, %d logs", instant, len(plan["file_groups"]),
-                 sum(len(g["logs"]) for g in plan["file_groups"]))
+        out["index_buckets"] = len(plan["index_buckets"])
+        log.info("compaction %s planned: %d file groups (%d logs), %d index buckets (%d deltas)", instant,
+                 len(plan["file_groups"]), sum(len(g["logs"]) for g in plan["file_groups"]),
+                 len(plan["index_buckets"]), sum(int(b["deltas"]) for b in plan["index_buckets"]))
         if schedule_only:
             return out
     assert spark is not None
@@ -72,23 +76,41 @@ def _execute(spark: SparkSession, table: Table, txn: Transaction) -> dict[str, A
     t0 = time.perf_counter()
     plan, view = txn.plan, txn.view
     assert view is not None and view.schema is not None and table.config is not None and txn.attempt
-    groups = plan["file_groups"]
-    for g in groups:  # a plan only folds what is still there (a rehash would have conflicted)
+    groups = plan.get("file_groups", [])
+    buckets = plan.get("index_buckets", [])
+    # a plan only folds what is still there (a rehash would have conflicted)
+    for g in groups:
         s = view.file_groups.get((g["partition"], g["file_id"]))
         if s is None or s.path != g["base"]:
             raise BadInputError(f"compaction {txn.ts}: file group {g['partition']}/{g['file_id']} changed "
                                f"since it was planned; cancel it (`bucketindex rollback {txn.ts}`) and schedule again")
-    rows = [(g["partition"], g["file_id"], g["base"], g["logs"]) for g in groups]
-    todo = spark.createDataFrame(rows, tasks.COMPACT_INPUT).repartition(len(rows))
-    fn = tasks.bind_batches(tasks.compact_slices, table_uri=table.uri, instant=txn.ts, attempt=txn.attempt,
-                            schema=view.schema, precombine=table.config.precombine_field,
-                            snapshot_seq=view.seq)
-    written = [r.asDict() for r in todo.mapInArrow(fn, tasks.COMPACT_OUTPUT).collect()]
-    # a retried Spark task may have written twice: keep one file per group (the marker
-    # cleanup after the commit deletes the other)
-    one = {(w["part"], w["fid"]): w for w in sorted(written, key=lambda w: w["path"])}
-    meta = compaction_metadata(txn.ts, plan, list(one.values()))
+    for b in buckets:
+        if view.index_files.get(int(b["bucket"]), [])[: len(b["files"])] != b["files"]:
+            raise BadInputError(f"compaction {txn.ts}: index bucket {b['bucket']} changed since it was planned; "
+                               f"cancel it (`bucketindex rollback {txn.ts}`) and schedule again")
+    one: dict[tuple[str, str], dict[str, Any]] = {}
+    if groups:
+        rows = [(g["partition"], g["file_id"], g["base"], g["logs"]) for g in groups]
+        todo = spark.createDataFrame(rows, tasks.COMPACT_INPUT).repartition(len(rows))
+        fn = tasks.bind_batches(tasks.compact_slices, table_uri=table.uri, instant=txn.ts, attempt=txn.attempt,
+                                schema=view.schema, precombine=table.config.precombine_field,
+                                snapshot_seq=view.seq)
+        written = [r.asDict() for r in todo.mapInArrow(fn, tasks.COMPACT_OUTPUT).collect()]
+        # a retried Spark task may have written twice: keep one file per group (the marker
+        # cleanup after the commit deletes the other)
+        one = {(w["part"], w["fid"]): w for w in sorted(written, key=lambda w: w["path"])}
+        log.info("compaction %s: %d file groups folded into new bases", txn.ts, len(one))
+    index_one: dict[int, dict[str, Any]] = {}
+    if buckets:
+        rows = [(int(b["bucket"]), b["files"]) for b in buckets]
+        todo = spark.createDataFrame(rows, tasks.COMPACT_INDEX_INPUT).repartition(len(rows))
+        fn = tasks.bind_batches(tasks.compact_index_buckets, table_uri=table.uri, instant=txn.ts,
+                                attempt=txn.attempt, snapshot_seq=view.seq)
+        written = [r.asDict() for r in todo.mapInArrow(fn, tasks.COMPACT_INDEX_OUTPUT).collect()]
+        index_one = {int(w["bucket"]): w for w in sorted(written, key=lambda w: w["path"])}
+        log.info("compaction %s: %d index buckets folded into new bases (%d deltas)", txn.ts, len(index_one),
+                 sum(int(b["deltas"]) for b in buckets))
+    meta = compaction_metadata(txn.ts, plan, list(one.values()), list(index_one.values()))
     meta["timings_ms"] = {"compact_ms": int((time.perf_counter() - t0) * 1000)}
-    log.info("compaction %s: %d file groups folded into new bases in %d ms", txn.ts, len(one),
-             meta["timings_ms"]["compact_ms"])
+    log.info("compaction %s done in %d ms", txn.ts, meta["timings_ms"]["compact_ms"])
     return meta

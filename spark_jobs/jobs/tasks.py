@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from spark_jobs.index.record_index import IndexEntries, lookup, write_index_file
+from spark_jobs.index.record_index import IndexEntries, lookup, merge_entries, write_index_file
 from spark_jobs.table.layout import data_file_name, log_file_name
 from spark_jobs.table.merge import LOG_DELETE, LOG_MOVE_OUT, LOG_OP, LOG_UPSERT
 from spark_jobs.table.reader import read_slice, read_slice_plan
@@ -45,6 +45,8 @@ __all__ = [
     "compact_slices",
     "COMPACT_INPUT",
     "COMPACT_OUTPUT",
+    "COMPACT_INDEX_INPUT",
+    "COMPACT_INDEX_OUTPUT",
 ]
 
 KEY = "_bi_key"  # the canonical record key, stored in every data file
@@ -62,6 +64,8 @@ DELTA_OUTPUT = "bucket int, path string, entries long, size long"
 #: one row per file group a data compaction folds, and what it wrote for it
 COMPACT_INPUT = "part string, fid string, base string, logs array<string>"
 COMPACT_OUTPUT = "part string, fid string, path string, num_rows long, size long"
+COMPACT_INDEX_INPUT = "bucket int, files array<string>"
+COMPACT_INDEX_OUTPUT = "bucket int, path string, entries long, size long"
 #: one row per live file slice, for ``mapInArrow`` readers (paths relative to the table root;
 #: ``logs``: a merge-on-read slice's logs in commit order, empty otherwise)
 FILE_LIST_SCHEMA = "path string, part string, fid string, logs array<string>"
@@ -486,3 +490,35 @@ def compact_slices(groups: Iterable[pa.RecordBatch], *, table_uri: str, instant:
             yield pa.RecordBatch.from_pylist(
                 [{"part": part, "fid": fid, "path": rel, "num_rows": merged.num_rows, "size": size}],
                 schema=out_schema)
+
+
+def compact_index_buckets(buckets: Iterable[pa.RecordBatch], *, table_uri: str, instant: str, attempt: str,
+                          snapshot_seq: int) -> Iterator[pa.RecordBatch]:
+    """mapInArrow over ``COMPACT_INDEX_INPUT``: fold each planned index bucket into a new base.
+
+    The planned files are the bucket's base and its oldest deltas, so merging them newest-wins
+    and dropping tombstones loses nothing: no older file of the bucket remains for a tombstone
+    to hide (a key deleted and re-inserted keeps its newest entry). Deltas committed after the
+    plan stay above the new base. The name carries the compaction's instant and this
+    attempt's token, so a retried or concurrent attempt never overwrites another's file.
+    """
+    t: Table | None = None
+    out_schema = pa.schema([("bucket", pa.int32()), ("path", pa.string()), ("entries", pa.int64()),
+                            ("size", pa.int64())])
+    for b in buckets:
+        for bucket, files in zip(b.column("bucket").to_pylist(), b.column("files").to_pylist()):
+            if t is None:
+                t = Table.open(table_uri)
+            merged = merge_entries(t.io, [t.abs(f) for f in files])
+            path = t.layout.index_file(bucket, "base", f"{instant}_{attempt}")
+            rel = t.layout.rel(path)
+            sizes = []
+
+            def write(merged: IndexEntries = merged, path: str = path, bucket: int = bucket) -> None:
+                sizes.append(write_index_file(t.io, path, merged,  # type: ignore[union-attr]
+                                              metadata={"instant": instant, "bucket": bucket}))
+                maybe_crash("after_index_file")
+
+            t.write_marked(instant, rel, write, snapshot_seq=snapshot_seq)
+            yield pa.RecordBatch.from_pylist([{"bucket": bucket, "path": rel, "entries": len(merged),
+                                               "size": sizes[0]}], schema=out_schema)

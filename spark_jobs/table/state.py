@@ -16,7 +16,15 @@ from typing import Any
 
 import pendulum
 
-from spark_jobs.table.action.compact import DEFAULT_LOG_RATIO, DEFAULT_MIN_LOGS, CompactionPolicy, plan_compaction
+from spark_jobs.table.action.compact import (
+    DEFAULT_DELTA_RATIO,
+    DEFAULT_LOG_RATIO,
+    DEFAULT_MIN_DELTAS,
+    DEFAULT_MIN_LOGS,
+    CompactionPolicy,
+    compactable,
+    plan_compaction,
+)
 from spark_jobs.table.action.rollback import is_writer_alive
 from spark_jobs.table.action.service import pending_plans
 from spark_jobs.table.config import BadInputError
@@ -30,46 +38,62 @@ __all__ = ["compaction_due", "pending_writes", "find_commit", "COMMIT_ACTIONS"]
 COMMIT_ACTIONS = (Action.COMMIT, Action.BOOTSTRAP)
 
 
-def compaction_due(uri: str, *, min_logs: int = DEFAULT_MIN_LOGS,
-                   log_ratio: float = DEFAULT_LOG_RATIO) -> dict[str, Any]:
-    """What a data compaction scheduled now would fold, without scheduling it.
+def compaction_due(uri: str, *, min_logs: int = DEFAULT_MIN_LOGS, log_ratio: float = DEFAULT_LOG_RATIO,
+                   min_deltas: int = DEFAULT_MIN_DELTAS, delta_ratio: float = DEFAULT_DELTA_RATIO) -> dict[str, Any]:
+    """What a compaction scheduled now would fold, without scheduling it.
 
     The decision is :func:`~spark_jobs.table.action.compact.plan_compaction`'s (the same
-    :class:`CompactionPolicy`, the same exclusion of file groups already in a pending
-    compaction plan), so "due" here means ``bucketindex compact`` would write a plan.
-    Returns ``{"due", "file_groups", "logs", "log_bytes", "reason", "pending_plans"}``: the
-    counts are the would-be plan's (0 when nothing is due); ``pending_plans`` lists scheduled
-    compactions still waiting for ``compact --execute`` (their groups are not counted again).
-    A copy-on-write table has no logs: nothing is ever due there, which is an answer, not an
-    error. BadInputError for a missing table or a policy out of range.
+    :class:`CompactionPolicy`, the same exclusion of file groups and index buckets already in
+    a pending compaction plan), so "due" here means ``bucketindex compact`` would write a plan.
+    Returns ``{"due", "file_groups", "logs", "log_bytes", "index_buckets", "index_deltas",
+    "reason", "pending_plans"}``: the counts are the would-be plan's (0 when nothing is due);
+    ``pending_plans`` lists scheduled compactions still waiting for ``compact --execute``
+    (what they fold is not counted again). A table with nothing to compact (copy-on-write
+    without the record index: no logs, no index deltas) is never due, which is an answer,
+    not an error. BadInputError for a missing table or a policy out of range.
     """
-    policy = CompactionPolicy(min_logs=int(min_logs), log_ratio=float(log_ratio))
+    policy = CompactionPolicy(min_logs=int(min_logs), log_ratio=float(log_ratio), min_deltas=int(min_deltas),
+                              delta_ratio=float(delta_ratio))
     table = Table.load(uri)
     assert table.config is not None
-    out: dict[str, Any] = {"due": False, "file_groups": 0, "logs": 0, "log_bytes": 0, "reason": "",
-                           "pending_plans": []}
-    if not table.config.merge_on_read:
-        out["reason"] = f"{table.config.table_type} table: upserts rewrite base files, there are no logs to compact"
+    out: dict[str, Any] = {"due": False, "file_groups": 0, "logs": 0, "log_bytes": 0, "index_buckets": 0,
+                           "index_deltas": 0, "reason": "", "pending_plans": []}
+    data, index = compactable(table, policy)
+    no_logs = f"{table.config.table_type} table: upserts rewrite base files, there are no logs to compact"
+    if not (data or index):
+        out["reason"] = f"{no_logs}, and the {table.config.index_type} index has no deltas"
         return out
     view = table.view()
     plan = plan_compaction(table, view, policy)  # computes only: scheduling is a separate step
     out["pending_plans"] = [inst.timestamp for inst, _ in pending_plans(table, Action.COMPACTION)]
     rule = f"min_logs={policy.min_logs}, log_ratio={policy.log_ratio:g}"
-    if plan is not None:
-        groups = plan["file_groups"]
-        out.update(due=True, file_groups=len(groups), logs=sum(len(g["logs"]) for g in groups),
+    index_rule = f"min_deltas={policy.min_deltas}, delta_ratio={policy.delta_ratio:g}"
+    reasons = []
+    groups = plan["file_groups"] if plan else []
+    buckets = plan["index_buckets"] if plan else []
+    if groups:
+        out.update(file_groups=len(groups), logs=sum(len(g["logs"]) for g in groups),
                    log_bytes=sum(int(g["log_bytes"]) for g in groups))
-        out["reason"] = (f"{out['file_groups']} file group(s) due ({rule}): "
-                         f"{out['logs']} log(s), {out['log_bytes']} log bytes")
-        return out
-    with_logs = [s for s in view.slices() if s.logs]
-    if not with_logs:
-        out["reason"] = "no file group has logs"
-    elif any(policy.due(s) for s in with_logs):
-        out["reason"] = (f"every due file group is in a pending compaction plan "
-                         f"({', '.join(out['pending_plans'])}): execute it instead")
+        reasons.append(f"{out['file_groups']} file group(s) due ({rule}): "
+                       f"{out['logs']} log(s), {out['log_bytes']} log bytes")
+    elif not data:
+        reasons.append(no_logs)
     else:
-        out["reason"] = f"{len(with_logs)} file group(s) have logs, none is due ({rule})"
+        with_logs = [s for s in view.slices() if s.logs]
+        if not with_logs:
+            reasons.append("no file group has logs")
+        elif any(policy.due(s) for s in with_logs):
+            reasons.append(f"every due file group is in a pending compaction plan "
+                           f"({', '.join(out['pending_plans'])}): execute it instead")
+        else:
+            reasons.append(f"{len(with_logs)} file group(s) have logs, none is due ({rule})")
+    if buckets:
+        out.update(index_buckets=len(buckets), index_deltas=sum(int(b["deltas"]) for b in buckets))
+        reasons.append(f"{out['index_buckets']} index bucket(s) due ({index_rule}): {out['index_deltas']} delta(s)")
+    elif index:
+        reasons.append(f"no index bucket is due ({index_rule})")
+    out["due"] = plan is not None
+    out["reason"] = "; ".join(reasons)
     return out
 
 

@@ -118,7 +118,7 @@ class FileSystemView:
             files = self.index_files.setdefault(int(f["bucket"]), [])
             files.append(f["path"])
             # a base first, then deltas in commit order (a stable sort keeps that order)
-            files.sort(key=_is_delta)
+            files.sort(key=is_index_delta)
         if meta.get("schema"):
             self.schema = decode_schema(meta["schema"])
         if meta.get("num_buckets"):
@@ -139,5 +139,5 @@ class FileSystemView:
         return sum(s.num_rows for s in self.file_groups.values())
 
 
-def _is_delta(rel: str) -> bool:
+def is_index_delta(rel: str) -> bool:
     return not rel.rsplit("/", 1)[-1].startswith("base_")

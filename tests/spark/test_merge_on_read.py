@@ -189,7 +189,7 @@ def test_compaction_bad_input_is_one_line_and_writes_nothing(spark, tmp_path):
                                     delete_field="is_deleted", num_buckets=2))  # copy-on-write
     before = tree_digest(tmp_path / "t")
     for args, needle in (
-        ([], "copy_on_write table: it has no logs to compact"),
+        (["--only", "data"], "copy_on_write table with the record index: it has no logs to compact"),
         (["--execute", "20990101000000000"], "no scheduled compaction 20990101000000000"),
         (["--min-logs", "0"], "--min-logs must be at least 1"),
         (["--execute", "20990101000000000", "--min-logs", "2"], "apply when scheduling"),
@@ -204,7 +204,7 @@ def test_compaction_bad_input_is_one_line_and_writes_nothing(spark, tmp_path):
     _upsert(spark, mor, src, 0)
     p = subprocess.run([sys.executable, "-m", "spark_jobs.cli", "compact", mor, "--schedule-only"],
                        capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0 and p.stdout.strip().splitlines()[-1] == "nothing to compact: no file group is due"
+    assert p.returncode == 0 and p.stdout.strip().splitlines()[-1] == "nothing to compact: no file group or index bucket is due"
     assert json.loads(p.stdout.splitlines()[0])["instant"] is None
     assert Table.load(mor).timeline.pending() == []
 

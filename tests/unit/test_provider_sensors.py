@@ -21,7 +21,14 @@ import pytest
 from airflow_provider_bucketindex import get_provider_info, sandbox
 from spark_jobs.table import Action, BadInputError, State, Table, TableConfig
 from spark_jobs.table import state
-from spark_jobs.table.action.compact import DEFAULT_LOG_RATIO, DEFAULT_MIN_LOGS, CompactionPolicy, plan_compaction
+from spark_jobs.table.action.compact import (
+    DEFAULT_DELTA_RATIO,
+    DEFAULT_LOG_RATIO,
+    DEFAULT_MIN_DELTAS,
+    DEFAULT_MIN_LOGS,
+    CompactionPolicy,
+    plan_compaction,
+)
 from spark_jobs.table.action.service import schedule
 from spark_jobs.table.heartbeat import Heartbeat, owner_info
 
@@ -133,7 +140,8 @@ def test_compaction_due_is_what_plan_compaction_would_fold(tmp_path):
     assert plan is not None
     assert {(g["partition"], g["file_id"]) for g in plan["file_groups"]} == {(P_SAO, "fg-count"), (P_ODD, "fg-bytes")}
     assert due == {"due": True, "file_groups": 2, "logs": DEFAULT_MIN_LOGS + 1,
-                   "log_bytes": 10 * DEFAULT_MIN_LOGS + 5_000, "reason": due["reason"], "pending_plans": []}
+                   "log_bytes": 10 * DEFAULT_MIN_LOGS + 5_000, "index_buckets": 0, "index_deltas": 0,
+                   "reason": due["reason"], "pending_plans": []}
     assert due["reason"].startswith("2 file group(s) due (min_logs=4, log_ratio=0.2)")
     json.dumps(due)  # an event payload / XCom value
     assert timeline_files(t) == before  # nothing scheduled
@@ -145,7 +153,7 @@ def test_compaction_due_follows_the_policy(tmp_path):
     assert (only_count["due"], only_count["file_groups"], only_count["logs"]) == (True, 1, 4)
     nothing = state.compaction_due(t.uri, min_logs=5, log_ratio=1.0)
     assert nothing["due"] is False and (nothing["file_groups"], nothing["logs"], nothing["log_bytes"]) == (0, 0, 0)
-    assert nothing["reason"] == "3 file group(s) have logs, none is due (min_logs=5, log_ratio=1)"
+    assert nothing["reason"].startswith("3 file group(s) have logs, none is due (min_logs=5, log_ratio=1); ")
     with pytest.raises(BadInputError, match="at least 1"):
         state.compaction_due(t.uri, min_logs=0, log_ratio=0.2)
 
@@ -153,7 +161,7 @@ def test_compaction_due_follows_the_policy(tmp_path):
 def test_compaction_due_without_logs_and_on_copy_on_write(tmp_path):
     mor = new_table(tmp_path / "mor", "merge_on_read")
     commit(mor, BATCH, [base(P_SAO, "fg1")])
-    assert state.compaction_due(mor.uri)["reason"] == "no file group has logs"
+    assert state.compaction_due(mor.uri)["reason"].startswith("no file group has logs; no index bucket is due")
 
     cow = new_table(tmp_path / "cow")
     commit(cow, BATCH, [base(P_SAO, "fg1")])
@@ -171,7 +179,8 @@ def test_groups_in_a_pending_compaction_plan_are_not_due_again(tmp_path):
     out = state.compaction_due(t.uri)
 
     assert out["due"] is False and out["pending_plans"] == [scheduled]
-    assert out["reason"] == f"every due file group is in a pending compaction plan ({scheduled}): execute it instead"
+    assert out["reason"].startswith(f"every due file group is in a pending compaction plan ({scheduled}): "
+                                    "execute it instead; ")
     # a log committed after the plan makes the third group due on its own
     for n in range(1, DEFAULT_MIN_LOGS + 1):
         commit(t, f"later {n}", [log(P_SAO, "fg-small", n, 10)])
@@ -323,7 +332,8 @@ def test_constructors_are_keyword_only_and_do_no_work(sensors, tmp_path):  # typ
 def test_template_fields_are_the_constructor_arguments_verbatim(sensors):  # type: ignore[no-untyped-def]
     c = sensors.CompactionDueSensor(task_id="c", table_uri="{{ params.t }}", min_logs="{{ params.n }}", log_ratio=0.5)
     assert {f: getattr(c, f) for f in c.template_fields} == {
-        "table_uri": "{{ params.t }}", "min_logs": "{{ params.n }}", "log_ratio": 0.5}
+        "table_uri": "{{ params.t }}", "min_logs": "{{ params.n }}", "log_ratio": 0.5, "min_deltas": 10,
+        "delta_ratio": 0.5}
     n = sensors.NoPendingWritesSensor(task_id="n", table_uri="{{ params.t }}", heartbeat_timeout_s=90)
     assert {f: getattr(n, f) for f in n.template_fields} == {"table_uri": "{{ params.t }}", "heartbeat_timeout_s": 90}
     t = sensors.TableCommitSensor(task_id="t", table_uri="/t", after_instant="{{ ti.xcom_pull(key='instant') }}")
@@ -336,9 +346,11 @@ def test_template_fields_are_the_constructor_arguments_verbatim(sensors):  # typ
 
 def test_defaults_are_the_compact_commands(sensors, triggers):  # type: ignore[no-untyped-def]
     c = sensors.CompactionDueSensor(task_id="c", table_uri="/t")
-    assert (c.min_logs, c.log_ratio) == (DEFAULT_MIN_LOGS, DEFAULT_LOG_RATIO)
+    assert (c.min_logs, c.log_ratio, c.min_deltas, c.delta_ratio) == (
+        DEFAULT_MIN_LOGS, DEFAULT_LOG_RATIO, DEFAULT_MIN_DELTAS, DEFAULT_DELTA_RATIO)
     tr = triggers.CompactionDueTrigger(table_uri="/t")
-    assert (tr.min_logs, tr.log_ratio) == (DEFAULT_MIN_LOGS, DEFAULT_LOG_RATIO)
+    assert (tr.min_logs, tr.log_ratio, tr.min_deltas, tr.delta_ratio) == (
+        DEFAULT_MIN_LOGS, DEFAULT_LOG_RATIO, DEFAULT_MIN_DELTAS, DEFAULT_DELTA_RATIO)
 
 
 def test_table_commit_sensor_needs_exactly_one_of_batch_and_instant(sensors, tmp_path):  # type: ignore[no-untyped-def]
@@ -449,7 +461,7 @@ def test_deferrable_sensor_defers_when_the_condition_does_not_hold(sensors, trig
                                    timeout=3600),
          triggers.TableCommitTrigger, {"batch_id": BATCH, "after_instant": None}),
         (sensors.CompactionDueSensor(task_id="c", table_uri=t.uri, deferrable=True, poke_interval=30, timeout=3600),
-         triggers.CompactionDueTrigger, {"min_logs": 4, "log_ratio": 0.2}),
+         triggers.CompactionDueTrigger, {"min_logs": 4, "log_ratio": 0.2, "min_deltas": 10, "delta_ratio": 0.5}),
     ]
     live = pending_commit(t, ODD_BATCH, owner_info())
     hb = Heartbeat(t.io, t.layout, live).start()

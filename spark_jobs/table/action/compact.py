@@ -1,9 +1,12 @@
-"""Data compaction of merge-on-read file groups: what is due, the plan, and what it commits.
+"""Compaction of data and index: what is due, the plan, and what it commits.
 
-A file group's logs make every read merge them and grow with every upsert; compaction
-folds a group's base and logs into a new base (``spark_jobs.jobs.compact`` does the Spark
-part). The plan names the exact files: logs committed after it stay on top of the new base
-and keep winning (format.md §5.2), so compaction never blocks or conflicts with upserts.
+Two kinds of files grow with every upsert and slow what reads them: a merge-on-read file
+group's logs (every read merges them) and a record-index bucket's deltas (every lookup
+consults them, RFC-08). One ``compaction`` action folds both: a due file group's base and
+logs into a new base, a due index bucket's base and deltas into a new base with tombstones
+dropped (``spark_jobs.jobs.compact`` does the Spark part). The plan names the exact files:
+logs and deltas committed after it stay on top of the new bases and keep winning
+(format.md §5.2, §6.2), so compaction never blocks or conflicts with upserts.
 """
 
 from __future__ import annotations
@@ -11,31 +14,44 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from spark_jobs.table.action.rollback import is_writer_alive
 from spark_jobs.table.action.service import pending_plans
-from spark_jobs.table.config import BadInputError
+from spark_jobs.table.config import INDEX_RECORD, BadInputError
 from spark_jobs.table.timeline import Action
-from spark_jobs.table.view import FileSlice, FileSystemView
+from spark_jobs.table.view import FileSlice, FileSystemView, is_index_delta
 
 if TYPE_CHECKING:
     from spark_jobs.table.table import Table
 
-__all__ = ["CompactionPolicy", "plan_compaction", "compaction_metadata"]
+__all__ = ["CompactionPolicy", "plan_compaction", "compaction_metadata", "compactable"]
 
 #: defaults measured on the development VM (docs/benchmarks.md, merge-on-read): reads of a
 #: 100k-row group slow down by a few percent per log; four logs or logs of a fifth of the
 #: base's bytes cost about what one compaction saves within a day of hourly upserts
 DEFAULT_MIN_LOGS = 4
 DEFAULT_LOG_RATIO = 0.2
+#: an index bucket is due with this many deltas, or deltas of this fraction of its base's
+#: bytes: a lookup opens every file of the bucket, and past ~10 files the opens dominate a
+#: small batch's lookup (docs/benchmarks.md, index lookup); deltas are small, so the ratio
+#: rule catches the buckets that big batches grow
+DEFAULT_MIN_DELTAS = 10
+DEFAULT_DELTA_RATIO = 0.5
 
 
 @dataclass(frozen=True)
 class CompactionPolicy:
-    """Which file groups are due: at least ``min_logs`` logs, or logs of at least
-    ``log_ratio`` x the base's bytes; at most ``max_groups`` per plan (most log bytes first)."""
+    """What is due. A file group: at least ``min_logs`` logs, or logs of at least
+    ``log_ratio`` x the base's bytes; at most ``max_groups`` per plan (most log bytes first).
+    A record-index bucket: at least ``min_deltas`` eligible deltas, or eligible deltas of at
+    least ``delta_ratio`` x its base's bytes. ``data`` / ``index``: which kinds to plan."""
 
     min_logs: int = DEFAULT_MIN_LOGS
     log_ratio: float = DEFAULT_LOG_RATIO
     max_groups: int | None = None
+    min_deltas: int = DEFAULT_MIN_DELTAS
+    delta_ratio: float = DEFAULT_DELTA_RATIO
+    data: bool = True
+    index: bool = True
 
     def __post_init__(self) -> None:
         if self.min_logs < 1:
@@ -44,57 +60,141 @@ class CompactionPolicy:
             raise BadInputError(f"--log-ratio must be positive, got {self.log_ratio}")
         if self.max_groups is not None and self.max_groups < 1:
             raise BadInputError(f"--max-groups must be at least 1, got {self.max_groups}")
+        if self.min_deltas < 1:
+            raise BadInputError(f"--min-deltas must be at least 1, got {self.min_deltas}")
+        if self.delta_ratio <= 0:
+            raise BadInputError(f"--delta-ratio must be positive, got {self.delta_ratio}")
+        if not (self.data or self.index):
+            raise BadInputError("nothing to plan: neither data nor index compaction selected")
+
+    def index_due(self, deltas: int, delta_bytes: int, base_bytes: int) -> bool:
+        """A bucket without a base is due by count only (any delta is "large" against nothing)."""
+        return deltas > 0 and (deltas >= self.min_deltas or (base_bytes > 0 and delta_bytes >= self.delta_ratio * base_bytes))
 
     def due(self, s: FileSlice) -> bool:
         log_bytes = s.total_size - s.size
         return bool(s.logs) and (len(s.logs) >= self.min_logs or log_bytes >= self.log_ratio * max(s.size, 1))
 
 
-def plan_compaction(table: "Table", view: FileSystemView, policy: CompactionPolicy) -> dict[str, Any] | None:
-    """The plan of a data compaction on ``view``, or None when no file group is due.
+def compactable(table: "Table", policy: CompactionPolicy) -> tuple[bool, bool]:
+    """Whether this table has (data logs, index deltas) the policy asks to compact."""
+    assert table.config is not None
+    return (policy.data and table.config.merge_on_read,
+            policy.index and table.config.index_type == INDEX_RECORD)
 
-    File groups in another pending compaction plan are left out: two plans never fold the
-    same logs.
+
+def plan_compaction(table: "Table", view: FileSystemView, policy: CompactionPolicy,
+                    *, heartbeat_timeout_s: float | None = None) -> dict[str, Any] | None:
+    """The plan of a compaction on ``view``, or None when nothing is due.
+
+    File groups and index buckets in another pending compaction plan are left out: two
+    plans never fold the same files. BadInputError when the table has nothing of the kinds
+    asked for (a copy-on-write table has no logs; only the record index has deltas).
     """
     assert table.config is not None
-    if not table.config.merge_on_read:
-        raise BadInputError(f"{table.uri} is a {table.config.table_type} table: it has no logs to compact")
-    busy = {(g["partition"], g["file_id"]) for _, plan in pending_plans(table, Action.COMPACTION)
-            for g in plan.get("file_groups", [])}
-    due = [s for s in view.slices() if policy.due(s) and (s.partition, s.file_id) not in busy]
-    due.sort(key=lambda s: (-(s.total_size - s.size), s.partition, s.file_id))
-    if policy.max_groups is not None:
-        due = due[: policy.max_groups]
-    if not due:
+    data, index = compactable(table, policy)
+    if not (data or index):
+        kinds = " or ".join(k for k, on in (("logs", policy.data), ("index deltas", policy.index)) if on)
+        raise BadInputError(f"{table.uri} is a {table.config.table_type} table with the {table.config.index_type} "
+                            f"index: it has no {kinds} to compact")
+    pending = pending_plans(table, Action.COMPACTION)
+    groups = _due_file_groups(view, policy, pending) if data else []
+    buckets = _due_index_buckets(table, view, policy, pending, heartbeat_timeout_s) if index else []
+    if not groups and not buckets:
         return None
     return {
         "operation": "compaction",
         "snapshot_seq": view.seq,
         "policy": asdict(policy),
-        "file_groups": [
-            {"partition": s.partition, "file_id": s.file_id, "base": s.path, "logs": [lf.path for lf in s.logs],
-             "log_bytes": s.total_size - s.size, "base_bytes": s.size}
-            for s in due
-        ],
+        "file_groups": groups,
+        "index_buckets": buckets,
     }
 
 
-def compaction_metadata(instant: str, plan: dict[str, Any], written: list[dict[str, Any]]) -> dict[str, Any]:
-    """The completed compaction's metadata: one new base per planned group, the logs it folds."""
+def _due_file_groups(view: FileSystemView, policy: CompactionPolicy,
+                     pending: list[tuple[Any, dict[str, Any]]]) -> list[dict[str, Any]]:
+    busy = {(g["partition"], g["file_id"]) for _, plan in pending for g in plan.get("file_groups", [])}
+    due = [s for s in view.slices() if policy.due(s) and (s.partition, s.file_id) not in busy]
+    due.sort(key=lambda s: (-(s.total_size - s.size), s.partition, s.file_id))
+    if policy.max_groups is not None:
+        due = due[: policy.max_groups]
+    return [{"partition": s.partition, "file_id": s.file_id, "base": s.path, "logs": [lf.path for lf in s.logs],
+             "log_bytes": s.total_size - s.size, "base_bytes": s.size} for s in due]
+
+
+def _due_index_buckets(table: "Table", view: FileSystemView, policy: CompactionPolicy,
+                       pending: list[tuple[Any, dict[str, Any]]],
+                       heartbeat_timeout_s: float | None) -> list[dict[str, Any]]:
+    """Buckets whose base and oldest deltas are due, with exactly the files to fold.
+
+    A bucket folds a *prefix* of its deltas in commit order -- the new base sits below every
+    delta it leaves, so a delta it skipped could not be older than one it folded -- and
+    only deltas of instants older than the oldest live pending write: that writer tagged
+    its batch on a snapshot, and its delta must stay newer than everything folded below it
+    (a dead writer's instant never completes and does not hold compaction back).
+    """
+    busy = {int(b["bucket"]) for _, plan in pending for b in plan.get("index_buckets", [])}
+    live = [i.timestamp for i in table.timeline.pending(Action.WRITES)
+            if i.action not in Action.SERVICES and is_writer_alive(table, i, heartbeat_timeout_s)]
+    horizon = min(live, default=None)
+    out = []
+    for bucket in sorted(view.index_files):
+        if bucket in busy:
+            continue
+        files = view.index_files[bucket]
+        bases = [f for f in files if not is_index_delta(f)]
+        deltas = []
+        for f in files[len(bases):]:
+            if horizon is not None and _index_file_instant(f) >= horizon:
+                break
+            deltas.append(f)
+        if not deltas:
+            continue
+        delta_bytes = sum(table.io.size(table.abs(f)) for f in deltas)
+        base_bytes = sum(table.io.size(table.abs(f)) for f in bases)
+        if policy.index_due(len(deltas), delta_bytes, base_bytes):
+            out.append({"bucket": bucket, "files": [*bases, *deltas], "deltas": len(deltas),
+                        "delta_bytes": delta_bytes, "base_bytes": base_bytes})
+    return out
+
+
+def _index_file_instant(rel: str) -> str:
+    """``index/bucket=n/<kind>_<instant>[_<attempt>].arrow`` -> ``<instant>``."""
+    name = rel.rsplit("/", 1)[-1].split(".", 1)[0]
+    return name.split("_")[1]
+
+
+def compaction_metadata(instant: str, plan: dict[str, Any], written: list[dict[str, Any]],
+                        index_written: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The completed compaction's metadata: one new base per planned group and index bucket,
+    and the logs and index files they replace."""
     by_group = {(w["part"], w["fid"]): w for w in written}
     groups = []
-    for g in plan["file_groups"]:
+    for g in plan.get("file_groups", []):
         w = by_group.get((g["partition"], g["file_id"]))
         if w is None:
             raise RuntimeError(f"compaction {instant} wrote no base for {g['partition']}/{g['file_id']}")
         groups.append({"partition": g["partition"], "file_id": g["file_id"], "path": w["path"],
                        "base_rows": w["num_rows"], "size": w["size"], "compacted_logs": g["logs"]})
+    by_bucket = {int(w["bucket"]): w for w in index_written or []}
+    added, removed = [], []
+    for b in plan.get("index_buckets", []):
+        w = by_bucket.get(int(b["bucket"]))
+        if w is None:
+            raise RuntimeError(f"compaction {instant} wrote no index base for bucket {b['bucket']}")
+        added.append({"bucket": int(b["bucket"]), "path": w["path"], "entries": int(w["entries"]),
+                      "size": int(w["size"]), "kind": "base"})
+        removed += b["files"]
     return {
         "action": Action.COMPACTION,
         "instant": instant,
         "operation": "compaction",
         "file_groups": groups,
-        "index": {"added": [], "removed": []},
-        "counts": {"file_groups": len(groups), "logs_folded": sum(len(g["logs"]) for g in plan["file_groups"]),
-                   "rows": sum(int(w["num_rows"]) for w in written)},
+        "index": {"added": added, "removed": removed},
+        "counts": {"file_groups": len(groups),
+                   "logs_folded": sum(len(g["logs"]) for g in plan.get("file_groups", [])),
+                   "rows": sum(int(w["num_rows"]) for w in written),
+                   "index_buckets": len(added),
+                   "index_deltas_folded": sum(int(b["deltas"]) for b in plan.get("index_buckets", [])),
+                   "index_entries": sum(a["entries"] for a in added)},
     }
