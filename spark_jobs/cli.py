@@ -229,6 +229,10 @@ def cmd_show(args: argparse.Namespace, submitted: bool) -> int:
             print(f"  {where}: {g['logs']} logs, {_human_bytes(g['log_bytes'])} on a "
                   f"{_human_bytes(g['base_bytes'])} base, {g['rows']} rows")
     print(f"index      {len(d['index_buckets'])} buckets with files, {sum(d['index_buckets'].values())} index files")
+    idx = d["index_deltas"]
+    if idx["total"]:
+        print(f"  deltas: {idx['total']} ({_human_bytes(idx['bytes'])}), at most {idx['max_per_bucket']} per bucket "
+              f"(`compact --only index` folds them)")
     print(f"pending    {', '.join(d['pending']) or 'none'}")
     if d["writers"]:
         print("writers")

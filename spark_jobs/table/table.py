@@ -207,7 +207,22 @@ class Table:
             "rows": view.num_rows,
             "partitions": view.partitions(),
             "index_buckets": {b: len(files) for b, files in sorted(view.index_files.items())},
+            "index_deltas": self._index_delta_summary(view),
         }
+
+    def _index_delta_summary(self, view: FileSystemView) -> dict[str, Any]:
+        """Record-index deltas per bucket (what every lookup opens, and index compaction folds)."""
+        from spark_jobs.table.view import is_index_delta
+
+        per: dict[int, dict[str, int]] = {}
+        for b, files in sorted(view.index_files.items()):
+            deltas = [f for f in files if is_index_delta(f)]
+            per[b] = {"bases": len(files) - len(deltas), "deltas": len(deltas),
+                      "delta_bytes": sum(self.io.size(self.abs(f)) for f in deltas)}
+        return {"total": sum(v["deltas"] for v in per.values()),
+                "bytes": sum(v["delta_bytes"] for v in per.values()),
+                "max_per_bucket": max((v["deltas"] for v in per.values()), default=0),
+                "buckets": per}
 
     def writers(self) -> list[dict[str, Any]]:
         """Pending instants with their batch, owner, start, last heartbeat and liveness."""

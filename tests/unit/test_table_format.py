@@ -325,10 +325,14 @@ def test_cli_show_json_and_text(tmp_path, capsys):
     assert main(["show", t.uri, "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["rows"] == 1 and d["file_groups"] == 1 and d["index_buckets"] == {"0": 1}
+    delta = t.view().index_files[0][0]
+    assert d["index_deltas"] == {"total": 1, "bytes": os.path.getsize(t.abs(delta)), "max_per_bucket": 1,
+                                 "buckets": {"0": {"bases": 0, "deltas": 1, "delta_bytes": os.path.getsize(t.abs(delta))}}}
     assert d["pending"] == [f"{pending}.commit[inflight]"]
     assert main(["show", t.uri]) == 0
     text = capsys.readouterr().out
     assert "1 rows in 1 file groups" in text and f"{pending}.commit[inflight]" in text
+    assert "deltas: 1 (" in text and "at most 1 per bucket" in text
 
 
 def test_cli_bad_table_exits_2(tmp_path, capsys):
