@@ -55,6 +55,7 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_provider_bucketindex.operators.upsert",
                     "airflow_provider_bucketindex.operators.validate",
                     "airflow_provider_bucketindex.operators.rollback",
+                    "airflow_provider_bucketindex.operators.compaction",
                 ],
             }
         ],

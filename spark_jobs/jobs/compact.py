@@ -17,8 +17,8 @@ from pyspark.sql import SparkSession
 
 from spark_jobs.jobs import tasks
 from spark_jobs.jobs.session import session_start_ms
-from spark_jobs.table.action.compact import CompactionPolicy, compaction_metadata, plan_compaction
-from spark_jobs.table.action.service import execute, schedule
+from spark_jobs.table.action.compact import CompactionPolicy, compaction_metadata, schedule_compaction
+from spark_jobs.table.action.service import execute
 from spark_jobs.table.action.transaction import Transaction
 from spark_jobs.table.config import BadInputError
 from spark_jobs.table.table import Table
@@ -43,20 +43,12 @@ def run_compact(spark: SparkSession | Callable[[], SparkSession] | None, uri: st
     started = time.perf_counter()
     out: dict[str, Any] = {"instant": instant, "scheduled": False, "executed": False, "noop": False}
     if instant is None:
-        view = table.view()
-        plan = plan_compaction(table, view, policy or CompactionPolicy(), heartbeat_timeout_s=heartbeat_timeout_s)
-        if plan is None:
-            log.info("nothing is due for compaction (policy %s)", policy or CompactionPolicy())
+        planned = schedule_compaction(table, policy or CompactionPolicy(), heartbeat_timeout_s=heartbeat_timeout_s)
+        if planned is None:
             out["noop"] = True
             return out
-        inst = schedule(table, Action.COMPACTION, plan)
-        instant = out["instant"] = inst.timestamp
-        out["scheduled"] = True
-        out["file_groups"] = len(plan["file_groups"])
-        out["index_buckets"] = len(plan["index_buckets"])
-        log.info("compaction %s planned: %d file groups (%d logs), %d index buckets (%d deltas)", instant,
-                 len(plan["file_groups"]), sum(len(g["logs"]) for g in plan["file_groups"]),
-                 len(plan["index_buckets"]), sum(int(b["deltas"]) for b in plan["index_buckets"]))
+        instant = out["instant"] = planned["instant"]
+        out.update(scheduled=True, file_groups=planned["file_groups"], index_buckets=planned["index_buckets"])
         if schedule_only:
             return out
     assert spark is not None

@@ -11,11 +11,12 @@ logs and deltas committed after it stay on top of the new bases and keep winning
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from spark_jobs.table.action.rollback import is_writer_alive
-from spark_jobs.table.action.service import pending_plans
+from spark_jobs.table.action.service import pending_plans, schedule
 from spark_jobs.table.config import INDEX_RECORD, BadInputError
 from spark_jobs.table.timeline import Action
 from spark_jobs.table.view import FileSlice, FileSystemView, is_index_delta
@@ -23,7 +24,9 @@ from spark_jobs.table.view import FileSlice, FileSystemView, is_index_delta
 if TYPE_CHECKING:
     from spark_jobs.table.table import Table
 
-__all__ = ["CompactionPolicy", "plan_compaction", "compaction_metadata", "compactable"]
+__all__ = ["CompactionPolicy", "plan_compaction", "schedule_compaction", "compaction_metadata", "compactable"]
+
+log = logging.getLogger("bucketindex.compact")
 
 #: defaults measured on the development VM (docs/benchmarks.md, merge-on-read): reads of a
 #: 100k-row group slow down by a few percent per log; four logs or logs of a fifth of the
@@ -109,6 +112,26 @@ def plan_compaction(table: "Table", view: FileSystemView, policy: CompactionPoli
         "file_groups": groups,
         "index_buckets": buckets,
     }
+
+
+def schedule_compaction(table: "Table", policy: CompactionPolicy, *,
+                        heartbeat_timeout_s: float | None = None) -> dict[str, Any] | None:
+    """Plan and schedule a compaction (pure Python: no Spark); None when nothing is due.
+
+    Returns ``{"instant", "file_groups", "logs", "index_buckets", "deltas"}`` (counts of the plan).
+    """
+    plan = plan_compaction(table, table.view(), policy, heartbeat_timeout_s=heartbeat_timeout_s)
+    if plan is None:
+        log.info("nothing is due for compaction (policy %s)", policy)
+        return None
+    inst = schedule(table, Action.COMPACTION, plan)
+    out = {"instant": inst.timestamp, "file_groups": len(plan["file_groups"]),
+           "logs": sum(len(g["logs"]) for g in plan["file_groups"]),
+           "index_buckets": len(plan["index_buckets"]),
+           "deltas": sum(int(b["deltas"]) for b in plan["index_buckets"])}
+    log.info("compaction %s planned: %d file groups (%d logs), %d index buckets (%d deltas)", inst.timestamp,
+             out["file_groups"], out["logs"], out["index_buckets"], out["deltas"])
+    return out
 
 
 def _due_file_groups(view: FileSystemView, policy: CompactionPolicy,

@@ -1,0 +1,134 @@
+"""AsyncIndexCompactionOperator: compaction off the write path, scheduled and executed as separate tasks."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+from airflow_provider_bucketindex.hooks.bucketindex import EXIT_BAD_INPUT, SparkJobFailed
+from airflow_provider_bucketindex.operators.base import BucketIndexSparkOperator
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+__all__ = ["AsyncIndexCompactionOperator", "MODES"]
+
+MODES = ("schedule", "execute", "both")
+
+
+class AsyncIndexCompactionOperator(BucketIndexSparkOperator):
+    """Fold record-index deltas (and merge-on-read logs) into new bases, beside ingestion.
+
+    "Async" in Apache Hudi's sense: compaction runs off the write path, in its own tasks,
+    while upserts keep committing (format.md §4.5: compaction never conflicts with them). It
+    is **not** Airflow's older ``*Async`` naming for deferrable operators; the waiting in the
+    nightly DAG is done by the deferrable :class:`~airflow_provider_bucketindex.sensors.CompactionDueSensor`.
+
+    ``mode``:
+
+    * ``schedule`` -- plan in this task (pure Python, reading table metadata only: no Spark
+      job) and write the plan as a ``compaction`` requested instant; returns
+      ``{"instant", "file_groups", "logs", "index_buckets", "deltas"}`` to XCom. Nothing due:
+      the task is **skipped**, not failed (and nothing is written);
+    * ``execute`` -- run the scheduled plan ``instant`` (templated, e.g.
+      ``"{{ ti.xcom_pull(task_ids='schedule_compaction')['instant'] }}"``) as a Spark job
+      (``bucketindex compact TABLE --execute INSTANT``): one task per planned bucket or
+      file group, no shuffle. Executing a completed plan is a no-op, and after a crash it
+      resumes; a failed attempt keeps the plan for the next try;
+    * ``both`` -- schedule, then execute, in one task.
+
+    :param table_uri: the table (templated).
+    :param instant: the plan to execute (``mode="execute"``; templated).
+    :param min_deltas, delta_ratio: when a record-index bucket is due (templated; defaults as
+        ``bucketindex compact``: 10 deltas, or deltas of half the base's bytes).
+    :param min_logs, log_ratio: when a merge-on-read file group is due (templated; 4, 0.2).
+    :param only: ``"index"`` or ``"data"`` to plan one kind only (default both).
+    """
+
+    template_fields: Sequence[str] = ("table_uri", "instant", "min_deltas", "delta_ratio", "min_logs", "log_ratio",
+                                      "master", "conf", "name", "env_vars")
+    ui_color = "#fef7e0"
+
+    def __init__(
+        self,
+        *,
+        table_uri: str,
+        mode: str = "both",
+        instant: str | None = None,
+        min_deltas: int = 10,
+        delta_ratio: float = 0.5,
+        min_logs: int = 4,
+        log_ratio: float = 0.2,
+        only: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if only not in (None, "index", "data"):
+            raise ValueError(f"only must be 'index', 'data' or None, got {only!r}")
+        self.table_uri = table_uri
+        self.mode = mode
+        self.instant = instant
+        self.min_deltas = min_deltas
+        self.delta_ratio = delta_ratio
+        self.min_logs = min_logs
+        self.log_ratio = log_ratio
+        self.only = only
+
+    def spark_submit_command(self, instant: str) -> list[str]:
+        """The exact spark-submit command the execute step runs (templates rendered)."""
+        return self.hook.build_command("compact", [str(self.table_uri), "--execute", str(instant)])
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        table_uri = str(self.table_uri)
+        result: dict[str, Any] = {"table_uri": table_uri}
+        if self.mode in ("schedule", "both"):
+            planned = self._schedule(table_uri)
+            if planned is None:
+                raise AirflowSkipException(f"nothing is due for compaction in {table_uri}")
+            self.log.info("compaction %s scheduled: %d index buckets (%d deltas), %d file groups (%d logs)",
+                          planned["instant"], planned["index_buckets"], planned["deltas"], planned["file_groups"],
+                          planned["logs"])
+            result.update(planned)
+            if self.mode == "schedule":
+                return result
+            instant = planned["instant"]
+        else:
+            instant = str(self.instant or "").strip()
+            if not instant:
+                raise AirflowFailException("mode='execute' needs the instant of a scheduled compaction "
+                                           "(the schedule task's XCom)")
+            result["instant"] = instant
+        try:
+            self.hook.submit("compact", [table_uri, "--execute", instant])
+        except SparkJobFailed as e:
+            if e.returncode == EXIT_BAD_INPUT:  # no such plan, cancelled, or stale: a retry cannot help
+                raise AirflowFailException(str(e)) from e
+            raise
+        result["counts"] = self._counts(table_uri, instant)
+        return result
+
+    def _schedule(self, table_uri: str) -> dict[str, Any] | None:
+        from spark_jobs.table import Table
+        from spark_jobs.table.action.compact import CompactionPolicy, schedule_compaction
+        from spark_jobs.table.config import BadInputError
+
+        try:
+            policy = CompactionPolicy(min_deltas=int(self.min_deltas), delta_ratio=float(self.delta_ratio),
+                                      min_logs=int(self.min_logs), log_ratio=float(self.log_ratio),
+                                      data=self.only in (None, "data"), index=self.only in (None, "index"))
+            return schedule_compaction(Table.load(table_uri), policy)
+        except BadInputError as e:  # no table, a policy out of range, nothing of that kind to compact
+            raise AirflowFailException(str(e)) from e
+
+    @staticmethod
+    def _counts(table_uri: str, instant: str) -> dict[str, Any]:
+        from spark_jobs.table import Table
+
+        t = Table.load(table_uri)
+        done = t.timeline.reload().find(instant)
+        if done is None or not done.is_completed:
+            raise AirflowFailException(f"compaction {instant} did not complete in {table_uri}")
+        return dict(t.timeline.read_metadata(done).get("counts") or {})
