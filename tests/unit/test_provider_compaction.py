@@ -112,3 +112,26 @@ def test_execute_submits_the_plan_and_maps_failures(ops, tmp_path, monkeypatch, 
         op.execute({})
     assert calls == [("compact", [t.uri, "--execute", planned])]
     assert isinstance(info.value, AirflowFailException) is final
+
+
+def test_index_plan_folds_a_prefix_older_than_the_oldest_live_writer(tmp_path):
+    """A live writer that started before the newest deltas holds them back (its own delta must
+    stay newer than what is folded below it); a dead writer does not."""
+    from spark_jobs.table.action.compact import CompactionPolicy, plan_compaction
+    from spark_jobs.table.heartbeat import Heartbeat, owner_info
+
+    t = _table(tmp_path, 2)
+    old = list(t.view().index_files[0])
+    live = t.timeline.create_requested(Action.COMMIT, {"batch_id": "late writer", "owner": owner_info()})
+    for i in range(2, 4):
+        write_commit(t, [(f"clé {i}/%+", i)], file_id=f"fg{i}")
+    assert len(t.view().index_files[0]) == 4
+    policy = CompactionPolicy(min_deltas=1, data=False)
+    hb = Heartbeat(t.io, t.layout, live.timestamp).start()
+    try:
+        plan = plan_compaction(t, t.view(), policy)
+        assert plan is not None and [b["files"] for b in plan["index_buckets"] if b["bucket"] == 0] == [old]
+    finally:
+        hb.stop()
+    plan = plan_compaction(t, t.view(), policy, heartbeat_timeout_s=0.01)  # the writer is gone: all four
+    assert [b["files"] for b in plan["index_buckets"] if b["bucket"] == 0] == [t.view().index_files[0]]
