@@ -416,9 +416,15 @@ def _tag(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystemVi
             tasks.bind(tasks.lookup_bucket, table_uri=table.uri, files=files), tasks.LOOKUP_OUTPUT
         )
         return batch.join(found, KEY, "left")
-    # global_simple: join against the keys of every live data file
+    # global_simple: join against the keys of every live data file. Spark cannot size what a
+    # Python task returns (it guesses from the input, a list of a few file names), so left to
+    # itself it broadcasts every key of the table -- 10M keys failed a 4 GiB driver. Decide
+    # from the snapshot's row count instead: broadcast only what Spark's default threshold allows.
     existing = keys_with_location(spark, table, view, part=OLD_PART, fid=OLD_FID)
-    return no_loc if existing is None else batch.join(existing, KEY, "left")
+    if existing is None:
+        return no_loc
+    hint = "broadcast" if view.num_rows * KEY_BYTES <= BROADCAST_KEYS_BYTES else "merge"
+    return batch.join(existing.hint(hint), KEY, "left")
 
 
 def _assign_new_file_groups(spark: SparkSession, cfg: TableConfig, view: FileSystemView, rows: DataFrame,
@@ -544,6 +550,8 @@ def _drop_stale_moves(spark: SparkSession, table: Table, cfg: TableConfig, view:
 
 #: bytes of a key and its location in a shuffle, to size global_simple's join with every key
 KEY_BYTES = 48
+#: global_simple broadcasts the table's keys up to this size (Spark's autoBroadcastJoinThreshold default)
+BROADCAST_KEYS_BYTES = 10 * 1024 * 1024
 #: merge-on-read: batch rows per log-writing task (a task writes the logs of many file groups)
 LOG_TASK_ROWS = 250_000
 

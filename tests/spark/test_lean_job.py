@@ -137,3 +137,26 @@ def test_ties_in_a_batch_never_depend_on_row_order(spark, tmp_path, index):
                                         record_key=["id"], precombine_field="ts", index=index))
         winners.append(sorted((r["id"], r["ts"], r["v"]) for r in read_arrow(uri).to_pylist()))
     assert winners[0] == winners[1] == [("k 2", 7, 1.0), ("k/1 é", 5, 9.0)]
+
+
+@pytest.mark.parametrize("limit,join", [(10 * 1024 * 1024, "BroadcastHashJoin"), (0, "SortMergeJoin")])
+def test_global_simple_broadcasts_the_tables_keys_only_when_they_are_small(spark, tmp_path, monkeypatch, limit, join):
+    """Spark sizes a Python task's output from its input (a few file names), so it would
+    broadcast every key of any table; the tagging join decides from the snapshot's rows."""
+    from spark_jobs.jobs import upsert
+    from spark_jobs.jobs.tasks import KEY
+
+    uri = str(tmp_path / "t")
+    run_upsert(spark, UpsertOptions(table=uri, source=write_batch(tmp_path / "b1.parquet", _rows(0, 600, 1)),
+                                    record_key=["id"], precombine_field="ts", index="global_simple",
+                                    target_file_rows=200))
+    monkeypatch.setattr(upsert, "BROADCAST_KEYS_BYTES", limit)
+    t = Table.load(uri)
+    view = t.view()
+    assert t.config is not None
+    batch = spark.createDataFrame([(r["id"],) for r in _rows(500, 700, 2)], f"{KEY} string")
+    tagged = upsert._tag(spark, t, t.config, view, t.num_buckets(view), batch)
+    plan = tagged._jdf.queryExecution().executedPlan().toString()
+    assert join in plan and ("BroadcastHashJoin" in plan) == (join == "BroadcastHashJoin"), plan
+    located = {r[KEY]: r[upsert.OLD_FID] for r in tagged.collect()}
+    assert len(located) == 200 and sum(v is not None for v in located.values()) == 100
