@@ -6,7 +6,7 @@ consults them, RFC-08). One ``compaction`` action folds both: a due file group's
 logs into a new base, a due index bucket's base and deltas into a new base with tombstones
 dropped (``spark_jobs.jobs.compact`` does the Spark part). The plan names the exact files:
 logs and deltas committed after it stay on top of the new bases and keep winning
-(format.md §5.2, §6.2), so compaction never blocks or conflicts with upserts.
+(format.md §5.2, §6.1), so compaction never blocks or conflicts with upserts.
 """
 
 from __future__ import annotations
