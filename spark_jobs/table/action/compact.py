@@ -34,8 +34,8 @@ log = logging.getLogger("bucketindex.compact")
 DEFAULT_MIN_LOGS = 4
 DEFAULT_LOG_RATIO = 0.2
 #: an index bucket is due with this many deltas, or deltas of this fraction of its base's
-#: bytes: a lookup opens every file of the bucket, and past ~10 files the opens dominate a
-#: small batch's lookup (docs/benchmarks.md, index lookup); deltas are small, so the ratio
+#: bytes. A lookup opens every file of its bucket; these are starting values, not yet
+#: measured (the lookup benchmark against a base and many deltas will set them). The ratio
 #: rule catches the buckets that big batches grow
 DEFAULT_MIN_DELTAS = 10
 DEFAULT_DELTA_RATIO = 0.5
