@@ -11,10 +11,7 @@ table exists at ``uri``.
 
 from __future__ import annotations
 
-import json
 from typing import Any
-
-import pendulum
 
 from spark_jobs.table.action.compact import (
     DEFAULT_DELTA_RATIO,
@@ -25,7 +22,6 @@ from spark_jobs.table.action.compact import (
     compactable,
     plan_compaction,
 )
-from spark_jobs.table.action.rollback import is_writer_alive
 from spark_jobs.table.action.service import pending_plans
 from spark_jobs.table.config import BadInputError
 from spark_jobs.table.table import Table
@@ -112,32 +108,13 @@ def pending_writes(uri: str, *, heartbeat_timeout_s: float | None = None) -> lis
       the next ``compact --execute`` and is not counted either.
     * ``rollback`` and ``clean`` are not writes (they only delete files no snapshot shows).
 
-    Returns one small dict per write, oldest first:
-    ``{"instant", "action", "state", "batch_id", "host", "pid", "last_heartbeat"}``.
+    Returns one dict per write, oldest first: :meth:`Table.writers`'s (``instant``,
+    ``action``, ``state``, ``batch_id``, ``host``, ``pid``, ``started``, ``last_heartbeat``, ...).
     """
     table = Table.load(uri)
-    tl = table.timeline.reload()
-    out = []
-    for inst in tl.pending(Action.WRITES):
-        if inst.action in Action.SERVICES and inst.state != State.INFLIGHT:
-            continue  # scheduled, not being executed
-        if not is_writer_alive(table, inst, heartbeat_timeout_s):
-            continue
-        try:
-            plan = tl.read_plan(inst)
-        except FileNotFoundError:  # completed or rolled back since the listing
-            continue
-        owner = plan.get("owner") or plan.get("scheduled_by") or {}
-        out.append({
-            "instant": inst.timestamp,
-            "action": inst.action,
-            "state": inst.state.name.lower(),
-            "batch_id": plan.get("batch_id"),
-            "host": owner.get("host"),
-            "pid": owner.get("pid"),
-            "last_heartbeat": _last_beat(table, inst.timestamp),
-        })
-    return out
+    return [w for w in table.writers(heartbeat_timeout_s)
+            if w["action"] in Action.WRITES and w["alive"]
+            and not (w["action"] in Action.SERVICES and w["state"] != State.INFLIGHT.name.lower())]
 
 
 def find_commit(uri: str, *, batch_id: str | None = None, after_instant: str | None = None) -> dict[str, Any] | None:
@@ -169,12 +146,3 @@ def find_commit(uri: str, *, batch_id: str | None = None, after_instant: str | N
     meta = tl.read_metadata(found)
     return {"instant": found.timestamp, "action": found.action, "seq": found.seq,
             "batch_id": meta.get("batch_id"), "counts": meta.get("counts") or {}}
-
-
-def _last_beat(table: Table, instant: str) -> str | None:
-    """The writer's last heartbeat as an ISO time, None before its first beat."""
-    try:
-        at = float(json.loads(table.io.read_bytes(table.layout.heartbeat_file(instant)))["at"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return pendulum.from_timestamp(at, "UTC").to_iso8601_string()

@@ -224,8 +224,9 @@ class Table:
                 "max_per_bucket": max((v["deltas"] for v in per.values()), default=0),
                 "buckets": per}
 
-    def writers(self) -> list[dict[str, Any]]:
-        """Pending instants with their batch, owner, start, last heartbeat and liveness."""
+    def writers(self, heartbeat_timeout_s: float | None = None) -> list[dict[str, Any]]:
+        """Pending instants with their batch, owner, start, last heartbeat and liveness
+        (``heartbeat_timeout_s``: seconds without a beat before a writer counts as dead)."""
         from spark_jobs.table.action.rollback import is_writer_alive
 
         out = []
@@ -248,7 +249,7 @@ class Table:
                 "pid": owner.get("pid"),
                 "started": _iso(owner.get("at")),
                 "last_heartbeat": _iso(beat.get("at")),
-                "alive": is_writer_alive(self, inst),
+                "alive": is_writer_alive(self, inst, heartbeat_timeout_s),
                 # a table-service plan waiting for its executor is not an abandoned write
                 "scheduled": inst.action in Action.SERVICES,
             })
