@@ -345,14 +345,12 @@ def write_index_delta(key: tuple, entries: pa.Table, *, table_uri: str, instant:
     idx = IndexEntries.from_keys(keys, targets)
     path = t.layout.index_file(bucket, "delta", instant)
     rel = t.layout.rel(path)
-    sizes = []
-
-    def write() -> None:
-        sizes.append(write_index_file(t.io, path, idx, metadata={"instant": instant, "bucket": bucket}))
+    def write() -> int:
+        size = write_index_file(t.io, path, idx, metadata={"instant": instant, "bucket": bucket})
         maybe_crash("after_index_file")
+        return size
 
-    t.write_marked(instant, rel, write, snapshot_seq=snapshot_seq)
-    size = sizes[0]
+    size = t.write_marked(instant, rel, write, snapshot_seq=snapshot_seq)
     return pa.table(
         {"bucket": pa.array([bucket], pa.int32()), "path": [rel], "entries": pa.array([len(idx)], pa.int64()),
          "size": pa.array([size], pa.int64())}
@@ -512,13 +510,12 @@ def compact_index_buckets(buckets: Iterable[pa.RecordBatch], *, table_uri: str, 
             merged = merge_entries(t.io, [t.abs(f) for f in files])
             path = t.layout.index_file(bucket, "base", f"{instant}_{attempt}")
             rel = t.layout.rel(path)
-            sizes = []
-
-            def write(merged: IndexEntries = merged, path: str = path, bucket: int = bucket) -> None:
-                sizes.append(write_index_file(t.io, path, merged,  # type: ignore[union-attr]
-                                              metadata={"instant": instant, "bucket": bucket}))
+            def write(merged: IndexEntries = merged, path: str = path, bucket: int = bucket) -> int:
+                size = write_index_file(t.io, path, merged,  # type: ignore[union-attr]
+                                        metadata={"instant": instant, "bucket": bucket})
                 maybe_crash("after_index_file")
+                return size
 
-            t.write_marked(instant, rel, write, snapshot_seq=snapshot_seq)
+            size = t.write_marked(instant, rel, write, snapshot_seq=snapshot_seq)
             yield pa.RecordBatch.from_pylist([{"bucket": bucket, "path": rel, "entries": len(merged),
-                                               "size": sizes[0]}], schema=out_schema)
+                                               "size": size}], schema=out_schema)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import posixpath
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import pendulum
 
@@ -21,6 +21,8 @@ from spark_jobs.table.timeline import Action, Instant, Timeline
 from spark_jobs.table.view import FileSystemView
 
 __all__ = ["Table", "TableNotFoundError", "WriterAliveError"]
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +98,8 @@ class Table:
         """Record that ``rel_path`` is about to be written for ``instant`` (before writing it)."""
         self.io.write_bytes(self.layout.marker_file(instant, rel_path), TableLayout.marker_content(rel_path))
 
-    def write_marked(self, instant: str, rel_path: str, write: Callable[[], None], *, snapshot_seq: int) -> None:
-        """Write one file of ``instant`` from a task: marker first, then ``write()``.
+    def write_marked(self, instant: str, rel_path: str, write: Callable[[], T], *, snapshot_seq: int) -> T:
+        """Write one file of ``instant`` from a task: marker first, then ``write()``, whose result it returns.
 
         Checked against a rollback before and after (``snapshot_seq``: the sequence position
         the writer planned on): a task that a rollback overtook -- a zombie of a killed
@@ -108,16 +110,21 @@ class Table:
         if self._rolled_back(instant, snapshot_seq):
             raise InstantRolledBackError(f"instant {instant} was rolled back; task not run")
         self.create_marker(instant, rel_path)
-        write()
+        result = write()
         if self._rolled_back(instant, snapshot_seq):
             # the rollback may have listed the markers before ours: clean as it does (every
             # other task of the instant checks after its write too, so the last one out is clean)
             self.io.delete(self.abs(rel_path))
-            for rel in self.marked_files(instant):
-                self.io.delete(self.abs(rel))
-            self.io.delete_dir(self.layout.marker_dir(instant))
+            self.delete_marked(instant)
             raise InstantRolledBackError(f"instant {instant} was rolled back while this task wrote {rel_path}; "
                                          "its file is deleted")
+        return result
+
+    def delete_marked(self, instant: str) -> None:
+        """Delete every file marked for ``instant``, then its markers."""
+        for rel in self.marked_files(instant):
+            self.io.delete(self.abs(rel))
+        self.io.delete_dir(self.layout.marker_dir(instant))
 
     def _rolled_back(self, instant: str, snapshot_seq: int) -> bool:
         return Timeline.rolled_back_since(self.io, self.layout, instant, snapshot_seq)

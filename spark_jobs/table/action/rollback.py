@@ -96,7 +96,7 @@ def repair(table: "Table") -> None:
             assert inst is not None
             table.finalize_markers(ts, referenced_files(tl.read_metadata(inst)))
         elif ts in tl.aborted:  # files a rolled-back writer wrote after the rollback's cleanup
-            _delete_marked(table, ts)
+            table.delete_marked(ts)
     for ts in beats:
         if tl.is_completed(ts) or ts in tl.aborted:
             table.io.delete(table.layout.heartbeat_file(ts))
@@ -137,12 +137,6 @@ def _clean(table: "Table", target: str, action: str, files: list[str]) -> None:
     for rel in files:
         table.io.delete(table.abs(rel))
         maybe_crash("rollback_after_delete")
-    _delete_marked(table, target)  # files marked after the plan (a writer still finishing a task)
+    table.delete_marked(target)  # files marked after the plan (a writer still finishing a task)
     table.io.delete(table.layout.heartbeat_file(target))
     table.timeline.delete_pending(Instant(target, action, State.REQUESTED))
-
-
-def _delete_marked(table: "Table", ts: str) -> None:
-    for rel in table.marked_files(ts):
-        table.io.delete(table.abs(rel))
-    table.io.delete_dir(table.layout.marker_dir(ts))

@@ -195,10 +195,7 @@ class Transaction:
 
     # -- helpers ---------------------------------------------------------------------
     def _delete_own_files(self) -> None:
-        ts = self.ts
-        for rel in self.table.marked_files(ts):
-            self.table.io.delete(self.table.abs(rel))
-        self.table.io.delete_dir(self.table.layout.marker_dir(ts))
+        self.table.delete_marked(self.ts)
 
     def _stop_heartbeat(self) -> None:
         if self._heartbeat is not None:
