@@ -121,6 +121,15 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
     co.add_argument("--master")
     co.add_argument("--driver-memory", help=_DRIVER_MEMORY_HELP)
     co.add_argument("--remote", metavar="sc://HOST:PORT", help=REMOTE_HELP)
+    cl = sub.add_parser("clean", help="delete file versions no retained snapshot reads (from a plan on the timeline)")
+    cl.add_argument("table")
+    keep = cl.add_mutually_exclusive_group()
+    keep.add_argument("--retain-commits", type=int, metavar="N",
+                      help="keep the snapshots of the last N commits (default: the table's clean_retain_commits, 24)")
+    keep.add_argument("--retain-hours", type=float, metavar="H", help="keep the snapshots of the last H hours")
+    cl.add_argument("--dry-run", action="store_true", help="print what would be deleted; write nothing")
+    cl.add_argument("--heartbeat-timeout", type=float,
+                    help="seconds without a heartbeat before a pending write no longer holds clean back (default 60)")
     for name, text in (extra_verbs or {}).items():
         sub.add_parser(name, help=text)
     return p
@@ -233,6 +242,19 @@ def cmd_show(args: argparse.Namespace, submitted: bool) -> int:
     if idx["total"]:
         print(f"  deltas: {idx['total']} ({_human_bytes(idx['bytes'])}), at most {idx['max_per_bucket']} per bucket "
               f"(`compact --only index` folds them)")
+    for p in d["compaction_plans"]:
+        print(f"  compaction {p['instant']} {p['state']}: {p['index_buckets']} index buckets ({p['index_deltas']} deltas), "
+              f"{p['file_groups']} file groups ({p['logs']} logs) -- `compact --execute {p['instant']}`")
+    cl = d["clean"]
+    print(f"clean      retained from {cl.get('retained_from') or 'the first commit'}"
+          + (f" (last clean {cl['last_clean']})" if cl.get("last_clean") else "")
+          + f"; a clean now ({cl.get('policy')}) would delete {cl.get('would_delete_files', 0)} files "
+            f"({_human_bytes(cl.get('would_delete_bytes', 0))})")
+    ck = d["checkpoints"]
+    print(f"history    {d['completed_instants']} completed instants; checkpoint every {ck['interval']}: "
+          + (f"latest at entry {ck['latest']} ({ck['entries_since']} since), " if ck["latest"] else "none yet, ")
+          + f"{ck['archived_entries']} entries archived in {ck['archive_files']} files, "
+            f"{ck['listed_entries']} listed")
     print(f"pending    {', '.join(d['pending']) or 'none'}")
     if d["writers"]:
         print("writers")
@@ -254,6 +276,9 @@ def cmd_show(args: argparse.Namespace, submitted: bool) -> int:
         cnt = (f" +{counts.get('inserted', 0)} ~{counts.get('updated', 0)} -{counts.get('deleted', 0)}" if counts else "")
         if c["action"] == "rollback":
             print(f"  {c['instant']} rollback   of {c['rolled_back']}")
+            continue
+        if c["action"] == "clean":
+            print(f"  {c['instant']} clean      {counts.get('files', 0)} files, {_human_bytes(counts.get('bytes', 0))}")
             continue
         if c["action"] == "compaction":
             print(f"  {c['instant']} compaction {counts.get('file_groups', 0)} file groups, "
@@ -332,7 +357,25 @@ def cmd_compact(args: argparse.Namespace, submitted: bool) -> int:
     return 0
 
 
+def cmd_clean(args: argparse.Namespace, submitted: bool) -> int:
+    from spark_jobs.table.action.clean import run_clean
+
+    if args.heartbeat_timeout is not None and args.heartbeat_timeout <= 0:
+        raise BadInputError(f"--heartbeat-timeout must be positive, got {args.heartbeat_timeout}")
+    result = run_clean(args.table, retain_commits=args.retain_commits, retain_hours=args.retain_hours,
+                       dry_run=args.dry_run, heartbeat_timeout_s=args.heartbeat_timeout)
+    print(json.dumps(result, sort_keys=True))
+    verb = "would delete" if args.dry_run else "deleted"
+    if result["files"]:
+        print(f"{verb} {result['files']} files ({_human_bytes(result['bytes'] or 0)}); snapshots from instant "
+              f"{result['earliest_retained']} on are retained ({result['policy']})")
+    else:
+        print(f"nothing to clean ({result['policy']})")
+    return 0
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, bool], int]] = {
+    "clean": cmd_clean,
     "compact": cmd_compact,
     "upsert": cmd_upsert,
     "read": cmd_read,

@@ -33,6 +33,9 @@ INDEX_GLOBAL_SIMPLE = "global_simple"
 INDEX_TYPES = (INDEX_RECORD, INDEX_BUCKET, INDEX_GLOBAL_SIMPLE)
 DEFAULT_NUM_BUCKETS = {INDEX_RECORD: 16, INDEX_BUCKET: 8, INDEX_GLOBAL_SIMPLE: 16}
 DEFAULT_TARGET_FILE_ROWS = 100_000
+DEFAULT_CHECKPOINT_INTERVAL = 10
+#: a day of hourly upserts stays readable with ``read --as-of``
+DEFAULT_CLEAN_RETAIN_COMMITS = 24
 #: copy-on-write rewrites a file group's base per upsert; merge-on-read appends a log to it
 #: (format.md §5.1) and data compaction folds the logs later
 COPY_ON_WRITE = "copy_on_write"
@@ -60,6 +63,12 @@ class TableConfig:
     format_version: int = FORMAT_VERSION
     #: absent from tables written before merge-on-read existed: those are copy-on-write
     table_type: str = COPY_ON_WRITE
+    #: a timeline checkpoint every this many completed entries (format.md §3.5)
+    checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL
+    #: what ``clean`` retains when run without options: the last N snapshot-changing
+    #: commits, or (if set) the snapshots of the last H hours (format.md §3.6)
+    clean_retain_commits: int = DEFAULT_CLEAN_RETAIN_COMMITS
+    clean_retain_hours: float | None = None
 
     def __post_init__(self) -> None:
         if not self.record_key_fields or any(not f for f in self.record_key_fields):
@@ -72,6 +81,12 @@ class TableConfig:
             raise BadInputError(f"--num-buckets must be at least 1, got {self.num_buckets}")
         if self.hash_function != DEFAULT_HASH:
             raise BadInputError(f"unknown hash function {self.hash_function!r}; this version supports {DEFAULT_HASH}")
+        if self.checkpoint_interval < 1:
+            raise BadInputError(f"checkpoint_interval must be at least 1, got {self.checkpoint_interval}")
+        if self.clean_retain_commits < 1:
+            raise BadInputError(f"clean_retain_commits must be at least 1, got {self.clean_retain_commits}")
+        if self.clean_retain_hours is not None and self.clean_retain_hours <= 0:
+            raise BadInputError(f"clean_retain_hours must be positive, got {self.clean_retain_hours}")
         if len(self.partition_fields) > 1:
             raise BadInputError("format v1 supports at most one partition field")
         if self.format_version != FORMAT_VERSION:

@@ -46,6 +46,8 @@ class TableLayout:
         self.heartbeats = posixpath.join(self.meta, "heartbeats")
         self.sequence = posixpath.join(self.meta, "sequence")
         self.conflicts = posixpath.join(self.meta, "conflicts")
+        self.checkpoints = posixpath.join(self.meta, "checkpoints")
+        self.archive = posixpath.join(self.meta, "archive")
 
     def abs(self, rel: str) -> str:
         return posixpath.join(self.root, rel)
@@ -89,6 +91,18 @@ class TableLayout:
     def sequence_file(self, seq: int) -> str:
         """The commit point of the ``seq``-th completed action (see timeline.py)."""
         return posixpath.join(self.sequence, f"{seq:020d}.json")
+
+    def checkpoint_file(self, seq: int) -> str:
+        """The file-system view after sequence entry ``seq`` (format.md §3.5)."""
+        return posixpath.join(self.checkpoints, f"{seq:020d}.json")
+
+    def checkpoint_batches_file(self, seq: int) -> str:
+        """Every batch id committed up to ``seq``: read only to check idempotence."""
+        return posixpath.join(self.checkpoints, f"{seq:020d}.batches.json")
+
+    def archive_file(self, first: int, last: int) -> str:
+        """Sequence entries ``first..last`` (and their plans) moved out of ``sequence/``."""
+        return posixpath.join(self.archive, f"{first:020d}-{last:020d}.json")
 
     def conflict_file(self, instant: str) -> str:
         return posixpath.join(self.conflicts, f"{instant}.json")

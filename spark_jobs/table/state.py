@@ -140,7 +140,11 @@ def find_commit(uri: str, *, batch_id: str | None = None, after_instant: str | N
     if batch_id is not None:
         found = table.commit_for_batch(str(batch_id))  # reloads the timeline
     else:
-        found = next((i for i in tl.reload().completed(COMMIT_ACTIONS) if i.timestamp > after_instant), None)
+        tl.reload()
+        # entries before the checkpoint can only qualify if one has a later instant than asked
+        history = (tl.completed(COMMIT_ACTIONS) if (tl.checkpoint or {}).get("max_instant", "") > after_instant
+                   else [i for i in tl.recent(tl.last_seq - tl.base_seq, COMMIT_ACTIONS)])
+        found = next((i for i in history if i.timestamp > after_instant), None)
     if found is None:
         return None
     meta = tl.read_metadata(found)

@@ -17,7 +17,7 @@ from spark_jobs.io.filesystem import FileIO, resolve
 from spark_jobs.table.config import BadInputError, TableConfig
 from spark_jobs.table.errors import InstantRolledBackError, WriterAliveError
 from spark_jobs.table.layout import TableLayout
-from spark_jobs.table.timeline import Action, Instant, Timeline
+from spark_jobs.table.timeline import Action, Instant, State, Timeline
 from spark_jobs.table.view import FileSystemView
 
 __all__ = ["Table", "TableNotFoundError", "WriterAliveError"]
@@ -64,11 +64,50 @@ class Table:
 
     # -- state -----------------------------------------------------------------------
     def view(self, as_of: str | None = None) -> FileSystemView:
-        """The snapshot (latest, or as of an instant), from a fresh listing of the timeline."""
+        """The snapshot (latest, or as of an instant), from a fresh listing of the timeline.
+
+        BadInputError when nothing had completed by ``as_of``, or when ``as_of`` is older
+        than what ``clean`` retained (its files may be gone).
+        """
         tl = self.timeline.reload()
-        if as_of is not None and not tl.completed(as_of=as_of):
+        if as_of is None:
+            return FileSystemView.build(tl)
+        seq = tl.seq_as_of(as_of)
+        if seq == 0:
             raise BadInputError(f"no completed instant at or before {as_of}")
+        kept = self.retained_from()
+        if kept is not None and seq < kept["earliest_retained_seq"]:
+            raise BadInputError(
+                f"--as-of {as_of} is older than the retained window: clean {kept['instant']} kept the snapshots "
+                f"from instant {kept['earliest_retained_instant']} on (see `bucketindex show`; "
+                f"`clean --retain-commits/--retain-hours` sets the window)")
         return FileSystemView.build(tl, as_of)
+
+    def retained_from(self) -> dict[str, Any] | None:
+        """The retention of the latest clean, completed or pending (its deletions may have
+        begun): ``{"instant", "earliest_retained_seq", "earliest_retained_instant"}``, or None."""
+        tl = self.timeline
+        found = None
+        for inst in tl.pending([Action.CLEAN]):
+            try:
+                plan = tl.read_plan(inst)
+            except FileNotFoundError:
+                continue
+            found = {"instant": inst.timestamp, "earliest_retained_seq": int(plan["earliest_retained_seq"]),
+                     "earliest_retained_instant": plan.get("earliest_retained_instant")}
+        for seq in range(tl.last_seq, tl.base_seq, -1):
+            e = tl.entry(seq)
+            if e["action"] == Action.CLEAN:
+                m = e["metadata"]
+                done = {"instant": e["instant"], "earliest_retained_seq": int(m["earliest_retained_seq"]),
+                        "earliest_retained_instant": m.get("earliest_retained_instant")}
+                if found is None or done["earliest_retained_seq"] > found["earliest_retained_seq"]:
+                    found = done
+                return found
+        ckpt_clean = (tl.checkpoint or {}).get("clean")
+        if ckpt_clean and (found is None or ckpt_clean["earliest_retained_seq"] > found["earliest_retained_seq"]):
+            found = ckpt_clean
+        return found
 
     def num_buckets(self, view: FileSystemView | None = None) -> int:
         """The bucket count in force: from the latest completed rehash, else the table config."""
@@ -77,10 +116,28 @@ class Table:
         return v.num_buckets or self.config.num_buckets
 
     def commit_for_batch(self, batch_id: str) -> Instant | None:
-        for inst in reversed(self.timeline.reload().completed([Action.COMMIT, Action.BOOTSTRAP])):
-            if self.timeline.read_metadata(inst).get("batch_id") == batch_id:
-                return inst
-        return None
+        """The completed commit of ``batch_id``: the entries after the checkpoint, then the
+        checkpoint's batch list (read only now), so idempotence costs O(1) history reads."""
+        from spark_jobs.table.action.checkpoint import read_batches
+
+        tl = self.timeline.reload()
+        for seq in range(tl.last_seq, tl.base_seq, -1):
+            e = tl.entry(seq)
+            if e["action"] in (Action.COMMIT, Action.BOOTSTRAP) and e["metadata"].get("batch_id") == batch_id:
+                return Instant(e["instant"], e["action"], State.COMPLETED, seq)
+        if not tl.base_seq:
+            return None
+        batches = read_batches(self, tl.base_seq)
+        if batches is None:  # an unreadable sidecar: ask the whole history
+            for inst in reversed(tl.completed([Action.COMMIT, Action.BOOTSTRAP])):
+                if tl.read_metadata(inst).get("batch_id") == batch_id:
+                    return inst
+            return None
+        found = batches.get(batch_id)
+        if found is None:
+            return None
+        ts, seq, action = found
+        return Instant(ts, action, State.COMPLETED, int(seq))
 
     def pending_for_batch(self, batch_id: str) -> Instant | None:
         """The pending write instant whose plan carries ``batch_id`` (a crashed attempt of that batch)."""
@@ -162,13 +219,16 @@ class Table:
         return rollback(self, instant, force=force, timeout_s=timeout_s)
 
     # -- description -----------------------------------------------------------------
-    def describe(self, *, recent_conflicts: int = 10) -> dict[str, Any]:
-        """Everything ``bucketindex show`` prints, as data."""
+    def describe(self, *, recent_conflicts: int = 10, recent: int = 30) -> dict[str, Any]:
+        """Everything ``bucketindex show`` prints, as data (the last ``recent`` instants of the timeline)."""
+        from spark_jobs.table.action.checkpoint import describe_checkpoints
+        from spark_jobs.table.action.clean import describe_clean
+
         assert self.config is not None
         tl = self.timeline.reload()
         view = FileSystemView.build(tl)
         commits, conflicts = [], []
-        for inst in tl.completed():
+        for inst in tl.recent(recent):
             meta = tl.read_metadata(inst)
             commits.append(
                 {
@@ -215,7 +275,27 @@ class Table:
             "partitions": view.partitions(),
             "index_buckets": {b: len(files) for b, files in sorted(view.index_files.items())},
             "index_deltas": self._index_delta_summary(view),
+            "completed_instants": tl.last_seq,
+            "compaction_plans": self._compaction_plans(),
+            "clean": describe_clean(self, view),
+            "checkpoints": describe_checkpoints(self),
         }
+
+    def _compaction_plans(self) -> list[dict[str, Any]]:
+        """Scheduled compactions waiting for (or in) execution, with what each folds."""
+        out = []
+        for inst in self.timeline.pending([Action.COMPACTION]):
+            try:
+                plan = self.timeline.read_plan(inst)
+            except FileNotFoundError:
+                continue
+            out.append({"instant": inst.timestamp, "state": inst.state.name.lower(),
+                        "file_groups": len(plan.get("file_groups", [])),
+                        "logs": sum(len(g["logs"]) for g in plan.get("file_groups", [])),
+                        "index_buckets": len(plan.get("index_buckets", [])),
+                        "index_deltas": sum(int(b["deltas"]) for b in plan.get("index_buckets", [])),
+                        "scheduled_by": plan.get("scheduled_by")})
+        return out
 
     def _index_delta_summary(self, view: FileSystemView) -> dict[str, Any]:
         """Record-index deltas per bucket (what every lookup opens, and index compaction folds)."""

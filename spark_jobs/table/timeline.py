@@ -44,6 +44,8 @@ __all__ = [
     "InstantConflictError",
     "InstantAbortedError",
     "SequenceTakenError",
+    "read_checkpoint",
+    "CHECKPOINT_FORMAT",
 ]
 
 
@@ -58,7 +60,7 @@ class Action:
     #: actions whose completed metadata changes the data files or the index
     WRITES = (COMMIT, COMPACTION, REHASH, BOOTSTRAP)
     #: table services: scheduled as a plan, executed (and resumed after a crash) later
-    SERVICES = (COMPACTION,)
+    SERVICES = (COMPACTION, CLEAN)
 
 
 class State(IntEnum):
@@ -81,6 +83,7 @@ class SequenceTakenError(RuntimeError):
 
 _NAME = re.compile(r"^(\d{17,})\.([a-z_]+)\.(requested|inflight)$")
 _SEQ_NAME = re.compile(r"^(\d{20})\.json$")
+_ARCHIVE_NAME = re.compile(r"^(\d{20})-(\d{20})\.json$")
 _SUFFIX = {State.REQUESTED: ".requested", State.INFLIGHT: ".inflight", State.COMPLETED: ""}
 
 
@@ -103,6 +106,26 @@ class Instant:
         return f"{self.timestamp}.{self.action}[{self.state.name.lower()}]"
 
 
+#: version of the checkpoint file's layout (format.md §3.5)
+CHECKPOINT_FORMAT = 1
+
+
+def read_checkpoint(io: FileIO, layout: TableLayout, seq: int) -> dict[str, Any] | None:
+    """Checkpoint ``seq``, or None when it is torn, half-written or not one we understand.
+
+    A checkpoint is created atomically, so a torn one should not exist; but a reader must
+    not trust it blindly (a copy tool, a full disk): it falls back to the previous one.
+    """
+    try:
+        ckpt = json.loads(io.read_bytes(layout.checkpoint_file(seq)))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(ckpt, dict) or ckpt.get("seq") != seq or ckpt.get("format") != CHECKPOINT_FORMAT \
+            or ckpt.get("complete") is not True or "view" not in ckpt:
+        return None
+    return ckpt
+
+
 def _parse(name: str) -> tuple[str, str, State] | None:
     m = _NAME.match(name)
     if not m or m.group(2) not in Action.ALL:
@@ -113,23 +136,44 @@ def _parse(name: str) -> tuple[str, str, State] | None:
 class Timeline:
     """The timeline as listed at construction; :meth:`reload` lists again.
 
+    Opening costs O(1) in history length (format.md §3.5): the timeline starts from the
+    latest valid *checkpoint* (the file-system view after sequence entry ``base_seq``, plus
+    the completion state of the instants whose plan files are still listed) and reads only
+    the sequence entries after it. Older entries -- in ``sequence/`` or moved to
+    ``archive/`` -- are read on demand (:meth:`entries_after`, :meth:`find`, time travel,
+    :meth:`completed`), never on the paths every job and sensor takes.
+
     Sequence entries never change once written, so they are read once and cached: a
-    reload lists two directories and reads only the entries added since the last one.
+    reload lists two small directories and reads only the entries added since the last one.
     """
 
     def __init__(self, io: FileIO, layout: TableLayout) -> None:
         self.io = io
         self.layout = layout
         self.dir = layout.timeline
-        self.entries: list[dict[str, Any]] = []  # entries[i] has seq i + 1
         self.instants: list[Instant] = []
-        self._completed: dict[str, dict[str, Any]] = {}
+        #: every sequence entry read so far, by seq
+        self._entries: dict[int, dict[str, Any]] = {}
+        #: instant -> seq of the completed instants this timeline knows (None: known from the
+        #: checkpoint only, its entry not read)
+        self._completed: dict[str, int | None] = {}
         self.aborted: set[str] = set()
         self._files: dict[tuple[str, str], State] = {}
+        #: the checkpoint the timeline starts from (None: it replays from entry 1)
+        self.checkpoint: dict[str, Any] | None = None
+        self.base_seq = 0
+        self.last_seq = 0
+        self._history = False  # every entry 1..last_seq is in _entries
+        self._archives: list[tuple[int, int]] | None = None
+        self._aborted_at: dict[str, int | None] = {}
         self.reload()
 
     def reload(self) -> "Timeline":
-        self._read_new_entries()
+        seqs = [int(m.group(1)) for m in map(_SEQ_NAME.match, self.io.list_names(self.layout.sequence)) if m]
+        self._adopt_checkpoint(max(seqs, default=0))
+        self.last_seq = max([self.base_seq, *seqs, *self._entries])
+        for seq in range(self.base_seq + 1, self.last_seq + 1):
+            self._entry(seq)  # the entries after the checkpoint: read once, cached
         latest: dict[tuple[str, str], State] = {}
         for name in self.io.list_names(self.dir):
             parsed = _parse(name)  # temp files start with "." and never parse
@@ -141,56 +185,143 @@ class Timeline:
         self._rebuild()
         return self
 
+    def _adopt_checkpoint(self, listed_last: int) -> None:
+        """Start from the latest checkpoint that parses (a torn or foreign one is skipped)."""
+        names = self.io.list_names(self.layout.checkpoints)
+        for seq in sorted((int(m.group(1)) for m in map(_SEQ_NAME.match, names) if m), reverse=True):
+            if seq <= self.base_seq:
+                return  # the one we have (or an older one): keep it
+            if seq > max(listed_last, self.last_seq):
+                continue  # pragma: no cover - a checkpoint never precedes its entry
+            ckpt = read_checkpoint(self.io, self.layout, seq)
+            if ckpt is not None:
+                self.checkpoint, self.base_seq = ckpt, seq
+                return
+
     def _rebuild(self) -> None:
-        """The instant list from what is known, without listing storage again."""
-        instants = [
-            Instant(e["instant"], e["action"], State.COMPLETED, e["seq"]) for e in self.entries
-        ]
+        """Completion state and the instant list from what is known, without listing storage again."""
+        completed: dict[str, int | None] = {}
+        aborted: dict[str, int | None] = {}
+        if self.checkpoint is not None:
+            for ts, (state, _action) in self.checkpoint.get("done_with_plans", {}).items():
+                if state == "completed":
+                    completed[ts] = None
+                else:
+                    aborted[ts] = None
+        for seq in sorted(self._entries):
+            e = self._entries[seq]
+            completed[e["instant"]] = seq
+            if e["action"] == Action.ROLLBACK and e["metadata"].get("rolled_back"):
+                aborted[e["metadata"]["rolled_back"]] = seq
+        self._completed, self._aborted_at = completed, aborted
+        self.aborted = set(aborted)
+        instants = [Instant(e["instant"], e["action"], State.COMPLETED, seq)
+                    for seq, e in self._entries.items() if seq > self.base_seq]
         instants += [
             Instant(ts, a, s)
             for (ts, a), s in self._files.items()
-            if ts not in self._completed and ts not in self.aborted
+            if ts not in completed and ts not in aborted
         ]
         self.instants = sorted(instants)
 
-    def _read_new_entries(self) -> None:
-        names = [n for n in self.io.list_names(self.layout.sequence) if _SEQ_NAME.match(n)]
-        for name in names[len(self.entries):]:  # names sort by seq (zero-padded)
-            entry = json.loads(self.io.read_bytes(posixpath.join(self.layout.sequence, name)))
-            if entry["seq"] != len(self.entries) + 1:  # pragma: no cover - a hand-edited table
-                raise RuntimeError(f"commit sequence of {self.layout.root} has a gap before {name}")
-            self._index(entry)
+    def _entry(self, seq: int) -> dict[str, Any]:
+        """Sequence entry ``seq``: cached, else from ``sequence/``, else from the archive."""
+        entry = self._entries.get(seq)
+        if entry is not None:
+            return entry
+        try:
+            entry = json.loads(self.io.read_bytes(self.layout.sequence_file(seq)))
+        except FileNotFoundError:  # archived (after we listed, or long ago)
+            self._read_archive_covering(seq)
+            entry = self._entries.get(seq)
+            if entry is None:  # pragma: no cover - a hand-edited table
+                raise RuntimeError(f"commit sequence of {self.layout.root} has no entry {seq}") from None
+            return entry
+        if entry["seq"] != seq:  # pragma: no cover - a hand-edited table
+            raise RuntimeError(f"sequence entry {seq} of {self.layout.root} says it is {entry['seq']}")
+        self._entries[seq] = entry
+        return entry
 
-    def _index(self, entry: dict[str, Any]) -> None:
-        self.entries.append(entry)
-        self._completed[entry["instant"]] = entry
-        if entry["action"] == Action.ROLLBACK and entry["metadata"].get("rolled_back"):
-            self.aborted.add(entry["metadata"]["rolled_back"])
+    def archives(self, *, refresh: bool = False) -> list[tuple[int, int]]:
+        """``(first, last)`` sequence ranges moved to ``archive/``."""
+        if self._archives is None or refresh:
+            self._archives = sorted((int(m.group(1)), int(m.group(2)))
+                                    for m in map(_ARCHIVE_NAME.match, self.io.list_names(self.layout.archive)) if m)
+        return self._archives
+
+    def _read_archive_covering(self, seq: int) -> None:
+        for refresh in (False, True):
+            for first, last in self.archives(refresh=refresh):
+                if first <= seq <= last:
+                    data = json.loads(self.io.read_bytes(self.layout.archive_file(first, last)))
+                    for e in data["entries"]:
+                        self._entries.setdefault(int(e["seq"]), e)
+                    return
+
+    def load_history(self) -> "Timeline":
+        """Read every entry from 1 (archive included): for the rare questions about old history."""
+        if not self._history:
+            for seq in range(1, self.last_seq + 1):
+                self._entry(seq)
+            self._history = True
+            self._rebuild()
+        return self
 
     # -- queries ---------------------------------------------------------------------
     @property
-    def last_seq(self) -> int:
-        return len(self.entries)
+    def entries(self) -> list[dict[str, Any]]:
+        """The entries after the checkpoint the timeline starts from."""
+        return [self._entry(seq) for seq in range(self.base_seq + 1, self.last_seq + 1)]
+
+    def entry(self, seq: int) -> dict[str, Any]:
+        return self._entry(seq)
 
     def completed(self, actions: Iterable[str] | None = None, as_of: str | None = None) -> list[Instant]:
-        """Completed instants in commit order.
+        """Every completed instant (the whole history, archive included) in commit order.
 
         ``as_of``: the prefix of the sequence up to the last entry whose instant is at or
         before it -- the snapshot right after that commit (time travel by commit order).
+        Reads old history: jobs use :meth:`recent` and :meth:`last_completed` instead.
         """
+        self.load_history()
         acts = set(actions) if actions is not None else None
-        entries = self.entries
-        if as_of is not None:
-            last = max((i for i, e in enumerate(entries) if e["instant"] <= as_of), default=-1)
-            entries = entries[: last + 1]
+        last = self.last_seq if as_of is None else self.seq_as_of(as_of)
         return [
-            Instant(e["instant"], e["action"], State.COMPLETED, e["seq"])
-            for e in entries
+            Instant(e["instant"], e["action"], State.COMPLETED, seq)
+            for seq in range(1, last + 1)
+            for e in (self._entries[seq],)
             if acts is None or e["action"] in acts
         ]
 
+    def seq_as_of(self, as_of: str) -> int:
+        """The last sequence position whose instant is at or before ``as_of`` (0: none)."""
+        if self.last_seq and self._entry(self.last_seq)["instant"] <= as_of and \
+                self.max_instant() <= as_of:  # the common case: as of now or later
+            return self.last_seq
+        self.load_history()
+        return max((seq for seq, e in self._entries.items() if e["instant"] <= as_of), default=0)
+
+    def max_instant(self) -> str:
+        """The greatest instant time of any completed entry (instants complete out of order)."""
+        known = [e["instant"] for s, e in self._entries.items() if s > self.base_seq]
+        if self.checkpoint is not None:
+            known.append(self.checkpoint.get("max_instant", ""))
+        return max(known, default="")
+
+    def recent(self, n: int, actions: Iterable[str] | None = None) -> list[Instant]:
+        """The last ``n`` completed instants (of ``actions``) in commit order, reading back only as far as needed."""
+        acts = set(actions) if actions is not None else None
+        out = []
+        for seq in range(self.last_seq, 0, -1):
+            if len(out) >= n:
+                break
+            e = self._entry(seq)
+            if acts is None or e["action"] in acts:
+                out.append(Instant(e["instant"], e["action"], State.COMPLETED, seq))
+        return out[::-1]
+
     def entries_after(self, seq: int) -> list[dict[str, Any]]:
-        return self.entries[seq:]
+        return [self._entry(n) for n in range(seq + 1, self.last_seq + 1)]
 
     def pending(self, actions: Iterable[str] | None = None) -> list[Instant]:
         """Instants with a plan that neither completed nor were rolled back."""
@@ -202,17 +333,50 @@ class Timeline:
         return sorted(Instant(ts, a, s) for (ts, a), s in self._files.items() if ts in self.aborted)
 
     def last_completed(self, actions: Iterable[str] | None = None) -> Instant | None:
-        done = self.completed(actions)
+        done = self.recent(1, actions)
         return done[-1] if done else None
 
     def find(self, timestamp: str) -> Instant | None:
+        """The instant ``timestamp`` in any state; looks into old history only when it must."""
         for i in self.instants:
             if i.timestamp == timestamp:
                 return i
+        seq = self._completed.get(timestamp)
+        if seq is None and (timestamp in self._completed or self.base_seq):
+            self.load_history()
+            seq = next((s for s, e in self._entries.items() if e["instant"] == timestamp), None)
+        if seq is not None:
+            e = self._entry(seq)
+            return Instant(e["instant"], e["action"], State.COMPLETED, seq)
         return None
 
     def is_completed(self, timestamp: str) -> bool:
         return timestamp in self._completed
+
+    def done_with_plans(self, upto_seq: int) -> dict[str, list[str]]:
+        """Listed plan files of instants completed or aborted at or before ``upto_seq``:
+        what a checkpoint at ``upto_seq`` must remember so that a timeline opened from it
+        never takes them for pending (a pending instant may be rolled back)."""
+        out: dict[str, list[str]] = {}
+        for ts, action in self._files:
+            for state, known in (("completed", self._completed), ("aborted", self._aborted_at)):
+                if ts in known and (known[ts] is None or known[ts] <= upto_seq):
+                    out[ts] = [state, action]
+        return out
+
+    def state_of(self, timestamp: str) -> str | None:
+        """``completed``, ``aborted``, ``pending`` or None (unknown), looking into old history if needed."""
+        for _ in range(2):
+            if timestamp in self._completed:
+                return "completed"
+            if timestamp in self.aborted:
+                return "aborted"
+            if any(i.timestamp == timestamp for i in self.pending()):
+                return "pending"
+            if self._history or not self.base_seq:
+                return None
+            self.load_history()
+        return None  # pragma: no cover
 
     @staticmethod
     def rolled_back_since(io: FileIO, layout: TableLayout, timestamp: str, after_seq: int) -> bool:
@@ -221,13 +385,15 @@ class Timeline:
         For a writer's tasks, which must not leave files behind an instant rolled back under
         them (a Spark Connect server keeps running a killed client's tasks). A rollback can
         only decide after the instant's plan exists, so its entry follows the snapshot the
-        writer planned on: one listing and the few entries since, not the whole history.
+        writer planned on: one listing and the few entries since, not the whole history
+        (archival never moves entries after a live writer's snapshot).
         """
-        names = sorted(n for n in io.list_names(layout.sequence) if _SEQ_NAME.match(n))
-        for name in names[after_seq:]:
+        for name in sorted(n for n in io.list_names(layout.sequence) if _SEQ_NAME.match(n)):
+            if int(name[:20]) <= after_seq:
+                continue
             try:
                 entry = json.loads(io.read_bytes(posixpath.join(layout.sequence, name)))
-            except FileNotFoundError:  # pragma: no cover - sequence entries are never deleted
+            except FileNotFoundError:  # pragma: no cover - archived meanwhile: older than our snapshot
                 continue
             if entry["action"] == Action.ROLLBACK and entry["metadata"].get("rolled_back") == timestamp:
                 return True
@@ -240,10 +406,13 @@ class Timeline:
         return json.loads(self.io.read_bytes(self._path(instant, State.REQUESTED)))
 
     def read_metadata(self, instant: Instant) -> dict[str, Any]:
-        entry = self._completed.get(instant.timestamp)
-        if entry is None:
+        seq = instant.seq if instant.seq is not None else self._completed.get(instant.timestamp)
+        if seq is None:
+            found = self.find(instant.timestamp) if instant.timestamp in self._completed else None
+            seq = found.seq if found is not None else None
+        if seq is None:
             raise ValueError(f"{instant} is not completed; only completed instants have metadata")
-        return entry["metadata"]
+        return self._entry(seq)["metadata"]
 
     # -- transitions -----------------------------------------------------------------
     def new_instant_time(self) -> str:
@@ -254,7 +423,8 @@ class Timeline:
         """
         now = pendulum.now("UTC").format("YYYYMMDDHHmmssSSS")
         self.reload()
-        last = max([i.timestamp for i in self.instants] + [ts for ts, _ in self._files], default="")
+        last = max([i.timestamp for i in self.instants] + [ts for ts, _ in self._files] + [self.max_instant()],
+                   default="")
         if now <= last:  # clock did not advance (or went back): stay monotonic
             now = str(int(last) + 1)
         return now
@@ -290,9 +460,18 @@ class Timeline:
             self.io.create_exclusive(self.layout.sequence_file(seq), data)
         except InstantExistsError as e:
             raise SequenceTakenError(f"sequence slot {seq} is taken") from e
-        self._read_new_entries()  # entries before ours, if this handle had not seen them
-        if len(self.entries) < seq:
-            self._index(entry)
+        if seq > 1 and not self.io.exists(self.layout.sequence_file(seq - 1)):
+            # the slot before ours is gone from sequence/: archived. Archival never moves an
+            # entry after a live writer's snapshot, so only a writer stalled past its
+            # heartbeat gets here -- and its slot may be a hole below a checkpoint that
+            # readers would never replay. Give the slot back and check again.
+            if any(first <= seq <= last for first, last in self.archives(refresh=True)):
+                self.io.delete(self.layout.sequence_file(seq))
+                raise SequenceTakenError(f"sequence slot {seq} was archived; this writer's view is stale")
+        self._entries[seq] = entry
+        self.last_seq = max(self.last_seq, seq)
+        for n in range(self.base_seq + 1, seq):  # entries before ours this handle had not seen
+            self._entry(n)
         self._rebuild()
         return Instant(instant.timestamp, instant.action, State.COMPLETED, seq)
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from spark_jobs.table.timeline import Action, Instant, Timeline
+from spark_jobs.table.timeline import Action, Instant, State, Timeline
 
 __all__ = ["FileSlice", "LogFile", "FileSystemView", "encode_schema", "decode_schema"]
 
@@ -76,13 +76,63 @@ class FileSystemView:
 
     @classmethod
     def build(cls, timeline: Timeline, as_of: str | None = None) -> "FileSystemView":
-        view = cls(as_of=as_of)
-        done = timeline.completed(as_of=as_of)
-        for inst in done:
-            if inst.action in Action.WRITES:
-                view.apply(inst, timeline.read_metadata(inst))
-        view.seq = (done[-1].seq or 0) if done else 0
+        """The snapshot after the last entry at or before ``as_of`` (default: the latest)."""
+        seq = timeline.last_seq if as_of is None else timeline.seq_as_of(as_of)
+        view = cls.at_seq(timeline, seq)
+        view.as_of = as_of
         return view
+
+    @classmethod
+    def at_seq(cls, timeline: Timeline, seq: int) -> "FileSystemView":
+        """The snapshot right after sequence entry ``seq``: the latest checkpoint at or before
+        it, then the entries after the checkpoint (O(1) in history length for recent ``seq``)."""
+        start = 0
+        view = cls(as_of=None)
+        ckpt = timeline.checkpoint if timeline.checkpoint is not None and timeline.base_seq <= seq else None
+        if ckpt is None and seq > 0:
+            ckpt = _checkpoint_at_or_before(timeline, seq)
+        if ckpt is not None:
+            view = cls.from_state(ckpt["view"])
+            start = int(ckpt["seq"])
+        for n in range(start + 1, seq + 1):
+            e = timeline.entry(n)
+            if e["action"] in Action.WRITES:
+                view.apply(Instant(e["instant"], e["action"], State.COMPLETED, n), e["metadata"])
+        view.seq = seq
+        return view
+
+    # -- checkpoints -------------------------------------------------------------------
+    def to_state(self) -> dict[str, Any]:
+        """This view as JSON-able data: what a timeline checkpoint stores (format.md §3.5)."""
+        return {
+            "file_groups": [
+                {"partition": s.partition, "file_id": s.file_id, "path": s.path, "instant": s.instant,
+                 "num_rows": s.num_rows, "size": s.size,
+                 "logs": [[lf.path, lf.instant, lf.num_rows, lf.size] for lf in s.logs]}
+                for s in self.slices()
+            ],
+            "index_files": {str(b): list(files) for b, files in sorted(self.index_files.items())},
+            "schema": encode_schema(self.schema) if self.schema is not None else None,
+            "num_buckets": self.num_buckets,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> "FileSystemView":
+        view = cls(as_of=None)
+        for g in state["file_groups"]:
+            view.file_groups[(g["partition"], g["file_id"])] = FileSlice(
+                g["partition"], g["file_id"], g["path"], g["instant"], int(g["num_rows"]), int(g["size"]),
+                tuple(LogFile(p, i, int(n), int(z)) for p, i, n, z in g["logs"]))
+        view.index_files = {int(b): list(files) for b, files in state["index_files"].items()}
+        view.schema = decode_schema(state["schema"]) if state.get("schema") else None
+        view.num_buckets = state.get("num_buckets")
+        return view
+
+    def all_files(self) -> set[str]:
+        """Every data, log and index file this snapshot reads (relative paths)."""
+        out = {f for s in self.file_groups.values() for f in s.files}
+        out.update(f for files in self.index_files.values() for f in files)
+        return out
 
     def apply(self, inst: Instant, meta: dict[str, Any]) -> None:
         self.instants.append(inst)
@@ -137,6 +187,20 @@ class FileSystemView:
     @property
     def num_rows(self) -> int:
         return sum(s.num_rows for s in self.file_groups.values())
+
+
+def _checkpoint_at_or_before(timeline: Timeline, seq: int) -> dict[str, Any] | None:
+    """The latest readable checkpoint at or before ``seq`` (time travel into older history)."""
+    from spark_jobs.table.timeline import read_checkpoint
+
+    names = timeline.io.list_names(timeline.layout.checkpoints)
+    for n in sorted((int(x[:20]) for x in names if x.endswith(".json") and x[:20].isdigit() and len(x) == 25),
+                    reverse=True):
+        if n <= seq:
+            ckpt = read_checkpoint(timeline.io, timeline.layout, n)
+            if ckpt is not None:
+                return ckpt
+    return None
 
 
 def is_index_delta(rel: str) -> bool:

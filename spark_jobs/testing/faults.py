@@ -45,6 +45,13 @@ POINTS = (
     "after_conflict_check",  # checked every concurrent commit, sequence slot not yet claimed
     "rollback_after_delete",  # a rollback decided and deleted some files
     "after_complete",  # committed, markers not yet cleaned
+    "schedule_after_plan",  # a table service planned, its requested instant not yet written
+    "schedule_after_requested",  # the plan written as a requested instant, its instant not yet reported
+    "clean_after_plan",  # a clean's plan is on the timeline, nothing deleted
+    "clean_after_delete",  # a clean deleted half of its files, not completed
+    "checkpoint_before_write",  # a checkpoint's batch list written, the checkpoint not
+    "archive_after_copy",  # entries copied into an archive file, none deleted from sequence/
+    "archive_after_plans",  # archived instants' plan files deleted, their sequence entries not
 )
 
 

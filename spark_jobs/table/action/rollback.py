@@ -53,9 +53,10 @@ def rollback(table: "Table", instant: str | None = None, *, force: bool = False,
     if instant is not None:
         named = [i for i in targets if i.timestamp == instant]
         if not named:
-            if instant in tl.aborted:
+            state = tl.state_of(instant)  # an instant older than the checkpoint is looked up
+            if state == "aborted":
                 return []  # rolled back already
-            if tl.is_completed(instant):
+            if state == "completed":
                 raise BadInputError(f"instant {instant} is completed; only pending instants can be rolled back")
             raise BadInputError(f"no pending instant {instant} in {table.uri}")
         targets = named
@@ -91,11 +92,12 @@ def repair(table: "Table") -> None:
     beats = [n for n in table.io.list_names(table.layout.heartbeats) if not n.startswith(".")]
     tl.reload()
     for ts in marker_dirs:
-        if tl.is_completed(ts):  # crashed after its commit point, before cleanup
+        state = tl.state_of(ts)  # looks into old history only for a marker dir it cannot place
+        if state == "completed":  # crashed after its commit point, before cleanup
             inst = tl.find(ts)
             assert inst is not None
             table.finalize_markers(ts, referenced_files(tl.read_metadata(inst)))
-        elif ts in tl.aborted:  # files a rolled-back writer wrote after the rollback's cleanup
+        elif state == "aborted":  # files a rolled-back writer wrote after the rollback's cleanup
             table.delete_marked(ts)
     for ts in beats:
         if tl.is_completed(ts) or ts in tl.aborted:

@@ -27,6 +27,7 @@ from spark_jobs.table.config import BadInputError
 from spark_jobs.table.errors import ConflictError, WriterAliveError
 from spark_jobs.table.heartbeat import owner_info
 from spark_jobs.table.timeline import Action, Instant, InstantConflictError, State
+from spark_jobs.testing.faults import maybe_crash
 
 if TYPE_CHECKING:
     from spark_jobs.table.table import Table
@@ -42,11 +43,13 @@ def schedule(table: "Table", action: str, plan: dict[str, Any]) -> Instant:
     """Write ``plan`` as a requested ``action`` instant; returns it."""
     assert action in Action.SERVICES, action
     tl = table.timeline
+    maybe_crash("schedule_after_plan")
     for _ in range(MAX_INSTANT_ATTEMPTS):
         ts = tl.new_instant_time()
         try:
             inst = tl.create_requested(action, {**plan, "scheduled_by": owner_info()}, timestamp=ts)
             log.info("scheduled %s %s", action, ts)
+            maybe_crash("schedule_after_requested")
             return inst
         except InstantConflictError:
             continue
@@ -83,14 +86,12 @@ def execute(table: "Table", instant: str, action: str, run: Callable[[Transactio
     from spark_jobs.table.action.rollback import is_writer_alive
 
     tl = table.timeline.reload()
-    if tl.is_completed(instant):
-        done = tl.find(instant)
-        assert done is not None
-        log.info("%s %s is already completed: nothing to do", action, instant)
-        return Executed(instant, True, tl.read_metadata(done))
     if instant in tl.aborted:
         raise BadInputError(f"{action} {instant} was cancelled (rolled back); schedule a new one")
-    inst = tl.find(instant)
+    inst = tl.find(instant)  # a plan completed long ago is found in the archive
+    if inst is not None and inst.is_completed:
+        log.info("%s %s is already completed: nothing to do", action, instant)
+        return Executed(instant, True, tl.read_metadata(inst))
     if inst is None:
         raise BadInputError(f"no scheduled {action} {instant} in {table.uri}")
     if inst.action != action:

@@ -21,11 +21,12 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from spark_jobs.table.action.checkpoint import maybe_checkpoint
 from spark_jobs.table.action.conflict import Conflict, WriteSet, find_conflict
 from spark_jobs.table.action.rollback import referenced_files
 from spark_jobs.table.errors import InstantRolledBackError, RetryableError
 from spark_jobs.table.heartbeat import Heartbeat, owner_info
-from spark_jobs.table.timeline import Instant, InstantConflictError, SequenceTakenError, State
+from spark_jobs.table.timeline import Action, Instant, InstantConflictError, SequenceTakenError, State
 from spark_jobs.table.view import FileSystemView
 from spark_jobs.testing.faults import maybe_crash
 
@@ -82,7 +83,9 @@ class Transaction:
         for _ in range(MAX_INSTANT_ATTEMPTS):
             ts = tl.new_instant_time()
             try:
-                inst = tl.create_requested(self.action, {**self.plan, "owner": owner_info()}, timestamp=ts)
+                # snapshot_seq: archival keeps the entries after it listed, clean keeps its files
+                inst = tl.create_requested(self.action, {**self.plan, "owner": owner_info(),
+                                                         "snapshot_seq": self.view.seq}, timestamp=ts)
                 break
             except InstantConflictError:
                 log.info("instant time %s was taken by another writer; picking another", ts)
@@ -142,6 +145,9 @@ class Transaction:
             if tl.is_completed(self.ts):  # a concurrent attempt at the same plan won
                 raise InstantConflictError(f"instant {self.ts}.{self.action} was completed by another attempt")
             for entry in tl.entries_after(checked):
+                if entry["action"] == Action.ROLLBACK and entry["metadata"].get("rolled_back") == self.ts:
+                    raise InstantRolledBackError(  # also when the decision is older than the checkpoint
+                        f"conflict: instant {self.ts} was rolled back by another process; nothing was written")
                 conflict = find_conflict(mine, entry, self.table.io, self.table.layout, own_entries)
                 if conflict is not None:
                     self.conflicts.append(conflict)
@@ -158,6 +164,7 @@ class Transaction:
         maybe_crash("after_complete")
         self.table.finalize_markers(done.timestamp, referenced_files(metadata))
         self._stop_heartbeat()
+        maybe_checkpoint(self.table)
         return done
 
     def abort(self) -> None:

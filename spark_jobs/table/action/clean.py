@@ -1,0 +1,255 @@
+"""Clean: delete the file versions no retained snapshot reads, from a plan on the timeline.
+
+Copy-on-write upserts leave the previous version of every file group they rewrite;
+compaction leaves the logs, deltas and bases it folded. They stay for time travel and for
+writers still working on an older snapshot, and nothing else ever deletes them. ``clean``
+(format.md §3.6):
+
+* picks the *earliest retained* entry ``R``: the snapshot of the N-th last snapshot-changing
+  commit (``--retain-commits``, default from ``table.json``) or the last one completed
+  ``--retain-hours`` ago -- never after the snapshot of a live writer or of a scheduled
+  compaction plan, whose files it must keep;
+* plans exactly the files that were in some snapshot between the previous clean's ``R``
+  and this ``R`` but are not in snapshot ``R`` (paths are never reused, so no later
+  snapshot can read them either). Files of pending or rolled-back instants were never in a
+  snapshot and are never touched: markers and rollback own them;
+* schedules a ``clean`` instant listing the files (the plan), deletes them, and completes
+  -- through the same schedule/execute framework as compaction
+  (:mod:`spark_jobs.table.action.service`). A crash leaves a pending plan that the next
+  ``clean`` finishes first (deleting is idempotent). From the moment the plan exists,
+  ``read --as-of`` before ``R`` fails with a clear error instead of a missing file.
+
+Clean needs no Spark: it deletes files the plan names, many at a time, from the driver.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+import pendulum
+
+from spark_jobs.table.action.rollback import is_writer_alive, referenced_files
+from spark_jobs.table.action.service import execute, pending_plans, schedule
+from spark_jobs.table.action.transaction import Transaction
+from spark_jobs.table.config import BadInputError
+from spark_jobs.table.timeline import Action, State
+from spark_jobs.table.view import FileSystemView
+from spark_jobs.testing.faults import maybe_crash
+
+if TYPE_CHECKING:
+    from spark_jobs.table.table import Table
+
+__all__ = ["plan_clean", "run_clean", "describe_clean", "CleanPolicy"]
+
+log = logging.getLogger("bucketindex.clean")
+
+#: files deleted at once (object stores answer deletes one request each)
+DELETE_THREADS = 8
+
+
+class CleanPolicy:
+    """How much history to keep: the last ``retain_commits`` snapshots, or ``retain_hours``."""
+
+    def __init__(self, retain_commits: int | None = None, retain_hours: float | None = None) -> None:
+        if retain_commits is not None and retain_hours is not None:
+            raise BadInputError("give --retain-commits or --retain-hours, not both")
+        if retain_commits is not None and int(retain_commits) < 1:
+            raise BadInputError(f"--retain-commits must be at least 1, got {retain_commits}")
+        if retain_hours is not None and float(retain_hours) <= 0:
+            raise BadInputError(f"--retain-hours must be positive, got {retain_hours}")
+        self.retain_commits = None if retain_commits is None else int(retain_commits)
+        self.retain_hours = None if retain_hours is None else float(retain_hours)
+
+    @classmethod
+    def of(cls, table: "Table", retain_commits: int | None, retain_hours: float | None) -> "CleanPolicy":
+        """The options given, else the table's defaults (``table.json``)."""
+        assert table.config is not None
+        if retain_commits is None and retain_hours is None:
+            if table.config.clean_retain_hours is not None:
+                return cls(retain_hours=table.config.clean_retain_hours)
+            return cls(retain_commits=table.config.clean_retain_commits)
+        return cls(retain_commits, retain_hours)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"retain_commits": self.retain_commits, "retain_hours": self.retain_hours}
+
+    def __str__(self) -> str:
+        return (f"retain the last {self.retain_commits} commits" if self.retain_commits is not None
+                else f"retain {self.retain_hours:g} hours")
+
+
+def plan_clean(table: "Table", policy: CleanPolicy, *, heartbeat_timeout_s: float | None = None,
+               with_sizes: bool = True) -> dict[str, Any] | None:
+    """The plan of a clean now, or None when nothing would be deleted (pure: writes nothing)."""
+    tl = table.timeline.reload()
+    target = _earliest_retained(table, policy)
+    if target is None:
+        return None
+    held_by = None
+    for inst in tl.pending():
+        if inst.action in (Action.ROLLBACK, Action.CLEAN):
+            continue
+        # a scheduled compaction reads its plan's snapshot whenever it runs; a write only while alive
+        if inst.action not in Action.SERVICES and not is_writer_alive(table, inst, heartbeat_timeout_s):
+            continue
+        try:
+            snap = int(tl.read_plan(inst).get("snapshot_seq") or 0)
+        except FileNotFoundError:
+            continue
+        if snap < target:
+            target, held_by = snap, inst.timestamp
+    prev = table.retained_from()
+    prev_seq = prev["earliest_retained_seq"] if prev else 0
+    if target <= prev_seq:
+        return None
+    view = FileSystemView.at_seq(tl, prev_seq)
+    seen = view.all_files()
+    for n in range(prev_seq + 1, target + 1):
+        e = tl.entry(n)
+        if e["action"] in Action.WRITES:
+            seen |= referenced_files(e["metadata"])
+    retained = FileSystemView.at_seq(tl, target).all_files()
+    doomed = seen - retained - _pending_files(table)
+    files = sorted(doomed)
+    size = sum(_size(table, f) for f in files) if with_sizes else None
+    return {
+        "operation": "clean",
+        "earliest_retained_seq": target,
+        "earliest_retained_instant": tl.entry(target)["instant"] if target else None,
+        "previous_retained_seq": prev_seq,
+        "held_back_by": held_by,
+        "policy": policy.as_dict(),
+        "snapshot_seq": tl.last_seq,
+        "files": files,
+        "bytes": size,
+    }
+
+
+def _earliest_retained(table: "Table", policy: CleanPolicy) -> int | None:
+    tl = table.timeline
+    if policy.retain_commits is not None:
+        writes = tl.recent(policy.retain_commits, Action.WRITES)
+        if len(writes) < policy.retain_commits:
+            return None  # fewer snapshots than retained: nothing is old enough
+        return writes[0].seq
+    assert policy.retain_hours is not None
+    cutoff = pendulum.now("UTC").subtract(seconds=int(policy.retain_hours * 3600)).format("YYYYMMDDHHmmssSSS")
+    seq = tl.seq_as_of(cutoff)  # the snapshot a reader as of the cutoff sees must stay readable
+    return seq or None
+
+
+def _pending_files(table: "Table") -> set[str]:
+    """Files named by scheduled plans or marked by pending instants: never deleted by clean."""
+    out: set[str] = set()
+    for _, plan in pending_plans(table, Action.COMPACTION):
+        for g in plan.get("file_groups", []):
+            out.add(g["base"])
+            out.update(g["logs"])
+        for b in plan.get("index_buckets", []):
+            out.update(b["files"])
+    for inst in table.timeline.pending():
+        out.update(table.marked_files(inst.timestamp))
+    return out
+
+
+def _size(table: "Table", rel: str) -> int:
+    try:
+        return table.io.size(table.abs(rel))
+    except (FileNotFoundError, OSError):
+        return 0
+
+
+def run_clean(uri: str, *, retain_commits: int | None = None, retain_hours: float | None = None,
+              dry_run: bool = False, heartbeat_timeout_s: float | None = None) -> dict[str, Any]:
+    """Finish crashed cleans, then plan, schedule and execute one (unless ``dry_run``).
+
+    Returns ``{"instant", "noop", "files", "bytes", "earliest_retained", "resumed", "dry_run"}``:
+    ``instant`` None when nothing was deleted (nothing old enough, or a dry run).
+    """
+    from spark_jobs.table.table import Table
+
+    table = Table.load(uri)
+    policy = CleanPolicy.of(table, retain_commits, retain_hours)
+    out: dict[str, Any] = {"instant": None, "noop": True, "files": 0, "bytes": 0, "earliest_retained": None,
+                           "resumed": [], "dry_run": dry_run, "policy": str(policy)}
+    if not dry_run:
+        for inst, _ in pending_plans(table, Action.CLEAN):  # a crashed clean: finish it first
+            if inst.state == State.INFLIGHT and is_writer_alive(table, inst, heartbeat_timeout_s):
+                continue
+            log.info("finishing clean %s left by a crashed run", inst.timestamp)
+            execute(table, inst.timestamp, Action.CLEAN, _deleter(table), heartbeat_timeout_s=heartbeat_timeout_s)
+            out["resumed"].append(inst.timestamp)
+    plan = plan_clean(table, policy, heartbeat_timeout_s=heartbeat_timeout_s)
+    if plan is None or not plan["files"]:
+        log.info("nothing to clean (%s)", policy)
+        if plan is not None:
+            out["earliest_retained"] = plan["earliest_retained_instant"]
+        return out
+    out.update(files=len(plan["files"]), bytes=plan["bytes"], earliest_retained=plan["earliest_retained_instant"],
+               held_back_by=plan["held_back_by"])
+    if dry_run:
+        out["noop"] = False
+        return out
+    inst = schedule(table, Action.CLEAN, plan)
+    maybe_crash("clean_after_plan")
+    done = execute(table, inst.timestamp, Action.CLEAN, _deleter(table), heartbeat_timeout_s=heartbeat_timeout_s)
+    out.update(instant=inst.timestamp, noop=False, **{k: done.metadata["counts"][k] for k in ("files", "bytes")})
+    _drop_unreachable_checkpoints(table, int(plan["earliest_retained_seq"]))
+    return out
+
+
+def _deleter(table: "Table"):  # type: ignore[no-untyped-def]
+    def run(txn: Transaction) -> dict[str, Any]:
+        plan = txn.plan
+        files = plan["files"]
+        started = time.perf_counter()
+        half = len(files) // 2
+        with ThreadPoolExecutor(DELETE_THREADS) as pool:
+            for i, chunk in enumerate((files[:half], files[half:])):
+                list(pool.map(lambda rel: table.io.delete(table.abs(rel)), chunk))
+                if i == 0:
+                    maybe_crash("clean_after_delete")  # half of the files gone, the rest not
+                    if len(files) >= 1000:
+                        log.info("clean %s: %d of %d files deleted", txn.ts, half, len(files))
+        ms = int((time.perf_counter() - started) * 1000)
+        log.info("clean %s: deleted %d files (%s bytes) in %d ms; snapshots from instant %s on are retained",
+                 txn.ts, len(files), plan.get("bytes"), ms, plan["earliest_retained_instant"])
+        return {"action": Action.CLEAN, "instant": txn.ts, "operation": "clean",
+                "earliest_retained_seq": plan["earliest_retained_seq"],
+                "earliest_retained_instant": plan["earliest_retained_instant"],
+                "previous_retained_seq": plan["previous_retained_seq"], "policy": plan["policy"],
+                "counts": {"files": len(files), "bytes": int(plan.get("bytes") or 0)},
+                "timings_ms": {"delete_ms": ms}}
+    return run
+
+
+def _drop_unreachable_checkpoints(table: "Table", retained_seq: int) -> None:
+    """Checkpoints before the latest one at or before the retained window start no read."""
+    from spark_jobs.table.action.checkpoint import checkpoint_seqs
+
+    seqs = checkpoint_seqs(table)
+    keep = max((s for s in seqs if s <= retained_seq), default=None)
+    for s in seqs:
+        if keep is not None and s < keep and s != table.timeline.base_seq:
+            table.io.delete(table.layout.checkpoint_file(s))
+            table.io.delete(table.layout.checkpoint_batches_file(s))
+
+
+def describe_clean(table: "Table", view: FileSystemView | None = None) -> dict[str, Any]:
+    """What ``show`` prints: the retained window and what a clean now would delete."""
+    kept = table.retained_from()
+    out: dict[str, Any] = {"retained_from": kept["earliest_retained_instant"] if kept else None,
+                           "last_clean": kept["instant"] if kept else None}
+    try:
+        policy = CleanPolicy.of(table, None, None)
+        plan = plan_clean(table, policy)
+    except BadInputError as e:  # pragma: no cover - table.json options are checked on load
+        out["error"] = str(e)
+        return out
+    out.update(policy=str(policy), would_delete_files=len(plan["files"]) if plan else 0,
+               would_delete_bytes=int(plan["bytes"] or 0) if plan else 0,
+               would_retain_from=plan["earliest_retained_instant"] if plan else None)
+    return out
