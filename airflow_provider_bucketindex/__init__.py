@@ -1,4 +1,4 @@
-"""Airflow provider for bucketindex tables: hooks, operators and the example ingest DAG.
+"""Airflow provider for bucketindex tables: hooks, operators, sensors and the example DAGs.
 
 Importing this package must stay cheap and free of side effects: Airflow imports it
 through the ``apache_airflow_provider`` entry point whenever it discovers providers
@@ -8,6 +8,7 @@ nor the Spark provider nor ``pyspark``; hooks and operators live in submodules::
     from airflow_provider_bucketindex.hooks.bucketindex import BucketIndexHook
     from airflow_provider_bucketindex.operators import (
         UpsertWithIndexOperator, ValidateTableOperator, RollbackBatchOperator,
+        AsyncIndexCompactionOperator, CleanTableOperator,
     )
 """
 
@@ -56,6 +57,7 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_provider_bucketindex.operators.validate",
                     "airflow_provider_bucketindex.operators.rollback",
                     "airflow_provider_bucketindex.operators.compaction",
+                    "airflow_provider_bucketindex.operators.clean",
                 ],
             }
         ],

@@ -5,8 +5,11 @@
    and a ``bucketindex_default`` connection to local Spark;
 3. runs the example DAG ``bucketindex_ingest`` once per batch through ``dag.test()``:
    upsert (spark-submit) -> validate (spark-submit), rollback branch on failure;
-4. checks the table against the oracle (batches reduced by key) and prints commits,
-   rows, index buckets and per-phase timings.
+4. runs the example DAG ``bucketindex_nightly_compaction`` once, the night after the last
+   batch, with a policy the few batches meet (``min_deltas`` 2): compaction due ->
+   schedule -> execute (spark-submit) -> clean -> validate (spark-submit);
+5. checks the table against the oracle (batches reduced by key) and prints commits,
+   rows, index buckets, what compaction and clean did, and per-phase timings.
 
 Airflow and Spark output goes to ``<workdir>/demo.log``; the terminal gets the summary.
 Airflow reads its configuration when first imported, so this module imports it only
@@ -29,6 +32,11 @@ from typing import Any, Iterator
 __all__ = ["main"]
 
 DAG_ID = "bucketindex_ingest"
+NIGHTLY_DAG_ID = "bucketindex_nightly_compaction"
+#: the nightly run folds index buckets with this many deltas (the DAG's default is 10)
+NIGHTLY_MIN_DELTAS = 2
+#: and clean keeps what the latest commit reads, so the demo shows files going
+NIGHTLY_RETAIN_COMMITS = 1
 FIRST_DATE = date(2024, 1, 1)
 
 
@@ -141,13 +149,37 @@ def main(argv: list[str] | None = None) -> int:
         if run.state != "success":
             break
 
-    # 4. check and summarise ------------------------------------------------------------
+    # 4. the nightly table services -------------------------------------------------------
     ok = all(r.state == "success" for r in runs) and len(runs) == len(dates)
+    nightly = None
+    nightly_conf: dict[str, Any] = {}
+    if ok:
+        with clock.phase("load the nightly DAG"):
+            with _output_to(log_file, quiet):
+                ndag = sandbox.load_dag(NIGHTLY_DAG_ID)
+        ndag.get_task("compaction_due").timeout = 0  # one look: the demo does not wait for deltas to pile up
+        night = dates[-1] + timedelta(days=1)
+        nightly_conf = {"table_uri": table_uri, "min_deltas": min(NIGHTLY_MIN_DELTAS, len(dates)),
+                        "retain_commits": NIGHTLY_RETAIN_COMMITS}
+        _say(f"  nightly run {night}: compaction_due -> schedule -> execute -> clean -> validate ...")
+        with clock.phase("nightly compaction run") as ph:
+            with _output_to(log_file, quiet):
+                nightly = sandbox.run_dag(ndag, datetime(night.year, night.month, night.day, tzinfo=timezone.utc),
+                                          nightly_conf)
+            ph["note"] = ", ".join(
+                f"{t} {i['state']}" + (f" {i['duration']:.1f}s" if i["duration"] else "")
+                for t, i in nightly.tasks.items()
+            )
+        _say(f"    {nightly.state}: {ph['note']}")
+        ok = nightly.state == "success"
+
+    # 5. check and summarise ------------------------------------------------------------
     problems: list[str] = []
     with clock.phase("check against the oracle"):
         if ok:
             problems = sample_data.compare(table_uri, batches)
-    _print_summary(workdir, table_uri, runs, problems if ok else None, clock, time.perf_counter() - t_start, log_file)
+    _print_summary(workdir, table_uri, runs, problems if ok else None, clock, time.perf_counter() - t_start, log_file,
+                   nightly, nightly_conf)
     if not ok:
         _say(f"demo FAILED: a DAG run did not succeed; see {log_file}")
         return 1
@@ -165,6 +197,8 @@ def _print_summary(
     clock: _Clock,
     total_s: float,
     log_file: str,
+    nightly: Any = None,
+    nightly_conf: dict[str, Any] | None = None,
 ) -> None:
     from spark_jobs.table import Table
 
@@ -196,6 +230,7 @@ def _print_summary(
         files = sum(d["index_buckets"].values())
         _say(f"index buckets  {len(d['index_buckets'])} of {c['num_buckets']} hold index files ({files} files)")
         _say(f"pending        {', '.join(d['pending']) or 'none'}")
+        _print_nightly(nightly, nightly_conf or {})
         phases: dict[str, int] = {}
         for x in commits:
             for k, v in (x["timings_ms"] or {}).items():
@@ -212,6 +247,35 @@ def _print_summary(
         _say(f"  {name:<26} {secs:8.2f} s  {note}")
     _say(f"  {'total':<26} {total_s:8.2f} s")
     _say("=" * 72)
+
+
+def _print_nightly(run: Any, conf: dict[str, Any]) -> None:
+    """What the nightly run's compaction and clean did, from their XComs."""
+    if run is None:
+        _say(f"nightly        {NIGHTLY_DAG_ID} not run (an ingest run failed)")
+        return
+    _say(f"nightly        {NIGHTLY_DAG_ID}: {run.state} (min_deltas {conf.get('min_deltas')}, "
+         f"clean retains {conf.get('retain_commits')} commit)")
+    planned = run.xcom("schedule_compaction") if run.task_state("schedule_compaction") == "success" else None
+    if planned is None:
+        due = run.xcom("compaction_due") or {}
+        _say(f"  compaction   nothing due ({run.task_state('compaction_due')}{': ' + due['reason'] if due else ''})")
+    else:
+        executed = run.xcom("execute_compaction") or {}
+        counts = executed.get("counts") or {}
+        entries = f" ({counts['index_entries']} entries)" if "index_entries" in counts else ""
+        _say(f"  compaction   {planned['instant']}: {planned['deltas']} index deltas folded into "
+             f"{planned['index_buckets']} bucket bases{entries}, {planned['logs']} logs into "
+             f"{planned['file_groups']} file group bases (execute {run.task_state('execute_compaction')})")
+    cleaned = run.xcom("clean") if run.task_state("clean") == "success" else None
+    if cleaned is None:
+        _say(f"  clean        {run.task_state('clean')}")
+    elif cleaned["noop"]:
+        _say(f"  clean        nothing to delete (earliest retained {cleaned['earliest_retained']})")
+    else:
+        _say(f"  clean        {cleaned['instant']}: deleted {cleaned['files']} files, {cleaned['bytes']:,} bytes "
+             f"(earliest retained {cleaned['earliest_retained']})")
+    _say(f"  validate     {run.task_state('validate')}")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,15 @@
 """Operators for bucketindex tables."""
 
+from airflow_provider_bucketindex.operators.clean import CleanTableOperator
 from airflow_provider_bucketindex.operators.compaction import AsyncIndexCompactionOperator
 from airflow_provider_bucketindex.operators.rollback import RollbackBatchOperator
 from airflow_provider_bucketindex.operators.upsert import UpsertWithIndexOperator
 from airflow_provider_bucketindex.operators.validate import ValidateTableOperator
 
-__all__ = ["AsyncIndexCompactionOperator", "RollbackBatchOperator", "UpsertWithIndexOperator", "ValidateTableOperator"]
+__all__ = [
+    "AsyncIndexCompactionOperator",
+    "CleanTableOperator",
+    "RollbackBatchOperator",
+    "UpsertWithIndexOperator",
+    "ValidateTableOperator",
+]

@@ -19,26 +19,35 @@ __all__ = ["RollbackBatchOperator"]
 
 
 class RollbackBatchOperator(BaseOperator):
-    """Roll back the pending instant a failed upsert left behind; a no-op when there is none.
+    """Roll back the pending instant a failed upsert (or compaction) left behind; a no-op when there is none.
 
     Pure Python (no Spark): it finds the pending instant whose plan carries the batch id
-    and deletes exactly the files its markers list, then records a rollback instant.
-    Committed data is never touched.
+    (or the instant named by ``instant``) and deletes exactly the files its markers list,
+    then records a rollback instant. Committed data is never touched.
 
     :param table_uri: the table (templated).
     :param batch_id: the failed batch's id (templated), or
     :param upsert_task_id: the upsert task whose default batch id (``<dag>/<run>/<task>``)
-        to roll back (templated).
+        to roll back (templated), or
+    :param instant: a pending instant to roll back by its time (templated), e.g. a scheduled
+        compaction whose execute task failed:
+        ``"{{ (ti.xcom_pull(task_ids='schedule_compaction') or {}).get('instant') }}"``.
+        Rolling back a scheduled table-service plan **cancels** it (it is never executed).
+        A no-op when that instant completed meanwhile, was rolled back already, or the
+        template renders empty (the schedule task pushed no plan); a time that names no
+        instant of the table fails the task without retries.
     :param force: roll back even if the instant's writer still heartbeats (default False).
         The task runs after the upsert task has ended, so its writer is normally gone; a
         writer that still beats (a spark-submit that outlived its task) makes this task fail
         retryably until the heartbeat expires, instead of pulling files from under it.
 
-    ``trigger_rule`` defaults to ``one_failed``: place it downstream of the upsert task.
-    Returns ``{"batch_id", "rolled_back"}`` (``rolled_back`` is None when nothing was pending).
+    ``trigger_rule`` defaults to ``one_failed``: place it downstream of the upsert (or
+    compaction execute) task.
+    Returns ``{"batch_id", "rolled_back"}`` (``rolled_back`` is None when nothing was pending);
+    with ``instant``: ``{"instant", "rolled_back"}``.
     """
 
-    template_fields: Sequence[str] = ("table_uri", "batch_id", "upsert_task_id")
+    template_fields: Sequence[str] = ("table_uri", "batch_id", "upsert_task_id", "instant")
     ui_color = "#fce8e6"
 
     def __init__(
@@ -47,6 +56,7 @@ class RollbackBatchOperator(BaseOperator):
         table_uri: str,
         batch_id: str | None = None,
         upsert_task_id: str | None = None,
+        instant: str | None = None,
         force: bool = False,
         conn_id: str = DEFAULT_CONN_ID,
         **kwargs: Any,
@@ -56,6 +66,8 @@ class RollbackBatchOperator(BaseOperator):
         self.table_uri = table_uri
         self.batch_id = batch_id
         self.upsert_task_id = upsert_task_id
+        self.instant = instant
+        self._by_instant = instant is not None  # set, even if it renders empty (no plan was scheduled)
         self.force = force
         self.conn_id = conn_id
 
@@ -64,8 +76,18 @@ class RollbackBatchOperator(BaseOperator):
         return BucketIndexHook(conn_id=self.conn_id)
 
     def execute(self, context: Context) -> dict[str, Any]:
+        instant = "" if self.instant is None else str(self.instant).strip()
+        if instant == "None":  # None rendered as text (a DAG without render_template_as_native_obj)
+            instant = ""
+        if instant and (self.batch_id or self.upsert_task_id):
+            raise AirflowFailException("RollbackBatchOperator takes instant or a batch (batch_id, upsert_task_id), not both")
+        if instant:
+            return self._rollback_instant(str(self.table_uri), instant)
+        if self._by_instant and not (self.batch_id or self.upsert_task_id):
+            self.log.info("instant rendered empty (nothing was scheduled): nothing to roll back")
+            return {"instant": None, "rolled_back": None}
         if not self.batch_id and not self.upsert_task_id:
-            raise AirflowFailException("RollbackBatchOperator needs batch_id or upsert_task_id")
+            raise AirflowFailException("RollbackBatchOperator needs batch_id, upsert_task_id or instant")
         batch_id = str(self.batch_id) if self.batch_id else batch_id_from_context(context, str(self.upsert_task_id))
         table_uri = str(self.table_uri)
         from spark_jobs.table import WriterAliveError
@@ -79,3 +101,30 @@ class RollbackBatchOperator(BaseOperator):
         else:
             self.log.info("Rolled back instant %s of batch %s in %s", rolled, batch_id, table_uri)
         return {"batch_id": batch_id, "rolled_back": rolled}
+
+    def _rollback_instant(self, table_uri: str, instant: str) -> dict[str, Any]:
+        from spark_jobs.table import WriterAliveError
+        from spark_jobs.table.config import BadInputError
+
+        t = self.hook.open_table(table_uri)
+        if not t.exists:
+            raise AirflowFailException(f"no bucketindex table at {table_uri}: instant {instant} cannot be rolled back")
+        tl = t.timeline.reload()
+        if tl.is_completed(instant):  # its execution finished after all: nothing to cancel
+            self.log.info("Instant %s completed in %s: nothing to roll back", instant, table_uri)
+            return {"instant": instant, "rolled_back": None}
+        try:
+            done = t.rollback(instant, force=self.force)
+        except WriterAliveError as e:  # retryable: the writer may still finish or its heartbeat expire
+            raise AirflowException(f"instant {instant}: {e}") from e
+        except BadInputError as e:  # no such instant (or it completed just now)
+            if t.timeline.reload().is_completed(instant):
+                self.log.info("Instant %s completed in %s: nothing to roll back", instant, table_uri)
+                return {"instant": instant, "rolled_back": None}
+            raise AirflowFailException(str(e)) from e
+        rolled = done[0] if done else None
+        if rolled is None:
+            self.log.info("Instant %s was rolled back already in %s: nothing to do", instant, table_uri)
+        else:
+            self.log.info("Rolled back instant %s in %s", rolled, table_uri)
+        return {"instant": instant, "rolled_back": rolled}

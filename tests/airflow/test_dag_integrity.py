@@ -84,6 +84,32 @@ def test_ingest_dag_shape(dagbag):  # type: ignore[no-untyped-def]
     assert upsert.batch_id is None  # default: derived from dag id, run id and task id
 
 
+def test_nightly_compaction_dag_shape(dagbag):  # type: ignore[no-untyped-def]
+    dag = dagbag.dags["bucketindex_nightly_compaction"]
+    assert dag.schedule == "@daily" and dag.catchup is False and dag.max_active_runs == 1
+    ids = {"compaction_due", "schedule_compaction", "execute_compaction", "cancel_failed_compaction", "clean",
+           "validate"}
+    assert set(dag.task_ids) == ids
+    due, schedule, execute, cancel, clean, validate = (dag.get_task(t) for t in (
+        "compaction_due", "schedule_compaction", "execute_compaction", "cancel_failed_compaction", "clean", "validate"))
+    assert type(due).__name__ == "CompactionDueSensor" and due.soft_fail is True and not due.upstream_task_ids
+    assert due.deferrable is False  # not forced either way: [operators] default_deferrable decides
+    assert (type(schedule).__name__, schedule.mode) == ("AsyncIndexCompactionOperator", "schedule")
+    assert (type(execute).__name__, execute.mode) == ("AsyncIndexCompactionOperator", "execute")
+    assert schedule.upstream_task_ids == {"compaction_due"} and execute.upstream_task_ids == {"schedule_compaction"}
+    assert execute.instant == "{{ ti.xcom_pull(task_ids='schedule_compaction')['instant'] }}"
+    assert type(cancel).__name__ == "RollbackBatchOperator" and cancel.trigger_rule == "one_failed"
+    assert cancel.upstream_task_ids == {"execute_compaction"} and "schedule_compaction" in cancel.instant
+    assert type(clean).__name__ == "CleanTableOperator" and clean.upstream_task_ids == {"execute_compaction"}
+    assert type(validate).__name__ == "ValidateTableOperator" and validate.upstream_task_ids == {"clean"}
+    assert not validate.downstream_task_ids and not cancel.downstream_task_ids
+    # the policy and the table come from params (the table from the ingest DAG's variable)
+    assert schedule.min_deltas == due.min_deltas == "{{ params.min_deltas }}"
+    assert {t.table_uri for t in dag.tasks} == {"{{ params.table_uri }}"}
+    assert set(dag.params) >= {"table_uri", "min_deltas", "delta_ratio", "min_logs", "log_ratio", "retain_commits"}
+    assert dagbag.dags["bucketindex_ingest"].params["table_uri"] == dag.params["table_uri"]
+
+
 def test_parsing_does_no_work(tmp_path):
     """Parse the DAG folder in a fresh interpreter, with table and landing locations that do
     not exist: parsing must not touch them, start Spark, import pyspark or build a hook."""

@@ -95,7 +95,7 @@ def test_template_fields_are_the_constructor_arguments_verbatim(ops):  # type: i
     v = ops.ValidateTableOperator(task_id="v", table_uri="{{ params.t }}")
     assert set(v.template_fields) == {"table_uri", "master", "conf", "name", "env_vars"}
     r = ops.RollbackBatchOperator(task_id="r", table_uri="{{ params.t }}", batch_id="{{ run_id }}")
-    assert set(r.template_fields) == {"table_uri", "batch_id", "upsert_task_id"}
+    assert set(r.template_fields) == {"table_uri", "batch_id", "upsert_task_id", "instant"}
 
 
 def test_templates_render(ops):  # type: ignore[no-untyped-def]

@@ -26,5 +26,6 @@ def test_readme_names_the_operators_that_exist():
     import airflow_provider_bucketindex.operators as ops
 
     readme = (ROOT / "README.md").read_text()
-    for name in ("UpsertWithIndexOperator", "ValidateTableOperator", "RollbackBatchOperator"):
+    for name in ("UpsertWithIndexOperator", "ValidateTableOperator", "RollbackBatchOperator",
+                 "AsyncIndexCompactionOperator", "CleanTableOperator"):
         assert name in readme and hasattr(ops, name)

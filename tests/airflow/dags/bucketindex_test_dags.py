@@ -6,6 +6,12 @@
   so the job's own batch-id idempotence is exercised too.
 * ``bucketindex_test_rollback``: a stand-in writer that leaves a pending instant (as a
   killed spark-submit does) and fails; the rollback branch must remove it. No Spark.
+* ``bucketindex_test_nightly``: the example nightly compaction DAG (built by its own
+  factory, so every task is the example's) with one more task between
+  ``schedule_compaction`` and ``execute_compaction``: a real upsert of the batch in
+  ``dag_run.conf["concurrent_source_uri"]``, committing while the compaction is scheduled,
+  as an ingest run beside the nightly DAG does. A dependency orders it, so the interleaving
+  is the same in every run.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import DAG, Param, task
 
+from airflow_provider_bucketindex.example_dags.bucketindex_nightly_compaction import build_dag
 from airflow_provider_bucketindex.operators import RollbackBatchOperator, UpsertWithIndexOperator
 
 
@@ -90,3 +97,19 @@ with DAG(
     upsert >> RollbackBatchOperator(
         task_id="rollback_failed_upsert", table_uri="{{ params.table_uri }}", upsert_task_id="upsert"
     )
+
+
+def _upsert_while_compaction_is_scheduled() -> UpsertWithIndexOperator:
+    return UpsertWithIndexOperator(
+        task_id="concurrent_upsert",
+        table_uri="{{ params.table_uri }}",
+        source_uri="{{ dag_run.conf['concurrent_source_uri'] }}",
+        record_key="id",
+        precombine_field="ts",
+        delete_field="is_deleted",
+        retries=0,
+    )
+
+
+nightly_dag = build_dag("bucketindex_test_nightly", schedule=None,
+                        between_schedule_and_execute=_upsert_while_compaction_is_scheduled)
