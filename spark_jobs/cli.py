@@ -114,6 +114,9 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
                     help="a record-index bucket is due with at least this many deltas (default 10)")
     co.add_argument("--delta-ratio", type=float, default=None,
                     help="... or with deltas of at least this fraction of its base's bytes (default 0.5)")
+    co.add_argument("--index-base-cap", type=int, default=None,
+                    help="a new record-index base of more than this many entries is sealed: never rewritten "
+                         "again, later compactions of its bucket start a new base (default 1000000)")
     co.add_argument("--only", choices=("data", "index"),
                     help="plan only data compaction (merge-on-read logs) or only index compaction (default both)")
     co.add_argument("--heartbeat-timeout", type=float,
@@ -214,6 +217,10 @@ def cmd_read(args: argparse.Namespace, submitted: bool) -> int:
     return 0
 
 
+#: index buckets listed by ``show`` (those with the most deltas); ``--json`` has all of them
+SHOW_BUCKETS = 8
+
+
 def cmd_show(args: argparse.Namespace, submitted: bool) -> int:
     from spark_jobs.table.table import Table
 
@@ -242,6 +249,13 @@ def cmd_show(args: argparse.Namespace, submitted: bool) -> int:
     if idx["total"]:
         print(f"  deltas: {idx['total']} ({_human_bytes(idx['bytes'])}), at most {idx['max_per_bucket']} per bucket "
               f"(`compact --only index` folds them)")
+        most = sorted(idx["buckets"].items(), key=lambda kv: (-kv[1]["deltas"], int(kv[0])))[:SHOW_BUCKETS]
+        for b, v in most:
+            if v["deltas"]:
+                print(f"    bucket {int(b):05d}: {v['deltas']} deltas ({_human_bytes(v['delta_bytes'])}) "
+                      f"on {v['bases']} base(s)")
+        if len(idx["buckets"]) > SHOW_BUCKETS:
+            print(f"    ... {len(idx['buckets']) - SHOW_BUCKETS} more buckets (`show --json` lists every one)")
     for p in d["compaction_plans"]:
         print(f"  compaction {p['instant']} {p['state']}: {p['index_buckets']} index buckets ({p['index_deltas']} deltas), "
               f"{p['file_groups']} file groups ({p['logs']} logs) -- `compact --execute {p['instant']}`")
@@ -324,16 +338,18 @@ def cmd_rollback(args: argparse.Namespace, submitted: bool) -> int:
 def cmd_compact(args: argparse.Namespace, submitted: bool) -> int:
     from spark_jobs.table.action.compact import (
         DEFAULT_DELTA_RATIO,
+        DEFAULT_INDEX_BASE_CAP,
         DEFAULT_LOG_RATIO,
         DEFAULT_MIN_DELTAS,
         DEFAULT_MIN_LOGS,
         CompactionPolicy,
     )
 
-    scheduling = (args.min_logs, args.log_ratio, args.max_groups, args.min_deltas, args.delta_ratio, args.only)
+    scheduling = (args.min_logs, args.log_ratio, args.max_groups, args.min_deltas, args.delta_ratio, args.only,
+                  args.index_base_cap)
     if args.execute and any(v is not None for v in scheduling):
         raise BadInputError("--execute runs a plan as scheduled; --min-logs, --log-ratio, --max-groups, "
-                            "--min-deltas, --delta-ratio and --only apply when scheduling")
+                            "--min-deltas, --delta-ratio, --index-base-cap and --only apply when scheduling")
     if args.heartbeat_timeout is not None and args.heartbeat_timeout <= 0:
         raise BadInputError(f"--heartbeat-timeout must be positive, got {args.heartbeat_timeout}")
     policy = CompactionPolicy(
@@ -342,6 +358,7 @@ def cmd_compact(args: argparse.Namespace, submitted: bool) -> int:
         max_groups=args.max_groups,
         min_deltas=DEFAULT_MIN_DELTAS if args.min_deltas is None else args.min_deltas,
         delta_ratio=DEFAULT_DELTA_RATIO if args.delta_ratio is None else args.delta_ratio,
+        index_base_cap=DEFAULT_INDEX_BASE_CAP if args.index_base_cap is None else args.index_base_cap,
         data=args.only in (None, "data"),
         index=args.only in (None, "index"),
     )

@@ -1,9 +1,11 @@
 """Record-level index files (RFC-08): key fingerprint -> (partition, file id), per index bucket.
 
-Each index bucket holds one *base* file (written by compaction) and *delta* files (one per
+Each index bucket holds *base* files (written by compaction) and *delta* files (one per
 commit that touched the bucket). A lookup merges them newest-first: the newest entry for a
 key wins, a tombstone hides the key, and a key re-inserted after a delete comes back
-because its new entry is newer than the tombstone.
+because its new entry is newer than the tombstone. A base that compaction wrote past the
+bucket's cap is *sealed* (RFC-08 option 1, format.md §6.1): never rewritten again, so a
+bucket is a few sealed bases, at most one open base, and deltas -- lookups open them all.
 
 File format (see docs/format.md): an uncompressed Arrow IPC file, sorted by
 ``(fp_hi, fp_lo)``, split into record batches ("blocks") of :data:`BLOCK_ROWS` entries::
@@ -57,7 +59,10 @@ __all__ = [
     "LookupResult",
     "lookup",
     "merge_entries",
+    "compact_entries",
     "write_index_file",
+    "SEALED_SUFFIX",
+    "is_sealed_base",
 ]
 
 BLOCK_ROWS = 65_536
@@ -70,6 +75,19 @@ LOOKUP_MODES = ("auto", "seek", "scan")
 _META_LOCATIONS = b"bucketindex.locations"
 _META_BLOCKS = b"bucketindex.block_first_hi"
 _META_EXTRA = b"bucketindex.meta"
+#: the end of a sealed base's name before its extension: ``base_<instant>_<attempt>_sealed.arrow``
+SEALED_SUFFIX = "_sealed"
+
+
+def is_sealed_base(rel: str) -> bool:
+    """Whether an index file (path or name) is a sealed base (format.md §6.1).
+
+    Told by the name, so the file-system view -- a list of paths per bucket, also as stored
+    in timeline checkpoints -- knows it without opening the file or keeping the metadata of
+    the compaction that wrote it; the file's ``bucketindex.meta`` says ``"sealed": true`` too.
+    """
+    name = rel.rsplit("/", 1)[-1]
+    return name.startswith("base_") and name.split(".", 1)[0].endswith(SEALED_SUFFIX)
 
 
 @dataclass
@@ -205,6 +223,11 @@ class IndexFile:
     @property
     def num_entries(self) -> int:
         return int(self.metadata["entries"])
+
+    @property
+    def sealed(self) -> bool:
+        """A base compaction wrote past the bucket's cap: later compactions leave it as it is."""
+        return bool(self.metadata.get("sealed", False))
 
 
 @dataclass
@@ -394,3 +417,22 @@ def merge_entries(io: FileIO, paths: Sequence[str], *, keep_tombstones: bool = F
     merged = IndexEntries(hi[first], lo[first], loc[first], locations)
     return merged if keep_tombstones else merged.live()
 
+
+
+def compact_entries(io: FileIO, paths: Sequence[str], *, sealed: Sequence[str] = ()) -> IndexEntries:
+    """The new base of an index compaction: ``paths`` (the open base and deltas it folds,
+    oldest first) merged newest-wins, tombstones dropped unless they still hide something.
+
+    ``sealed`` are the bucket's sealed bases, all older than ``paths`` and never rewritten:
+    a tombstone whose key they still resolve to a location (newest sealed entry wins) stays,
+    or dropping it would bring the deleted key back; every other tombstone goes, since no
+    older file of the bucket remains for it to hide.
+    """
+    merged = merge_entries(io, paths, keep_tombstones=True)
+    tomb = merged.loc == TOMBSTONE
+    keep = ~tomb
+    if sealed and tomb.any():
+        at = np.nonzero(tomb)[0]
+        hidden = lookup(io, sealed, fp=(merged.fp_hi[at], merged.fp_lo[at])).found
+        keep[at[hidden]] = True
+    return IndexEntries(merged.fp_hi[keep], merged.fp_lo[keep], merged.loc[keep], merged.locations)

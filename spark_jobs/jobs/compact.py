@@ -17,12 +17,19 @@ from pyspark.sql import SparkSession
 
 from spark_jobs.jobs import tasks
 from spark_jobs.jobs.session import session_start_ms
-from spark_jobs.table.action.compact import CompactionPolicy, compaction_metadata, schedule_compaction
-from spark_jobs.table.action.service import execute
+from spark_jobs.table.action.compact import (
+    DEFAULT_INDEX_BASE_CAP,
+    CompactionPolicy,
+    compaction_metadata,
+    schedule_compaction,
+)
+from spark_jobs.table.action.rollback import is_writer_alive
+from spark_jobs.table.action.service import execute, pending_plans
 from spark_jobs.table.action.transaction import Transaction
 from spark_jobs.table.config import BadInputError
+from spark_jobs.table.errors import WriterAliveError
 from spark_jobs.table.table import Table
-from spark_jobs.table.timeline import Action
+from spark_jobs.table.timeline import Action, State
 
 __all__ = ["run_compact"]
 
@@ -35,16 +42,38 @@ def run_compact(spark: SparkSession | Callable[[], SparkSession] | None, uri: st
                 heartbeat_timeout_s: float | None = None) -> dict[str, Any]:
     """Schedule a compaction (``schedule_only``), execute a scheduled one (``instant``), or both.
 
-    Returns ``{"instant": ts or None, "scheduled": bool, "executed": bool, "noop": bool, ...}``;
-    ``instant`` None means nothing was due and nothing was written. ``spark`` may be a
-    function that starts a session: it is called only when there is work for Spark.
+    Both (neither ``schedule_only`` nor ``instant``) first executes, oldest first, the
+    scheduled plans no live process is executing -- a plan whose scheduler died before it
+    could report the instant, or one ``--schedule-only`` left -- since the buckets and file
+    groups they hold are left out of every new plan until they run; then it schedules and
+    executes what is still due. Executing a plan is idempotent (a completed one is a no-op),
+    so a plan picked up here and by its own ``--execute`` is folded once.
+
+    Returns ``{"instant": ts or None, "scheduled": bool, "executed": bool, "noop": bool,
+    "resumed": [...], ...}``; ``instant`` None means nothing was due and nothing was written.
+    ``spark`` may be a function that starts a session: it is called only when there is work
+    for Spark.
     """
     table = Table.load(uri)
     started = time.perf_counter()
     out: dict[str, Any] = {"instant": instant, "scheduled": False, "executed": False, "noop": False}
+    session = spark
+
+    def work(txn: Transaction) -> dict[str, Any]:
+        assert session is not None
+        s = session() if callable(session) else session
+        return _execute(s, table, txn)
+
+    if instant is None and not schedule_only:
+        out["resumed"] = _execute_waiting_plans(table, work, heartbeat_timeout_s)
     if instant is None:
         planned = schedule_compaction(table, policy or CompactionPolicy(), heartbeat_timeout_s=heartbeat_timeout_s)
         if planned is None:
+            ran = [r for r in out.get("resumed", []) if not r["noop"]]
+            if ran:  # nothing new was due, but waiting plans ran
+                out.update(instant=ran[-1]["instant"], executed=True, counts=ran[-1]["counts"],
+                           total_ms=int((time.perf_counter() - started) * 1000))
+                return out
             out["noop"] = True
             return out
         instant = out["instant"] = planned["instant"]
@@ -52,15 +81,27 @@ def run_compact(spark: SparkSession | Callable[[], SparkSession] | None, uri: st
         if schedule_only:
             return out
     assert spark is not None
-    session = spark
-
-    def work(txn: Transaction) -> dict[str, Any]:
-        s = session() if callable(session) else session
-        return _execute(s, table, txn)
 
     done = execute(table, instant, Action.COMPACTION, work, heartbeat_timeout_s=heartbeat_timeout_s)
     out.update(executed=not done.noop, noop=done.noop, counts=done.metadata.get("counts", {}),
                total_ms=int((time.perf_counter() - started) * 1000), session_start_ms=session_start_ms())
+    return out
+
+
+def _execute_waiting_plans(table: Table, work: Callable[[Transaction], dict[str, Any]],
+                           heartbeat_timeout_s: float | None) -> list[dict[str, Any]]:
+    """Execute the scheduled compaction plans that no live process is executing, oldest first."""
+    out = []
+    for inst, _ in pending_plans(table, Action.COMPACTION):
+        if inst.state == State.INFLIGHT and is_writer_alive(table, inst, heartbeat_timeout_s):
+            continue  # its executor is at work
+        try:
+            done = execute(table, inst.timestamp, Action.COMPACTION, work, heartbeat_timeout_s=heartbeat_timeout_s)
+        except WriterAliveError:  # another process started it meanwhile
+            continue
+        log.info("compaction %s was waiting for its execution: %s", inst.timestamp,
+                 "completed meanwhile" if done.noop else "executed")
+        out.append({"instant": inst.timestamp, "noop": done.noop, "counts": done.metadata.get("counts", {})})
     return out
 
 
@@ -77,7 +118,9 @@ def _execute(spark: SparkSession, table: Table, txn: Transaction) -> dict[str, A
             raise BadInputError(f"compaction {txn.ts}: file group {g['partition']}/{g['file_id']} changed "
                                f"since it was planned; cancel it (`bucketindex rollback {txn.ts}`) and schedule again")
     for b in buckets:
-        if view.index_files.get(int(b["bucket"]), [])[: len(b["files"])] != b["files"]:
+        # its sealed bases, then exactly the files it folds (open base, oldest deltas)
+        below = [*b.get("sealed", []), *b["files"]]
+        if view.index_files.get(int(b["bucket"]), [])[: len(below)] != below:
             raise BadInputError(f"compaction {txn.ts}: index bucket {b['bucket']} changed since it was planned; "
                                f"cancel it (`bucketindex rollback {txn.ts}`) and schedule again")
     one: dict[tuple[str, str], dict[str, Any]] = {}
@@ -94,14 +137,17 @@ def _execute(spark: SparkSession, table: Table, txn: Transaction) -> dict[str, A
         log.info("compaction %s: %d file groups folded into new bases", txn.ts, len(one))
     index_one: dict[int, dict[str, Any]] = {}
     if buckets:
-        rows = [(int(b["bucket"]), b["files"]) for b in buckets]
+        rows = [(int(b["bucket"]), b["files"], b.get("sealed", [])) for b in buckets]
         todo = spark.createDataFrame(rows, tasks.COMPACT_INDEX_INPUT).repartition(len(rows))
+        # a plan scheduled before the cap existed seals at the default
+        cap = int(plan.get("index_base_cap") or DEFAULT_INDEX_BASE_CAP)
         fn = tasks.bind_batches(tasks.compact_index_buckets, table_uri=table.uri, instant=txn.ts,
-                                attempt=txn.attempt, snapshot_seq=view.seq)
+                                attempt=txn.attempt, snapshot_seq=view.seq, cap=cap)
         written = [r.asDict() for r in todo.mapInArrow(fn, tasks.COMPACT_INDEX_OUTPUT).collect()]
         index_one = {int(w["bucket"]): w for w in sorted(written, key=lambda w: w["path"])}
-        log.info("compaction %s: %d index buckets folded into new bases (%d deltas)", txn.ts, len(index_one),
-                 sum(int(b["deltas"]) for b in buckets))
+        log.info("compaction %s: %d index buckets folded into new bases (%d deltas, %d sealed)", txn.ts,
+                 len(index_one), sum(int(b["deltas"]) for b in buckets),
+                 sum(1 for w in index_one.values() if w["sealed"]))
     meta = compaction_metadata(txn.ts, plan, list(one.values()), list(index_one.values()))
     meta["timings_ms"] = {"compact_ms": int((time.perf_counter() - t0) * 1000)}
     log.info("compaction %s done in %d ms", txn.ts, meta["timings_ms"]["compact_ms"])

@@ -17,7 +17,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from spark_jobs.index.record_index import IndexEntries, lookup, merge_entries, write_index_file
+from spark_jobs.index.record_index import (
+    SEALED_SUFFIX,
+    IndexEntries,
+    compact_entries,
+    lookup,
+    merge_entries,
+    write_index_file,
+)
 from spark_jobs.table.layout import data_file_name, log_file_name
 from spark_jobs.table.merge import LOG_DELETE, LOG_MOVE_OUT, LOG_OP, LOG_UPSERT
 from spark_jobs.table.reader import read_slice, read_slice_plan
@@ -64,8 +71,9 @@ DELTA_OUTPUT = "bucket int, path string, entries long, size long"
 #: one row per file group a data compaction folds, and what it wrote for it
 COMPACT_INPUT = "part string, fid string, base string, logs array<string>"
 COMPACT_OUTPUT = "part string, fid string, path string, num_rows long, size long"
-COMPACT_INDEX_INPUT = "bucket int, files array<string>"
-COMPACT_INDEX_OUTPUT = "bucket int, path string, entries long, size long"
+#: per planned index bucket: the files it folds (open base, deltas) and its sealed bases
+COMPACT_INDEX_INPUT = "bucket int, files array<string>, sealed array<string>"
+COMPACT_INDEX_OUTPUT = "bucket int, path string, entries long, size long, sealed boolean"
 #: one row per live file slice, for ``mapInArrow`` readers (paths relative to the table root;
 #: ``logs``: a merge-on-read slice's logs in commit order, empty otherwise)
 FILE_LIST_SCHEMA = "path string, part string, fid string, logs array<string>"
@@ -491,31 +499,38 @@ def compact_slices(groups: Iterable[pa.RecordBatch], *, table_uri: str, instant:
 
 
 def compact_index_buckets(buckets: Iterable[pa.RecordBatch], *, table_uri: str, instant: str, attempt: str,
-                          snapshot_seq: int) -> Iterator[pa.RecordBatch]:
+                          snapshot_seq: int, cap: int) -> Iterator[pa.RecordBatch]:
     """mapInArrow over ``COMPACT_INDEX_INPUT``: fold each planned index bucket into a new base.
 
-    The planned files are the bucket's base and its oldest deltas, so merging them newest-wins
-    and dropping tombstones loses nothing: no older file of the bucket remains for a tombstone
-    to hide (a key deleted and re-inserted keeps its newest entry). Deltas committed after the
-    plan stay above the new base. The name carries the compaction's instant and this
+    The planned files are the bucket's open base and its oldest deltas, merged newest-wins.
+    A tombstone is dropped unless one of the bucket's sealed bases (older, never rewritten)
+    still resolves its key (:func:`compact_entries`): otherwise no older file of the bucket
+    remains for it to hide (a key deleted and re-inserted keeps its newest entry). A new base
+    of more than ``cap`` entries is written *sealed* (format.md §6.1): later compactions of
+    the bucket leave it alone, so their cost stays bounded by the cap. Deltas committed after
+    the plan stay above the new base. The name carries the compaction's instant and this
     attempt's token, so a retried or concurrent attempt never overwrites another's file.
     """
     t: Table | None = None
     out_schema = pa.schema([("bucket", pa.int32()), ("path", pa.string()), ("entries", pa.int64()),
-                            ("size", pa.int64())])
+                            ("size", pa.int64()), ("sealed", pa.bool_())])
     for b in buckets:
-        for bucket, files in zip(b.column("bucket").to_pylist(), b.column("files").to_pylist()):
+        cols = [b.column(c).to_pylist() for c in ("bucket", "files", "sealed")]
+        for bucket, files, sealed in zip(*cols):
             if t is None:
                 t = Table.open(table_uri)
-            merged = merge_entries(t.io, [t.abs(f) for f in files])
-            path = t.layout.index_file(bucket, "base", f"{instant}_{attempt}")
+            merged = compact_entries(t.io, [t.abs(f) for f in files], sealed=[t.abs(f) for f in sealed or []])
+            seal = len(merged) > cap
+            # sealed or not shows in the name (is_sealed_base): the view knows without opening it
+            path = t.layout.index_file(bucket, "base", f"{instant}_{attempt}{SEALED_SUFFIX if seal else ''}")
             rel = t.layout.rel(path)
-            def write(merged: IndexEntries = merged, path: str = path, bucket: int = bucket) -> int:
+
+            def write(merged: IndexEntries = merged, path: str = path, bucket: int = bucket, seal: bool = seal) -> int:
                 size = write_index_file(t.io, path, merged,  # type: ignore[union-attr]
-                                        metadata={"instant": instant, "bucket": bucket})
+                                        metadata={"instant": instant, "bucket": bucket, "sealed": seal})
                 maybe_crash("after_index_file")
                 return size
 
             size = t.write_marked(instant, rel, write, snapshot_seq=snapshot_seq)
             yield pa.RecordBatch.from_pylist([{"bucket": bucket, "path": rel, "entries": len(merged),
-                                               "size": size}], schema=out_schema)
+                                               "size": size, "sealed": seal}], schema=out_schema)

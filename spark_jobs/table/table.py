@@ -299,6 +299,7 @@ class Table:
 
     def _index_delta_summary(self, view: FileSystemView) -> dict[str, Any]:
         """Record-index deltas per bucket (what every lookup opens, and index compaction folds)."""
+        from spark_jobs.index.record_index import is_sealed_base
         from spark_jobs.table.view import is_index_delta
 
         per: dict[int, dict[str, int]] = {}
@@ -306,6 +307,9 @@ class Table:
             deltas = [f for f in files if is_index_delta(f)]
             per[b] = {"bases": len(files) - len(deltas), "deltas": len(deltas),
                       "delta_bytes": sum(self.io.size(self.abs(f)) for f in deltas)}
+            sealed = sum(map(is_sealed_base, files))
+            if sealed:  # bases past the cap, never rewritten (format.md §6.1); told by name
+                per[b]["sealed"] = sealed
         return {"total": sum(v["deltas"] for v in per.values()),
                 "bytes": sum(v["delta_bytes"] for v in per.values()),
                 "max_per_bucket": max((v["deltas"] for v in per.values()), default=0),

@@ -146,3 +146,128 @@ def test_killed_index_compaction_leaves_the_snapshot_and_resumes(spark, spark_cl
              for f in (t.timeline.read_metadata(i).get("index") or {}).get("added", [])}
     on_disk = {str(q.relative_to(Path(t.root))) for q in Path(t.root).rglob("*.arrow")}
     assert on_disk <= added
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"process ended (rc {proc.returncode}) before reaching {path.name}: "
+                                 f"{proc.stderr.read()[-3000:] if proc.stderr else ''}")
+        assert time.monotonic() < deadline, f"process never reached {path.name}"
+        time.sleep(0.1)
+
+
+def _seq(t: Table, instant: str) -> int:
+    inst = t.timeline.find(instant)
+    assert inst is not None and inst.seq is not None, instant
+    return inst.seq
+
+
+@pytest.mark.parametrize("held", ["compaction", "upsert"])
+def test_upsert_and_index_compaction_overlap_in_two_processes(spark, spark_cli_args, tmp_path, held):
+    """One process is held inside its work (a pause at a fault point) while the other runs to
+    completion on the same buckets: ``compaction`` -- a CLI compaction paused after writing its
+    new bases, an upsert commits meanwhile, then the compaction commits below it; ``upsert`` --
+    a CLI upsert paused with its data and delta written, a compaction schedules (its live
+    write holds nothing back: the upsert's delta is not committed) and commits meanwhile,
+    then the upsert commits on top. Both complete; the upsert's deltas stay above the new
+    bases; the table is the oracle's."""
+    batches = make_batches(seed=53, n_batches=3)
+    _dedupe_ties(batches, False)
+    uri = str(tmp_path / "t")
+    srcs = [write_batch(tmp_path / f"b{i}.parquet", rows) for i, rows in enumerate(batches)]
+    for i in range(2):
+        _upsert(spark, uri, srcs[i], i, "copy_on_write")
+    signals = tmp_path / "signals"
+    env = {**os.environ, "BUCKETINDEX_PAUSE_SIGNAL": str(signals)}
+    if held == "compaction":
+        planned = run_compact(None, uri, policy=INDEX_ONLY, schedule_only=True)["instant"]
+        point = "after_index_file"  # in the bucket tasks: every new base written (one pause per task)
+        other = subprocess.Popen([sys.executable, "-m", "spark_jobs.cli", "compact", uri, "--execute", planned,
+                                  *spark_cli_args], env={**env, "BUCKETINDEX_PAUSE": f"{point}=15"},
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        _wait_for(signals / point, other)
+        upsert = _upsert(spark, uri, srcs[2], 2, "copy_on_write")["instant"]
+        assert other.poll() is None, "the compaction was still inside its work while the upsert committed"
+        _, err = other.communicate(timeout=300)
+        assert other.returncode == 0, err[-3000:]
+    else:
+        point = "before_complete"  # data files and index deltas written, the commit not yet tried
+        other = subprocess.Popen([sys.executable, "-m", "spark_jobs.cli", "upsert", uri, srcs[2], "--record-key",
+                                  "id", "--precombine-field", "ts", "--partition-field", "region", "--delete-field",
+                                  "is_deleted", "--batch-id", "b2", *spark_cli_args],
+                                 env={**env, "BUCKETINDEX_PAUSE": f"{point}=30"},
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        _wait_for(signals / point, other)
+        done = run_compact(spark, uri, policy=INDEX_ONLY)
+        assert done["executed"], done
+        planned = done["instant"]
+        assert other.poll() is None, "the upsert was still inside its work while the compaction committed"
+        _, err = other.communicate(timeout=300)
+        assert other.returncode == 0, err[-3000:]
+        upsert = Table.load(uri).commit_for_batch("b2").timestamp  # type: ignore[union-attr]
+    t = Table.load(uri)
+    assert t.timeline.pending() == []
+    first, second = sorted([(_seq(t, planned), "compaction"), (_seq(t, upsert), "upsert")])
+    assert second[1] == held, "the held process committed last: the two overlapped"
+    plan = t.timeline.read_plan(t.timeline.find(planned))
+    fresh = {f["bucket"]: f["path"] for f in t.timeline.read_metadata(t.timeline.find(upsert))["index"]["added"]}
+    view = t.view()
+    assert plan["index_buckets"] and set(fresh) & {b["bucket"] for b in plan["index_buckets"]}
+    for b in plan["index_buckets"]:
+        files = view.index_files[b["bucket"]]
+        assert not is_index_delta(files[0]) and planned in files[0]
+        assert files[1:] == ([fresh[b["bucket"]]] if b["bucket"] in fresh else []), "the upsert's delta stays on top"
+    assert rows_by_identity(read_arrow(uri).to_pylist()) == reduce_batches(batches)
+    assert run_validate(spark, uri)["ok"]
+
+
+@pytest.mark.parametrize("point", ["schedule_after_plan", "schedule_after_requested"])
+def test_killed_while_scheduling_then_the_next_compact_folds_each_delta_once(spark, tmp_path, point):
+    """SIGKILL inside scheduling: before the plan is written (nothing on disk changes), or after
+    it is written but before its instant was reported (an orphan plan, which holds its buckets
+    out of every new plan). Readers see the old table; the next ``compact`` executes the orphan
+    plan, or schedules anew, and folds every delta exactly once."""
+    batches = make_batches(seed=54, n_batches=2)
+    _dedupe_ties(batches, False)
+    uri = str(tmp_path / "t")
+    for i, rows in enumerate(batches):
+        _upsert(spark, uri, write_batch(tmp_path / f"b{i}.parquet", rows), i, "copy_on_write")
+    before = read_arrow(uri).to_pylist()
+    digest = tree_digest(tmp_path / "t")
+    deltas = {f for fs in Table.load(uri).view().index_files.values() for f in fs}
+
+    p = _cli([uri, "--only", "index", "--min-deltas", "2"], {"BUCKETINDEX_FAULT": point})
+    assert p.returncode == -signal.SIGKILL, (p.returncode, p.stderr[-2000:])
+    t = Table.load(uri)
+    orphans = t.timeline.pending()
+    if point == "schedule_after_plan":
+        assert orphans == [] and tree_digest(tmp_path / "t") == digest, "nothing was written"
+    else:
+        assert [i.action for i in orphans] == ["compaction"]
+        orphan = t.timeline.read_plan(orphans[0])
+        assert sorted(f for b in orphan["index_buckets"] for f in b["files"]) == sorted(deltas)
+        # its buckets are in a pending plan: scheduling alone finds nothing more to plan
+        assert run_compact(None, uri, policy=INDEX_ONLY, schedule_only=True)["instant"] is None
+    assert read_arrow(uri).to_pylist() == before
+    assert run_validate(spark, uri)["ok"]
+
+    done = run_compact(spark, uri, policy=INDEX_ONLY)
+    assert done["executed"]
+    if orphans:
+        assert [r["instant"] for r in done["resumed"]] == [orphans[0].timestamp]
+        assert done["instant"] == orphans[0].timestamp, "nothing else was due: no second plan"
+    else:
+        assert done["resumed"] == [] and done["scheduled"]
+    t = Table.load(uri)
+    assert t.timeline.pending() == []
+    compactions = t.timeline.completed(["compaction"])
+    assert len(compactions) == 1
+    removed = t.timeline.read_metadata(compactions[0])["index"]["removed"]
+    assert sorted(removed) == sorted(deltas), "every delta folded, once"
+    assert all(len(fs) == 1 and not is_index_delta(fs[0]) for fs in t.view().index_files.values())
+    assert rows_by_identity(read_arrow(uri).to_pylist()) == reduce_batches(batches)
+    assert run_validate(spark, uri)["ok"]
+    # nothing left: the next compact has nothing to do and writes nothing
+    assert run_compact(spark, uri, policy=INDEX_ONLY)["noop"]

@@ -16,6 +16,8 @@ from spark_jobs.index.record_index import (
     IndexEntries,
     IndexFile,
     choose_mode,
+    compact_entries,
+    is_sealed_base,
     lookup,
     merge_entries,
     write_index_file,
@@ -441,3 +443,43 @@ def test_auto_on_storage_without_memory_map_scans_when_most_blocks_are_touched(f
     assert choose_mode(memory_mapped=False, touched_fraction=0.0) == "seek"
     assert choose_mode(memory_mapped=False, touched_fraction=1.0) == "scan"
     assert choose_mode(memory_mapped=True, touched_fraction=1.0) == "seek"
+
+
+def test_compact_entries_keeps_only_tombstones_that_hide_a_sealed_entry(fs) -> None:
+    """Sealed bases are never rewritten: a tombstone of a key they still hold must survive the
+    compaction of the open part, or the deleted key would come back; other tombstones go."""
+    io, root = fs
+    a, b = ("p=a", "f1"), ("p=b", "f2")
+    sealed1 = _write(io, f"{root}/base_1_x_sealed.arrow", {"gone": a, "moved": a, "kept": a, "twice": a},
+                     metadata={"sealed": True})
+    # a later sealed base already deleted "twice": its newest sealed entry is a tombstone
+    sealed2 = _write(io, f"{root}/base_2_x_sealed.arrow", {"twice": None, "other": b}, metadata={"sealed": True})
+    base = _write(io, f"{root}/base_3_x.arrow", {"open-gone": b, "back": b})
+    delta = _write(io, f"{root}/delta_4.arrow", {"gone": None, "moved": b, "open-gone": None, "twice": None,
+                                                "back": None, "never": None})
+    delta2 = _write(io, f"{root}/delta_5.arrow", {"back": a})
+    sealed = [sealed1, sealed2]
+    out = compact_entries(io, [base, delta, delta2], sealed=sealed)
+    got = dict(zip(zip(out.fp_hi.tolist(), out.fp_lo.tolist()), out.targets()))
+    fp = lambda k: tuple(int(x[0]) for x in fingerprints([k]))  # noqa: E731
+    assert got == {fp("gone"): None, fp("moved"): b, fp("back"): a}
+    # without sealed bases below, every tombstone is dropped (the old rule)
+    assert (compact_entries(io, [base, delta, delta2]).loc != TOMBSTONE).all()
+    # the bucket read through sealed bases + the new base equals the bucket read through all files
+    new = f"{root}/base_6_y.arrow"
+    write_index_file(io, new, out)
+    keys = ["gone", "moved", "kept", "twice", "other", "open-gone", "back", "never"]
+    assert _targets(lookup(io, [*sealed, new], keys)) == _targets(lookup(io, [*sealed, base, delta, delta2], keys))
+    assert _targets(lookup(io, [*sealed, new], keys)) == [None, b, a, None, b, None, a, None]
+
+
+def test_sealed_base_is_told_by_name_and_metadata(fs) -> None:
+    io, root = fs
+    assert is_sealed_base("index/bucket=00003/base_20240101000000000_ab12cd34_sealed.arrow")
+    assert not is_sealed_base("index/bucket=00003/base_20240101000000000_ab12cd34.arrow")
+    assert not is_sealed_base("index/bucket=00003/delta_20240101000000000.arrow")
+    path = _write(io, f"{root}/base_1_x_sealed.arrow", {"k": ("p", "f")}, metadata={"sealed": True})
+    with IndexFile(io, path) as f:
+        assert f.sealed and f.num_entries == 1
+    with IndexFile(io, _write(io, f"{root}/base_2_x.arrow", {"k": ("p", "f")})) as f:
+        assert not f.sealed

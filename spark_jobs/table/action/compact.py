@@ -15,6 +15,7 @@ import logging
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from spark_jobs.index.record_index import is_sealed_base
 from spark_jobs.table.action.rollback import is_writer_alive
 from spark_jobs.table.action.service import pending_plans, schedule
 from spark_jobs.table.config import INDEX_RECORD, BadInputError
@@ -24,7 +25,8 @@ from spark_jobs.table.view import FileSlice, FileSystemView, is_index_delta
 if TYPE_CHECKING:
     from spark_jobs.table.table import Table
 
-__all__ = ["CompactionPolicy", "plan_compaction", "schedule_compaction", "compaction_metadata", "compactable"]
+__all__ = ["CompactionPolicy", "plan_compaction", "schedule_compaction", "compaction_metadata", "compactable",
+           "DEFAULT_INDEX_BASE_CAP"]
 
 log = logging.getLogger("bucketindex.compact")
 
@@ -39,6 +41,11 @@ DEFAULT_LOG_RATIO = 0.2
 #: rule catches the buckets that big batches grow
 DEFAULT_MIN_DELTAS = 10
 DEFAULT_DELTA_RATIO = 0.5
+#: entries past which a compaction seals the index base it writes (RFC-08 option 1): a
+#: sealed base is never rewritten, so a compaction's cost stays bounded by the cap while the
+#: bucket grows, and a lookup opens one more base per cap's worth of entries. Measured by
+#: benchmarks/index_base_cap.py (docs/benchmarks.md, "Index base cap")
+DEFAULT_INDEX_BASE_CAP = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -46,13 +53,16 @@ class CompactionPolicy:
     """What is due. A file group: at least ``min_logs`` logs, or logs of at least
     ``log_ratio`` x the base's bytes; at most ``max_groups`` per plan (most log bytes first).
     A record-index bucket: at least ``min_deltas`` eligible deltas, or eligible deltas of at
-    least ``delta_ratio`` x its base's bytes. ``data`` / ``index``: which kinds to plan."""
+    least ``delta_ratio`` x its open base's bytes; a new index base of more than
+    ``index_base_cap`` entries is sealed (format.md §6.1). ``data`` / ``index``: which kinds
+    to plan."""
 
     min_logs: int = DEFAULT_MIN_LOGS
     log_ratio: float = DEFAULT_LOG_RATIO
     max_groups: int | None = None
     min_deltas: int = DEFAULT_MIN_DELTAS
     delta_ratio: float = DEFAULT_DELTA_RATIO
+    index_base_cap: int = DEFAULT_INDEX_BASE_CAP
     data: bool = True
     index: bool = True
 
@@ -67,6 +77,8 @@ class CompactionPolicy:
             raise BadInputError(f"--min-deltas must be at least 1, got {self.min_deltas}")
         if self.delta_ratio <= 0:
             raise BadInputError(f"--delta-ratio must be positive, got {self.delta_ratio}")
+        if not isinstance(self.index_base_cap, int) or self.index_base_cap < 1:
+            raise BadInputError(f"--index-base-cap must be at least 1, got {self.index_base_cap}")
         if not (self.data or self.index):
             raise BadInputError("nothing to plan: neither data nor index compaction selected")
 
@@ -109,6 +121,7 @@ def plan_compaction(table: "Table", view: FileSystemView, policy: CompactionPoli
         "operation": "compaction",
         "snapshot_seq": view.seq,
         "policy": asdict(policy),
+        "index_base_cap": policy.index_base_cap,
         "file_groups": groups,
         "index_buckets": buckets,
     }
@@ -148,13 +161,16 @@ def _due_file_groups(view: FileSystemView, policy: CompactionPolicy,
 def _due_index_buckets(table: "Table", view: FileSystemView, policy: CompactionPolicy,
                        pending: list[tuple[Any, dict[str, Any]]],
                        heartbeat_timeout_s: float | None) -> list[dict[str, Any]]:
-    """Buckets whose base and oldest deltas are due, with exactly the files to fold.
+    """Buckets whose open base and oldest deltas are due, with exactly the files to fold.
 
-    A bucket folds a *prefix* of its deltas in commit order -- the new base sits below every
-    delta it leaves, so a delta it skipped could not be older than one it folded -- and
-    only deltas of instants older than the oldest live pending write: that writer tagged
-    its batch on a snapshot, and its delta must stay newer than everything folded below it
-    (a dead writer's instant never completes and does not hold compaction back).
+    A bucket's files are its sealed bases, at most one open base, then its deltas in commit
+    order. Sealed bases are never folded again (they are listed under ``sealed``, for the
+    tombstone rule); ``files`` is the open base, if any, and a *prefix* of the deltas in
+    commit order -- the new base sits below every delta it leaves, so a delta it skipped
+    could not be older than one it folded -- and only deltas of instants older than the
+    oldest live pending write: that writer tagged its batch on a snapshot, and its delta
+    must stay newer than everything folded below it (a dead writer's instant never
+    completes and does not hold compaction back).
     """
     busy = {int(b["bucket"]) for _, plan in pending for b in plan.get("index_buckets", [])}
     live = [i.timestamp for i in table.timeline.pending(Action.WRITES)
@@ -166,6 +182,14 @@ def _due_index_buckets(table: "Table", view: FileSystemView, policy: CompactionP
             continue
         files = view.index_files[bucket]
         bases = [f for f in files if not is_index_delta(f)]
+        sealed = [f for f in bases if is_sealed_base(f)]
+        if bases[: len(sealed)] != sealed or len(bases) - len(sealed) > 1:
+            # every compaction seals or replaces the one open base, so this cannot happen
+            # unless the metadata was edited by hand: leave the bucket alone
+            log.warning("index bucket %d: bases %s are not sealed bases then one open base; not compacted",
+                        bucket, bases)
+            continue
+        open_base = bases[len(sealed):]
         deltas = []
         for f in files[len(bases):]:
             if horizon is not None and _index_file_instant(f) >= horizon:
@@ -174,9 +198,9 @@ def _due_index_buckets(table: "Table", view: FileSystemView, policy: CompactionP
         if not deltas:
             continue
         delta_bytes = sum(table.io.size(table.abs(f)) for f in deltas)
-        base_bytes = sum(table.io.size(table.abs(f)) for f in bases)
+        base_bytes = sum(table.io.size(table.abs(f)) for f in open_base)
         if policy.index_due(len(deltas), delta_bytes, base_bytes):
-            out.append({"bucket": bucket, "files": [*bases, *deltas], "deltas": len(deltas),
+            out.append({"bucket": bucket, "files": [*open_base, *deltas], "sealed": sealed, "deltas": len(deltas),
                         "delta_bytes": delta_bytes, "base_bytes": base_bytes})
     return out
 
@@ -206,7 +230,7 @@ def compaction_metadata(instant: str, plan: dict[str, Any], written: list[dict[s
         if w is None:
             raise RuntimeError(f"compaction {instant} wrote no index base for bucket {b['bucket']}")
         added.append({"bucket": int(b["bucket"]), "path": w["path"], "entries": int(w["entries"]),
-                      "size": int(w["size"]), "kind": "base"})
+                      "size": int(w["size"]), "kind": "base", "sealed": bool(w.get("sealed"))})
         removed += b["files"]
     return {
         "action": Action.COMPACTION,
@@ -219,5 +243,6 @@ def compaction_metadata(instant: str, plan: dict[str, Any], written: list[dict[s
                    "rows": sum(int(w["num_rows"]) for w in written),
                    "index_buckets": len(added),
                    "index_deltas_folded": sum(int(b["deltas"]) for b in plan.get("index_buckets", [])),
-                   "index_entries": sum(a["entries"] for a in added)},
+                   "index_entries": sum(a["entries"] for a in added),
+                   "index_bases_sealed": sum(1 for a in added if a["sealed"])},
     }
