@@ -20,8 +20,10 @@ Beside the ingest DAG (which keeps committing upserts while this one runs), ever
   run still ends failed (``clean`` and ``validate`` are then upstream_failed), so the
   failure alerts.
 * ``clean`` deletes the files no retained snapshot references any more (what upserts and
-  this compaction replaced), in the task itself through the pure-Python core;
-  ``validate`` runs the full index <-> data check as a Spark job.
+  this compaction replaced), in the task itself through the pure-Python core. It runs on
+  nights with nothing to compact too (trigger rule ``none_failed``): copy-on-write upserts
+  leave old file versions every night. ``validate`` runs the full index <-> data check as
+  a Spark job after a compaction (skipped with it).
 
 Where Spark runs comes from the ``bucketindex_default`` connection, as for the ingest DAG.
 The table is the ``table_uri`` param, defaulting to ``BUCKETINDEX_TABLE_URI`` (the same
@@ -41,7 +43,7 @@ from datetime import timedelta
 from typing import Any, Callable
 
 import pendulum
-from airflow.sdk import DAG, Param
+from airflow.sdk import DAG, Param, TriggerRule
 
 from airflow_provider_bucketindex.operators import (
     AsyncIndexCompactionOperator,
@@ -132,6 +134,9 @@ def build_dag(
             task_id="clean",
             table_uri="{{ params.table_uri }}",
             retain_commits="{{ params.retain_commits }}",
+            # also on a night with nothing to compact: copy-on-write upserts leave old file
+            # versions every night (a bucket-index table never has anything to compact)
+            trigger_rule=TriggerRule.NONE_FAILED,
         )
         validate = ValidateTableOperator(
             task_id="validate",
@@ -146,7 +151,7 @@ def build_dag(
             extra = between_schedule_and_execute()
             schedule_compaction >> extra >> execute
         execute >> [clean, cancel]
-        clean >> validate
+        [execute, clean] >> validate  # validate after a compaction rewrote index bases
     return dag
 
 

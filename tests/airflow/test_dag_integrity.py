@@ -101,7 +101,9 @@ def test_nightly_compaction_dag_shape(dagbag):  # type: ignore[no-untyped-def]
     assert type(cancel).__name__ == "RollbackBatchOperator" and cancel.trigger_rule == "one_failed"
     assert cancel.upstream_task_ids == {"execute_compaction"} and "schedule_compaction" in cancel.instant
     assert type(clean).__name__ == "CleanTableOperator" and clean.upstream_task_ids == {"execute_compaction"}
-    assert type(validate).__name__ == "ValidateTableOperator" and validate.upstream_task_ids == {"clean"}
+    assert clean.trigger_rule == "none_failed"  # every night, not only after a compaction
+    assert type(validate).__name__ == "ValidateTableOperator"
+    assert validate.upstream_task_ids == {"clean", "execute_compaction"} and validate.trigger_rule == "all_success"
     assert not validate.downstream_task_ids and not cancel.downstream_task_ids
     # the policy and the table come from params (the table from the ingest DAG's variable)
     assert schedule.min_deltas == due.min_deltas == "{{ params.min_deltas }}"

@@ -203,7 +203,9 @@ def test_nothing_due_skips_the_services_and_the_run_succeeds(tmp_path, airflow_d
     assert run.state == "success", run
     assert run.task_state("compaction_due") == "skipped"
     for task in SERVICES:
-        assert run.task_state(task) == "skipped", (task, run)
+        # clean runs every night (copy-on-write versions pile up without compaction); one
+        # commit is less than it retains, so it deletes and writes nothing
+        assert run.task_state(task) == ("success" if task == "clean" else "skipped"), (task, run)
     assert sorted(os.listdir(tmp_path / "t" / ".bucketindex" / "timeline")) == timeline  # nothing written
 
 
