@@ -217,6 +217,10 @@ def cmd_read(args: argparse.Namespace, submitted: bool) -> int:
     return 0
 
 
+#: index buckets listed by ``show`` (those with the most deltas); ``--json`` has all of them
+SHOW_BUCKETS = 8
+
+
 def cmd_show(args: argparse.Namespace, submitted: bool) -> int:
     from spark_jobs.table.table import Table
 
@@ -245,6 +249,13 @@ def cmd_show(args: argparse.Namespace, submitted: bool) -> int:
     if idx["total"]:
         print(f"  deltas: {idx['total']} ({_human_bytes(idx['bytes'])}), at most {idx['max_per_bucket']} per bucket "
               f"(`compact --only index` folds them)")
+        most = sorted(idx["buckets"].items(), key=lambda kv: (-kv[1]["deltas"], int(kv[0])))[:SHOW_BUCKETS]
+        for b, v in most:
+            if v["deltas"]:
+                print(f"    bucket {int(b):05d}: {v['deltas']} deltas ({_human_bytes(v['delta_bytes'])}) "
+                      f"on {v['bases']} base(s)")
+        if len(idx["buckets"]) > SHOW_BUCKETS:
+            print(f"    ... {len(idx['buckets']) - SHOW_BUCKETS} more buckets (`show --json` lists every one)")
     for p in d["compaction_plans"]:
         print(f"  compaction {p['instant']} {p['state']}: {p['index_buckets']} index buckets ({p['index_deltas']} deltas), "
               f"{p['file_groups']} file groups ({p['logs']} logs) -- `compact --execute {p['instant']}`")
