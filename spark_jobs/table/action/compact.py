@@ -36,9 +36,11 @@ log = logging.getLogger("bucketindex.compact")
 DEFAULT_MIN_LOGS = 4
 DEFAULT_LOG_RATIO = 0.2
 #: an index bucket is due with this many deltas, or deltas of this fraction of its base's
-#: bytes. A lookup opens every file of its bucket; these are starting values, not yet
-#: measured (the lookup benchmark against a base and many deltas will set them). The ratio
-#: rule catches the buckets that big batches grow
+#: bytes. A lookup opens every file of its bucket: measured (docs/benchmarks.md, table
+#: services), 100k keys in a 1M-entry bucket take 50 ms compacted, 80 ms with 10 deltas,
+#: 187 ms with 50. 10 deltas cost an upsert tens of milliseconds, a day of hourly commits
+#: passes it anyway, and compacting earlier rewrites the base more often for less; the
+#: ratio rule catches the buckets that big batches grow
 DEFAULT_MIN_DELTAS = 10
 DEFAULT_DELTA_RATIO = 0.5
 #: entries past which a compaction seals the index base it writes (RFC-08 option 1): a
