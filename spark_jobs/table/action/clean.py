@@ -157,7 +157,7 @@ def _pending_files(table: "Table") -> set[str]:
 
 def _size(table: "Table", rel: str) -> int:
     try:
-        return table.io.size(table.abs(rel))
+        return table.io.size(table.abs(rel)) or 0  # None: already gone (a clean cut short)
     except (FileNotFoundError, OSError):
         return 0
 
