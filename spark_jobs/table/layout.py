@@ -96,6 +96,10 @@ class TableLayout:
         """The file-system view after sequence entry ``seq`` (format.md §3.5)."""
         return posixpath.join(self.checkpoints, f"{seq:020d}.json")
 
+    def archived_checkpoint_file(self, seq: int) -> str:
+        """An older checkpoint kept for time travel, out of the directory every open lists."""
+        return posixpath.join(self.archive, "checkpoints", f"{seq:020d}.json")
+
     def checkpoint_batches_file(self, seq: int) -> str:
         """Every batch id committed up to ``seq``: read only to check idempotence."""
         return posixpath.join(self.checkpoints, f"{seq:020d}.batches.json")

@@ -110,14 +110,15 @@ class Instant:
 CHECKPOINT_FORMAT = 1
 
 
-def read_checkpoint(io: FileIO, layout: TableLayout, seq: int) -> dict[str, Any] | None:
+def read_checkpoint(io: FileIO, layout: TableLayout, seq: int, *, archived: bool = False) -> dict[str, Any] | None:
     """Checkpoint ``seq``, or None when it is torn, half-written or not one we understand.
 
     A checkpoint is created atomically, so a torn one should not exist; but a reader must
     not trust it blindly (a copy tool, a full disk): it falls back to the previous one.
     """
     try:
-        ckpt = json.loads(io.read_bytes(layout.checkpoint_file(seq)))
+        path = layout.archived_checkpoint_file(seq) if archived else layout.checkpoint_file(seq)
+        ckpt = json.loads(io.read_bytes(path))
     except (OSError, ValueError):
         return None
     if not isinstance(ckpt, dict) or ckpt.get("seq") != seq or ckpt.get("format") != CHECKPOINT_FORMAT \

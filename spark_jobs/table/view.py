@@ -190,16 +190,17 @@ class FileSystemView:
 
 
 def _checkpoint_at_or_before(timeline: Timeline, seq: int) -> dict[str, Any] | None:
-    """The latest readable checkpoint at or before ``seq`` (time travel into older history)."""
+    """The latest readable checkpoint at or before ``seq`` (time travel into older history):
+    the recent ones first, then those archival kept for time travel."""
+    from spark_jobs.table.action.checkpoint import checkpoint_seqs
     from spark_jobs.table.timeline import read_checkpoint
 
-    names = timeline.io.list_names(timeline.layout.checkpoints)
-    for n in sorted((int(x[:20]) for x in names if x.endswith(".json") and x[:20].isdigit() and len(x) == 25),
-                    reverse=True):
-        if n <= seq:
-            ckpt = read_checkpoint(timeline.io, timeline.layout, n)
-            if ckpt is not None:
-                return ckpt
+    for archived in (False, True):
+        for n in reversed(checkpoint_seqs(timeline.io, timeline.layout, archived=archived)):
+            if n <= seq:
+                ckpt = read_checkpoint(timeline.io, timeline.layout, n, archived=archived)
+                if ckpt is not None:
+                    return ckpt
     return None
 
 

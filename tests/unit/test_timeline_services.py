@@ -71,7 +71,7 @@ def scratch_view(t: Table) -> FileSystemView:
 def test_checkpoints_make_opening_read_only_the_recent_entries(tmp_path):
     t = new_table(tmp_path / "t")
     instants = [commit(t, i) for i in range(25)]
-    assert ckpt.checkpoint_seqs(t) == [10, 20]
+    assert ckpt.checkpoint_seqs(t.io, t.layout) == [10, 20]
     fresh = Table.load(t.uri)
     tl = fresh.timeline
     assert tl.base_seq == 20 and tl.last_seq == 25
@@ -104,7 +104,11 @@ def test_a_torn_checkpoint_is_skipped_for_the_previous_one(tmp_path):
 def test_archival_keeps_directories_small_and_history_answerable(tmp_path):
     t = new_table(tmp_path / "t")
     instants = [commit(t, i) for i in range(45)]
-    assert ckpt.archive(t, min_entries=10) == (1, 30)  # up to the previous checkpoint (30; latest 40)
+    # the commit at entry 40 checkpointed and archived up to the previous checkpoint (30)
+    assert Table.load(t.uri).timeline.archives() == [(1, 30)]
+    assert ckpt.archive(t, min_entries=10) is None  # 31..30 + 10: not yet worth a file
+    assert ckpt.checkpoint_seqs(t.io, t.layout) == [30, 40]  # older ones retired from the listed dir
+    assert ckpt.checkpoint_seqs(t.io, t.layout, archived=True) == [10]  # kept for time travel
     names = os.listdir(t.layout.sequence)
     assert len(names) == 15 and min(names) == f"{31:020d}.json"
     plans = os.listdir(t.layout.timeline)
@@ -112,7 +116,7 @@ def test_archival_keeps_directories_small_and_history_answerable(tmp_path):
     fresh = Table.load(t.uri)
     assert fresh.view().to_state() == scratch_view(fresh).to_state()
     assert fresh.commit_for_batch("b5").timestamp == instants[5]
-    for i in (0, 5, 29, 30, 44):
+    for i in (0, 5, 14, 29, 30, 44):  # 14: from the archived checkpoint at 10
         assert rows(t.uri, instants[i]) == oracle(i + 1)
     assert [i.timestamp for i in fresh.timeline.completed()] == instants
     # a plan file of an archived instant never looks pending (nothing to roll back)
@@ -266,24 +270,25 @@ def test_killed_clean_leaves_a_readable_table_and_the_next_clean_finishes(tmp_pa
 @pytest.mark.parametrize("point", ["checkpoint_before_write", "archive_after_copy", "archive_after_plans"])
 def test_killed_checkpoint_or_archival_leaves_a_readable_table(tmp_path, point):
     t = new_table(tmp_path / "t")
-    instants = [commit(t, i) for i in range(39)]
+    instants = [commit(t, i) for i in range(49)]  # checkpoints 10..40, entries 1..30 archived
     if point == "checkpoint_before_write":
-        _killed(t, "commit", point, i=39)  # the commit completes, its checkpoint does not
-        assert ckpt.checkpoint_seqs(t) == [10, 20, 30]
-        assert os.path.exists(t.layout.checkpoint_batches_file(40))
+        _killed(t, "commit", point, i=49)  # the commit completes, its checkpoint does not
+        assert ckpt.checkpoint_seqs(t.io, t.layout) == [30, 40]
+        assert os.path.exists(t.layout.checkpoint_batches_file(50))
     else:
-        commit(t, 39)
-        _killed(t, "archive", point)
+        commit(t, 49)
+        _killed(t, "archive", point)  # archiving 31..40
     fresh = Table.load(t.uri)
-    assert rows(t.uri) == oracle(40) and fresh.view().to_state() == scratch_view(fresh).to_state()
-    assert rows(t.uri, instants[3]) == oracle(4) and fresh.commit_for_batch("b1") is not None
+    assert rows(t.uri) == oracle(50) and fresh.view().to_state() == scratch_view(fresh).to_state()
+    assert rows(t.uri, instants[3]) == oracle(4) and rows(t.uri, instants[35]) == oracle(36)
+    assert fresh.commit_for_batch("b1") is not None and fresh.commit_for_batch("b33") is not None
     assert fresh.rollback() == []  # nothing looks abandoned
-    for i in range(40, 51):  # the next commits checkpoint and archive again
+    for i in range(50, 61):  # the next commits checkpoint and archive again
         commit(t, i)
     ckpt.archive(t, min_entries=5)
     fresh = Table.load(t.uri)
-    assert rows(t.uri) == oracle(51) and fresh.view().to_state() == scratch_view(fresh).to_state()
-    assert [i.timestamp for i in fresh.timeline.completed()][:39] == instants
+    assert rows(t.uri) == oracle(61) and fresh.view().to_state() == scratch_view(fresh).to_state()
+    assert [i.timestamp for i in fresh.timeline.completed()][:49] == instants
     assert all(int(n[:20]) > fresh.timeline.archives()[-1][1] for n in os.listdir(t.layout.sequence))
 
 

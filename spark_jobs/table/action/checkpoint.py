@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import posixpath
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +38,8 @@ from spark_jobs.table.view import FileSystemView
 from spark_jobs.testing.faults import maybe_crash
 
 if TYPE_CHECKING:
+    from spark_jobs.io.filesystem import FileIO
+    from spark_jobs.table.layout import TableLayout
     from spark_jobs.table.table import Table
 
 __all__ = ["maybe_checkpoint", "write_checkpoint", "archive", "checkpoint_seqs", "read_batches",
@@ -44,14 +47,21 @@ __all__ = ["maybe_checkpoint", "write_checkpoint", "archive", "checkpoint_seqs",
 
 log = logging.getLogger("bucketindex.checkpoint")
 
-#: archive in chunks of at least this many entries: one archive file per 100 commits keeps
-#: ``archive/`` small too (10,000 commits: 100 files, listed only by time travel)
-ARCHIVE_MIN_ENTRIES = 100
+#: archive in chunks of at least this many entries: ``sequence/`` then lists at most about
+#: this many plus two checkpoint intervals, and ``timeline/`` twice that (measured: listing
+#: is most of what opening a table costs once checkpoints exist); ``archive/`` is listed
+#: only by time travel and the rare questions about old history
+ARCHIVE_MIN_ENTRIES = 30
+#: of the checkpoints archival retires, one per this many entries moves to
+#: ``archive/checkpoints/`` as a starting point for time travel; the others are deleted
+TRAVEL_CHECKPOINT_EVERY = 100
 
 
-def checkpoint_seqs(table: "Table") -> list[int]:
-    """Sequence positions of the checkpoints on storage (readable or not), ascending."""
-    names = table.io.list_names(table.layout.checkpoints)
+def checkpoint_seqs(io: "FileIO", layout: "TableLayout", *, archived: bool = False) -> list[int]:
+    """Sequence positions of the checkpoints on storage (readable or not), ascending:
+    the recent ones, or (``archived``) the older ones kept for time travel."""
+    where = posixpath.join(layout.archive, "checkpoints") if archived else layout.checkpoints
+    names = io.list_names(where)
     return sorted(int(n[:20]) for n in names if len(n) == 25 and n.endswith(".json") and n[:20].isdigit())
 
 
@@ -150,7 +160,7 @@ def archive(table: "Table", *, min_entries: int = ARCHIVE_MIN_ENTRIES,
 
     tl = table.timeline.reload()
     readable: list[int] = []  # the newest two that parse (older ones are not opened: O(1))
-    for s in reversed(checkpoint_seqs(table)):
+    for s in reversed(checkpoint_seqs(table.io, table.layout)):
         if len(readable) == 2:
             break
         if read_checkpoint(table.io, table.layout, s) is not None:
@@ -215,18 +225,26 @@ def _finish_archived(table: "Table", tl: Timeline, done: int) -> None:
 
 
 def _drop_old_checkpoints(table: "Table", readable: list[int], bound: int) -> None:
-    """Checkpoints before the archive bound are kept one per :data:`ARCHIVE_MIN_ENTRIES`
-    entries (time travel starts from the nearest one); their batch sidecars are not needed
-    (each sidecar is cumulative), except the latest's."""
-    kept_blocks: set[int] = set()
-    for seq in checkpoint_seqs(table):
+    """Retire the checkpoints before the archive bound from ``checkpoints/`` (which every open
+    lists): one per :data:`TRAVEL_CHECKPOINT_EVERY` entries moves to ``archive/checkpoints/``
+    (time travel starts from the nearest), the others and their batch lists (each list is
+    cumulative: only the latest is read) are deleted. Copy before delete: a crash leaves the
+    checkpoint in both places, which is harmless."""
+    kept_blocks = {s // TRAVEL_CHECKPOINT_EVERY for s in checkpoint_seqs(table.io, table.layout, archived=True)}
+    for seq in checkpoint_seqs(table.io, table.layout):
         if seq >= bound or seq in readable[-2:]:
             continue
-        block = seq // ARCHIVE_MIN_ENTRIES
+        block = seq // TRAVEL_CHECKPOINT_EVERY
         if block not in kept_blocks:
+            try:
+                data = table.io.read_bytes(table.layout.checkpoint_file(seq))
+                table.io.create_exclusive(table.layout.archived_checkpoint_file(seq), data)
+            except InstantExistsError:
+                pass
+            except FileNotFoundError:  # pragma: no cover - retired by a concurrent archival
+                continue
             kept_blocks.add(block)
-        else:
-            table.io.delete(table.layout.checkpoint_file(seq))
+        table.io.delete(table.layout.checkpoint_file(seq))
         table.io.delete(table.layout.checkpoint_batches_file(seq))
 
 
@@ -237,7 +255,8 @@ def describe_checkpoints(table: "Table") -> dict[str, Any]:
     assert table.config is not None
     return {
         "interval": table.config.checkpoint_interval,
-        "checkpoints": len(checkpoint_seqs(table)),
+        "checkpoints": len(checkpoint_seqs(table.io, table.layout)),
+        "archived_checkpoints": len(checkpoint_seqs(table.io, table.layout, archived=True)),
         "latest": tl.base_seq or None,
         "latest_instant": (tl.checkpoint or {}).get("instant"),
         "entries_since": tl.last_seq - tl.base_seq,

@@ -230,12 +230,16 @@ def _drop_unreachable_checkpoints(table: "Table", retained_seq: int) -> None:
     """Checkpoints before the latest one at or before the retained window start no read."""
     from spark_jobs.table.action.checkpoint import checkpoint_seqs
 
-    seqs = checkpoint_seqs(table)
-    keep = max((s for s in seqs if s <= retained_seq), default=None)
-    for s in seqs:
+    places = [(s, archived) for archived in (False, True)
+              for s in checkpoint_seqs(table.io, table.layout, archived=archived)]
+    keep = max((s for s, _ in places if s <= retained_seq), default=None)
+    for s, archived in places:
         if keep is not None and s < keep and s != table.timeline.base_seq:
-            table.io.delete(table.layout.checkpoint_file(s))
-            table.io.delete(table.layout.checkpoint_batches_file(s))
+            if archived:
+                table.io.delete(table.layout.archived_checkpoint_file(s))
+            else:
+                table.io.delete(table.layout.checkpoint_file(s))
+                table.io.delete(table.layout.checkpoint_batches_file(s))
 
 
 def describe_clean(table: "Table", view: FileSystemView | None = None) -> dict[str, Any]:
