@@ -487,18 +487,27 @@ class CommitGenerator:
         """An index compaction at the default policy, scheduled and executed for real (the
         Spark task's body run in this process)."""
         from spark_jobs.jobs import tasks
-        from spark_jobs.table.action.compact import CompactionPolicy, compaction_metadata, schedule_compaction
+        from spark_jobs.table.action.compact import (
+            DEFAULT_INDEX_BASE_CAP,
+            CompactionPolicy,
+            compaction_metadata,
+            schedule_compaction,
+        )
         from spark_jobs.table.action.service import execute
         from spark_jobs.table.timeline import Action
 
         planned = schedule_compaction(self.table, CompactionPolicy(data=False))
         if planned is not None:
             def work(txn):  # type: ignore[no-untyped-def]
-                rows = [{"bucket": int(b["bucket"]), "files": b["files"]} for b in txn.plan["index_buckets"]]
+                rows = [{"bucket": int(b["bucket"]), "files": b["files"], "sealed": b.get("sealed", [])}
+                        for b in txn.plan["index_buckets"]]
                 batch = pa.RecordBatch.from_pylist(rows, schema=pa.schema([("bucket", pa.int32()),
-                                                                            ("files", pa.list_(pa.string()))]))
+                                                                            ("files", pa.list_(pa.string())),
+                                                                            ("sealed", pa.list_(pa.string()))]))
+                cap = int(txn.plan.get("index_base_cap") or DEFAULT_INDEX_BASE_CAP)
                 written = [r for out in tasks.compact_index_buckets([batch], table_uri=self.uri, instant=txn.ts,
-                                                                    attempt=txn.attempt, snapshot_seq=txn.view.seq)
+                                                                    attempt=txn.attempt, snapshot_seq=txn.view.seq,
+                                                                    cap=cap)
                            for r in out.to_pylist()]
                 return compaction_metadata(txn.ts, txn.plan, [], written)
 
