@@ -3,6 +3,8 @@ no Spark), nothing due -> skipped, and the execute step's command and failure ma
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from airflow_provider_bucketindex import sandbox
@@ -133,5 +135,6 @@ def test_index_plan_folds_a_prefix_older_than_the_oldest_live_writer(tmp_path):
         assert plan is not None and [b["files"] for b in plan["index_buckets"] if b["bucket"] == 0] == [old]
     finally:
         hb.stop()
+    time.sleep(0.05)  # its last beat older than the 10 ms timeout below (a fast machine got here within it)
     plan = plan_compaction(t, t.view(), policy, heartbeat_timeout_s=0.01)  # the writer is gone: all four
     assert [b["files"] for b in plan["index_buckets"] if b["bucket"] == 0] == [t.view().index_files[0]]
