@@ -23,13 +23,11 @@ from spark_jobs.table.action.compact import (
     compaction_metadata,
     schedule_compaction,
 )
-from spark_jobs.table.action.rollback import is_writer_alive
-from spark_jobs.table.action.service import execute, pending_plans
+from spark_jobs.table.action.service import execute, execute_waiting
 from spark_jobs.table.action.transaction import Transaction
 from spark_jobs.table.config import BadInputError
-from spark_jobs.table.errors import WriterAliveError
 from spark_jobs.table.table import Table
-from spark_jobs.table.timeline import Action, State
+from spark_jobs.table.timeline import Action
 
 __all__ = ["run_compact"]
 
@@ -65,7 +63,9 @@ def run_compact(spark: SparkSession | Callable[[], SparkSession] | None, uri: st
         return _execute(s, table, txn)
 
     if instant is None and not schedule_only:
-        out["resumed"] = _execute_waiting_plans(table, work, heartbeat_timeout_s)
+        out["resumed"] = [{"instant": d.instant, "noop": d.noop, "counts": d.metadata.get("counts", {})}
+                          for d in execute_waiting(table, Action.COMPACTION, work,
+                                                   heartbeat_timeout_s=heartbeat_timeout_s)]
     if instant is None:
         planned = schedule_compaction(table, policy or CompactionPolicy(), heartbeat_timeout_s=heartbeat_timeout_s)
         if planned is None:
@@ -85,23 +85,6 @@ def run_compact(spark: SparkSession | Callable[[], SparkSession] | None, uri: st
     done = execute(table, instant, Action.COMPACTION, work, heartbeat_timeout_s=heartbeat_timeout_s)
     out.update(executed=not done.noop, noop=done.noop, counts=done.metadata.get("counts", {}),
                total_ms=int((time.perf_counter() - started) * 1000), session_start_ms=session_start_ms())
-    return out
-
-
-def _execute_waiting_plans(table: Table, work: Callable[[Transaction], dict[str, Any]],
-                           heartbeat_timeout_s: float | None) -> list[dict[str, Any]]:
-    """Execute the scheduled compaction plans that no live process is executing, oldest first."""
-    out = []
-    for inst, _ in pending_plans(table, Action.COMPACTION):
-        if inst.state == State.INFLIGHT and is_writer_alive(table, inst, heartbeat_timeout_s):
-            continue  # its executor is at work
-        try:
-            done = execute(table, inst.timestamp, Action.COMPACTION, work, heartbeat_timeout_s=heartbeat_timeout_s)
-        except WriterAliveError:  # another process started it meanwhile
-            continue
-        log.info("compaction %s was waiting for its execution: %s", inst.timestamp,
-                 "completed meanwhile" if done.noop else "executed")
-        out.append({"instant": inst.timestamp, "noop": done.noop, "counts": done.metadata.get("counts", {})})
     return out
 
 

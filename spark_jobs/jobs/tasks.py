@@ -22,7 +22,6 @@ from spark_jobs.index.record_index import (
     IndexEntries,
     compact_entries,
     lookup,
-    merge_entries,
     write_index_file,
 )
 from spark_jobs.table.layout import data_file_name, log_file_name

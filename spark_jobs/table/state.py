@@ -142,9 +142,9 @@ def find_commit(uri: str, *, batch_id: str | None = None, after_instant: str | N
     else:
         tl.reload()
         # entries before the checkpoint can only qualify if one has a later instant than asked
-        history = (tl.completed(COMMIT_ACTIONS) if (tl.checkpoint or {}).get("max_instant", "") > after_instant
-                   else [i for i in tl.recent(tl.last_seq - tl.base_seq, COMMIT_ACTIONS)])
-        found = next((i for i in history if i.timestamp > after_instant), None)
+        old = (tl.checkpoint or {}).get("max_instant", "") > after_instant
+        found = next((i for i in tl.completed(COMMIT_ACTIONS, after_seq=0 if old else tl.base_seq)
+                      if i.timestamp > after_instant), None)
     if found is None:
         return None
     meta = tl.read_metadata(found)

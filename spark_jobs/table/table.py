@@ -84,30 +84,10 @@ class Table:
         return FileSystemView.build(tl, as_of)
 
     def retained_from(self) -> dict[str, Any] | None:
-        """The retention of the latest clean, completed or pending (its deletions may have
-        begun): ``{"instant", "earliest_retained_seq", "earliest_retained_instant"}``, or None."""
-        tl = self.timeline
-        found = None
-        for inst in tl.pending([Action.CLEAN]):
-            try:
-                plan = tl.read_plan(inst)
-            except FileNotFoundError:
-                continue
-            found = {"instant": inst.timestamp, "earliest_retained_seq": int(plan["earliest_retained_seq"]),
-                     "earliest_retained_instant": plan.get("earliest_retained_instant")}
-        for seq in range(tl.last_seq, tl.base_seq, -1):
-            e = tl.entry(seq)
-            if e["action"] == Action.CLEAN:
-                m = e["metadata"]
-                done = {"instant": e["instant"], "earliest_retained_seq": int(m["earliest_retained_seq"]),
-                        "earliest_retained_instant": m.get("earliest_retained_instant")}
-                if found is None or done["earliest_retained_seq"] > found["earliest_retained_seq"]:
-                    found = done
-                return found
-        ckpt_clean = (tl.checkpoint or {}).get("clean")
-        if ckpt_clean and (found is None or ckpt_clean["earliest_retained_seq"] > found["earliest_retained_seq"]):
-            found = ckpt_clean
-        return found
+        """The retention of the latest clean (see :func:`.action.clean.retained_from`)."""
+        from spark_jobs.table.action.clean import retained_from
+
+        return retained_from(self)
 
     def num_buckets(self, view: FileSystemView | None = None) -> int:
         """The bucket count in force: from the latest completed rehash, else the table config."""
@@ -121,22 +101,20 @@ class Table:
         from spark_jobs.table.action.checkpoint import read_batches
 
         tl = self.timeline.reload()
-        for seq in range(tl.last_seq, tl.base_seq, -1):
-            e = tl.entry(seq)
-            if e["action"] in (Action.COMMIT, Action.BOOTSTRAP) and e["metadata"].get("batch_id") == batch_id:
-                return Instant(e["instant"], e["action"], State.COMPLETED, seq)
-        if not tl.base_seq:
-            return None
+
+        def search(after_seq: int) -> Instant | None:
+            return next((inst for inst in reversed(tl.completed([Action.COMMIT, Action.BOOTSTRAP], after_seq=after_seq))
+                         if tl.read_metadata(inst).get("batch_id") == batch_id), None)
+
+        found = search(tl.base_seq)
+        if found is not None or not tl.base_seq:
+            return found
         batches = read_batches(self, tl.base_seq)
         if batches is None:  # an unreadable sidecar: ask the whole history
-            for inst in reversed(tl.completed([Action.COMMIT, Action.BOOTSTRAP])):
-                if tl.read_metadata(inst).get("batch_id") == batch_id:
-                    return inst
+            return search(0)
+        if batch_id not in batches:
             return None
-        found = batches.get(batch_id)
-        if found is None:
-            return None
-        ts, seq, action = found
+        ts, seq, action = batches[batch_id]
         return Instant(ts, action, State.COMPLETED, int(seq))
 
     def pending_for_batch(self, batch_id: str) -> Instant | None:
@@ -277,25 +255,21 @@ class Table:
             "index_deltas": self._index_delta_summary(view),
             "completed_instants": tl.last_seq,
             "compaction_plans": self._compaction_plans(),
-            "clean": describe_clean(self, view),
+            "clean": describe_clean(self),
             "checkpoints": describe_checkpoints(self),
         }
 
     def _compaction_plans(self) -> list[dict[str, Any]]:
         """Scheduled compactions waiting for (or in) execution, with what each folds."""
-        out = []
-        for inst in self.timeline.pending([Action.COMPACTION]):
-            try:
-                plan = self.timeline.read_plan(inst)
-            except FileNotFoundError:
-                continue
-            out.append({"instant": inst.timestamp, "state": inst.state.name.lower(),
-                        "file_groups": len(plan.get("file_groups", [])),
-                        "logs": sum(len(g["logs"]) for g in plan.get("file_groups", [])),
-                        "index_buckets": len(plan.get("index_buckets", [])),
-                        "index_deltas": sum(int(b["deltas"]) for b in plan.get("index_buckets", [])),
-                        "scheduled_by": plan.get("scheduled_by")})
-        return out
+        from spark_jobs.table.action.service import pending_plans
+
+        return [{"instant": inst.timestamp, "state": inst.state.name.lower(),
+                 "file_groups": len(plan.get("file_groups", [])),
+                 "logs": sum(len(g["logs"]) for g in plan.get("file_groups", [])),
+                 "index_buckets": len(plan.get("index_buckets", [])),
+                 "index_deltas": sum(int(b["deltas"]) for b in plan.get("index_buckets", [])),
+                 "scheduled_by": plan.get("scheduled_by")}
+                for inst, plan in pending_plans(self, Action.COMPACTION)]
 
     def _index_delta_summary(self, view: FileSystemView) -> dict[str, Any]:
         """Record-index deltas per bucket (what every lookup opens, and index compaction folds)."""

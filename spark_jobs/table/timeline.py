@@ -45,6 +45,7 @@ __all__ = [
     "InstantAbortedError",
     "SequenceTakenError",
     "read_checkpoint",
+    "checkpoint_seqs",
     "CHECKPOINT_FORMAT",
 ]
 
@@ -108,6 +109,13 @@ class Instant:
 
 #: version of the checkpoint file's layout (format.md §3.5)
 CHECKPOINT_FORMAT = 1
+
+
+def checkpoint_seqs(io: FileIO, layout: TableLayout, *, archived: bool = False) -> list[int]:
+    """Sequence positions of the checkpoints on storage (readable or not), ascending:
+    the recent ones, or (``archived``) the older ones kept for time travel."""
+    where = posixpath.join(layout.archive, "checkpoints") if archived else layout.checkpoints
+    return sorted(int(m.group(1)) for m in map(_SEQ_NAME.match, io.list_names(where)) if m)
 
 
 def read_checkpoint(io: FileIO, layout: TableLayout, seq: int, *, archived: bool = False) -> dict[str, Any] | None:
@@ -188,8 +196,7 @@ class Timeline:
 
     def _adopt_checkpoint(self, listed_last: int) -> None:
         """Start from the latest checkpoint that parses (a torn or foreign one is skipped)."""
-        names = self.io.list_names(self.layout.checkpoints)
-        for seq in sorted((int(m.group(1)) for m in map(_SEQ_NAME.match, names) if m), reverse=True):
+        for seq in reversed(checkpoint_seqs(self.io, self.layout)):
             if seq <= self.base_seq:
                 return  # the one we have (or an older one): keep it
             if seq > max(listed_last, self.last_seq):
@@ -277,20 +284,22 @@ class Timeline:
     def entry(self, seq: int) -> dict[str, Any]:
         return self._entry(seq)
 
-    def completed(self, actions: Iterable[str] | None = None, as_of: str | None = None) -> list[Instant]:
-        """Every completed instant (the whole history, archive included) in commit order.
+    def completed(self, actions: Iterable[str] | None = None, as_of: str | None = None, *,
+                  after_seq: int = 0) -> list[Instant]:
+        """Completed instants after entry ``after_seq`` (default: the whole history, archive
+        included) in commit order.
 
         ``as_of``: the prefix of the sequence up to the last entry whose instant is at or
         before it -- the snapshot right after that commit (time travel by commit order).
-        Reads old history: jobs use :meth:`recent` and :meth:`last_completed` instead.
+        Entries older than the checkpoint are read on demand: jobs pass
+        ``after_seq=base_seq``, or use :meth:`recent` and :meth:`last_completed`.
         """
-        self.load_history()
         acts = set(actions) if actions is not None else None
         last = self.last_seq if as_of is None else self.seq_as_of(as_of)
         return [
             Instant(e["instant"], e["action"], State.COMPLETED, seq)
-            for seq in range(1, last + 1)
-            for e in (self._entries[seq],)
+            for seq in range(after_seq + 1, last + 1)
+            for e in (self._entry(seq),)
             if acts is None or e["action"] in acts
         ]
 
@@ -309,11 +318,12 @@ class Timeline:
             known.append(self.checkpoint.get("max_instant", ""))
         return max(known, default="")
 
-    def recent(self, n: int, actions: Iterable[str] | None = None) -> list[Instant]:
-        """The last ``n`` completed instants (of ``actions``) in commit order, reading back only as far as needed."""
+    def recent(self, n: int, actions: Iterable[str] | None = None, *, after_seq: int = 0) -> list[Instant]:
+        """The last ``n`` completed instants (of ``actions``, after entry ``after_seq``) in
+        commit order, reading back only as far as needed."""
         acts = set(actions) if actions is not None else None
         out = []
-        for seq in range(self.last_seq, 0, -1):
+        for seq in range(self.last_seq, after_seq, -1):
             if len(out) >= n:
                 break
             e = self._entry(seq)

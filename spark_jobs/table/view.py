@@ -15,7 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from spark_jobs.table.timeline import Action, Instant, State, Timeline
+from spark_jobs.table.timeline import Action, Instant, State, Timeline, checkpoint_seqs, read_checkpoint
 
 __all__ = ["FileSlice", "LogFile", "FileSystemView", "encode_schema", "decode_schema"]
 
@@ -192,9 +192,6 @@ class FileSystemView:
 def _checkpoint_at_or_before(timeline: Timeline, seq: int) -> dict[str, Any] | None:
     """The latest readable checkpoint at or before ``seq`` (time travel into older history):
     the recent ones first, then those archival kept for time travel."""
-    from spark_jobs.table.action.checkpoint import checkpoint_seqs
-    from spark_jobs.table.timeline import read_checkpoint
-
     for archived in (False, True):
         for n in reversed(checkpoint_seqs(timeline.io, timeline.layout, archived=archived)):
             if n <= seq:

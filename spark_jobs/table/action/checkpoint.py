@@ -27,19 +27,24 @@ from __future__ import annotations
 
 import json
 import logging
-import posixpath
 import time
 from typing import TYPE_CHECKING, Any
 
 from spark_jobs.io.filesystem import InstantExistsError
 from spark_jobs.table.config import DEFAULT_CHECKPOINT_INTERVAL
-from spark_jobs.table.timeline import CHECKPOINT_FORMAT, Action, State, Timeline, read_checkpoint
+from spark_jobs.table.timeline import (
+    CHECKPOINT_FORMAT,
+    Action,
+    Instant,
+    State,
+    Timeline,
+    checkpoint_seqs,
+    read_checkpoint,
+)
 from spark_jobs.table.view import FileSystemView
 from spark_jobs.testing.faults import maybe_crash
 
 if TYPE_CHECKING:
-    from spark_jobs.io.filesystem import FileIO
-    from spark_jobs.table.layout import TableLayout
     from spark_jobs.table.table import Table
 
 __all__ = ["maybe_checkpoint", "write_checkpoint", "archive", "checkpoint_seqs", "read_batches",
@@ -55,14 +60,6 @@ ARCHIVE_MIN_ENTRIES = 30
 #: of the checkpoints archival retires, one per this many entries moves to
 #: ``archive/checkpoints/`` as a starting point for time travel; the others are deleted
 TRAVEL_CHECKPOINT_EVERY = 100
-
-
-def checkpoint_seqs(io: "FileIO", layout: "TableLayout", *, archived: bool = False) -> list[int]:
-    """Sequence positions of the checkpoints on storage (readable or not), ascending:
-    the recent ones, or (``archived``) the older ones kept for time travel."""
-    where = posixpath.join(layout.archive, "checkpoints") if archived else layout.checkpoints
-    names = io.list_names(where)
-    return sorted(int(n[:20]) for n in names if len(n) == 25 and n.endswith(".json") and n[:20].isdigit())
 
 
 def maybe_checkpoint(table: "Table", *, interval: int | None = None) -> int | None:
@@ -86,6 +83,8 @@ def maybe_checkpoint(table: "Table", *, interval: int | None = None) -> int | No
 
 def write_checkpoint(table: "Table", seq: int) -> int:
     """Write the checkpoint after entry ``seq`` (idempotent: an existing one is kept)."""
+    from spark_jobs.table.action.clean import retention  # clean commits through this module's caller
+
     tl = table.timeline
     if read_checkpoint(table.io, table.layout, seq) is not None:
         return seq
@@ -99,8 +98,8 @@ def write_checkpoint(table: "Table", seq: int) -> int:
     max_instant = max([previous.get("max_instant", ""), *(e["instant"] for e in entries)])
     clean = previous.get("clean")
     for e in entries:
-        if e["action"] == Action.CLEAN and e["metadata"].get("earliest_retained_seq"):
-            clean = _retention(e)
+        if e["action"] == Action.CLEAN:
+            clean = retention(e["instant"], e["metadata"])
     ckpt = {
         "format": CHECKPOINT_FORMAT,
         "seq": seq,
@@ -116,12 +115,6 @@ def write_checkpoint(table: "Table", seq: int) -> int:
     log.info("checkpoint at entry %d (%d file groups, %d index buckets) in %d ms", seq, len(view.file_groups),
              len(view.index_files), int((time.perf_counter() - started) * 1000))
     return seq
-
-
-def _retention(entry: dict[str, Any]) -> dict[str, Any]:
-    m = entry["metadata"]
-    return {"instant": entry["instant"], "earliest_retained_seq": int(m["earliest_retained_seq"]),
-            "earliest_retained_instant": m.get("earliest_retained_instant")}
 
 
 def _create(table: "Table", path: str, payload: dict[str, Any]) -> None:
@@ -156,7 +149,7 @@ def _batches_upto(table: "Table", tl: Timeline, seq: int) -> dict[str, list[Any]
 def archive(table: "Table", *, min_entries: int = ARCHIVE_MIN_ENTRIES,
             heartbeat_timeout_s: float | None = None) -> tuple[int, int] | None:
     """Move old sequence entries and their plan files into one archive file; returns its range."""
-    from spark_jobs.table.action.rollback import is_writer_alive
+    from spark_jobs.table.action.rollback import pending_snapshots
 
     tl = table.timeline.reload()
     readable: list[int] = []  # the newest two that parse (older ones are not opened: O(1))
@@ -167,14 +160,9 @@ def archive(table: "Table", *, min_entries: int = ARCHIVE_MIN_ENTRIES,
             readable.insert(0, s)
     if len(readable) < 2:
         return None
-    bound = readable[-2]  # a reader that falls back one checkpoint still finds its entries listed
-    for inst in tl.pending():
-        if inst.action in (Action.ROLLBACK, Action.CLEAN) or not is_writer_alive(table, inst, heartbeat_timeout_s):
-            continue
-        try:  # a live writer checks the entries after its snapshot for conflicts: keep them listed
-            bound = min(bound, int(tl.read_plan(inst).get("snapshot_seq") or 0))
-        except FileNotFoundError:
-            continue
+    # a reader that falls back one checkpoint still finds its entries listed, and a live writer
+    # checks the entries after its snapshot for conflicts
+    bound = min([readable[-2], *(snap for _, snap in pending_snapshots(table, heartbeat_timeout_s))])
     done = max((last for _, last in tl.archives(refresh=True)), default=0)
     _finish_archived(table, tl, done)
     first = done + 1
@@ -186,7 +174,7 @@ def archive(table: "Table", *, min_entries: int = ARCHIVE_MIN_ENTRIES,
     names = set(table.io.list_names(tl.dir))
     for e in entries:
         for state in (State.REQUESTED, State.INFLIGHT):
-            name = f"{e['instant']}.{e['action']}{'.requested' if state == State.REQUESTED else '.inflight'}"
+            name = Instant(e["instant"], e["action"], state).file_name()
             if name in names:
                 try:
                     plans[name] = json.loads(table.io.read_bytes(f"{tl.dir}/{name}"))

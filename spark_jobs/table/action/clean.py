@@ -31,18 +31,18 @@ from typing import TYPE_CHECKING, Any
 
 import pendulum
 
-from spark_jobs.table.action.rollback import is_writer_alive, referenced_files
-from spark_jobs.table.action.service import execute, pending_plans, schedule
+from spark_jobs.table.action.rollback import pending_snapshots, referenced_files
+from spark_jobs.table.action.service import execute, execute_waiting, pending_plans, schedule
 from spark_jobs.table.action.transaction import Transaction
 from spark_jobs.table.config import BadInputError
-from spark_jobs.table.timeline import Action, State
+from spark_jobs.table.timeline import Action, checkpoint_seqs
 from spark_jobs.table.view import FileSystemView
 from spark_jobs.testing.faults import maybe_crash
 
 if TYPE_CHECKING:
     from spark_jobs.table.table import Table
 
-__all__ = ["plan_clean", "run_clean", "describe_clean", "CleanPolicy"]
+__all__ = ["plan_clean", "run_clean", "describe_clean", "retained_from", "retention", "CleanPolicy"]
 
 log = logging.getLogger("bucketindex.clean")
 
@@ -81,6 +81,26 @@ class CleanPolicy:
                 else f"retain {self.retain_hours:g} hours")
 
 
+def retention(instant: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """``{"instant", "earliest_retained_seq", "earliest_retained_instant"}`` of a clean, from
+    its plan or its completed metadata (the same fields): what a read as of an instant checks."""
+    return {"instant": instant, "earliest_retained_seq": int(fields["earliest_retained_seq"]),
+            "earliest_retained_instant": fields.get("earliest_retained_instant")}
+
+
+def retained_from(table: "Table") -> dict[str, Any] | None:
+    """The retention of the latest clean, completed or pending (its deletions may have
+    begun): a clean since the checkpoint, else the one the checkpoint carries; None if none."""
+    tl = table.timeline
+    found = [retention(inst.timestamp, plan) for inst, plan in pending_plans(table, Action.CLEAN)]
+    last = tl.recent(1, [Action.CLEAN], after_seq=tl.base_seq)
+    if last:
+        found.append(retention(last[0].timestamp, tl.read_metadata(last[0])))
+    elif (tl.checkpoint or {}).get("clean"):
+        found.append(tl.checkpoint["clean"])
+    return max(found, key=lambda r: r["earliest_retained_seq"], default=None)
+
+
 def plan_clean(table: "Table", policy: CleanPolicy, *, heartbeat_timeout_s: float | None = None,
                with_sizes: bool = True) -> dict[str, Any] | None:
     """The plan of a clean now, or None when nothing would be deleted (pure: writes nothing)."""
@@ -89,19 +109,10 @@ def plan_clean(table: "Table", policy: CleanPolicy, *, heartbeat_timeout_s: floa
     if target is None:
         return None
     held_by = None
-    for inst in tl.pending():
-        if inst.action in (Action.ROLLBACK, Action.CLEAN):
-            continue
-        # a scheduled compaction reads its plan's snapshot whenever it runs; a write only while alive
-        if inst.action not in Action.SERVICES and not is_writer_alive(table, inst, heartbeat_timeout_s):
-            continue
-        try:
-            snap = int(tl.read_plan(inst).get("snapshot_seq") or 0)
-        except FileNotFoundError:
-            continue
+    for ts, snap in pending_snapshots(table, heartbeat_timeout_s, scheduled=True):
         if snap < target:
-            target, held_by = snap, inst.timestamp
-    prev = table.retained_from()
+            target, held_by = snap, ts
+    prev = retained_from(table)
     prev_seq = prev["earliest_retained_seq"] if prev else 0
     if target <= prev_seq:
         return None
@@ -176,12 +187,9 @@ def run_clean(uri: str, *, retain_commits: int | None = None, retain_hours: floa
     out: dict[str, Any] = {"instant": None, "noop": True, "files": 0, "bytes": 0, "earliest_retained": None,
                            "resumed": [], "dry_run": dry_run, "policy": str(policy)}
     if not dry_run:
-        for inst, _ in pending_plans(table, Action.CLEAN):  # a crashed clean: finish it first
-            if inst.state == State.INFLIGHT and is_writer_alive(table, inst, heartbeat_timeout_s):
-                continue
-            log.info("finishing clean %s left by a crashed run", inst.timestamp)
-            execute(table, inst.timestamp, Action.CLEAN, _deleter(table), heartbeat_timeout_s=heartbeat_timeout_s)
-            out["resumed"].append(inst.timestamp)
+        # a crashed clean: finish it first
+        out["resumed"] = [d.instant for d in execute_waiting(table, Action.CLEAN, _deleter(table),
+                                                             heartbeat_timeout_s=heartbeat_timeout_s)]
     plan = plan_clean(table, policy, heartbeat_timeout_s=heartbeat_timeout_s)
     if plan is None or not plan["files"]:
         log.info("nothing to clean (%s)", policy)
@@ -228,8 +236,6 @@ def _deleter(table: "Table"):  # type: ignore[no-untyped-def]
 
 def _drop_unreachable_checkpoints(table: "Table", retained_seq: int) -> None:
     """Checkpoints before the latest one at or before the retained window start no read."""
-    from spark_jobs.table.action.checkpoint import checkpoint_seqs
-
     places = [(s, archived) for archived in (False, True)
               for s in checkpoint_seqs(table.io, table.layout, archived=archived)]
     keep = max((s for s, _ in places if s <= retained_seq), default=None)
@@ -242,9 +248,9 @@ def _drop_unreachable_checkpoints(table: "Table", retained_seq: int) -> None:
                 table.io.delete(table.layout.checkpoint_batches_file(s))
 
 
-def describe_clean(table: "Table", view: FileSystemView | None = None) -> dict[str, Any]:
+def describe_clean(table: "Table") -> dict[str, Any]:
     """What ``show`` prints: the retained window and what a clean now would delete."""
-    kept = table.retained_from()
+    kept = retained_from(table)
     out: dict[str, Any] = {"retained_from": kept["earliest_retained_instant"] if kept else None,
                            "last_clean": kept["instant"] if kept else None}
     try:

@@ -22,7 +22,7 @@ from spark_jobs.testing.faults import maybe_crash
 if TYPE_CHECKING:
     from spark_jobs.table.table import Table
 
-__all__ = ["rollback", "repair", "is_writer_alive"]
+__all__ = ["rollback", "repair", "is_writer_alive", "pending_snapshots"]
 
 log = logging.getLogger("bucketindex.rollback")
 
@@ -33,6 +33,26 @@ def is_writer_alive(table: "Table", inst: Instant, timeout_s: float | None = Non
     except FileNotFoundError:  # plan removed meanwhile: nothing is writing it any more
         return False
     return is_alive(table.io, table.layout, inst.timestamp, timeout_s, owner=owner)
+
+
+def pending_snapshots(table: "Table", timeout_s: float | None = None, *,
+                      scheduled: bool = False) -> list[tuple[str, int]]:
+    """``(instant, snapshot_seq)`` of the pending instants that still read the snapshot they
+    planned on: writes (and table-service executions) whose writer is alive, and with
+    ``scheduled`` every table-service plan, which reads its snapshot whenever it runs.
+    Archival keeps the entries after these listed; clean keeps the files they read."""
+    tl = table.timeline
+    out = []
+    for inst in tl.pending():
+        if inst.action in (Action.ROLLBACK, Action.CLEAN):
+            continue
+        if not (scheduled and inst.action in Action.SERVICES) and not is_writer_alive(table, inst, timeout_s):
+            continue
+        try:
+            out.append((inst.timestamp, int(tl.read_plan(inst).get("snapshot_seq") or 0)))
+        except FileNotFoundError:  # completed or cancelled meanwhile
+            continue
+    return out
 
 
 def rollback(table: "Table", instant: str | None = None, *, force: bool = False,

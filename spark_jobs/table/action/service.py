@@ -32,7 +32,7 @@ from spark_jobs.testing.faults import maybe_crash
 if TYPE_CHECKING:
     from spark_jobs.table.table import Table
 
-__all__ = ["schedule", "pending_plans", "execute", "Executed"]
+__all__ = ["schedule", "pending_plans", "execute", "execute_waiting", "Executed"]
 
 log = logging.getLogger("bucketindex.service")
 
@@ -118,3 +118,24 @@ def execute(table: "Table", instant: str, action: str, run: Callable[[Transactio
         txn.abort()
         raise
     return Executed(instant, False, metadata)
+
+
+def execute_waiting(table: "Table", action: str, run: Callable[[Transaction], dict[str, Any]], *,
+                    heartbeat_timeout_s: float | None = None) -> list[Executed]:
+    """Execute, oldest first, the scheduled ``action`` plans no live process is executing: a
+    plan whose scheduler died before reporting it, or whose executor crashed. They hold their
+    files back from every new plan until they run, so a service runs them before planning."""
+    from spark_jobs.table.action.rollback import is_writer_alive
+
+    out = []
+    for inst, _ in pending_plans(table, action):
+        if inst.state == State.INFLIGHT and is_writer_alive(table, inst, heartbeat_timeout_s):
+            continue  # its executor is at work
+        try:
+            done = execute(table, inst.timestamp, action, run, heartbeat_timeout_s=heartbeat_timeout_s)
+        except WriterAliveError:  # another process started it meanwhile
+            continue
+        log.info("%s %s was waiting for its execution: %s", action, inst.timestamp,
+                 "completed meanwhile" if done.noop else "executed")
+        out.append(done)
+    return out
