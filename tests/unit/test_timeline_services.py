@@ -28,7 +28,7 @@ from spark_jobs.table.view import FileSystemView, encode_schema
 pytestmark = pytest.mark.unit
 
 SCHEMA = pa.schema([("id", pa.string()), ("v", pa.int64()), ("_bi_key", pa.string())])
-GROUPS = ("g a", "g/b", "g%c")  # file ids are ours, but keys with odd characters go through every path
+GROUPS = ("g a+1", "g/b", "g%c é")  # file ids are ours, but keys with odd characters go through every path
 
 
 def new_table(root: Path, **kw) -> Table:
