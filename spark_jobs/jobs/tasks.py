@@ -120,7 +120,7 @@ def _table(uri: str) -> Table:
     return Table.open(uri)
 
 
-def _task_token() -> str:
+def task_token() -> str:
     """``<partition>-<stage>-<attempt>``: unique per task attempt, so a retried or
     speculative attempt writes a different file and never clobbers a sibling."""
     try:
@@ -221,8 +221,8 @@ def merge_file_group(key: tuple, incoming: pa.Table, *, ctx: MergeContext) -> pa
 
     rel, size = None, 0
     if result.num_rows:
-        rel = posixpath.join(ctx.partition_dirs.get(part, part), data_file_name(fid, _task_token(), ctx.instant))
-        size = _write_marked(t, ctx.instant, rel, result, snapshot_seq=ctx.snapshot_seq)
+        rel = posixpath.join(ctx.partition_dirs.get(part, part), data_file_name(fid, task_token(), ctx.instant))
+        size = write_marked_parquet(t, ctx.instant, rel, result, snapshot_seq=ctx.snapshot_seq)
 
     schema = _merge_schema()
     file_row = pa.table(
@@ -236,7 +236,7 @@ def merge_file_group(key: tuple, incoming: pa.Table, *, ctx: MergeContext) -> pa
     return pa.concat_tables([file_row, _index_rows(part, fid, in_keys, pc.and_(upserts, pc.invert(in_base)), deleted)])
 
 
-def _write_marked(t: Table, instant: str, rel: str, rows: pa.Table, *, snapshot_seq: int) -> int:
+def write_marked_parquet(t: Table, instant: str, rel: str, rows: pa.Table, *, snapshot_seq: int) -> int:
     """Write one data file of ``instant`` -- its marker first, so a crash leaves nothing
     unaccounted for (format.md §4 step 6), and nothing left behind a rollback that overtook
     the task (:meth:`Table.write_marked`) -- and return its size."""
@@ -322,8 +322,8 @@ def append_log(key: tuple, incoming: pa.Table, *, ctx: MergeContext) -> pa.Table
 
     rel, size = None, 0
     if rows.num_rows:
-        rel = posixpath.join(ctx.partition_dirs.get(part, part), log_file_name(fid, _task_token(), ctx.instant))
-        size = _write_marked(t, ctx.instant, rel, rows, snapshot_seq=ctx.snapshot_seq)
+        rel = posixpath.join(ctx.partition_dirs.get(part, part), log_file_name(fid, task_token(), ctx.instant))
+        size = write_marked_parquet(t, ctx.instant, rel, rows, snapshot_seq=ctx.snapshot_seq)
     file_row = pa.table(
         {"kind": ["file"], "part": [part], "fid": [fid], "path": [rel], "num_rows": [rows.num_rows], "size": [size],
          "inserted": [c[0]], "updated": [c[1]], "deleted": [c[2]], "key": [None], "tomb": [None], "log": [True],
@@ -490,8 +490,8 @@ def compact_slices(groups: Iterable[pa.RecordBatch], *, table_uri: str, instant:
                 t = Table.open(table_uri)
             merged = read_slice(t, base, logs or [], precombine=precombine, schema=schema)
             merged = merged.select(schema.names).cast(schema)
-            rel = posixpath.join(posixpath.dirname(base), data_file_name(fid, f"{attempt}-{_task_token()}", instant))
-            size = _write_marked(t, instant, rel, merged, snapshot_seq=snapshot_seq)
+            rel = posixpath.join(posixpath.dirname(base), data_file_name(fid, f"{attempt}-{task_token()}", instant))
+            size = write_marked_parquet(t, instant, rel, merged, snapshot_seq=snapshot_seq)
             yield pa.RecordBatch.from_pylist(
                 [{"part": part, "fid": fid, "path": rel, "num_rows": merged.num_rows, "size": size}],
                 schema=out_schema)

@@ -19,6 +19,7 @@ __all__ = [
     "FORMAT_VERSION",
     "INDEX_TYPES",
     "TABLE_TYPES",
+    "MAX_NUM_BUCKETS",
     "COPY_ON_WRITE",
     "MERGE_ON_READ",
     "TableConfig",
@@ -31,6 +32,9 @@ INDEX_RECORD = "record"
 INDEX_BUCKET = "bucket"
 INDEX_GLOBAL_SIMPLE = "global_simple"
 INDEX_TYPES = (INDEX_RECORD, INDEX_BUCKET, INDEX_GLOBAL_SIMPLE)
+#: the largest bucket count: record-index bucket directories and bucket-index file ids stay
+#: fixed width, and a bucket-index table already has this many file groups per partition
+MAX_NUM_BUCKETS = 65_536
 DEFAULT_NUM_BUCKETS = {INDEX_RECORD: 16, INDEX_BUCKET: 8, INDEX_GLOBAL_SIMPLE: 16}
 DEFAULT_TARGET_FILE_ROWS = 100_000
 DEFAULT_CHECKPOINT_INTERVAL = 10
@@ -79,6 +83,8 @@ class TableConfig:
             raise BadInputError(f"unknown table type {self.table_type!r}; expected one of {', '.join(TABLE_TYPES)}")
         if self.num_buckets < 1:
             raise BadInputError(f"--num-buckets must be at least 1, got {self.num_buckets}")
+        if self.num_buckets > MAX_NUM_BUCKETS:
+            raise BadInputError(f"--num-buckets {self.num_buckets} is above the maximum of {MAX_NUM_BUCKETS}")
         if self.hash_function != DEFAULT_HASH:
             raise BadInputError(f"unknown hash function {self.hash_function!r}; this version supports {DEFAULT_HASH}")
         if self.checkpoint_interval < 1:

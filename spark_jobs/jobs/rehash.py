@@ -1,0 +1,183 @@
+"""``rehash``: the Spark side of a bucket-count change (validation, task lists and metadata live
+in :mod:`spark_jobs.table.action.rehash`).
+
+* ``bucket`` index: one task per old file group (a split) or per new one (a merge) reads
+  whole file slices and writes the rows to the file groups of ``hash(key) mod M``. The job
+  is ``spark.range(n, numPartitions=n).mapInArrow(...)``: the plan has no exchange, rows
+  never cross tasks.
+* ``record`` index, merge: one task per new index bucket concatenates the old buckets that
+  fold into it -- keys are not needed, nothing is shuffled.
+* ``record`` index, split: an index entry holds a fingerprint, not the key, so the new bucket
+  of an entry is learnt from the data: the key column is read (never rewritten) and each key's
+  fingerprint and new bucket go to the task of its old bucket -- a shuffle of ~40 bytes a
+  key, not of the rows. That task splits the old bucket's entries into its children, after
+  checking index and data agree.
+
+Data files of a record-index table are never touched, and no data file is rewritten in
+place: the old layout's files stay for readers as of earlier instants until a clean.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from spark_jobs.jobs import rehash_tasks, tasks
+from spark_jobs.jobs.keys import bucket_expr
+from spark_jobs.jobs.read import keys_with_location
+from spark_jobs.jobs.session import default_parallelism, job_conf, session_start_ms
+from spark_jobs.table.action import CommitConflict, Transaction
+from spark_jobs.table.action.rehash import (
+    RehashPlan,
+    bucket_tasks,
+    cancel_stale_plans,
+    check_rehash,
+    index_merge_tasks,
+    rehash_metadata,
+)
+from spark_jobs.table.config import INDEX_BUCKET, BadInputError
+from spark_jobs.table.errors import ConflictError
+from spark_jobs.table.table import Table
+from spark_jobs.table.timeline import Action
+from spark_jobs.table.view import FileSystemView
+from spark_jobs.testing.faults import maybe_crash
+
+__all__ = ["run_rehash"]
+
+log = logging.getLogger("bucketindex.rehash")
+
+
+def run_rehash(spark: SparkSession | Callable[[], SparkSession], uri: str, num_buckets: int, *,
+               heartbeat_timeout_s: float | None = None) -> dict[str, Any]:
+    """Rehash the table at ``uri`` to ``num_buckets``; returns the instant, counts and timings.
+
+    A count equal to the one in force is a no-op (``instant`` None): running a rehash twice,
+    as an Airflow retry does, changes nothing the second time. BadInputError (nothing
+    written) for what :func:`check_rehash` refuses; ConflictError when a write completed
+    while it ran (a rehash rewrites what it read: run it again). ``spark`` may be a function
+    that starts a session, called only when there is work for Spark.
+    """
+    started = time.perf_counter()
+    table = Table.load(uri)
+    view = table.view()
+    plan = check_rehash(table, view, num_buckets, heartbeat_timeout_s=heartbeat_timeout_s)
+    if plan is None:
+        log.info("%s already has %d buckets: nothing to do", uri, num_buckets)
+        return {"instant": None, "noop": True, "num_buckets": int(num_buckets),
+                "previous_num_buckets": int(num_buckets)}
+    repaired = table.rollback(timeout_s=heartbeat_timeout_s)  # abandoned instants, e.g. a killed rehash
+    if repaired:
+        log.info("rolled back abandoned instants %s", ", ".join(repaired))
+        view = table.view()
+        plan = check_rehash(table, view, num_buckets, heartbeat_timeout_s=heartbeat_timeout_s)
+        assert plan is not None
+    session = spark() if callable(spark) else spark
+    txn = Transaction(table, Action.REHASH, plan.to_json(), view=view).begin()
+    log.info("rehash %s: %s index %d -> %d buckets (%s by %d), %d rows in %d file groups", txn.ts, plan.index_type,
+             plan.old, plan.new, "split" if plan.split else "merge", plan.factor, view.num_rows,
+             len(view.file_groups))
+    try:
+        t0 = time.perf_counter()
+        if plan.index_type == INDEX_BUCKET:
+            meta = rehash_metadata(txn.ts, plan, view, written_groups=_rehash_data(session, table, txn.ts, plan, view))
+        elif plan.split:
+            meta = rehash_metadata(txn.ts, plan, view, written_index=_split_index(session, table, txn.ts, plan, view))
+        else:
+            meta = rehash_metadata(txn.ts, plan, view, written_index=_merge_index(session, table, txn.ts, plan, view))
+        meta["timings_ms"] = {"rehash_ms": int((time.perf_counter() - t0) * 1000),
+                              "total_ms": int((time.perf_counter() - started) * 1000)}
+        maybe_crash("before_complete")
+        txn.commit(meta)
+    except CommitConflict as c:
+        txn.abort()
+        raise ConflictError(f"conflict: {c.conflict}; the rehash was not committed and the table keeps "
+                            f"{plan.old} buckets; run it again") from None
+    except BaseException:
+        txn.abort()
+        raise
+    cancelled = cancel_stale_plans(table)
+    log.info("rehash %s committed: %d buckets in force (%d ms)%s", txn.ts, plan.new, meta["timings_ms"]["rehash_ms"],
+             f"; cancelled compaction plans {', '.join(cancelled)}" if cancelled else "")
+    return {"instant": txn.ts, "noop": False, **plan.to_json(), "counts": meta["counts"],
+            "cancelled_plans": cancelled,
+            "timings_ms": {**meta["timings_ms"], "total_ms": int((time.perf_counter() - started) * 1000)},
+            "session_start_ms": session_start_ms()}
+
+
+def task_range(spark: SparkSession, n: int) -> DataFrame:
+    """``n`` tasks numbered 0..n-1, one per Spark partition, with no exchange in the plan
+    (``createDataFrame(...).repartition`` would add one; this also works over Spark Connect)."""
+    return spark.range(0, n, 1, n)
+
+
+def _one_per(written: list[dict[str, Any]], key: Callable[[dict[str, Any]], Any]) -> list[dict[str, Any]]:
+    """One file per new file group or bucket: a retried Spark task may have written twice
+    (the marker cleanup after the commit deletes the other)."""
+    return list({key(w): w for w in sorted(written, key=lambda w: w["path"], reverse=True)}.values())
+
+
+def _rehash_data(spark: SparkSession, table: Table, instant: str, plan: RehashPlan,
+                 view: FileSystemView) -> list[dict[str, Any]]:
+    todo = bucket_tasks(plan, view)
+    if not todo:
+        return []
+    assert view.schema is not None and table.config is not None
+    fn = tasks.bind_batches(rehash_tasks.rehash_file_groups, table_uri=table.uri, instant=instant, tasks=todo,
+                            num_buckets=plan.new, schema=view.schema, precombine=table.config.precombine_field,
+                            snapshot_seq=view.seq)
+    written = [r.asDict() for r in task_range(spark, len(todo)).mapInArrow(fn, rehash_tasks.GROUPS_OUTPUT).collect()]
+    out = _one_per(written, lambda w: (w["part"], w["fid"]))
+    log.info("rehash %s: %d tasks read %d file groups and wrote %d", instant, len(todo), len(view.file_groups), len(out))
+    return out
+
+
+def _merge_index(spark: SparkSession, table: Table, instant: str, plan: RehashPlan,
+                 view: FileSystemView) -> list[dict[str, Any]]:
+    todo = index_merge_tasks(plan, view)
+    if not todo:
+        return []
+    fn = tasks.bind_batches(rehash_tasks.merge_index_buckets, table_uri=table.uri, instant=instant, tasks=todo,
+                            snapshot_seq=view.seq)
+    written = [r.asDict() for r in task_range(spark, len(todo)).mapInArrow(fn, rehash_tasks.INDEX_OUTPUT).collect()]
+    out = _one_per(written, lambda w: int(w["bucket"]))
+    log.info("rehash %s: %d old index buckets merged into %d", instant, plan.old, len(out))
+    return out
+
+
+def _split_index(spark: SparkSession, table: Table, instant: str, plan: RehashPlan,
+                 view: FileSystemView) -> list[dict[str, Any]]:
+    files = {b: list(f) for b, f in view.index_files.items() if f}
+    keys = keys_with_location(spark, table, view)
+    if keys is None and not files:
+        return []
+    cols = "old_bucket int, new_bucket int, fp_hi long, fp_lo long, part string, fid string"
+    if keys is None:
+        data = spark.createDataFrame([], cols)
+    else:
+        data = (keys.mapInArrow(tasks.fingerprint_keys, f"{tasks.KEY} string, part string, fid string, "
+                                                        f"fp_hi long, fp_lo long")
+                .select(bucket_expr(F.col(tasks.KEY), plan.old).alias("old_bucket"),
+                        bucket_expr(F.col(tasks.KEY), plan.new).alias("new_bucket"), "fp_hi", "fp_lo", "part", "fid"))
+    # every old bucket with index files gets a task, even one whose keys are all gone from the data
+    present = spark.createDataFrame([(b, None, None, None, None, None) for b in sorted(files)], cols)
+    fn = tasks.bind(rehash_tasks.split_index_bucket, table_uri=table.uri, instant=instant, files=files,
+                    snapshot_seq=view.seq)
+    grouped = data.unionByName(present).groupBy("old_bucket").applyInArrow(fn, rehash_tasks.INDEX_OUTPUT)
+    # one task per old bucket, at most a few per core (the session's default may be 200)
+    with job_conf(spark, **{"spark.sql.shuffle.partitions": max(1, min(plan.old, 4 * default_parallelism(spark)))}):
+        written = [r.asDict() for r in grouped.collect()]
+    bad = [w for w in written if w["missing"] or w["extra"] or w["misplaced"] or w["duplicated"]]
+    if bad:
+        totals = {k: sum(int(w[k]) for w in bad) for k in ("missing", "extra", "misplaced", "duplicated")}
+        raise BadInputError(
+            f"the record index disagrees with the data in {len(bad)} bucket(s) ({totals['missing']} keys without "
+            f"an entry, {totals['extra']} entries without a key, {totals['misplaced']} entries pointing elsewhere, "
+            f"{totals['duplicated']} keys stored twice); nothing was rehashed: run `bucketindex validate` first")
+    out = _one_per([w for w in written if w["path"]], lambda w: int(w["bucket"]))
+    log.info("rehash %s: %d old index buckets split into %d (%d entries)", instant, len(files), len(out),
+             sum(int(w["entries"]) for w in out))
+    return out

@@ -1,0 +1,244 @@
+"""Rehash: change a bucketed table's bucket count by a multiple or a divisor (format.md §3.4).
+
+Tables grow past the bucket count they were created with (RFC-29 "Bucket Resizing").
+Growing by a multiple ``M = k * N`` means bucket ``i`` splits into ``i, i+N, ..., i+(k-1)N``
+(``h mod M`` is one of those exactly when ``h mod N == i``), so every new bucket is made
+from exactly one old bucket: a task reads one old bucket and writes its ``k`` children,
+with no shuffle. Shrinking by a divisor ``M = N / k`` is the mirror image: new bucket ``j``
+is the union of old buckets ``j, j+M, ..., j+(k-1)M``. Any other count would scatter every
+bucket into every other and is refused -- that is a rewrite of the table, not a rehash.
+
+This module is the pure-Python half: what may be rehashed, which old buckets feed which
+new ones, and the commit's metadata. ``spark_jobs.jobs.rehash`` does the reading and
+writing in Spark tasks and commits through a :class:`~.transaction.Transaction`. A rehash
+is one ``rehash`` instant: readers as of an instant before it see the old layout (its files
+stay until a clean), writers that planned under the old count conflict with it and re-plan
+under the new one (``conflict.MATRIX``), and a crash at any point leaves a pending instant
+that the next run rolls back.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from spark_jobs.table.config import INDEX_BUCKET, INDEX_RECORD, MAX_NUM_BUCKETS, BadInputError
+from spark_jobs.table.timeline import Action
+from spark_jobs.table.view import FileSystemView
+
+if TYPE_CHECKING:
+    from spark_jobs.table.table import Table
+
+__all__ = [
+    "MAX_NUM_BUCKETS",
+    "RehashPlan",
+    "check_rehash",
+    "validate_rehash",
+    "bucket_tasks",
+    "index_merge_tasks",
+    "rehash_metadata",
+    "cancel_stale_plans",
+    "bucket_file_id",
+    "rehash_after",
+]
+
+log = logging.getLogger("bucketindex.rehash")
+
+
+def bucket_file_id(bucket: int) -> str:
+    """A bucket-index file id: the zero-padded bucket number (``keys.file_id_for_bucket_expr``)."""
+    return f"{bucket:08d}"
+
+
+@dataclass(frozen=True)
+class RehashPlan:
+    """A validated rehash from ``old`` to ``new`` buckets."""
+
+    index_type: str
+    old: int
+    new: int
+
+    @property
+    def split(self) -> bool:
+        """Growing: every old bucket feeds ``factor`` new ones. Shrinking: the reverse."""
+        return self.new > self.old
+
+    @property
+    def factor(self) -> int:
+        return self.new // self.old if self.split else self.old // self.new
+
+    def children(self, old_bucket: int) -> list[int]:
+        """The new buckets old bucket ``old_bucket`` splits into (a split)."""
+        return [old_bucket + t * self.old for t in range(self.factor)]
+
+    def sources(self, new_bucket: int) -> list[int]:
+        """The old buckets new bucket ``new_bucket`` is made of (a merge)."""
+        return [new_bucket + t * self.new for t in range(self.factor)]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"index_type": self.index_type, "num_buckets": self.new, "previous_num_buckets": self.old}
+
+
+def check_rehash(table: "Table", view: FileSystemView, num_buckets: int, *,
+                 heartbeat_timeout_s: float | None = None) -> RehashPlan | None:
+    """The rehash of ``table`` to ``num_buckets``, or None when it already has that many.
+
+    BadInputError (one line, nothing written) for a table without buckets, a count that
+    is neither a multiple nor a divisor of the count in force, a count out of range, or a
+    rehash already running (a live writer; an abandoned one is rolled back by the next run).
+    """
+    from spark_jobs.table.action.rollback import is_writer_alive
+
+    cfg = table.config
+    assert cfg is not None
+    if cfg.index_type not in (INDEX_RECORD, INDEX_BUCKET):
+        raise BadInputError(f"table {table.uri} uses the {cfg.index_type} index, which has no buckets to rehash "
+                            f"(only the record and bucket indexes are bucketed)")
+    try:
+        m = int(num_buckets)
+    except (TypeError, ValueError):
+        raise BadInputError(f"--num-buckets must be a whole number, got {num_buckets!r}") from None
+    if m < 1:
+        raise BadInputError(f"--num-buckets must be at least 1, got {m}")
+    if m > MAX_NUM_BUCKETS:
+        raise BadInputError(f"--num-buckets {m} is above the maximum of {MAX_NUM_BUCKETS}")
+    for inst in table.timeline.pending([Action.REHASH]):
+        if is_writer_alive(table, inst, heartbeat_timeout_s):
+            raise BadInputError(f"a rehash is already running on {table.uri} (instant {inst.timestamp}, "
+                                f"{inst.state.name.lower()}); wait for it to finish (`bucketindex show` lists it)")
+    n = table.num_buckets(view)
+    if m == n:
+        return None
+    if m % n and n % m:
+        grow = n * max(2, -(-m // n))
+        shrink = [d for d in range(min(m, n - 1), 0, -1) if n % d == 0][:1]
+        hint = f"e.g. {grow}" + (f" or {shrink[0]}" if shrink else "")
+        raise BadInputError(
+            f"--num-buckets {m} is neither a multiple nor a divisor of the table's {n} buckets ({hint}): "
+            f"a multiple splits each bucket without a shuffle, any other count would rewrite the whole table")
+    return RehashPlan(cfg.index_type, n, m)
+
+
+def validate_rehash(uri: str, num_buckets: int, *, heartbeat_timeout_s: float | None = None) -> dict[str, Any]:
+    """Check a rehash of the table at ``uri`` without writing anything (an operator calls this
+    before it submits a Spark job). Returns ``{"noop", "index_type", "num_buckets",
+    "previous_num_buckets", "rows"}``; BadInputError as :func:`check_rehash`, or for a missing table."""
+    from spark_jobs.table.table import Table
+
+    table = Table.load(uri)
+    view = table.view()
+    plan = check_rehash(table, view, num_buckets, heartbeat_timeout_s=heartbeat_timeout_s)
+    n = table.num_buckets(view)
+    assert table.config is not None
+    return {"noop": plan is None, "index_type": table.config.index_type, "num_buckets": int(num_buckets),
+            "previous_num_buckets": n, "rows": view.num_rows}
+
+
+def bucket_tasks(plan: RehashPlan, view: FileSystemView) -> list[dict[str, Any]]:
+    """One task per new file-group set of a ``bucket`` index table, each reading whole old slices.
+
+    A split has one task per old file group (it writes the group's children); a merge has
+    one task per new bucket per partition (it reads the old buckets that fold into it).
+    Each task: ``{"part", "sources": [[fid, base, [logs]], ...]}``.
+    """
+    tasks: list[dict[str, Any]] = []
+    if plan.split:
+        for s in view.slices():
+            tasks.append({"part": s.partition, "sources": [[s.file_id, s.path, [lf.path for lf in s.logs]]]})
+        return tasks
+    by_part: dict[str, dict[int, Any]] = {}
+    for s in view.slices():
+        by_part.setdefault(s.partition, {})[int(s.file_id)] = s
+    for part, groups in sorted(by_part.items()):
+        for j in range(plan.new):
+            srcs = [groups[b] for b in plan.sources(j) if b in groups]
+            if srcs:
+                tasks.append({"part": part, "sources": [[s.file_id, s.path, [lf.path for lf in s.logs]]
+                                                        for s in srcs]})
+    return tasks
+
+
+def index_merge_tasks(plan: RehashPlan, view: FileSystemView) -> list[dict[str, Any]]:
+    """A record-index merge: one task per new bucket, with the files of the old buckets it takes
+    (each old bucket's files in merge order). ``{"bucket", "sources": [[file, ...], ...]}``."""
+    out = []
+    for j in range(plan.new):
+        sources = [list(view.index_files.get(b, [])) for b in plan.sources(j)]
+        sources = [s for s in sources if s]
+        if sources:
+            out.append({"bucket": j, "sources": sources})
+    return out
+
+
+def rehash_metadata(instant: str, plan: RehashPlan, view: FileSystemView, *,
+                    written_groups: list[dict[str, Any]] | None = None,
+                    written_index: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The completed rehash's metadata: the new layout's files, and the old layout's they replace.
+
+    ``written_groups``: ``{"part", "fid", "path", "num_rows", "size"}`` per new file group
+    (bucket index). ``written_index``: ``{"bucket", "path", "entries", "size"}`` per new
+    index base (record index). Old file groups not rewritten under the same id are removed;
+    every old index file is removed.
+    """
+    groups: list[dict[str, Any]] = []
+    new_keys = set()
+    for w in sorted(written_groups or [], key=lambda w: (w["part"], w["fid"])):
+        new_keys.add((w["part"], w["fid"]))
+        groups.append({"partition": w["part"], "file_id": w["fid"], "path": w["path"],
+                       "num_rows": int(w["num_rows"]), "size": int(w["size"])})
+    removed_groups = [{"partition": p, "file_id": f, "path": None, "removed": True}
+                      for (p, f) in sorted(view.file_groups) if (p, f) not in new_keys]
+    if plan.index_type == INDEX_RECORD:
+        removed_groups = []  # the record index leaves the data alone
+        groups = []
+    added = [{"bucket": int(w["bucket"]), "path": w["path"], "entries": int(w["entries"]),
+              "size": int(w["size"]), "kind": "base", "sealed": False}
+             for w in sorted(written_index or [], key=lambda w: int(w["bucket"]))]
+    removed_index = sorted(f for files in view.index_files.values() for f in files) if plan.index_type == INDEX_RECORD else []
+    counts = {"num_buckets": plan.new, "previous_num_buckets": plan.old,
+              "rows": sum(g["num_rows"] for g in groups) if plan.index_type == INDEX_BUCKET else view.num_rows,
+              "file_groups_read": len(view.file_groups) if plan.index_type == INDEX_BUCKET else 0,
+              "file_groups_written": len(groups),
+              "index_buckets": len(added), "index_entries": sum(a["entries"] for a in added),
+              "index_files_replaced": len(removed_index)}
+    return {
+        "action": Action.REHASH,
+        "instant": instant,
+        "operation": "rehash",
+        **plan.to_json(),
+        "file_groups": removed_groups + groups,  # removals first: a new group may reuse no old id
+        "index": {"added": added, "removed": removed_index},
+        "snapshot_seq": view.seq,
+        "counts": counts,
+    }
+
+
+def cancel_stale_plans(table: "Table") -> list[str]:
+    """Cancel scheduled table-service plans made before the latest completed rehash.
+
+    A compaction plan names files of the old layout; after a rehash it can never commit
+    (compaction / rehash always conflict), so leaving it would only fail the next
+    ``compact`` and hold clean back. Called after a rehash's commit point, and again by the
+    executor of such a plan, so a crash in between loses nothing.
+    """
+    from spark_jobs.table.action.service import pending_plans
+
+    table.timeline.reload()
+    cancelled = []
+    for action in Action.SERVICES:
+        if action == Action.CLEAN:
+            continue  # a clean's plan lists files no snapshot reads: a rehash does not change that
+        for inst, plan in pending_plans(table, action):
+            if rehash_after(table, int(plan.get("snapshot_seq") or 0)) is None:
+                continue
+            log.info("cancelling %s %s: planned under the bucket count before a rehash", action, inst.timestamp)
+            table.rollback(inst.timestamp, force=True)
+            cancelled.append(inst.timestamp)
+    return cancelled
+
+
+def rehash_after(table: "Table", seq: int) -> dict[str, Any] | None:
+    """The first completed rehash entry after sequence entry ``seq``, or None."""
+    tl = table.timeline
+    return next((e for e in tl.entries_after(seq) if e["action"] == Action.REHASH), None)
