@@ -84,6 +84,8 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
     sh = sub.add_parser("show", help="timeline, file groups, index buckets, pending work")
     sh.add_argument("table")
     sh.add_argument("--json", action="store_true", help="machine-readable output")
+    sh.add_argument("--plot", metavar="FILE.png",
+                    help="draw the histogram of bucket sizes into FILE.png (needs matplotlib: the plot extra)")
 
     va = sub.add_parser("validate", help="full index <-> data check; exit 1 on any mismatch")
     va.add_argument("table")
@@ -225,6 +227,10 @@ def cmd_show(args: argparse.Namespace, submitted: bool) -> int:
     from spark_jobs.table.table import Table
 
     d = Table.load(args.table).describe()
+    if args.plot:  # first: a missing matplotlib is one error line, nothing else printed
+        from spark_jobs.table.skew import plot_bucket_sizes
+
+        plot_bucket_sizes(d["bucket_sizes"], args.plot, title=d["uri"])
     if args.json:
         print(json.dumps(d, indent=2, sort_keys=True))
         return 0
@@ -259,6 +265,12 @@ def cmd_show(args: argparse.Namespace, submitted: bool) -> int:
     for p in d["compaction_plans"]:
         print(f"  compaction {p['instant']} {p['state']}: {p['index_buckets']} index buckets ({p['index_deltas']} deltas), "
               f"{p['file_groups']} file groups ({p['logs']} logs) -- `compact --execute {p['instant']}`")
+    from spark_jobs.table.skew import format_bucket_sizes
+
+    for line in format_bucket_sizes(d["bucket_sizes"], d["uri"]):
+        print(line)
+    if args.plot:
+        print(f"plot       {args.plot}")
     cl = d["clean"]
     print(f"clean      retained from {cl.get('retained_from') or 'the first commit'}"
           + (f" (last clean {cl['last_clean']})" if cl.get("last_clean") else "")

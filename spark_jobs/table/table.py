@@ -232,7 +232,10 @@ class Table:
                                       "with": c.get("instant"), "with_action": c.get("action"),
                                       "reason": c.get("reason")})
         conflicts.sort(key=lambda c: c["instant"] or "")
+        from spark_jobs.table.skew import bucket_sizes  # entries per bucket and a suggested count (issue 12)
+
         return {
+            "bucket_sizes": bucket_sizes(self, view),
             "uri": self.uri,
             "config": {
                 "record_key_fields": self.config.record_key_fields,
