@@ -27,7 +27,7 @@ from urllib.parse import unquote_plus
 import numpy as np
 
 from spark_jobs.table.action.compact import DEFAULT_INDEX_BASE_CAP
-from spark_jobs.table.config import INDEX_BUCKET, INDEX_RECORD, BadInputError
+from spark_jobs.table.config import INDEX_BUCKET, INDEX_RECORD, MAX_NUM_BUCKETS, BadInputError
 
 if TYPE_CHECKING:
     from spark_jobs.table.table import Table
@@ -49,7 +49,7 @@ __all__ = [
 ]
 
 #: the largest bucket count a rehash accepts (issue 12)
-MAX_BUCKETS = 65_536
+MAX_BUCKETS = MAX_NUM_BUCKETS
 #: RFC-08: over-provision by 30%, so a table grows for a while before it needs the next rehash
 HEADROOM = Fraction(13, 10)
 #: shrink only when even half the buckets would stay under target / SHRINK_BELOW, and then to

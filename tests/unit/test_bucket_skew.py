@@ -241,6 +241,19 @@ def test_sizes_follow_the_snapshot(tmp_path):
     assert bucket_sizes(t, t.view())["per_bucket"]["sizes"] == [3, 9]  # the rewritten group's live rows
 
 
+def test_the_rehash_accepts_every_suggestion(tmp_path):
+    from spark_jobs.table.action.rehash import check_rehash
+
+    cases = {"grow": [40, 40, 40, 40], "shrink": [1, 0, 0, 1], "keep": [5, 6, 5, 6]}
+    for action, per in cases.items():
+        t = bucket_table(tmp_path / action, 4, {"a/b": per}, target_file_rows=20)
+        view = t.view()
+        s = bucket_sizes(t, view)["suggestion"]
+        assert s["action"] == action
+        plan = check_rehash(t, view, s["num_buckets"])
+        assert (plan is None) if action == "keep" else (plan.new == s["num_buckets"])
+
+
 # -- record index ------------------------------------------------------------------------
 
 def test_record_index_counts_entries_per_bucket_from_the_footers(tmp_path, capsys, monkeypatch):
