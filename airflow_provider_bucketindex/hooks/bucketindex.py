@@ -1,8 +1,9 @@
 """BucketIndexHook: submit bucketindex Spark jobs, and read table state without Spark.
 
 Submitting goes through the Apache Spark provider's :class:`SparkSubmitHook` (its command
-building, log streaming, secret masking, driver tracking and ``on_kill``), with three
-changes a bucketindex job needs:
+building, log streaming, secret masking, YARN/Kubernetes tracking and ``on_kill``), with three
+changes a bucketindex job needs, made in :mod:`.spark_submit_adapter` -- the only module that
+touches the provider's internals, checked against the installed release on first use:
 
 * the Spark master and options come from a ``bucketindex`` connection (or, through its
   ``spark_conn_id`` extra, from an ordinary ``spark`` connection), overridable per task;
@@ -10,6 +11,10 @@ changes a bucketindex job needs:
   not on PATH;
 * the ``spark_jobs`` package is shipped as a zip via ``--py-files`` and the entry point is
   the installed ``spark_jobs/submit.py``; ``PYSPARK_PYTHON`` is the worker's interpreter.
+
+Extra Spark properties for one submission (``extra_conf``: the OpenLineage parent-job
+properties an operator injects, as ``SparkSubmitOperator`` does) go on the spark-submit
+command only; a Spark Connect server has its own configuration.
 
 **Spark Connect** (the warm path): when the task's connection -- or the connection a
 ``bucketindex`` connection names in its ``spark_conn_id`` extra -- is of the Spark
@@ -38,12 +43,12 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Sequence
 
-from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowException, AirflowNotFoundException
 
 from airflow_provider_bucketindex import CONN_TYPE, DEFAULT_CONN_ID
 from airflow_provider_bucketindex import packaging
+from airflow_provider_bucketindex.hooks.spark_submit_adapter import SparkSubmitAdapter
 
 if TYPE_CHECKING:
     from spark_jobs.table import Instant, Table, Timeline
@@ -211,64 +216,38 @@ def upsert_args(
     return args
 
 
-class BucketIndexSparkSubmitHook(SparkSubmitHook):
-    """SparkSubmitHook whose connection is a :class:`ConnectionSettings` and whose
-    ``spark-submit`` is resolved to an absolute path (PATH, or the environment's bin/)."""
+class BucketIndexSparkSubmitHook(SparkSubmitAdapter):
+    """The Spark provider's SparkSubmitHook (through :class:`SparkSubmitAdapter`, the one place
+    that touches its internals) with the master and options of a :class:`ConnectionSettings`,
+    ``spark-submit`` resolved to an absolute path (PATH, or the environment's bin/), and an
+    ``on_kill`` that stops the whole process session spark-submit started."""
 
     def __init__(self, *, settings: ConnectionSettings, master: str | None = None, **kwargs: Any) -> None:
-        # SparkSubmitHook resolves its connection inside __init__: set ours first.
-        self._bi_settings = settings
-        self._bi_master = master
         kwargs.setdefault("deploy_mode", settings.deploy_mode)
-        if settings.spark_conn_id:
-            kwargs["conn_id"] = settings.spark_conn_id
-        else:
+        if not settings.spark_conn_id:
             kwargs.setdefault("spark_binary", settings.spark_binary)
             kwargs["conn_id"] = settings.conn_id
-        super().__init__(**kwargs)
+        super().__init__(
+            master=master if settings.spark_conn_id else (master or settings.master),
+            spark_conn_id=settings.spark_conn_id,
+            spark_binary_resolver=packaging.resolve_spark_binary,
+            allowed_binaries=packaging.ALLOWED_SPARK_BINARIES,
+            **kwargs,
+        )
 
-    def _resolve_connection(self) -> dict[str, Any]:
-        s = self._bi_settings
-        if s.spark_conn_id:
-            data = super()._resolve_connection()  # an ordinary Spark connection
-        else:
-            data = {
-                "master": s.master,
-                "queue": self._yarn_queue,
-                "deploy_mode": self._deploy_mode,
-                "spark_binary": self.spark_binary or "spark-submit",
-                "namespace": self._conf.get("spark.kubernetes.namespace"),
-                "principal": self._principal,
-                "keytab": self._keytab,
-                "rest_scheme": "http",
-                "rest_port": 6066,
-                "rest_endpoint": None,
-            }
-        if self._bi_master:
-            data["master"] = self._bi_master
-        if data["spark_binary"] not in packaging.ALLOWED_SPARK_BINARIES:
-            raise ValueError(
-                f"spark binary must be one of {', '.join(packaging.ALLOWED_SPARK_BINARIES)}, "
-                f"got {data['spark_binary']!r}"
-            )
-        return data
-
-    def _get_spark_binary_path(self) -> list[str]:
-        return [packaging.resolve_spark_binary(self._connection["spark_binary"])]
-
-    def submit(self, application: str = "", **kwargs: Any) -> str | None:
+    def run(self, application: str, **popen_kwargs: Any) -> None:
         # Own session (as Airflow's SubprocessHook does): on_kill can stop spark-submit
         # together with the Python driver and workers it started, and nothing the job
         # does to its own session (the fault-injection hook kills it) reaches the Airflow task.
-        kwargs.setdefault("start_new_session", True)
-        return super().submit(application, **kwargs)
+        popen_kwargs.setdefault("start_new_session", True)
+        super().run(application, **popen_kwargs)
 
     def on_kill(self) -> None:
         """Stop the job: the Spark provider's kill (cluster driver, YARN app, spark-submit),
         then every other process of spark-submit's session -- the local Python driver and
         the PySpark workers, which sit in process groups of their own -- so the writer's
         heartbeat stops and its pending instant is seen as abandoned at once."""
-        proc = self._submit_sp
+        proc = self.process
         sid = None
         if proc is not None and proc.poll() is None:
             try:
@@ -395,10 +374,14 @@ class BucketIndexHook(BaseHook):
         return merged
 
     # -- submitting ----------------------------------------------------------------------
-    def spark_submit_hook(self, verb: str, args: Sequence[str]) -> BucketIndexSparkSubmitHook:
-        """A SparkSubmitHook ready to run ``spark_jobs/submit.py <verb> <args...>``."""
+    def spark_submit_hook(
+        self, verb: str, args: Sequence[str], *, extra_conf: dict[str, Any] | None = None
+    ) -> BucketIndexSparkSubmitHook:
+        """A SparkSubmitHook ready to run ``spark_jobs/submit.py <verb> <args...>``; ``extra_conf``
+        (Spark properties of this one submission) over the connection's and the hook's."""
         s = self.settings
         conf = self.spark_conf()
+        conf.update({str(k): str(v) for k, v in (extra_conf or {}).items()})
         python = packaging.python_for_spark(s.python)
         env = dict(self.env_vars or {})
         master = self.master or s.master
@@ -425,12 +408,12 @@ class BucketIndexHook(BaseHook):
             verbose=self.verbose,
         )
 
-    def build_command(self, verb: str, args: Sequence[str]) -> list[str]:
+    def build_command(self, verb: str, args: Sequence[str], *, extra_conf: dict[str, Any] | None = None) -> list[str]:
         """The exact command :meth:`submit` runs (for logs and tests): spark-submit, or on
         Spark Connect the local ``spark_jobs.cli`` process."""
         if self.remote_url() is not None:
             return self.connect_command(verb, args)
-        return self.spark_submit_hook(verb, args)._build_spark_submit_command(packaging.submit_script())
+        return self.spark_submit_hook(verb, args, extra_conf=extra_conf).command(packaging.submit_script())
 
     # -- Spark Connect ---------------------------------------------------------------------
     def remote_url(self) -> str | None:
@@ -485,19 +468,22 @@ class BucketIndexHook(BaseHook):
             detail = "\nLast output:\n" + "\n".join(list(tail)[-20:]) if tail else ""
             raise SparkJobFailed(verb, rc, _reason_of(list(tail)), detail)
 
-    def submit(self, verb: str, args: Sequence[str]) -> None:
-        """Run the job; raise :class:`SparkJobFailed` with the exit status if it fails."""
+    def submit(self, verb: str, args: Sequence[str], *, extra_conf: dict[str, Any] | None = None) -> None:
+        """Run the job; raise :class:`SparkJobFailed` with the exit status if it fails.
+
+        ``extra_conf``: Spark properties for this submission only (spark-submit; ignored on
+        Spark Connect, whose server has its own configuration)."""
         if self.remote_url() is not None:
             self._run_connect(verb, args)
             return
-        hook = self.spark_submit_hook(verb, args)
+        hook = self.spark_submit_hook(verb, args, extra_conf=extra_conf)
         self._submit_hook = hook
         try:
-            hook.submit(packaging.submit_script())
+            hook.run(packaging.submit_script())
         except AirflowException as e:
-            proc = hook._submit_sp
-            rc = proc.returncode if proc is not None else None
-            raise SparkJobFailed(verb, rc, _reason(hook), hook._submit_log_tail) from e
+            tail = [hook.mask(line) for line in hook.output_tail()]
+            detail = "\nLast spark-submit output:\n" + "\n".join(tail) if tail else ""
+            raise SparkJobFailed(verb, hook.returncode, _reason(hook), detail) from e
 
     def on_kill(self) -> None:
         """Stop a running spark-submit (and its driver on a cluster). Table state is left as is.
@@ -607,10 +593,10 @@ def _summary(t: "Table", inst: "Instant") -> dict[str, Any]:
     }
 
 
-def _reason(hook: SparkSubmitHook) -> str:
+def _reason(hook: SparkSubmitAdapter) -> str:
     """The job's one-line reason: its last ``bucketindex: ...`` line, else the last output
     line that is not a Spark/JVM log line."""
-    return _reason_of(list(hook._last_submit_log_lines), lambda text: hook._mask_cmd([text]), "spark-submit's output")
+    return _reason_of(hook.output_tail(), hook.mask, "spark-submit's output")
 
 
 def _reason_of(output: list[str], mask: Any = None, what: str = "the job's output") -> str:

@@ -1,14 +1,18 @@
-"""The part every Spark-job operator shares: connection, master, Spark options, lazy hook."""
+"""The part every Spark-job operator shares: connection, master, Spark options, lazy hook,
+and the OpenLineage parent-job properties the Spark provider's ``SparkSubmitOperator`` injects."""
 
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from airflow.sdk import BaseOperator
 
 from airflow_provider_bucketindex import DEFAULT_CONN_ID
 from airflow_provider_bucketindex.hooks.bucketindex import BucketIndexHook
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
 
 __all__ = ["BucketIndexSparkOperator"]
 
@@ -23,9 +27,18 @@ class BucketIndexSparkOperator(BaseOperator):
     :param env_vars: extra environment for spark-submit (templated).
     :param driver_memory, executor_memory, executor_cores, total_executor_cores,
         num_executors, verbose: spark-submit options, as in the Spark provider.
+    :param openlineage_inject_parent_job_info: pass this task's OpenLineage job and run as
+        ``spark.openlineage.parent*`` properties, so the OpenLineage Spark listener (when the
+        cluster runs it) reports the job as a child of the Airflow task. Default: the
+        ``[openlineage] spark_inject_parent_job_info`` option, as ``SparkSubmitOperator``.
+    :param openlineage_inject_transport_info: likewise the OpenLineage transport
+        (``[openlineage] spark_inject_transport_info``).
 
     Nothing happens in ``__init__``: the hook (and through it the connection) is built
     on first use in ``execute``, after templates are rendered.
+
+    A subclass runs its job with :meth:`submit_job` (not ``self.hook.submit``) so the
+    lineage properties reach spark-submit.
     """
 
     def __init__(
@@ -42,6 +55,8 @@ class BucketIndexSparkOperator(BaseOperator):
         total_executor_cores: int | None = None,
         num_executors: int | None = None,
         verbose: bool = False,
+        openlineage_inject_parent_job_info: bool | None = None,
+        openlineage_inject_transport_info: bool | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -56,6 +71,8 @@ class BucketIndexSparkOperator(BaseOperator):
         self.total_executor_cores = total_executor_cores
         self.num_executors = num_executors
         self.verbose = verbose
+        self.openlineage_inject_parent_job_info = openlineage_inject_parent_job_info
+        self.openlineage_inject_transport_info = openlineage_inject_transport_info
 
     @cached_property
     def hook(self) -> BucketIndexHook:
@@ -72,6 +89,40 @@ class BucketIndexSparkOperator(BaseOperator):
             num_executors=self.num_executors,
             verbose=self.verbose,
         )
+
+    def lineage_spark_conf(self, context: Context) -> dict[str, Any]:
+        """The ``spark.openlineage.*`` properties this task passes its job: none unless enabled
+        (argument or ``[openlineage]`` option), and none a user already set in ``conf``.
+
+        Through the same functions ``SparkSubmitOperator`` calls (the common-compat provider's,
+        which are no-ops with a warning when the OpenLineage provider is not installed)."""
+        from airflow.providers.common.compat.sdk import conf as airflow_conf
+
+        def enabled(value: bool | None, option: str) -> bool:
+            if value is not None:
+                return bool(value)
+            return airflow_conf.getboolean("openlineage", option, fallback=False)
+
+        parent = enabled(self.openlineage_inject_parent_job_info, "spark_inject_parent_job_info")
+        transport = enabled(self.openlineage_inject_transport_info, "spark_inject_transport_info")
+        if not (parent or transport):
+            return {}
+        from airflow.providers.common.compat.openlineage.utils.spark import (
+            inject_parent_job_information_into_spark_properties,
+            inject_transport_information_into_spark_properties,
+        )
+
+        user = self.hook.spark_conf()  # connection + task conf: what the user set wins
+        props = dict(user)
+        if parent:
+            props = inject_parent_job_information_into_spark_properties(props, context)
+        if transport:
+            props = inject_transport_information_into_spark_properties(props, context)
+        return {k: v for k, v in props.items() if k not in user}
+
+    def submit_job(self, context: Context, verb: str, args: Sequence[str]) -> None:
+        """Run ``bucketindex <verb> <args>`` as a Spark job with this task's lineage properties."""
+        self.hook.submit(verb, args, extra_conf=self.lineage_spark_conf(context))
 
     def on_kill(self) -> None:
         hook = self.__dict__.get("hook")  # never build a hook just to kill nothing

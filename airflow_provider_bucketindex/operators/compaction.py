@@ -102,7 +102,7 @@ class AsyncIndexCompactionOperator(BucketIndexSparkOperator):
                                            "(the schedule task's XCom)")
             result["instant"] = instant
         try:
-            self.hook.submit("compact", [table_uri, "--execute", instant])
+            self.submit_job(context, "compact", [table_uri, "--execute", instant])
         except SparkJobFailed as e:
             if e.returncode == EXIT_BAD_INPUT:  # no such plan, cancelled, or stale: a retry cannot help
                 raise AirflowFailException(str(e)) from e

@@ -161,7 +161,7 @@ class UpsertWithIndexOperator(BucketIndexSparkOperator):
 
         args = self.build_args(batch_id, table_exists=hook.table_exists(table_uri))
         try:
-            hook.submit("upsert", args)
+            self.submit_job(context, "upsert", args)
         except SparkJobFailed as e:
             if e.returncode == EXIT_BAD_INPUT:  # bad input: nothing was written, a retry cannot help
                 raise AirflowFailException(str(e)) from e

@@ -36,7 +36,7 @@ class ValidateTableOperator(BucketIndexSparkOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         table_uri = str(self.table_uri)
         try:
-            self.hook.submit("validate", [table_uri])
+            self.submit_job(context, "validate", [table_uri])
         except SparkJobFailed as e:
             if e.returncode == EXIT_CHECK_FAILED:
                 raise AirflowFailException(f"validate found a problem in {table_uri}: {e.reason}") from e

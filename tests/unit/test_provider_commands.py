@@ -69,8 +69,8 @@ def test_embedded_default_without_a_connection(ops, monkeypatch, zip_path, spark
         "upsert", str(tmp_path / "t"), "/landing/2024-01-01", "--record-key", "id", "--batch-id", "b-1",
     ]  # fmt: skip
     sub = op.hook.spark_submit_hook("upsert", [])
-    sub._build_spark_submit_command(SUBMIT)  # the Spark hook decides the process env while building
-    assert sub._env == {"PYSPARK_PYTHON": PY, "PYSPARK_DRIVER_PYTHON": PY}
+    sub.command(SUBMIT)  # the Spark hook decides the process env while building
+    assert sub.process_env == {"PYSPARK_PYTHON": PY, "PYSPARK_DRIVER_PYTHON": PY}
 
 
 def test_all_upsert_options_in_cli_order(ops, monkeypatch, zip_path, spark_submit, tmp_path):  # type: ignore[no-untyped-def]
@@ -165,8 +165,8 @@ def test_standalone_cluster_deploy_mode_sets_python_as_spark_conf(ops, monkeypat
         "validate", "s3://bucket/t",
     ]  # fmt: skip
     sub = op.hook.spark_submit_hook("validate", [])
-    sub._build_spark_submit_command(SUBMIT)
-    assert sub._env is None  # the Spark provider refuses env vars there
+    sub.command(SUBMIT)
+    assert sub.process_env is None  # the Spark provider refuses env vars there
 
 
 def test_validate_command(ops, monkeypatch, zip_path, spark_submit):  # type: ignore[no-untyped-def]
@@ -234,7 +234,7 @@ def test_secret_conf_values_are_masked(ops, monkeypatch):  # type: ignore[no-unt
     cmd = op.spark_submit_command()
     assert "--conf" in cmd and "spark.hadoop.fs.s3a.secret.key=s3cr3t-value-123" in cmd  # the real value runs
     sub = op.hook.spark_submit_hook("validate", ["s3://b/t"])
-    logged = sub._mask_cmd(cmd)
+    logged = sub.mask(" ".join(cmd))
     assert "s3cr3t-value-123" not in logged and "******" in logged
     from airflow.sdk._shared.secrets_masker import redact
 

@@ -101,7 +101,7 @@ def test_execute_submits_the_plan_and_maps_failures(ops, tmp_path, monkeypatch, 
                                                min_deltas=2).execute({})["instant"]
     calls = []
 
-    def fail(self, verb, args):  # type: ignore[no-untyped-def]
+    def fail(self, verb, args, **kw):  # type: ignore[no-untyped-def]
         calls.append((verb, list(args)))
         raise bucketindex.SparkJobFailed(verb, rc, "compaction failed")
 

@@ -158,7 +158,7 @@ def test_upsert_exit_status_maps_to_retryable_or_final_failure(ops, tmp_path, mo
 
     from airflow_provider_bucketindex.hooks import bucketindex
 
-    def fail(self, verb, args):  # type: ignore[no-untyped-def]
+    def fail(self, verb, args, **kw):  # type: ignore[no-untyped-def]
         raise bucketindex.SparkJobFailed(verb, rc, "conflict: 3 record key(s) written by both")
 
     monkeypatch.setattr(bucketindex.BucketIndexHook, "submit", fail)

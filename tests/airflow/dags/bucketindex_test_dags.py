@@ -12,17 +12,26 @@
   ``dag_run.conf["concurrent_source_uri"]``, committing while the compaction is scheduled,
   as an ingest run beside the nightly DAG does. A dependency orders it, so the interleaving
   is the same in every run.
+* ``bucketindex_test_lineage_injection``: validate tasks whose hook records the spark-submit
+  command instead of running it, with OpenLineage parent-job injection on (argument, or
+  the ``[openlineage]`` option), overridden by the user's conf, and off.
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
+from functools import cached_property
 
 import pendulum
 from airflow.sdk import DAG, Param, task
 
 from airflow_provider_bucketindex.example_dags.bucketindex_nightly_compaction import build_dag
-from airflow_provider_bucketindex.operators import RollbackBatchOperator, UpsertWithIndexOperator
+from airflow_provider_bucketindex.hooks.bucketindex import BucketIndexHook
+from airflow_provider_bucketindex.operators import (
+    RollbackBatchOperator,
+    UpsertWithIndexOperator,
+    ValidateTableOperator,
+)
 
 
 class FailAfterCommitOnFirstTry(UpsertWithIndexOperator):
@@ -113,3 +122,33 @@ def _upsert_while_compaction_is_scheduled() -> UpsertWithIndexOperator:
 
 nightly_dag = build_dag("bucketindex_test_nightly", schedule=None,
                         between_schedule_and_execute=_upsert_while_compaction_is_scheduled)
+
+
+class _RecordingHook(BucketIndexHook):
+    """Records the command ``submit`` would run instead of running it (argument building only)."""
+
+    def submit(self, verb, args, *, extra_conf=None):  # type: ignore[no-untyped-def]
+        self.recorded = self.build_command(verb, args, extra_conf=extra_conf)
+
+
+class RecordingValidate(ValidateTableOperator):
+    @cached_property
+    def hook(self) -> BucketIndexHook:
+        return _RecordingHook(conn_id=self.conn_id, conf=self.conf)
+
+    def execute(self, context):  # type: ignore[no-untyped-def]
+        super().execute(context)
+        return self.hook.recorded
+
+
+with DAG(
+    dag_id="bucketindex_test_lineage_injection",
+    schedule=None,
+    start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),
+    params={"table_uri": Param("", type="string")},
+) as lineage_injection_dag:
+    RecordingValidate(task_id="explicit", table_uri="{{ params.table_uri }}", openlineage_inject_parent_job_info=True)
+    RecordingValidate(task_id="from_config", table_uri="{{ params.table_uri }}")
+    RecordingValidate(task_id="user_set", table_uri="{{ params.table_uri }}", openlineage_inject_parent_job_info=True,
+                      conf={"spark.openlineage.parentJobName": "mine"})
+    RecordingValidate(task_id="off", table_uri="{{ params.table_uri }}", openlineage_inject_parent_job_info=False)
