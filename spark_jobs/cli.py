@@ -135,6 +135,16 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
     cl.add_argument("--dry-run", action="store_true", help="print what would be deleted; write nothing")
     cl.add_argument("--heartbeat-timeout", type=float,
                     help="seconds without a heartbeat before a pending write no longer holds clean back (default 60)")
+    rh = sub.add_parser("rehash", help="change the bucket count by a multiple (each bucket splits, no shuffle) "
+                                       "or a divisor (buckets merge)")
+    rh.add_argument("table")
+    rh.add_argument("--num-buckets", type=int, required=True, metavar="M",
+                    help="the new count: a multiple or a divisor of the count in force (`show` suggests one)")
+    rh.add_argument("--heartbeat-timeout", type=float,
+                    help="seconds without a heartbeat before a pending write counts as abandoned (default 60)")
+    rh.add_argument("--master")
+    rh.add_argument("--driver-memory", help=_DRIVER_MEMORY_HELP)
+    rh.add_argument("--remote", metavar="sc://HOST:PORT", help=REMOTE_HELP)
     for name, text in (extra_verbs or {}).items():
         sub.add_parser(name, help=text)
     return p
@@ -403,11 +413,29 @@ def cmd_clean(args: argparse.Namespace, submitted: bool) -> int:
     return 0
 
 
+def cmd_rehash(args: argparse.Namespace, submitted: bool) -> int:
+    from spark_jobs.jobs.rehash import run_rehash
+
+    if args.heartbeat_timeout is not None and args.heartbeat_timeout <= 0:
+        raise BadInputError(f"--heartbeat-timeout must be positive, got {args.heartbeat_timeout}")
+    result = run_rehash(lambda: _spark(args, submitted), args.table, args.num_buckets,
+                        heartbeat_timeout_s=args.heartbeat_timeout)
+    print(json.dumps(result, sort_keys=True))
+    if result["noop"]:
+        print(f"the table already has {args.num_buckets} buckets: nothing to do")
+    else:
+        c = result["counts"]
+        print(f"rehashed {result['previous_num_buckets']} -> {result['num_buckets']} buckets at instant "
+              f"{result['instant']}: {c['file_groups_written']} file groups, {c['index_buckets']} index buckets written")
+    return 0
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, bool], int]] = {
     "clean": cmd_clean,
     "compact": cmd_compact,
     "upsert": cmd_upsert,
     "read": cmd_read,
+    "rehash": cmd_rehash,
     "show": cmd_show,
     "validate": cmd_validate,
     "rollback": cmd_rollback,

@@ -65,11 +65,13 @@ def run_rehash(spark: SparkSession | Callable[[], SparkSession], uri: str, num_b
     table = Table.load(uri)
     view = table.view()
     plan = check_rehash(table, view, num_buckets, heartbeat_timeout_s=heartbeat_timeout_s)
+    # abandoned instants (a killed rehash) are rolled back, and leftovers of one killed after
+    # its commit point cleaned, as every writer does -- also when there is nothing else to do
+    repaired = table.rollback(timeout_s=heartbeat_timeout_s)
     if plan is None:
         log.info("%s already has %d buckets: nothing to do", uri, num_buckets)
         return {"instant": None, "noop": True, "num_buckets": int(num_buckets),
                 "previous_num_buckets": int(num_buckets)}
-    repaired = table.rollback(timeout_s=heartbeat_timeout_s)  # abandoned instants, e.g. a killed rehash
     if repaired:
         log.info("rolled back abandoned instants %s", ", ".join(repaired))
         view = table.view()

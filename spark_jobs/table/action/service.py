@@ -98,6 +98,9 @@ def execute(table: "Table", instant: str, action: str, run: Callable[[Transactio
         raise BadInputError(f"instant {instant} is a {inst.action}, not a {action}")
     if inst.state == State.INFLIGHT and is_writer_alive(table, inst, heartbeat_timeout_s):
         raise WriterAliveError(f"busy: {action} {instant} is being executed by a live process")
+    cancelled = _cancel_if_rehashed(table, inst)
+    if cancelled:
+        raise ConflictError(cancelled)
     if inst.state == State.INFLIGHT:
         log.info("%s %s: resuming after a failed or crashed attempt", action, instant)
     txn = Transaction.resume(table, inst)
@@ -120,6 +123,23 @@ def execute(table: "Table", instant: str, action: str, run: Callable[[Transactio
     return Executed(instant, False, metadata)
 
 
+def _cancel_if_rehashed(table: "Table", inst: Instant) -> str | None:
+    """A plan made before a rehash names the old layout's files and can never commit (§4.5):
+    cancel it instead of running it, and say why (the rehash cancels such plans after its
+    commit point; this covers a rehash that crashed right after it). A clean's plan lists
+    files no retained snapshot reads, whatever the layout: it stays."""
+    from spark_jobs.table.action.rehash import rehash_after
+
+    if inst.action == Action.CLEAN:
+        return None
+    hit = rehash_after(table, int(table.timeline.read_plan(inst).get("snapshot_seq") or 0))
+    if hit is None:
+        return None
+    table.rollback(inst.timestamp, force=True)
+    return (f"conflict: {inst.action} {inst.timestamp} was planned before rehash {hit['instant']} changed the "
+            f"bucket count; it was cancelled, schedule a new one")
+
+
 def execute_waiting(table: "Table", action: str, run: Callable[[Transaction], dict[str, Any]], *,
                     heartbeat_timeout_s: float | None = None) -> list[Executed]:
     """Execute, oldest first, the scheduled ``action`` plans no live process is executing: a
@@ -131,6 +151,10 @@ def execute_waiting(table: "Table", action: str, run: Callable[[Transaction], di
     for inst, _ in pending_plans(table, action):
         if inst.state == State.INFLIGHT and is_writer_alive(table, inst, heartbeat_timeout_s):
             continue  # its executor is at work
+        cancelled = _cancel_if_rehashed(table, inst)
+        if cancelled:
+            log.info("%s", cancelled)
+            continue
         try:
             done = execute(table, inst.timestamp, action, run, heartbeat_timeout_s=heartbeat_timeout_s)
         except WriterAliveError:  # another process started it meanwhile

@@ -1,0 +1,293 @@
+"""Rehash by multiples and divisors, for both indexes, against the oracle.
+
+Upserts, rehashes 2 -> 8 -> 16 -> 4, more upserts (deletes, re-inserts, partition moves)
+after each: after every step the table equals the batches reduced by key and every row or
+index entry sits in bucket ``hash(key) mod M``; ``validate`` passes; a read as of an
+instant before a rehash still sees the old layout. Then: a split has no shuffle stage,
+bad counts leave the table untouched, a SIGKILL anywhere leaves the old or the new layout
+and the next run finishes, and an upsert racing a rehash re-plans under the new count.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from spark_jobs.cli import main
+from spark_jobs.index.hashing import buckets_of, fingerprints
+from spark_jobs.index.record_index import merge_entries
+from spark_jobs.jobs.compact import run_compact
+from spark_jobs.jobs.rehash import run_rehash
+from spark_jobs.jobs.upsert import UpsertOptions, run_upsert
+from spark_jobs.jobs.validate import run_validate
+from spark_jobs.table.action import Transaction
+from spark_jobs.table.action.compact import CompactionPolicy
+from spark_jobs.table.reader import read_arrow, read_slice
+from spark_jobs.table.table import Table
+from spark_jobs.table.timeline import Action
+from spark_jobs.table.view import FileSystemView
+from tests.oracle import reduce_batches, rows_by_identity
+from tests.spark.conftest import tree_digest, write_batch
+from tests.spark.test_upsert_oracle import _dedupe_ties, make_batches
+
+pytestmark = pytest.mark.spark
+
+#: partition values as users have them: spaces, '/', '%', '+', non-ASCII
+ODD_REGIONS = {"eu": "eu west/1", "us": "us %2F+east", "ap": "亚太 ap"}
+#: (new count, batches upserted after it)
+STEPS = [(8, 1), (16, 1), (4, 1)]
+
+
+def _batches(seed: int, per_partition: bool) -> list[list[dict]]:
+    batches = make_batches(seed=seed, n_batches=5, pool=160, size=90)
+    for rows in batches:
+        for r in rows:
+            r["region"] = ODD_REGIONS[r["region"]]
+            r["id"] = r["id"] + (" /%+ключ" if int(r["id"][-2:]) % 5 == 0 else "")  # odd keys too
+    _dedupe_ties(batches, per_partition)
+    return batches
+
+
+def _upsert(spark, uri: str, tmp_path: Path, batches: list, i: int, **kw):
+    return run_upsert(spark, UpsertOptions(
+        table=uri, source=write_batch(tmp_path / f"b{i}.parquet", batches[i]), record_key=["id"],
+        precombine_field="ts", partition_field="region", delete_field="is_deleted", batch_id=f"b{i}", **kw))
+
+
+def assert_layout(uri: str, num_buckets: int) -> None:
+    """Every row (bucket index) or index entry (record index) is in bucket hash(key) mod M."""
+    table = Table.load(uri)
+    view = table.view()
+    assert table.num_buckets(view) == num_buckets
+    assert table.config is not None
+    if table.config.index_type == "bucket":
+        for s in view.slices():
+            keys = read_slice(table, s.path, [lf.path for lf in s.logs], columns=["_bi_key"]).column(0).to_pylist()
+            assert keys, f"empty file group {s.partition}/{s.file_id}"
+            assert set(buckets_of(keys, num_buckets).tolist()) == {int(s.file_id)}, (s.partition, s.file_id)
+        return
+    keys = read_arrow(uri, with_meta=True).column("_bi_key").to_pylist()
+    expected: dict[int, set] = {}
+    for k, b in zip(keys, buckets_of(keys, num_buckets).tolist()):
+        expected.setdefault(b, set()).add(fingerprints([k])[0][0].item())
+    got = {}
+    for b, files in view.index_files.items():
+        e = merge_entries(table.io, [table.abs(f) for f in files])
+        if len(e):
+            assert b < num_buckets, f"index entries in bucket {b} of {num_buckets}"
+            got[b] = set(e.fp_hi.tolist())
+    assert got == expected
+
+
+@pytest.mark.parametrize("index,table_type", [("bucket", "merge_on_read"), ("record", "copy_on_write")])
+def test_rehash_by_multiples_and_divisors_matches_the_oracle(spark, tmp_path, index, table_type):
+    per_partition = index == "bucket"
+    ident = "region" if per_partition else None
+    batches = _batches(seed=11, per_partition=per_partition)
+    uri = str(tmp_path / "t")
+
+    def expect(n: int) -> dict:
+        return reduce_batches(batches[:n], partition=ident)
+
+    def check(n: int, buckets: int) -> None:
+        assert rows_by_identity(read_arrow(uri).to_pylist(), partition=ident) == expect(n)
+        assert_layout(uri, buckets)
+
+    _upsert(spark, uri, tmp_path, batches, 0, index=index, num_buckets=2, table_type=table_type)
+    _upsert(spark, uri, tmp_path, batches, 1)
+    check(2, 2)
+    n, history = 2, []
+    for m, after in STEPS:
+        history.append((Table.load(uri).timeline.last_completed().timestamp, expect(n), Table.load(uri).num_buckets()))
+        res = run_rehash(spark, uri, m)
+        assert not res["noop"] and res["num_buckets"] == m
+        check(n, m)
+        for _ in range(after):
+            _upsert(spark, uri, tmp_path, batches, n)
+            n += 1
+            check(n, m)
+    assert n == len(batches)
+    report = run_validate(spark, uri)
+    assert report["ok"], report
+    # time travel: as of an instant before each rehash, the old layout and the old rows
+    for instant, state, buckets in history:
+        assert rows_by_identity(read_arrow(uri, instant).to_pylist(), partition=ident) == state
+        assert Table.load(uri).view(instant).num_buckets == buckets
+    # running the last rehash again changes nothing (an Airflow retry)
+    assert run_rehash(spark, uri, 4)["noop"]
+
+
+def _stages_of_group(spark, group: str) -> list:
+    sc = spark.sparkContext
+    tracker = sc.statusTracker()
+    return [tracker.getStageInfo(s) for j in tracker.getJobIdsForGroup(group)
+            for s in tracker.getJobInfo(j).stageIds]
+
+
+def test_split_of_bucket_index_has_no_shuffle(spark, tmp_path):
+    batches = _batches(seed=5, per_partition=True)
+    uri = str(tmp_path / "t")
+    _upsert(spark, uri, tmp_path, batches, 0, index="bucket", num_buckets=4)
+    groups = len(Table.load(uri).view().file_groups)
+    spark.sparkContext.setJobGroup("rehash-split", "rehash 4 -> 16")
+    try:
+        run_rehash(spark, uri, 16)
+    finally:
+        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+    stages = _stages_of_group(spark, "rehash-split")
+    # one job, one stage (no exchange: a shuffle would add a stage), one task per old file group
+    assert len(stages) == 1, [(s.name, s.numTasks) for s in stages]
+    assert stages[0].numTasks == groups
+    assert_layout(uri, 16)
+    assert rows_by_identity(read_arrow(uri).to_pylist(), partition="region") == reduce_batches(
+        batches[:1], partition="region")
+
+
+def test_bad_counts_exit_2_and_leave_the_table_untouched(spark, tmp_path, capsys):
+    uri = str(tmp_path / "t")
+    batches = _batches(seed=3, per_partition=False)
+    _upsert(spark, uri, tmp_path, batches, 0, index="record", num_buckets=8)
+    gs = str(tmp_path / "gs")
+    _upsert(spark, gs, tmp_path, batches, 0, index="global_simple")
+    before = tree_digest(tmp_path)
+    cases = {
+        "12": "neither a multiple nor a divisor of the table's 8 buckets",
+        "0": "at least 1",
+        "131072": "above the maximum of 65536",
+    }
+    for count, message in cases.items():
+        assert main(["rehash", uri, "--num-buckets", count]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and message in err, err
+    assert main(["rehash", gs, "--num-buckets", "32"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "global_simple index, which has no buckets" in err and len(err.splitlines()) == 1
+    assert main(["rehash", str(tmp_path / "nothing"), "--num-buckets", "16"]) == 2
+    capsys.readouterr()
+    # a rehash already running (a live writer) refuses a second one
+    table = Table.load(uri)
+    running = Transaction(table, Action.REHASH, {"num_buckets": 16}).begin()
+    try:
+        mid = tree_digest(tmp_path)
+        assert main(["rehash", uri, "--num-buckets", "16"]) == 2
+        err = capsys.readouterr().err
+        assert "a rehash is already running" in err and running.ts in err
+        assert tree_digest(tmp_path) == mid
+    finally:
+        running.abort()
+    assert tree_digest(tmp_path) == before
+    # the same count: nothing to do, exit 0, nothing written
+    assert main(["rehash", uri, "--num-buckets", "8"]) == 0
+    assert "already has 8 buckets" in capsys.readouterr().out
+    assert tree_digest(tmp_path) == before
+
+
+def _cli(args: list[str], env: dict | None = None, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "spark_jobs.cli", *args], env={**os.environ, **(env or {})},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **kw)
+
+
+@pytest.mark.parametrize("index,point", [
+    ("bucket", "after_data_file"),  # some children written (the pending instant's plan came before)
+    ("record", "after_index_file"),
+    ("record", "after_conflict_check"),  # everything written and checked, commit point not claimed
+    ("bucket", "after_complete"),  # committed, markers not cleaned
+])
+def test_killed_rehash_leaves_old_or_new_layout_and_next_run_finishes(spark, spark_cli_args, tmp_path, index, point):
+    per_partition = index == "bucket"
+    ident = "region" if per_partition else None
+    batches = _batches(seed=21, per_partition=per_partition)
+    uri = str(tmp_path / "t")
+    _upsert(spark, uri, tmp_path, batches, 0, index=index, num_buckets=2,
+            table_type="merge_on_read" if per_partition else "copy_on_write")
+    _upsert(spark, uri, tmp_path, batches, 1)
+    expected = reduce_batches(batches[:2], partition=ident)
+
+    p = _cli(["rehash", uri, "--num-buckets", "8", *spark_cli_args], {"BUCKETINDEX_FAULT": point})
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == -signal.SIGKILL, (p.returncode, err[-2000:])
+    # readers see one layout or the other, never a mix, and the same rows
+    committed = point == "after_complete"
+    assert rows_by_identity(read_arrow(uri).to_pylist(), partition=ident) == expected
+    assert_layout(uri, 8 if committed else 2)
+    pending = Table.load(uri).timeline.pending()
+    assert [i.action for i in pending] == ([] if committed else ["rehash"])
+
+    # the next run rolls the dead one back (its heartbeat is old) and finishes, or has nothing to do
+    time.sleep(0.2)
+    res = run_rehash(spark, uri, 8, heartbeat_timeout_s=0.1)
+    assert res["noop"] == committed
+    table = Table.load(uri)
+    assert not table.timeline.pending()
+    assert rows_by_identity(read_arrow(uri).to_pylist(), partition=ident) == expected
+    assert_layout(uri, 8)
+    report = run_validate(spark, uri)
+    assert report["ok"], report
+    # nothing the dead attempt wrote is left on disk outside the snapshots
+    assert not table.io.list_names(table.layout.markers)
+    on_disk = {str(p.relative_to(uri)) for p in Path(uri).rglob("*.parquet")}
+    on_disk |= {str(p.relative_to(uri)) for p in Path(uri).rglob("*.arrow")}
+    tl = table.timeline
+    referenced = set()
+    for seq in range(1, tl.last_seq + 1):
+        referenced |= FileSystemView.at_seq(tl, seq).all_files()
+    assert on_disk <= referenced, sorted(on_disk - referenced)[:5]
+
+
+def test_upsert_racing_a_rehash_replans_under_the_new_count(spark, spark_cli_args, tmp_path):
+    """An upsert that planned under 2 buckets is held before its commit point while a rehash
+    to 8 commits; it then conflicts, re-tags and writes under 8 buckets, never the old layout."""
+    batches = _batches(seed=9, per_partition=True)
+    uri = str(tmp_path / "t")
+    _upsert(spark, uri, tmp_path, batches, 0, index="bucket", num_buckets=2, table_type="merge_on_read")
+    signals = tmp_path / "signals"
+    src = write_batch(tmp_path / "b1.parquet", batches[1])
+    writer = _cli(["upsert", uri, src, "--record-key", "id", "--precombine-field", "ts", "--partition-field", "region",
+                   "--delete-field", "is_deleted", "--batch-id", "b1", "--num-buckets", "2", *spark_cli_args],
+                  {"BUCKETINDEX_PAUSE": "before_complete=12", "BUCKETINDEX_PAUSE_SIGNAL": str(signals)})
+    try:
+        deadline = time.time() + 240
+        while not (signals / "before_complete").exists():
+            assert writer.poll() is None, writer.communicate()[1][-2000:]
+            assert time.time() < deadline, "the upsert never reached its commit point"
+            time.sleep(0.5)
+        res = run_rehash(spark, uri, 8)  # the upsert is alive and holds only a pending commit
+        assert not res["noop"]
+        out, err = writer.communicate(timeout=300)
+    finally:
+        if writer.poll() is None:
+            os.killpg(writer.pid, signal.SIGKILL)
+    assert writer.returncode == 0, err[-2000:]
+    result = json.loads(out.strip().splitlines()[0])
+    table = Table.load(uri)
+    meta = table.timeline.read_metadata(table.timeline.find(result["instant"]))
+    assert meta["num_buckets"] == 8
+    assert meta["conflicts"] and meta["conflicts"][0]["with_action"] == "rehash"
+    assert rows_by_identity(read_arrow(uri).to_pylist(), partition="region") == reduce_batches(
+        batches[:2], partition="region")
+    assert_layout(uri, 8)
+    assert run_validate(spark, uri)["ok"]
+
+
+def test_rehash_cancels_compaction_plans_of_the_old_layout(spark, tmp_path):
+    batches = _batches(seed=13, per_partition=False)
+    uri = str(tmp_path / "t")
+    for i in range(3):
+        _upsert(spark, uri, tmp_path, batches, i, **({"index": "record", "num_buckets": 2} if i == 0 else {}))
+    planned = run_compact(None, uri, policy=CompactionPolicy(min_deltas=2), schedule_only=True)
+    assert planned["instant"]
+    res = run_rehash(spark, uri, 4)
+    assert res["cancelled_plans"] == [planned["instant"]]
+    assert not Table.load(uri).timeline.pending()
+    # the next nightly compaction has nothing stale to trip over
+    out = run_compact(spark, uri, policy=CompactionPolicy(min_deltas=2))
+    assert out["noop"] or out["executed"]
+    assert rows_by_identity(read_arrow(uri).to_pylist()) == reduce_batches(batches[:3])
+    assert run_validate(spark, uri)["ok"]
