@@ -2,14 +2,21 @@
 
 A table remembers the batch id of every commit; an upsert whose batch id is already
 committed is a no-op. The default id names the task *instance* without its try number,
-so every try of the same task in the same DAG run carries the same id.
+so every try of the same task in the same DAG run carries the same id. A mapped task
+instance (``.expand()`` over landing files) appends its map index: each file is its own
+batch, and each can fail, be retried and be rolled back on its own.
+
+Another task (a rollback) finds the batch of the upsert it cleans up after by the same
+rule: inside a mapped task group the upsert instance with *its own* map index (the one it
+depends on); outside, every instance of a mapped upsert (:func:`upstream_batches`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import re
+from typing import Any, Mapping, NamedTuple
 
-__all__ = ["default_batch_id", "batch_id_from_context"]
+__all__ = ["UpstreamBatches", "batch_id_from_context", "default_batch_id", "upstream_batches"]
 
 
 def default_batch_id(dag_id: str, run_id: str, task_id: str, map_index: int | None = -1) -> str:
@@ -23,9 +30,60 @@ def default_batch_id(dag_id: str, run_id: str, task_id: str, map_index: int | No
     return "/".join(parts)
 
 
+class UpstreamBatches(NamedTuple):
+    """The batches of task ``task_id`` in this run that another task may act on.
+
+    ``batch_id``: exactly one batch (an unmapped upsert, or the instance of a mapped upsert
+    with the caller's own map index); ``None`` when the upsert is mapped and the caller is
+    not -- then every batch id matching ``pattern`` (``<dag>/<run>/<task>/<n>``) is one.
+    """
+
+    batch_id: str | None
+    pattern: "re.Pattern[str]"
+
+    def matches(self, batch_id: str | None) -> bool:
+        return batch_id is not None and (batch_id == self.batch_id or
+                                         (self.batch_id is None and self.pattern.fullmatch(batch_id) is not None))
+
+
+def _is_mapped(task: Any) -> bool:
+    """The task is ``.expand()``-ed or sits in a mapped task group."""
+    if task is None:
+        return False
+    if getattr(task, "is_mapped", False):
+        return True
+    closest = getattr(task, "get_closest_mapped_task_group", None)
+    return closest is not None and closest() is not None
+
+
+def upstream_batches(context: Mapping[str, Any], task_id: str) -> UpstreamBatches:
+    """The batch(es) of ``task_id`` (an upsert) that the running task (a rollback) refers to."""
+    ti = context["ti"]
+    own_index = getattr(ti, "map_index", -1)
+    own_index = -1 if own_index is None else int(own_index)
+    task = context.get("task")
+    dag = getattr(task, "dag", None) if task is not None else None
+    target = dag.get_task(task_id) if dag is not None and dag.has_task(task_id) else None
+    base = default_batch_id(ti.dag_id, ti.run_id, task_id)
+    pattern = re.compile(re.escape(base) + r"/\d+")
+    if target is None or not _is_mapped(target):
+        return UpstreamBatches(base, pattern)
+    if own_index >= 0:  # mapped alongside it (a mapped task group): the instance it depends on
+        return UpstreamBatches(default_batch_id(ti.dag_id, ti.run_id, task_id, own_index), pattern)
+    return UpstreamBatches(None, pattern)
+
+
 def batch_id_from_context(context: Mapping[str, Any], task_id: str | None = None) -> str:
-    """The default batch id of ``task_id`` (default: the running task) in this DAG run."""
+    """The default batch id of ``task_id`` (default: the running task) in this DAG run.
+
+    For another task that is mapped, the instance with the running task's map index (both
+    in one mapped task group); raises ValueError when that names no single instance (the
+    running task is not mapped): use :func:`upstream_batches` then.
+    """
     ti = context["ti"]
     if task_id is None or task_id == ti.task_id:
         return default_batch_id(ti.dag_id, ti.run_id, ti.task_id, getattr(ti, "map_index", -1))
-    return default_batch_id(ti.dag_id, ti.run_id, task_id)
+    found = upstream_batches(context, task_id)
+    if found.batch_id is None:
+        raise ValueError(f"task {task_id!r} is mapped and {ti.task_id!r} is not: it has one batch per map index")
+    return found.batch_id

@@ -185,28 +185,35 @@ def load_dag(dag_id: str, dags_folder: str | None = None):  # type: ignore[no-un
 
 
 class RunReport:
-    """What a ``dag.test()`` run did, read back from the metadata DB."""
+    """What a ``dag.test()`` run did, read back from the metadata DB. ``tasks`` has one entry
+    per task (the last instance of a mapped task); ``mapped_states`` every map index's state."""
 
-    def __init__(self, dag_id: str, run_id: str, state: str, tasks: dict[str, dict[str, Any]]) -> None:
+    def __init__(self, dag_id: str, run_id: str, state: str, tasks: dict[str, dict[str, Any]],
+                 mapped: dict[str, dict[int, str | None]] | None = None) -> None:
         self.dag_id, self.run_id, self.state, self.tasks = dag_id, run_id, state, tasks
+        self.mapped = mapped or {}
 
     def task_state(self, task_id: str) -> str | None:
         return self.tasks.get(task_id, {}).get("state")
 
-    def xcom(self, task_id: str, key: str = "return_value") -> Any:
+    def mapped_states(self, task_id: str) -> dict[int, str | None]:
+        """``{map_index: state}`` of a mapped task's instances."""
+        return dict(self.mapped.get(task_id, {}))
+
+    def xcom(self, task_id: str, key: str = "return_value", *, map_index: int | None = None) -> Any:
         from airflow.models.xcom import XComModel
         from airflow.utils.session import create_session
 
         with create_session() as session:
-            row = session.scalars(
-                XComModel.get_many(run_id=self.run_id, key=key, task_ids=task_id, dag_ids=self.dag_id)
-            ).first()
+            query = XComModel.get_many(run_id=self.run_id, key=key, task_ids=task_id, dag_ids=self.dag_id,
+                                       map_indexes=map_index)
+            row = session.scalars(query).first()
             # Values pushed by tasks arrive through the execution API already as JSON values;
             # XComModel.deserialize_value would json-decode a string again ("2026..." -> int).
             return None if row is None else row.value
 
     def __repr__(self) -> str:
-        return f"RunReport({self.dag_id}, {self.run_id}, {self.state}, {self.tasks})"
+        return f"RunReport({self.dag_id}, {self.run_id}, {self.state}, {self.tasks}, mapped={self.mapped})"
 
 
 def run_dag(dag: Any, logical_date: Any = None, conf: dict[str, Any] | None = None) -> RunReport:
@@ -225,11 +232,16 @@ def run_report(dr: Any) -> RunReport:
 
     with create_session() as session:
         tis = session.query(TaskInstance).filter(TaskInstance.dag_id == dr.dag_id, TaskInstance.run_id == dr.run_id)
+        ordered = sorted(tis, key=lambda t: (t.start_date is None, t.start_date or 0))
         tasks = {
             ti.task_id: {"state": _s(ti.state), "try_number": ti.try_number, "duration": ti.duration}
-            for ti in sorted(tis, key=lambda t: (t.start_date is None, t.start_date or 0))
+            for ti in ordered
         }
-    return RunReport(dr.dag_id, dr.run_id, _s(dr.state) or "", tasks)
+        mapped: dict[str, dict[int, str | None]] = {}
+        for ti in ordered:
+            if ti.map_index is not None and ti.map_index >= 0:
+                mapped.setdefault(ti.task_id, {})[ti.map_index] = _s(ti.state)
+    return RunReport(dr.dag_id, dr.run_id, _s(dr.state) or "", tasks, mapped)
 
 
 def _remove_at_exit(path: str) -> None:

@@ -41,7 +41,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowException, AirflowNotFoundException
@@ -549,6 +549,24 @@ class BucketIndexHook(BaseHook):
     def pending_for_batch(self, table_uri: str, batch_id: str) -> "Instant | None":
         t = self.open_table(table_uri)
         return t.pending_for_batch(batch_id) if t.exists else None
+
+    def pending_batches(self, table_uri: str, match: Callable[[str | None], bool]) -> dict[str, "Instant"]:
+        """``{batch_id: pending instant}`` of the pending writes whose batch id ``match`` accepts
+        (every instance of a mapped upsert that left one)."""
+        from spark_jobs.table import Action
+
+        t = self.open_table(table_uri)
+        if not t.exists:
+            return {}
+        tl = t.timeline.reload()
+        found = {}
+        for inst in tl.pending():
+            if inst.action == Action.ROLLBACK:
+                continue
+            batch_id = tl.read_plan(inst).get("batch_id")
+            if match(batch_id):
+                found[batch_id] = inst
+        return found
 
     def rollback_batch(self, table_uri: str, batch_id: str, *, force: bool = False) -> str | None:
         """Roll back the pending instant of ``batch_id`` (a failed or killed attempt).

@@ -14,10 +14,30 @@ from airflow_provider_bucketindex.hooks.bucketindex import BucketIndexHook
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-__all__ = ["BucketIndexSparkOperator"]
+__all__ = ["BucketIndexSparkOperator", "BucketIndexTableMixin"]
 
 
-class BucketIndexSparkOperator(BaseOperator):
+class BucketIndexTableMixin:
+    """What every operator on a bucketindex table shares, whether it runs a Spark job or not.
+
+    * **XCom**: ``execute`` returns a small summary (flat JSON values: instant, batch id,
+      counts) -- Airflow pushes it as ``return_value`` only when ``do_xcom_push`` is True.
+      Any further key goes through :meth:`push_xcom`, which obeys the same switch. Never
+      push a job's whole report: XCom lives in the metadata DB.
+    """
+
+    do_xcom_push: bool
+
+    def push_xcom(self, context: Context, **values: Any) -> None:
+        """Push each ``key=value`` to XCom, unless the task says ``do_xcom_push=False``."""
+        if not self.do_xcom_push:
+            return
+        ti = context["ti"]
+        for key, value in values.items():
+            ti.xcom_push(key=key, value=value)
+
+
+class BucketIndexSparkOperator(BucketIndexTableMixin, BaseOperator):
     """Base of operators that submit a bucketindex Spark job.
 
     :param conn_id: a ``bucketindex`` connection (Spark master, options, table defaults).

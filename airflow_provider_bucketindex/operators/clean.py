@@ -7,13 +7,15 @@ from typing import TYPE_CHECKING, Any, Sequence
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from airflow_provider_bucketindex.operators.base import BucketIndexTableMixin
+
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
 __all__ = ["CleanTableOperator"]
 
 
-class CleanTableOperator(BaseOperator):
+class CleanTableOperator(BucketIndexTableMixin, BaseOperator):
     """Run the table's ``clean`` action: delete data and index files that no retained
     snapshot references any more (file versions replaced by upserts and compactions).
 

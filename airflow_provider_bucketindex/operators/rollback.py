@@ -9,8 +9,9 @@ from airflow.sdk import BaseOperator, TriggerRule
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_bucketindex import DEFAULT_CONN_ID
-from airflow_provider_bucketindex.batch import batch_id_from_context
+from airflow_provider_bucketindex.batch import upstream_batches
 from airflow_provider_bucketindex.hooks.bucketindex import BucketIndexHook
+from airflow_provider_bucketindex.operators.base import BucketIndexTableMixin
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
 __all__ = ["RollbackBatchOperator"]
 
 
-class RollbackBatchOperator(BaseOperator):
+class RollbackBatchOperator(BucketIndexTableMixin, BaseOperator):
     """Roll back the pending instant a failed upsert (or compaction) left behind; a no-op when there is none.
 
     Pure Python (no Spark): it finds the pending instant whose plan carries the batch id
@@ -28,7 +29,12 @@ class RollbackBatchOperator(BaseOperator):
     :param table_uri: the table (templated).
     :param batch_id: the failed batch's id (templated), or
     :param upsert_task_id: the upsert task whose default batch id (``<dag>/<run>/<task>``)
-        to roll back (templated), or
+        to roll back (templated). A **mapped** upsert (``.expand()`` over landing files) has
+        one batch per map index (``<dag>/<run>/<task>/<i>``): a rollback in the same mapped
+        task group as the upsert (``upsert >> rollback`` inside ``@task_group(...).expand``)
+        rolls back the batch of the instance it depends on -- its own map index; an unmapped
+        rollback downstream of the mapped upsert rolls back every instance that left a
+        pending write. Or
     :param instant: a pending instant to roll back by its time (templated), e.g. a scheduled
         compaction whose execute task failed:
         ``"{{ (ti.xcom_pull(task_ids='schedule_compaction') or {}).get('instant') }}"``.
@@ -44,7 +50,8 @@ class RollbackBatchOperator(BaseOperator):
     ``trigger_rule`` defaults to ``one_failed``: place it downstream of the upsert (or
     compaction execute) task.
     Returns ``{"batch_id", "rolled_back"}`` (``rolled_back`` is None when nothing was pending);
-    with ``instant``: ``{"instant", "rolled_back"}``.
+    with ``instant``: ``{"instant", "rolled_back"}``; for every instance of a mapped upsert:
+    ``{"batch_id": None, "batches": [...], "rolled_back": [...]}``.
     """
 
     template_fields: Sequence[str] = ("table_uri", "batch_id", "upsert_task_id", "instant")
@@ -88,8 +95,23 @@ class RollbackBatchOperator(BaseOperator):
             return {"instant": None, "rolled_back": None}
         if not self.batch_id and not self.upsert_task_id:
             raise AirflowFailException("RollbackBatchOperator needs batch_id, upsert_task_id or instant")
-        batch_id = str(self.batch_id) if self.batch_id else batch_id_from_context(context, str(self.upsert_task_id))
         table_uri = str(self.table_uri)
+        if self.batch_id:
+            return self._rollback_batch(table_uri, str(self.batch_id))
+        found = upstream_batches(context, str(self.upsert_task_id))
+        self.log.info("Upsert task %s: %s", self.upsert_task_id,
+                      f"batch {found.batch_id}" if found.batch_id else f"every batch matching {found.pattern.pattern}")
+        if found.batch_id is not None:  # an unmapped upsert, or our own instance of a mapped one
+            return self._rollback_batch(table_uri, found.batch_id)
+        # a mapped upsert and an unmapped rollback: every instance that left a pending write
+        pending = self.hook.pending_batches(table_uri, found.matches)
+        if not pending:
+            self.log.info("No instance of %s left anything pending in %s: nothing to roll back",
+                          self.upsert_task_id, table_uri)
+        rolled = [self._rollback_batch(table_uri, b)["rolled_back"] for b in sorted(pending)]
+        return {"batch_id": None, "batches": sorted(pending), "rolled_back": [r for r in rolled if r]}
+
+    def _rollback_batch(self, table_uri: str, batch_id: str) -> dict[str, Any]:
         from spark_jobs.table import WriterAliveError
 
         try:

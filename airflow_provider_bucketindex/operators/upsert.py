@@ -48,8 +48,9 @@ class UpsertWithIndexOperator(BucketIndexSparkOperator):
 
     Index type, bucket count, table type and source format default to the connection's
     extras; index type, bucket count and table type only when the upsert creates the table
-    (an existing table keeps its own). Pushes to XCom: ``instant`` (the commit), ``counts`` (inserted, updated,
-    deleted), and as return value a summary of both.
+    (an existing table keeps its own). Pushes to XCom -- only with ``do_xcom_push`` (the
+    default) -- ``instant`` (the commit), ``counts`` (inserted, updated, deleted), and as
+    return value a summary of both.
 
     Exit status 2 (bad input) fails the task without retries; exit status 3 (a concurrent
     commit conflicted after the job's own retries, or the table was busy) is an ordinary
@@ -184,12 +185,9 @@ class UpsertWithIndexOperator(BucketIndexSparkOperator):
         )
         return self._publish(context, done)
 
-    @staticmethod
-    def _publish(context: Context, summary: dict[str, Any]) -> dict[str, Any]:
+    def _publish(self, context: Context, summary: dict[str, Any]) -> dict[str, Any]:
         counts = {k: summary[k] for k in ("inserted", "updated", "deleted")}
-        ti = context["ti"]
-        ti.xcom_push(key="instant", value=summary["instant"])
-        ti.xcom_push(key="counts", value=counts)
+        self.push_xcom(context, instant=summary["instant"], counts=counts)
         return {"table_uri": summary["table_uri"], "batch_id": summary["batch_id"], "instant": summary["instant"], **counts}
 
     def on_kill(self) -> None:

@@ -271,3 +271,85 @@ def test_on_kill_stops_spark_submit_and_its_workers_and_leaves_the_pending_insta
         time.sleep(0.1)
     assert not _alive(submit_pid) and not _alive(worker_pid)
     assert [i.timestamp for i in table.timeline.reload().pending()] == [pending.timestamp]
+
+
+# -- XCom: do_xcom_push respected, values small -------------------------------------------
+
+
+def test_upsert_pushes_no_xcom_when_do_xcom_push_is_false(ops, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    import json
+
+    from airflow_provider_bucketindex.hooks import bucketindex
+
+    monkeypatch.setattr(bucketindex.BucketIndexHook, "submit", lambda *a, **k: pytest.fail("resubmitted"))
+    for push in (True, False):
+        ti = FakeTI()
+        _committed_table(str(tmp_path / f"t{push}"), batch_id_from_context({"ti": ti}))
+        op = ops.UpsertWithIndexOperator(task_id="upsert", table_uri=str(tmp_path / f"t{push}"), source_uri="/s",
+                                         record_key="id", do_xcom_push=push)
+        out = op.execute({"ti": ti})
+        assert set(ti.pushed) == ({"instant", "counts"} if push else set())
+        assert len(json.dumps(out)) < 512 and all(not isinstance(v, (list, dict)) for v in out.values())
+
+
+# -- mapped upserts: which batch a rollback acts on ---------------------------------------
+
+
+def _mapped_dag(ops):  # type: ignore[no-untyped-def]
+    import pendulum
+    from airflow.sdk import DAG, task_group
+
+    with DAG("m", schedule=None, start_date=pendulum.datetime(2024, 1, 1, tz="UTC")) as dag:
+        @task_group(group_id="g")
+        def per_file(source_uri: str) -> None:
+            up = ops.UpsertWithIndexOperator(task_id="upsert", table_uri="/t", source_uri=source_uri, record_key="id")
+            up >> ops.RollbackBatchOperator(task_id="rollback", table_uri="/t", upsert_task_id="g.upsert")
+
+        per_file.expand(source_uri=["/a", "/b", "/c"])
+        plain = ops.UpsertWithIndexOperator(task_id="plain", table_uri="/t", source_uri="/s", record_key="id")
+        plain >> ops.RollbackBatchOperator(task_id="rollback_plain", table_uri="/t", upsert_task_id="plain")
+        ops.RollbackBatchOperator(task_id="rollback_all", table_uri="/t", upsert_task_id="g.upsert")
+    return dag
+
+
+def test_rollback_in_a_mapped_group_targets_its_own_map_index(ops):  # type: ignore[no-untyped-def]
+    from airflow_provider_bucketindex.batch import upstream_batches
+
+    dag = _mapped_dag(ops)
+    run = "manual__1"
+    ctx = {"ti": FakeTI(dag_id="m", run_id=run, task_id="g.rollback", map_index=1), "task": dag.get_task("g.rollback")}
+    assert batch_id_from_context(ctx, "g.upsert") == "m/manual__1/g.upsert/1"
+    # the upsert instance itself derives the same id
+    assert batch_id_from_context({"ti": FakeTI(dag_id="m", run_id=run, task_id="g.upsert", map_index=1)}) == \
+        "m/manual__1/g.upsert/1"
+    ctx = {"ti": FakeTI(dag_id="m", run_id=run, task_id="rollback_plain"), "task": dag.get_task("rollback_plain")}
+    assert batch_id_from_context(ctx, "plain") == "m/manual__1/plain"
+    ctx = {"ti": FakeTI(dag_id="m", run_id=run, task_id="rollback_all"), "task": dag.get_task("rollback_all")}
+    every = upstream_batches(ctx, "g.upsert")
+    assert every.batch_id is None
+    assert every.matches("m/manual__1/g.upsert/0") and every.matches("m/manual__1/g.upsert/12")
+    assert not every.matches("m/manual__1/g.upsert") and not every.matches("m/manual__2/g.upsert/0")
+    with pytest.raises(ValueError, match="mapped"):
+        batch_id_from_context(ctx, "g.upsert")
+
+
+def test_unmapped_rollback_after_a_mapped_upsert_rolls_back_every_failed_instance(ops, tmp_path):  # type: ignore[no-untyped-def]
+    from spark_jobs.table import Action, Table, TableConfig
+
+    dag = _mapped_dag(ops)
+    table = str(tmp_path / "t")
+    t = Table.open(table)
+    t.create(TableConfig(record_key_fields=["id"]))
+    pending = {}
+    for batch in ("m/r/g.upsert/0", "m/r/g.upsert/2", "m/r/plain", "m/other/g.upsert/1"):
+        inst = t.timeline.create_requested(Action.COMMIT, {"batch_id": batch})
+        pending[batch] = t.timeline.transition_to_inflight(inst).timestamp
+    op = dag.get_task("rollback_all")
+    op.table_uri = table
+
+    out = op.execute({"ti": FakeTI(dag_id="m", run_id="r", task_id="rollback_all"), "task": op})
+
+    assert out["batches"] == ["m/r/g.upsert/0", "m/r/g.upsert/2"]
+    assert sorted(out["rolled_back"]) == sorted([pending["m/r/g.upsert/0"], pending["m/r/g.upsert/2"]])
+    left = {i.timestamp for i in Table.load(table).timeline.reload().pending()}
+    assert left == {pending["m/r/plain"], pending["m/other/g.upsert/1"]}

@@ -15,6 +15,9 @@
 * ``bucketindex_test_lineage_injection``: validate tasks whose hook records the spark-submit
   command instead of running it, with OpenLineage parent-job injection on (argument, or
   the ``[openlineage]`` option), overridden by the user's conf, and off.
+* ``bucketindex_test_mapped``: a mapped task group over the landing files, each instance an
+  upsert and its rollback (one_failed); the writer of ``failing_file`` is killed before
+  its commit, and only that instance's rollback has something to do.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from datetime import timedelta
 from functools import cached_property
 
 import pendulum
-from airflow.sdk import DAG, Param, task
+from airflow.sdk import DAG, Param, task, task_group
 
 from airflow_provider_bucketindex.example_dags.bucketindex_nightly_compaction import build_dag
 from airflow_provider_bucketindex.hooks.bucketindex import BucketIndexHook
@@ -152,3 +155,48 @@ with DAG(
     RecordingValidate(task_id="user_set", table_uri="{{ params.table_uri }}", openlineage_inject_parent_job_info=True,
                       conf={"spark.openlineage.parentJobName": "mine"})
     RecordingValidate(task_id="off", table_uri="{{ params.table_uri }}", openlineage_inject_parent_job_info=False)
+
+
+with DAG(
+    dag_id="bucketindex_test_mapped",
+    schedule=None,
+    start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),
+    render_template_as_native_obj=True,
+    params={"table_uri": Param("", type="string"), "landing_uri": Param("", type="string"),
+            "failing_file": Param("", type="string")},
+) as mapped_dag:
+
+    @task
+    def landing_files(landing_uri: str, failing_file: str) -> list[dict]:
+        """One mapped instance per landing file; the writer of ``failing_file`` is killed before its commit."""
+        import os
+
+        return [
+            {"source_uri": os.path.join(landing_uri, name),
+             "env_vars": {"BUCKETINDEX_FAULT": "before_complete"} if name == failing_file else {}}
+            for name in sorted(os.listdir(landing_uri))
+        ]
+
+    @task_group(group_id="ingest_file")
+    def ingest_file(source_uri: str, env_vars: dict) -> None:
+        upsert = UpsertWithIndexOperator(
+            task_id="upsert",
+            table_uri="{{ params.table_uri }}",
+            source_uri=source_uri,
+            env_vars=env_vars,
+            record_key="id",
+            precombine_field="ts",
+            delete_field="is_deleted",
+            retries=0,
+        )
+        upsert >> RollbackBatchOperator(
+            task_id="rollback", table_uri="{{ params.table_uri }}", upsert_task_id="ingest_file.upsert"
+        )
+        upsert >> committed()
+
+    @task
+    def committed() -> None:
+        """The success path's leaf (as validate is in the ingest DAG): upstream_failed for the
+        failed instance, so the run fails although that instance's rollback succeeds."""
+
+    ingest_file.expand_kwargs(landing_files("{{ params.landing_uri }}", "{{ params.failing_file }}"))
