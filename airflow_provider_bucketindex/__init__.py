@@ -46,7 +46,6 @@ def get_provider_info() -> dict[str, Any]:
             {
                 "integration-name": "Bucket Index",
                 "external-doc-url": "https://github.com/bucketindex/bucketindex",
-                "tags": ["apache"],
             }
         ],
         "operators": [

@@ -87,3 +87,67 @@ def test_airflow_providers_list_shows_the_provider(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     listed = {p["package_name"]: p for p in json.loads(out.stdout[out.stdout.index("[") :])}
     assert listed[DIST]["version"] == md.version(DIST)
+
+
+def _classes_defined_in(package: str, base: type) -> dict[str, str]:
+    """``{class name: module}`` of every subclass of ``base`` defined in a module of ``package``."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    pkg = importlib.import_module(package)
+    classes = {}
+    for info in pkgutil.iter_modules(pkg.__path__, package + "."):
+        module = importlib.import_module(info.name)
+        for _, obj in inspect.getmembers(module, inspect.isclass):
+            if obj.__module__ == info.name and issubclass(obj, base):
+                classes[obj] = info.name
+    # a base class of others (BucketIndexSparkOperator, TableStateSensor) is not itself a task
+    bases = {b for c in classes for b in c.__mro__[1:]}
+    return {c.__name__: m for c, m in classes.items() if c not in bases}
+
+
+def test_provider_info_lists_every_operator_sensor_trigger_and_notifier():
+    """A class Airflow should know of lives in a module the provider info lists (a new
+    operator module goes into ``get_provider_info()["operators"]``), every listed module
+    imports, and there are no foreign integration tags."""
+    import importlib
+
+    sandbox.isolate_before_import()
+    from airflow.sdk import BaseNotifier, BaseOperator, BaseSensorOperator
+    from airflow.triggers.base import BaseTrigger
+
+    info = get_provider_info()
+    listed = {kind: {m for entry in info.get(kind, []) for m in entry["python-modules"]}
+              for kind in ("operators", "sensors", "triggers", "hooks")}
+    for modules in listed.values():
+        for module in modules:
+            importlib.import_module(module)
+
+    sensors = _classes_defined_in("airflow_provider_bucketindex.sensors", BaseSensorOperator)
+    operators = {n: m for n, m in _classes_defined_in("airflow_provider_bucketindex.operators", BaseOperator).items()
+                 if n not in sensors}
+    triggers = _classes_defined_in("airflow_provider_bucketindex.triggers", BaseTrigger)
+    assert {"UpsertWithIndexOperator", "RollbackBatchOperator", "CleanTableOperator"} <= set(operators)
+    for kind, classes in (("operators", operators), ("sensors", sensors), ("triggers", triggers)):
+        unlisted = {name: module for name, module in classes.items() if module not in listed[kind]}
+        assert not unlisted, f"add these modules to get_provider_info()[{kind!r}]: {unlisted}"
+
+    notifiers = {f"{m}.{n}" for n, m in _classes_defined_in("airflow_provider_bucketindex", BaseNotifier).items()}
+    assert notifiers <= set(info.get("notifications", [])), "add notifier classes to get_provider_info()['notifications']"
+    assert all("tags" not in i or "apache" not in i["tags"] for i in info["integrations"]), "no ASF affiliation"
+
+
+def test_dependencies_are_floors_without_unexplained_ceilings():
+    """Airflow and the Spark provider are floors (``>=``): a ceiling blocks the next release."""
+    import configparser
+
+    from packaging.requirements import Requirement
+
+    cfg = configparser.ConfigParser()
+    cfg.read(os.path.join(os.path.dirname(__file__), "..", "..", "setup.cfg"))
+    lines = [ln.split("#")[0].strip() for ln in cfg["options"]["install_requires"].splitlines()]
+    reqs = {r.name: r for r in (Requirement(ln) for ln in lines if ln)}
+    for name in ("apache-airflow", "apache-airflow-providers-apache-spark"):
+        ops = {s.operator for s in reqs[name].specifier}
+        assert ops == {">="}, f"{name}: {reqs[name].specifier}"
