@@ -24,9 +24,34 @@ class BucketIndexTableMixin:
       counts) -- Airflow pushes it as ``return_value`` only when ``do_xcom_push`` is True.
       Any further key goes through :meth:`push_xcom`, which obeys the same switch. Never
       push a job's whole report: XCom lives in the metadata DB.
+    * **Lineage**: ``execute`` calls :meth:`set_lineage` with the URIs it read and wrote
+      (and the rows the commit wrote); :meth:`get_openlineage_facets_on_complete` -- called
+      by the OpenLineage provider, when installed, after ``execute`` -- turns that into
+      datasets named after the OpenLineage spec.
+    * **Assets**: an operator that changes a table's content sets ``emits_table_updates``;
+      its default outlet is the alias :data:`~airflow_provider_bucketindex.lineage.TABLE_UPDATES`
+      and ``execute`` calls :meth:`emit_table_update` after its commit, so DAGs scheduled on
+      ``table_asset(uri)`` run, with the instant and batch id in the event's extra.
     """
 
     do_xcom_push: bool
+    outlets: Any
+    #: True for operators whose commit changes what readers of the table see (an upsert)
+    emits_table_updates: bool = False
+
+    @classmethod
+    def default_outlets(cls, kwargs: dict[str, Any]) -> None:
+        """Call from ``__init__`` before ``super().__init__(**kwargs)``: add the table-updates alias
+        to the task's outlets (a user's own outlets are kept)."""
+        if not cls.emits_table_updates:
+            return
+        from airflow_provider_bucketindex.lineage import TABLE_UPDATES
+
+        outlets = kwargs.get("outlets")
+        outlets = [] if outlets is None else (list(outlets) if isinstance(outlets, (list, tuple)) else [outlets])
+        if not any(getattr(o, "name", None) == TABLE_UPDATES.name and type(o) is type(TABLE_UPDATES) for o in outlets):
+            outlets.append(TABLE_UPDATES)
+        kwargs["outlets"] = outlets
 
     def push_xcom(self, context: Context, **values: Any) -> None:
         """Push each ``key=value`` to XCom, unless the task says ``do_xcom_push=False``."""
@@ -35,6 +60,62 @@ class BucketIndexTableMixin:
         ti = context["ti"]
         for key, value in values.items():
             ti.xcom_push(key=key, value=value)
+
+    # -- assets ------------------------------------------------------------------------------
+    def emit_table_update(self, context: Context, table_uri: str, **extra: Any) -> None:
+        """Record an Asset event for the table (extra: small JSON values -- instant, batch id,
+        counts): through the alias outlet, and on an outlet that *is* this table's Asset."""
+        from airflow.sdk import Asset, AssetAlias
+
+        from airflow_provider_bucketindex.lineage import table_asset, table_asset_uri
+
+        events = context.get("outlet_events")
+        if events is None:
+            return
+        asset, uri = table_asset(table_uri), table_asset_uri(table_uri)
+        for outlet in self.outlets or []:
+            if isinstance(outlet, AssetAlias):
+                events[outlet].add(asset, extra=dict(extra))
+            elif isinstance(outlet, Asset) and outlet.uri == uri:
+                events[outlet].extra.update(extra)
+
+    # -- OpenLineage ---------------------------------------------------------------------------
+    def set_lineage(
+        self,
+        *,
+        inputs: Sequence[str] = (),
+        outputs: Sequence[str] = (),
+        output_rows: int | None = None,
+        output_files: int | None = None,
+        output_bytes: int | None = None,
+    ) -> None:
+        """What this run read and wrote (paths or URIs), for :meth:`get_openlineage_facets_on_complete`."""
+        self._bi_lineage = {
+            "inputs": [str(u) for u in inputs],
+            "outputs": [str(u) for u in outputs],
+            "stats": {"rowCount": output_rows, "fileCount": output_files, "size": output_bytes},
+        }
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """Inputs and outputs of the finished run as OpenLineage datasets: the source and the
+        table; outputs carry ``outputStatistics`` (rows, files, bytes the commit wrote)."""
+        from airflow.providers.common.compat.openlineage.facet import (
+            Dataset,
+            OutputStatisticsOutputDatasetFacet,
+        )
+        from airflow.providers.openlineage.extractors import OperatorLineage
+
+        from airflow_provider_bucketindex.lineage import openlineage_dataset
+
+        recorded = getattr(self, "_bi_lineage", None)
+        if not recorded:
+            return OperatorLineage()
+        stats = {k: int(v) for k, v in recorded["stats"].items() if v is not None}
+        facets = {"outputStatistics": OutputStatisticsOutputDatasetFacet(**stats)} if stats else {}
+        return OperatorLineage(
+            inputs=[Dataset(*openlineage_dataset(u)) for u in recorded["inputs"]],
+            outputs=[Dataset(*openlineage_dataset(u), facets=dict(facets)) for u in recorded["outputs"]],
+        )
 
 
 class BucketIndexSparkOperator(BucketIndexTableMixin, BaseOperator):

@@ -99,6 +99,8 @@ class CleanTableOperator(BucketIndexTableMixin, BaseOperator):
             "earliest_retained": out.get("earliest_retained"),
             "dry_run": kwargs["dry_run"],
         }
+        deleted = not (result["noop"] or result["dry_run"])
+        self.set_lineage(inputs=[table_uri], outputs=[table_uri] if deleted else [])
         if result["noop"]:
             self.log.info("clean %s: nothing to delete (earliest retained %s)", table_uri, result["earliest_retained"])
         else:

@@ -93,6 +93,7 @@ class AsyncIndexCompactionOperator(BucketIndexSparkOperator):
                           planned["logs"])
             result.update(planned)
             if self.mode == "schedule":
+                self.set_lineage(inputs=[table_uri])  # a plan: metadata read, no data written
                 return result
             instant = planned["instant"]
         else:
@@ -108,6 +109,7 @@ class AsyncIndexCompactionOperator(BucketIndexSparkOperator):
                 raise AirflowFailException(str(e)) from e
             raise
         result["counts"] = self._counts(table_uri, instant)
+        self.set_lineage(inputs=[table_uri], outputs=[table_uri], output_rows=result["counts"].get("rows"))
         return result
 
     def _schedule(self, table_uri: str) -> dict[str, Any] | None:

@@ -121,6 +121,7 @@ class RollbackBatchOperator(BucketIndexTableMixin, BaseOperator):
         if rolled is None:
             self.log.info("Batch %s left nothing pending in %s: nothing to roll back", batch_id, table_uri)
         else:
+            self.set_lineage(outputs=[table_uri])
             self.log.info("Rolled back instant %s of batch %s in %s", rolled, batch_id, table_uri)
         return {"batch_id": batch_id, "rolled_back": rolled}
 
@@ -145,6 +146,8 @@ class RollbackBatchOperator(BucketIndexTableMixin, BaseOperator):
                 return {"instant": instant, "rolled_back": None}
             raise AirflowFailException(str(e)) from e
         rolled = done[0] if done else None
+        if rolled is not None:
+            self.set_lineage(outputs=[table_uri])
         if rolled is None:
             self.log.info("Instant %s was rolled back already in %s: nothing to do", instant, table_uri)
         else:

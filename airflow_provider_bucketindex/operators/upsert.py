@@ -52,6 +52,13 @@ class UpsertWithIndexOperator(BucketIndexSparkOperator):
     default) -- ``instant`` (the commit), ``counts`` (inserted, updated, deleted), and as
     return value a summary of both.
 
+    Lineage and assets: the default outlet is the alias
+    :data:`~airflow_provider_bucketindex.lineage.TABLE_UPDATES`; each run (also a retry that
+    finds its batch committed) records an Asset event for ``table_asset(table_uri)`` with
+    extra ``{"instant", "batch_id", "inserted", "updated", "deleted"}``, so a DAG with
+    ``schedule=[table_asset(uri)]`` runs after it. OpenLineage: input the source, output
+    the table with ``outputStatistics.rowCount`` = inserted + updated + deleted.
+
     Exit status 2 (bad input) fails the task without retries; exit status 3 (a concurrent
     commit conflicted after the job's own retries, or the table was busy) is an ordinary
     failure that the task's ``retries`` repeat under the same batch id.
@@ -79,6 +86,7 @@ class UpsertWithIndexOperator(BucketIndexSparkOperator):
         "env_vars",
     )
     ui_color = "#e8f0fe"
+    emits_table_updates = True
 
     def __init__(
         self,
@@ -97,6 +105,7 @@ class UpsertWithIndexOperator(BucketIndexSparkOperator):
         skip_committed_batches: bool = True,
         **kwargs: Any,
     ) -> None:
+        self.default_outlets(kwargs)
         super().__init__(**kwargs)
         self.table_uri = table_uri
         self.source_uri = source_uri
@@ -187,6 +196,10 @@ class UpsertWithIndexOperator(BucketIndexSparkOperator):
 
     def _publish(self, context: Context, summary: dict[str, Any]) -> dict[str, Any]:
         counts = {k: summary[k] for k in ("inserted", "updated", "deleted")}
+        self.set_lineage(inputs=[str(self.source_uri)], outputs=[summary["table_uri"]],
+                         output_rows=sum(counts.values()))
+        self.emit_table_update(context, summary["table_uri"], instant=summary["instant"],
+                               batch_id=summary["batch_id"], **counts)
         self.push_xcom(context, instant=summary["instant"], counts=counts)
         return {"table_uri": summary["table_uri"], "batch_id": summary["batch_id"], "instant": summary["instant"], **counts}
 

@@ -43,5 +43,6 @@ class ValidateTableOperator(BucketIndexSparkOperator):
             if e.returncode == EXIT_BAD_INPUT:
                 raise AirflowFailException(str(e)) from e
             raise
+        self.set_lineage(inputs=[table_uri])
         last = self.hook.last_commit(table_uri)
         return {"table_uri": table_uri, "valid": True, "instant": last["instant"] if last else None}

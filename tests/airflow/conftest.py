@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_bucketindex import sandbox
+from airflow_provider_bucketindex.demo import sandbox
 
 REPO = Path(__file__).resolve().parents[2]
 sandbox.session_env_for_tests([str(REPO / "dags"), str(Path(__file__).parent / "dags")])

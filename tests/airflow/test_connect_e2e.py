@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.airflow, pytest.mark.connect, pytest.mark.timeout(600)
 
 
 def test_ingest_dag_over_spark_connect(connect_server, airflow_db, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
-    from airflow_provider_bucketindex import sample_data, sandbox
+    from airflow_provider_bucketindex.demo import sample_data, sandbox
     from airflow_provider_bucketindex.hooks import bucketindex
     from airflow_provider_bucketindex.hooks.bucketindex import BucketIndexHook
 

@@ -63,7 +63,7 @@ def test_dag_files_use_only_the_sdk_for_airflow_imports():
 
 
 def test_dags_folder_links_the_packaged_examples():
-    from airflow_provider_bucketindex import sandbox
+    from airflow_provider_bucketindex.demo import sandbox
 
     for path in DAGS.glob("*.py"):
         packaged = Path(sandbox.example_dags_folder()) / path.name

@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from airflow_provider_bucketindex import sample_data
+from airflow_provider_bucketindex.demo import sample_data
 
 pytestmark = [pytest.mark.airflow, pytest.mark.timeout(600)]
 
@@ -46,7 +46,7 @@ def lake(tmp_path_factory, airflow_db):  # type: ignore[no-untyped-def]
 
 
 def _ingest(**task_overrides):  # type: ignore[no-untyped-def]
-    from airflow_provider_bucketindex import sandbox
+    from airflow_provider_bucketindex.demo import sandbox
 
     dag = sandbox.load_dag(INGEST)  # a fresh parse: overrides never leak between tests
     for attr, value in task_overrides.items():
@@ -63,7 +63,7 @@ def _commits(table_uri: str) -> list[tuple[str, str]]:
 
 
 def test_scheduled_run_upserts_validates_and_matches_oracle(lake):  # type: ignore[no-untyped-def]
-    from airflow_provider_bucketindex import sandbox
+    from airflow_provider_bucketindex.demo import sandbox
 
     run = sandbox.run_dag(_ingest(), D1, lake["conf"])
 
@@ -87,7 +87,7 @@ def test_scheduled_run_upserts_validates_and_matches_oracle(lake):  # type: igno
 
 
 def test_writer_killed_before_commit_is_rolled_back_and_run_fails(lake):  # type: ignore[no-untyped-def]
-    from airflow_provider_bucketindex import sandbox
+    from airflow_provider_bucketindex.demo import sandbox
     from spark_jobs.table import Action, Table
 
     if "snapshot1" not in lake["state"]:
@@ -117,7 +117,7 @@ def test_writer_killed_before_commit_is_rolled_back_and_run_fails(lake):  # type
 
 
 def test_corrupt_source_fails_without_retry_and_leaves_table(lake):  # type: ignore[no-untyped-def]
-    from airflow_provider_bucketindex import sandbox
+    from airflow_provider_bucketindex.demo import sandbox
 
     if "snapshot1" not in lake["state"]:
         pytest.skip("needs the first run's snapshot")
@@ -137,7 +137,7 @@ def test_corrupt_source_fails_without_retry_and_leaves_table(lake):  # type: ign
 
 
 def test_retry_with_same_batch_id_leaves_one_commit(lake):  # type: ignore[no-untyped-def]
-    from airflow_provider_bucketindex import sandbox
+    from airflow_provider_bucketindex.demo import sandbox
 
     if "snapshot1" not in lake["state"]:
         pytest.skip("needs the first run's snapshot")

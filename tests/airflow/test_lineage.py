@@ -19,7 +19,7 @@ def _conf_of(cmd: list[str]) -> dict[str, str]:
 
 
 def test_spark_submit_carries_the_tasks_openlineage_parent_job(tmp_path, airflow_db, monkeypatch):  # type: ignore[no-untyped-def]
-    from airflow_provider_bucketindex import sandbox
+    from airflow_provider_bucketindex.demo import sandbox
 
     monkeypatch.setenv("AIRFLOW__OPENLINEAGE__SPARK_INJECT_PARENT_JOB_INFO", "true")
     dag_id = "bucketindex_test_lineage_injection"
@@ -40,3 +40,51 @@ def test_spark_submit_carries_the_tasks_openlineage_parent_job(tmp_path, airflow
     assert user["spark.openlineage.parentJobName"] == "mine"
     assert "spark.openlineage.parentRunId" not in user, "properties the user set are never mixed with injected ones"
     assert not [k for k in _conf_of(run.xcom("off")) if k.startswith("spark.openlineage.")]
+
+
+def _committed(table_uri: str, batch_id: str) -> str:
+    from spark_jobs.table import Action, Table, TableConfig
+
+    t = Table.open(table_uri)
+    t.create(TableConfig(record_key_fields=["id"]))
+    inst = t.timeline.transition_to_inflight(t.timeline.create_requested(Action.COMMIT, {"batch_id": batch_id}))
+    t.timeline.complete(inst, {"batch_id": batch_id, "counts": {"inserted": 7, "updated": 2, "deleted": 1}})
+    return inst.timestamp
+
+
+def test_upsert_asset_event_triggers_the_table_updated_dag(tmp_path, airflow_db, monkeypatch):  # type: ignore[no-untyped-def]
+    """The upsert's Asset event (through its default alias outlet) carries instant and batch id
+    and queues the example DAG scheduled on the table's Asset, which then reads that event."""
+    from airflow.models.asset import AssetDagRunQueue, AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    from airflow_provider_bucketindex.demo import sandbox
+    from airflow_provider_bucketindex.lineage import TABLE_UPDATES_ALIAS, table_asset_uri
+
+    table = str(tmp_path / "events")
+    monkeypatch.setenv("BUCKETINDEX_TABLE_URI", table)  # the example consumer's Asset, read at parse
+    instant = _committed(table, "batch-7")
+    sandbox.unpause("bucketindex_table_updated")  # paused DAGs are not queued
+    producer = sandbox.load_dag("bucketindex_test_asset_producer")
+    assert [o.name for o in producer.get_task("upsert").outlets] == [TABLE_UPDATES_ALIAS]
+
+    run = sandbox.run_dag(producer, conf={"table_uri": table, "batch_id": "batch-7"})
+
+    assert run.state == "success", run
+    extra = {"instant": instant, "batch_id": "batch-7", "inserted": 7, "updated": 2, "deleted": 1}
+    with create_session() as session:
+        asset = session.scalars(select(AssetModel).where(AssetModel.uri == table_asset_uri(table))).one()
+        events = session.scalars(select(AssetEvent).where(AssetEvent.asset_id == asset.id)).all()
+        assert [e.extra for e in events] == [extra]
+        assert events[0].source_dag_id == producer.dag_id and events[0].source_task_id == "upsert"
+        queued = session.scalars(select(AssetDagRunQueue.target_dag_id).where(
+            AssetDagRunQueue.asset_id == asset.id)).all()
+    assert queued == ["bucketindex_table_updated"], "the scheduler would now start the consumer"
+
+    consumer = sandbox.run_dag(sandbox.load_dag("bucketindex_table_updated"))
+    assert consumer.state == "success", consumer
+    assert consumer.xcom("describe_commit") == {
+        "table_uri": table,
+        "commits": [{"instant": instant, "batch_id": "batch-7", "inserted": 7, "updated": 2, "deleted": 1}],
+    }

@@ -17,8 +17,8 @@ DAG_ID = "bucketindex_test_mapped"
 
 
 def test_mapped_upsert_rolls_back_only_the_failed_instance(tmp_path, airflow_db):  # type: ignore[no-untyped-def]
-    from airflow_provider_bucketindex import sandbox
-    from airflow_provider_bucketindex import sample_data
+    from airflow_provider_bucketindex.demo import sandbox
+    from airflow_provider_bucketindex.demo import sample_data
     from spark_jobs.table import Action, Table
 
     (rows,) = sample_data.make_batches(1, 60, seed=5)

@@ -31,7 +31,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from airflow_provider_bucketindex import sample_data
+from airflow_provider_bucketindex.demo import sample_data
 
 pytestmark = [pytest.mark.airflow, pytest.mark.timeout(900)]
 
@@ -86,7 +86,7 @@ def lake(tmp_path_factory, airflow_db):  # type: ignore[no-untyped-def]
 
 
 def test_nightly_run_compacts_beside_a_concurrent_upsert_cleans_and_validates(lake):  # type: ignore[no-untyped-def]
-    from airflow_provider_bucketindex import sandbox
+    from airflow_provider_bucketindex.demo import sandbox
     from spark_jobs.table import Action, Table
     from spark_jobs.table.view import is_index_delta
 
@@ -148,7 +148,7 @@ def test_failed_execute_cancels_the_compaction_and_fails_the_run(lake):  # type:
     """The compaction's writer is killed just before its commit point (``BUCKETINDEX_FAULT``,
     the whole spark-submit session, as a node dying): the failure branch cancels the plan,
     the run fails, and the table is as it was."""
-    from airflow_provider_bucketindex import sandbox
+    from airflow_provider_bucketindex.demo import sandbox
     from spark_jobs.table import Table
 
     if not lake.get("compacted"):
@@ -189,7 +189,7 @@ def _hand_made_table(path: str, deltas: int) -> "object":
 
 
 def test_nothing_due_skips_the_services_and_the_run_succeeds(tmp_path, airflow_db):  # type: ignore[no-untyped-def]
-    from airflow_provider_bucketindex import sandbox
+    from airflow_provider_bucketindex.demo import sandbox
 
     t = _hand_made_table(str(tmp_path / "t"), 1)
     timeline = sorted(os.listdir(tmp_path / "t" / ".bucketindex" / "timeline"))
@@ -220,7 +220,7 @@ def _trigger_rows(table_uri: str) -> int:
 
 
 def test_deferred_sensor_resumes_through_its_trigger(tmp_path, airflow_db):  # type: ignore[no-untyped-def]
-    from airflow_provider_bucketindex import sandbox
+    from airflow_provider_bucketindex.demo import sandbox
     from tests.unit.test_table_format import write_commit
 
     t = _hand_made_table(str(tmp_path / "t"), 1)

@@ -25,7 +25,7 @@ def _other_pending(table_uri: str) -> str:
 
 
 def test_rollback_branch_removes_the_failed_batchs_pending_instant(tmp_path, airflow_db):  # type: ignore[no-untyped-def]
-    from airflow_provider_bucketindex import sandbox
+    from airflow_provider_bucketindex.demo import sandbox
     from spark_jobs.table import Action, Table
 
     table = str(tmp_path / "table")
@@ -46,7 +46,7 @@ def test_rollback_branch_removes_the_failed_batchs_pending_instant(tmp_path, air
 
 
 def test_rollback_branch_is_a_noop_when_nothing_is_pending(tmp_path, airflow_db):  # type: ignore[no-untyped-def]
-    from airflow_provider_bucketindex import sandbox
+    from airflow_provider_bucketindex.demo import sandbox
     from spark_jobs.table import Table
 
     table = str(tmp_path / "table")

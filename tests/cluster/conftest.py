@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_bucketindex import packaging, sandbox
+from airflow_provider_bucketindex import packaging
+from airflow_provider_bucketindex.demo import sandbox
 
 REPO = Path(__file__).resolve().parents[2]
 sandbox.session_env_for_tests([str(REPO / "dags")])

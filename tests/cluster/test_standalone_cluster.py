@@ -11,7 +11,8 @@ from datetime import datetime, timezone
 
 import pytest
 
-from airflow_provider_bucketindex import packaging, sample_data, sandbox
+from airflow_provider_bucketindex import packaging
+from airflow_provider_bucketindex.demo import sample_data, sandbox
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 

@@ -138,7 +138,7 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
 
 
 def _rollback_with_operator(uri: str, batch_id: str) -> None:
-    from airflow_provider_bucketindex import sandbox
+    from airflow_provider_bucketindex.demo import sandbox
 
     sandbox.isolate_before_import()
     from airflow_provider_bucketindex.operators import RollbackBatchOperator

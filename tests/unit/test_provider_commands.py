@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from airflow_provider_bucketindex import packaging, sandbox
+from airflow_provider_bucketindex import packaging
+from airflow_provider_bucketindex.demo import sandbox
 from spark_jobs.resources import local_driver_memory
 
 pytestmark = pytest.mark.unit

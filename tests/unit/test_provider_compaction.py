@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from airflow_provider_bucketindex import sandbox
+from airflow_provider_bucketindex.demo import sandbox
 from spark_jobs.table import Action, Table, TableConfig
 from tests.unit.test_table_format import write_commit
 

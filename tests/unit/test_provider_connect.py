@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from airflow_provider_bucketindex import sandbox
+from airflow_provider_bucketindex.demo import sandbox
 
 pytestmark = pytest.mark.unit
 

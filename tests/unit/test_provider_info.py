@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-from airflow_provider_bucketindex import get_provider_info, sandbox
+from airflow_provider_bucketindex import get_provider_info
+from airflow_provider_bucketindex.demo import sandbox
 
 pytestmark = pytest.mark.unit
 

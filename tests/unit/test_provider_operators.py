@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from airflow_provider_bucketindex import packaging, sandbox
+from airflow_provider_bucketindex import packaging
+from airflow_provider_bucketindex.demo import sandbox
 from airflow_provider_bucketindex.batch import batch_id_from_context, default_batch_id
 
 pytestmark = pytest.mark.unit
@@ -353,3 +354,61 @@ def test_unmapped_rollback_after_a_mapped_upsert_rolls_back_every_failed_instanc
     assert sorted(out["rolled_back"]) == sorted([pending["m/r/g.upsert/0"], pending["m/r/g.upsert/2"]])
     left = {i.timestamp for i in Table.load(table).timeline.reload().pending()}
     assert left == {pending["m/r/plain"], pending["m/other/g.upsert/1"]}
+
+
+# -- OpenLineage facets (the OpenLineage provider is in the test extra) ---------------------
+
+
+def test_openlineage_facets_name_source_and_table_with_the_commits_rows(ops, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    from airflow_provider_bucketindex.hooks import bucketindex
+    from airflow_provider_bucketindex.lineage import openlineage_dataset
+
+    monkeypatch.setattr(bucketindex.BucketIndexHook, "submit", lambda *a, **k: pytest.fail("resubmitted"))
+    ti = FakeTI()
+    table = str(tmp_path / "t")
+    _committed_table(table, batch_id_from_context({"ti": ti}))
+    op = ops.UpsertWithIndexOperator(task_id="upsert", table_uri=table, source_uri="/landing/2024-01-01",
+                                     record_key="id")
+    assert op.get_openlineage_facets_on_complete(None).outputs == []  # nothing ran yet
+    op.execute({"ti": ti})
+
+    lineage = op.get_openlineage_facets_on_complete(None)
+    assert [(d.namespace, d.name) for d in lineage.inputs] == [("file", "/landing/2024-01-01")]
+    (out,) = lineage.outputs
+    assert (out.namespace, out.name) == ("file", table)
+    assert out.facets["outputStatistics"].rowCount == 7 + 2 + 1
+
+    clean = ops.CleanTableOperator(task_id="clean", table_uri=table, dry_run=True)
+    clean.execute({"ti": FakeTI(task_id="clean")})
+    lineage = clean.get_openlineage_facets_on_complete(None)
+    assert [(d.namespace, d.name) for d in lineage.inputs] == [("file", table)] and lineage.outputs == []
+
+    assert openlineage_dataset("s3://bucket/lake/events/") == ("s3://bucket", "lake/events")
+    assert openlineage_dataset("s3a://bucket/lake/events") == ("s3://bucket", "lake/events")
+    assert openlineage_dataset("hdfs://nn:8020/lake/events") == ("hdfs://nn:8020", "/lake/events")
+    assert openlineage_dataset("file:///lake/events") == ("file", "/lake/events")
+
+
+def test_rollback_reports_the_table_it_changed(ops, tmp_path):  # type: ignore[no-untyped-def]
+    from spark_jobs.table import Action, Table, TableConfig
+
+    table = str(tmp_path / "t")
+    t = Table.open(table)
+    t.create(TableConfig(record_key_fields=["id"]))
+    t.timeline.transition_to_inflight(t.timeline.create_requested(Action.COMMIT, {"batch_id": "b"}))
+    op = ops.RollbackBatchOperator(task_id="rollback", table_uri=table, batch_id="b")
+    assert op.execute({"ti": FakeTI(task_id="rollback")})["rolled_back"]
+    assert [(d.namespace, d.name) for d in op.get_openlineage_facets_on_complete(None).outputs] == [("file", table)]
+
+
+def test_table_asset_uris(ops):  # type: ignore[no-untyped-def]
+    from airflow_provider_bucketindex.lineage import TABLE_UPDATES, table_asset, table_asset_uri
+
+    assert table_asset_uri("/lake/events") == "file:///lake/events"
+    assert table_asset_uri("file:///lake/events") == "file:///lake/events"
+    assert table_asset_uri("s3://b/lake/events/") == "s3://b/lake/events"
+    assert table_asset("/lake/events").uri == "file:///lake/events"
+    up = ops.UpsertWithIndexOperator(task_id="u", table_uri="/t", source_uri="/s", record_key="id",
+                                     outlets=[table_asset("/t")])
+    assert up.outlets == [table_asset("/t"), TABLE_UPDATES]  # the user's own outlet is kept
+    assert ops.ValidateTableOperator(task_id="v", table_uri="/t").outlets == []  # reads only

@@ -103,7 +103,8 @@ def test_provider_never_imports_pyspark(tmp_path):
     code = (
         "import sys\n"
         "import airflow_provider_bucketindex, airflow_provider_bucketindex.cli\n"
-        "from airflow_provider_bucketindex import batch, demo, packaging, sample_data, sandbox\n"
+        "from airflow_provider_bucketindex import batch, packaging\n"
+        "from airflow_provider_bucketindex.demo import runner, sample_data, sandbox\n"
         "from airflow_provider_bucketindex.hooks import bucketindex\n"
         "from airflow_provider_bucketindex.operators import base, upsert, validate, rollback, compaction, clean\n"
         "from airflow_provider_bucketindex.sensors import table_state as sensors\n"

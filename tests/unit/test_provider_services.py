@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_bucketindex import sandbox
+from airflow_provider_bucketindex.demo import sandbox
 from spark_jobs.table import Table, TableConfig
 from tests.unit.test_table_format import write_commit
 

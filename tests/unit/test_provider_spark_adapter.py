@@ -16,7 +16,8 @@ import warnings
 
 import pytest
 
-from airflow_provider_bucketindex import packaging, sandbox
+from airflow_provider_bucketindex import packaging
+from airflow_provider_bucketindex.demo import sandbox
 
 pytestmark = pytest.mark.unit
 

@@ -18,6 +18,8 @@
 * ``bucketindex_test_mapped``: a mapped task group over the landing files, each instance an
   upsert and its rollback (one_failed); the writer of ``failing_file`` is killed before
   its commit, and only that instance's rollback has something to do.
+* ``bucketindex_test_asset_producer``: an upsert of a batch that is already committed: it
+  publishes (XCom, Asset event, lineage) without a Spark job.
 """
 
 from __future__ import annotations
@@ -200,3 +202,15 @@ with DAG(
         failed instance, so the run fails although that instance's rollback succeeds."""
 
     ingest_file.expand_kwargs(landing_files("{{ params.landing_uri }}", "{{ params.failing_file }}"))
+
+
+with DAG(
+    dag_id="bucketindex_test_asset_producer",
+    schedule=None,
+    start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),
+    params={"table_uri": Param("", type="string"), "batch_id": Param("", type="string")},
+) as asset_producer_dag:
+    # the batch is committed already (the test writes it with the core), so the upsert finds
+    # it and publishes without a Spark job -- as the retry of a task that died after its commit
+    UpsertWithIndexOperator(task_id="upsert", table_uri="{{ params.table_uri }}", source_uri="/landing/unused",
+                            record_key="id", batch_id="{{ params.batch_id }}")

@@ -28,6 +28,7 @@ __all__ = [
     "run_dag",
     "run_report",
     "session_env_for_tests",
+    "unpause",
 ]
 
 #: Spark properties that suit small local runs: no UI, few shuffle partitions.
@@ -36,7 +37,9 @@ LOCAL_TEST_CONF = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": 
 
 def example_dags_folder() -> str:
     """The installed example DAGs (``dags/`` in the repository links to these files)."""
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "example_dags")
+    from airflow_provider_bucketindex import example_dags
+
+    return os.path.dirname(os.path.abspath(example_dags.__file__))
 
 
 def connection_json(
@@ -182,6 +185,33 @@ def load_dag(dag_id: str, dags_folder: str | None = None):  # type: ignore[no-un
     if dag_id not in bag.dags:
         raise KeyError(f"no DAG {dag_id!r} in {folder} (found {sorted(bag.dags)})")
     return bag.dags[dag_id]
+
+
+def unpause(dag_id: str) -> None:
+    """Write the configured DAG folder's DAGs to the metadata DB (as ``dag.test()`` does) and
+    unpause ``dag_id``, as a user does in the UI: the scheduler queues runs of an
+    Asset-scheduled DAG only while it is unpaused (DAGs are paused at creation)."""
+    from pathlib import Path
+
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+    from airflow.dag_processing.dagbag import BundleDagBag, sync_bag_to_db
+    from airflow.models.dag import DagModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import update
+
+    manager = DagBundlesManager()
+    manager.sync_bundles_to_db()
+    for bundle in manager.get_all_dag_bundles():
+        if not bundle.is_initialized:
+            bundle.initialize()
+        bag = BundleDagBag(dag_folder=bundle.path, bundle_path=Path(bundle.path), bundle_name=bundle.name)
+        if dag_id in bag.dags:
+            sync_bag_to_db(bag, bundle.name, bundle.version)
+            break
+    else:
+        raise KeyError(f"no DAG {dag_id!r} in any DAG bundle")
+    with create_session() as session:
+        session.execute(update(DagModel).where(DagModel.dag_id == dag_id).values(is_paused=False))
 
 
 class RunReport:

@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     if "airflow" in sys.modules:  # too late to point Airflow at our home: start afresh
         return subprocess.call([sys.executable, "-m", "airflow_provider_bucketindex.demo", *(argv or [])])
 
-    from airflow_provider_bucketindex import sample_data, sandbox
+    from airflow_provider_bucketindex.demo import sample_data, sandbox
 
     t_start = time.perf_counter()
     clock = _Clock()
