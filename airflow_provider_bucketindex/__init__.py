@@ -57,6 +57,7 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_provider_bucketindex.operators.rollback",
                     "airflow_provider_bucketindex.operators.compaction",
                     "airflow_provider_bucketindex.operators.clean",
+                    "airflow_provider_bucketindex.operators.rehash",
                 ],
             }
         ],

@@ -2,6 +2,7 @@
 
 from airflow_provider_bucketindex.operators.clean import CleanTableOperator
 from airflow_provider_bucketindex.operators.compaction import AsyncIndexCompactionOperator
+from airflow_provider_bucketindex.operators.rehash import RehashOperator
 from airflow_provider_bucketindex.operators.rollback import RollbackBatchOperator
 from airflow_provider_bucketindex.operators.upsert import UpsertWithIndexOperator
 from airflow_provider_bucketindex.operators.validate import ValidateTableOperator
@@ -9,6 +10,7 @@ from airflow_provider_bucketindex.operators.validate import ValidateTableOperato
 __all__ = [
     "AsyncIndexCompactionOperator",
     "CleanTableOperator",
+    "RehashOperator",
     "RollbackBatchOperator",
     "UpsertWithIndexOperator",
     "ValidateTableOperator",

@@ -1,0 +1,108 @@
+"""RehashOperator: change a table's bucket count, by hand, after looking at ``bucketindex show``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+from airflow.sdk.exceptions import AirflowFailException
+
+from airflow_provider_bucketindex.hooks.bucketindex import EXIT_BAD_INPUT, SparkJobFailed
+from airflow_provider_bucketindex.operators.base import BucketIndexSparkOperator
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+__all__ = ["RehashOperator"]
+
+
+class RehashOperator(BucketIndexSparkOperator):
+    """Rehash the table to ``num_buckets`` (``bucketindex rehash TABLE --num-buckets M``).
+
+    The count must be a multiple of the count in force (each bucket splits into its
+    children in one Spark task, no shuffle) or a divisor of it (buckets merge), at most
+    65,536; the table must be bucketed (``record`` or ``bucket`` index) and no other rehash
+    may be running (format.md §3.4). All of that is checked **in the task, before anything
+    is submitted** (pure Python, table metadata only): a wrong count fails the task without
+    a retry and without starting a Spark job, with the reason as its error. The count in
+    force already: nothing to do, the task succeeds (a cleared or retried task is a no-op).
+
+    A write that completes while the rehash runs makes the rehash fail with a conflict and
+    write nothing (it rewrote what it read); that is retryable, so Airflow's retries apply.
+    Put a :class:`~airflow_provider_bucketindex.sensors.NoPendingWritesSensor` before it to
+    start when no upsert is in flight, as ``dags/bucketindex_rehash.py`` does.
+
+    :param table_uri: the table (templated).
+    :param num_buckets: the new count (templated: ``"{{ params.num_buckets }}"``; a rendered
+        string is accepted).
+    :param heartbeat_timeout_s: seconds without a heartbeat after which a pending rehash
+        counts as abandoned (and is rolled back rather than refused); default the table's.
+
+    Returns ``{"table_uri", "instant", "num_buckets", "previous_num_buckets", "noop",
+    "counts"}`` (XCom, when ``do_xcom_push``).
+    """
+
+    template_fields: Sequence[str] = ("table_uri", "num_buckets", "master", "conf", "name", "env_vars")
+    ui_color = "#e8f0fe"
+
+    def __init__(self, *, table_uri: str, num_buckets: int | str, heartbeat_timeout_s: float | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.table_uri = table_uri
+        self.num_buckets = num_buckets
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+
+    def spark_submit_command(self) -> list[str]:
+        """The exact spark-submit command this task runs (templates rendered)."""
+        return self.hook.build_command("rehash", self._args(str(self.table_uri), self._count()))
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from spark_jobs.table.action.rehash import validate_rehash
+        from spark_jobs.table.config import BadInputError
+
+        table_uri = str(self.table_uri)
+        count = self._count()
+        try:
+            check = validate_rehash(table_uri, count, heartbeat_timeout_s=self.heartbeat_timeout_s)
+        except BadInputError as e:  # a wrong count, no table, a rehash running: no job, no retry
+            raise AirflowFailException(f"rehash of {table_uri} refused: {e}") from e
+        result: dict[str, Any] = {"table_uri": table_uri, "num_buckets": count,
+                                  "previous_num_buckets": check["previous_num_buckets"], "noop": check["noop"],
+                                  "instant": None, "counts": {}}
+        if check["noop"]:
+            self.log.info("%s already has %d buckets: nothing to do", table_uri, count)
+            return result
+        self.log.info("rehashing %s (%s index, %d rows): %d -> %d buckets", table_uri, check["index_type"],
+                      check["rows"], check["previous_num_buckets"], count)
+        try:
+            self.submit_job(context, "rehash", self._args(table_uri, count))
+        except SparkJobFailed as e:
+            if e.returncode == EXIT_BAD_INPUT:  # refused by the job after all (e.g. index and data disagree)
+                raise AirflowFailException(str(e)) from e
+            raise
+        result.update(self._committed(table_uri, count))
+        return result
+
+    def _count(self) -> int:
+        try:
+            return int(str(self.num_buckets).strip())
+        except ValueError:
+            raise AirflowFailException(f"num_buckets must be a whole number, got {self.num_buckets!r}") from None
+
+    def _args(self, table_uri: str, count: int) -> list[str]:
+        args = [table_uri, "--num-buckets", str(count)]
+        if self.heartbeat_timeout_s is not None:
+            args += ["--heartbeat-timeout", str(self.heartbeat_timeout_s)]
+        return args
+
+    @staticmethod
+    def _committed(table_uri: str, count: int) -> dict[str, Any]:
+        """The rehash the job committed, read back from the timeline (the job's stdout is its log)."""
+        from spark_jobs.table import Table
+        from spark_jobs.table.timeline import Action
+
+        tl = Table.load(table_uri).timeline.reload()
+        done = tl.last_completed([Action.REHASH])
+        meta = tl.read_metadata(done) if done is not None else {}
+        if meta.get("num_buckets") != count:
+            raise AirflowFailException(f"the rehash job ended but {table_uri} has no completed rehash to {count} buckets")
+        return {"instant": done.timestamp if done else None, "counts": dict(meta.get("counts") or {})}
