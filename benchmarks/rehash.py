@@ -6,8 +6,9 @@ unless ``--partitions``) with one upsert, then measures, in one warm local Spark
 * **upsert before**: one ``--batch`` batch (half updates of existing keys, half new keys)
   through ``run_upsert`` into the ``--from``-bucket table;
 * **rehash**: ``run_rehash`` to ``--to`` buckets (each old file group split into its
-  children by one task; no shuffle) -- the figure the issue asks about;
-* **upsert after**: another such batch into the ``--to``-bucket table;
+  children by one task; no shuffle) -- the figure the issue asks about -- ``--repeats``
+  times, merged back to ``--from`` in between (also timed), interleaved with the peer;
+* **upsert after**: as many such batches into the ``--to``-bucket table;
 * **rewrite with a shuffle** (the peer): what changing the bucket count costs without a
   rehash, on the same pre-rehash snapshot: (a) plain Spark -- read the snapshot's files,
   ``repartition(M, pmod(xxhash64(key), M))``, write Parquet (a lower bound: no index, no
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -75,6 +77,7 @@ def main() -> None:
     ap.add_argument("--to", dest="new", type=int, default=64)
     ap.add_argument("--batch", type=int, default=100_000)
     ap.add_argument("--partitions", type=int, default=0, help="partition the table by region into this many")
+    ap.add_argument("--repeats", type=int, default=2, help="timed runs of each contender (interleaved)")
     ap.add_argument("--reupsert", action="store_true", help="also time upserting every row into a new table")
     ap.add_argument("--no-cold", action="store_true", help="skip the cold-CLI runs")
     ap.add_argument("--workdir", help="default: a temporary directory, removed at the end")
@@ -117,44 +120,58 @@ def main() -> None:
     upsert(warm, make_source(workdir / "warmsrc", rng, uuid4_strings(rng, 20_000), 1, args.partitions), "w", 4)
     run_rehash(spark, warm, 8)
 
-    b1 = make_source(workdir / "b1", rng, batch_ids(rng, ids, args.batch), 2, args.partitions)
-    t = time.perf_counter()
-    before = upsert(uri, b1, "before")
-    result["upsert_before_ms"] = int((time.perf_counter() - t) * 1000)
-    log(f"upsert of {args.batch:,} rows at {args.old} buckets: {result['upsert_before_ms']} ms "
-        f"(write phase {before['timings_ms'].get('write_ms')} ms)")
+    def upserts(label: str, buckets: int, ts: int) -> list[int]:
+        """``--repeats`` batches; ``ts`` above every earlier batch's, so every update applies."""
+        out = []
+        for i in range(args.repeats):
+            src = make_source(workdir / f"{label}{i}", rng, batch_ids(rng, ids, args.batch), ts + i, args.partitions)
+            t = time.perf_counter()
+            res = upsert(uri, src, f"{label}-{i}")
+            out.append(int((time.perf_counter() - t) * 1000))
+            log(f"upsert of {args.batch:,} rows at {buckets} buckets: {out[-1]} ms "
+                f"(write phase {res['timings_ms'].get('write_ms')} ms)")
+        return out
+
+    result["upsert_before_ms"] = upserts("before", args.old, 10)
     snapshot = Table.load(uri).view()
     rows = snapshot.num_rows
     files = [str(Path(uri) / s.path) for s in snapshot.slices()]
 
-    t = time.perf_counter()
-    r = run_rehash(spark, uri, args.new)
-    result["rehash_ms"] = int((time.perf_counter() - t) * 1000)
-    assert Table.load(uri).view().num_rows == rows
-    log(f"rehash {args.old} -> {args.new}: {result['rehash_ms']} ms ({r['counts']['file_groups_read']} file groups "
-        f"read, {r['counts']['file_groups_written']} written)")
-
-    b2 = make_source(workdir / "b2", rng, batch_ids(rng, ids, args.batch), 3, args.partitions)
-    t = time.perf_counter()
-    after = upsert(uri, b2, "after")
-    result["upsert_after_ms"] = int((time.perf_counter() - t) * 1000)
-    log(f"upsert of {args.batch:,} rows at {args.new} buckets: {result['upsert_after_ms']} ms "
-        f"(write phase {after['timings_ms'].get('write_ms')} ms)")
-
-    # the peer: the same snapshot rewritten with a shuffle into M buckets
     from pyspark.sql import functions as F
 
-    out = workdir / "rewrite"
-    t = time.perf_counter()
-    df = spark.read.parquet(*files)
-    bucket = F.pmod(F.xxhash64("_bi_key"), F.lit(args.new))
-    keys = [*(F.col(c) for c in part), bucket]
-    df.repartition(args.new, *keys).write.mode("overwrite").parquet(str(out))
-    result["spark_rewrite_ms"] = int((time.perf_counter() - t) * 1000)
-    assert spark.read.parquet(str(out)).count() == rows
-    log(f"plain Spark rewrite with a shuffle into {args.new} buckets: {result['spark_rewrite_ms']} ms")
-    shutil.rmtree(out, ignore_errors=True)
-    result["speedup_vs_spark_rewrite"] = round(result["spark_rewrite_ms"] / result["rehash_ms"], 2)
+    def spark_rewrite() -> int:
+        """The peer: the pre-rehash snapshot rewritten with a shuffle into M buckets."""
+        out = workdir / "rewrite"
+        t = time.perf_counter()
+        df = spark.read.parquet(*files)
+        keys = [*(F.col(c) for c in part), F.pmod(F.xxhash64("_bi_key"), F.lit(args.new))]
+        df.repartition(args.new, *keys).write.mode("overwrite").parquet(str(out))
+        ms = int((time.perf_counter() - t) * 1000)
+        assert spark.read.parquet(str(out)).count() == rows
+        shutil.rmtree(out, ignore_errors=True)
+        return ms
+
+    def rehash(m: int) -> int:
+        t = time.perf_counter()
+        r = run_rehash(spark, uri, m)
+        ms = int((time.perf_counter() - t) * 1000)
+        assert Table.load(uri).view().num_rows == rows
+        log(f"rehash -> {m}: {ms} ms ({r['counts']['file_groups_read']} file groups read, "
+            f"{r['counts']['file_groups_written']} written)")
+        return ms
+
+    # split, peer and merge back interleaved, so the machine's noise lands on every contender
+    splits, rewrites, merges = [], [], []
+    for i in range(args.repeats):
+        if i:
+            merges.append(rehash(args.old))
+        splits.append(rehash(args.new))
+        rewrites.append(spark_rewrite())
+        log(f"plain Spark rewrite with a shuffle into {args.new} buckets: {rewrites[-1]} ms")
+    result.update(rehash_split_ms=splits, rehash_merge_ms=merges, spark_rewrite_ms=rewrites,
+                  rehash_ms=int(statistics.median(splits)), spark_rewrite_median_ms=int(statistics.median(rewrites)))
+    result["speedup_vs_spark_rewrite"] = round(result["spark_rewrite_median_ms"] / result["rehash_ms"], 2)
+    result["upsert_after_ms"] = upserts("after", args.new, 100)
     if args.reupsert:
         dump = workdir / "dump"
         spark.read.parquet(*files).drop("_bi_key").write.mode("overwrite").parquet(str(dump))
@@ -173,8 +190,7 @@ def main() -> None:
             ms = int((time.perf_counter() - t) * 1000)
             if p.returncode:
                 raise SystemExit(f"cold rehash failed: {p.stderr[-2000:]}")
-            kind = "merge" if m < Table.load(uri).timeline.read_metadata(
-                Table.load(uri).timeline.last_completed()).get("previous_num_buckets", m) else "split"
+            kind = "merge" if m == args.old else "split"
             result[f"cold_cli_{kind}_ms"] = ms
             log(f"cold CLI rehash -> {m} ({kind}): {ms} ms")
     t = time.perf_counter()
