@@ -316,6 +316,11 @@ def cmd_show(args: argparse.Namespace, submitted: bool) -> int:
         if c["action"] == "clean":
             print(f"  {c['instant']} clean      {counts.get('files', 0)} files, {_human_bytes(counts.get('bytes', 0))}")
             continue
+        if c["action"] == "rehash":
+            print(f"  {c['instant']} rehash     {counts.get('previous_num_buckets')} -> {counts.get('num_buckets')} "
+                  f"buckets, {counts.get('file_groups_written', 0)} file groups, "
+                  f"{counts.get('index_buckets', 0)} index buckets written" + (f"  [{phases}]" if t else ""))
+            continue
         if c["action"] == "compaction":
             print(f"  {c['instant']} compaction {counts.get('file_groups', 0)} file groups, "
                   f"{counts.get('logs_folded', 0)} logs folded, {counts.get('index_buckets', 0)} index buckets, "
