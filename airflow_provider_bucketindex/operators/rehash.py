@@ -70,6 +70,7 @@ class RehashOperator(BucketIndexSparkOperator):
                                   "instant": None, "counts": {}}
         if check["noop"]:
             self.log.info("%s already has %d buckets: nothing to do", table_uri, count)
+            self.set_lineage(inputs=[table_uri])
             return result
         self.log.info("rehashing %s (%s index, %d rows): %d -> %d buckets", table_uri, check["index_type"],
                       check["rows"], check["previous_num_buckets"], count)
@@ -80,6 +81,9 @@ class RehashOperator(BucketIndexSparkOperator):
                 raise AirflowFailException(str(e)) from e
             raise
         result.update(self._committed(table_uri, count))
+        # a bucket-index rehash rewrites every row; a record-index one only the index
+        self.set_lineage(inputs=[table_uri], outputs=[table_uri],
+                         output_rows=result["counts"].get("rows") if check["index_type"] == "bucket" else 0)
         return result
 
     def _count(self) -> int:

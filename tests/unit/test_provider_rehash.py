@@ -82,8 +82,11 @@ def test_missing_table_and_running_rehash_fail_without_a_job(ops, tmp_path, no_s
 
 def test_the_count_in_force_is_a_noop(ops, tmp_path, no_spark):  # type: ignore[no-untyped-def]
     t = _table(tmp_path, "bucket", 4)
-    out = ops.RehashOperator(task_id="r", table_uri=t.uri, num_buckets=" 4 ").execute({})
+    op = ops.RehashOperator(task_id="r", table_uri=t.uri, num_buckets=" 4 ")
+    out = op.execute({})
     assert out["noop"] is True and out["instant"] is None and out["previous_num_buckets"] == 4
+    lineage = op.get_openlineage_facets_on_complete(None)  # read the table, wrote nothing
+    assert [d.name for d in lineage.inputs] == [t.uri] and lineage.outputs == []
 
 
 @pytest.mark.parametrize("rc,final", [(2, True), (1, False), (3, False)])
