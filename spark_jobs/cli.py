@@ -93,6 +93,22 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
     va.add_argument("--driver-memory", help=_DRIVER_MEMORY_HELP)
     va.add_argument("--remote", metavar="sc://HOST:PORT", help=REMOTE_HELP)
 
+    sc = sub.add_parser("shadow-compare", help="compare the index's answer for each key with the data (or another "
+                                               "index type); exit 1 when mismatches exceed --max-mismatches")
+    sc.add_argument("table")
+    sc.add_argument("--against", default="scan", choices=("scan", "global_simple", "bucket"),
+                    help="the truth: a key scan of the data (default), or another index type computed on the fly")
+    sc.add_argument("--since", metavar="INSTANT", help="only keys touched by write actions after INSTANT "
+                                                      "(the previous report's instant)")
+    sc.add_argument("--sample-fraction", type=float, default=1.0, metavar="F",
+                    help="compare a deterministic sample of about F of the keys, 0 < F <= 1 (default 1)")
+    sc.add_argument("--max-mismatches", type=int, default=0, metavar="N",
+                    help="exit 1 only when more than N keys mismatch (default 0)")
+    sc.add_argument("--report", metavar="FILE", help="also write the JSON report here (a path or URI)")
+    sc.add_argument("--master")
+    sc.add_argument("--driver-memory", help=_DRIVER_MEMORY_HELP)
+    sc.add_argument("--remote", metavar="sc://HOST:PORT", help=REMOTE_HELP)
+
     rb = sub.add_parser("rollback", help="roll back pending instants (all abandoned ones, or INSTANT)")
     rb.add_argument("table")
     rb.add_argument("instant", nargs="?")
@@ -352,6 +368,29 @@ def cmd_validate(args: argparse.Namespace, submitted: bool) -> int:
     return 0
 
 
+def cmd_shadow_compare(args: argparse.Namespace, submitted: bool) -> int:
+    from spark_jobs.table.shadow import ShadowOptions, check_options, write_report
+    from spark_jobs.table.table import Table
+
+    opts = ShadowOptions(against=args.against, since=args.since, sample_fraction=args.sample_fraction,
+                         max_mismatches=args.max_mismatches)
+    table = Table.load(args.table)
+    assert table.config is not None
+    check_options(table.config.index_type, opts)  # before a JVM starts: bad input is one line, nothing written
+    from spark_jobs.jobs.shadow_compare import run_shadow_compare
+
+    report = run_shadow_compare(_spark(args, submitted), args.table, opts)
+    print(json.dumps(report, indent=2, sort_keys=True))
+    if args.report:
+        write_report(report, args.report)
+    if not report["ok"]:
+        kinds = ", ".join(f"{k} {report[k]}" for k in ("missing", "wrong_location", "extra", "duplicated") if report[k])
+        print(f"bucketindex: shadow-compare found {report['mismatches']} mismatches "
+              f"(more than {report['max_mismatches']}): {kinds}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_rollback(args: argparse.Namespace, submitted: bool) -> int:
     from spark_jobs.table.table import Table
 
@@ -443,6 +482,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, bool], int]] = {
     "rehash": cmd_rehash,
     "show": cmd_show,
     "validate": cmd_validate,
+    "shadow-compare": cmd_shadow_compare,
     "rollback": cmd_rollback,
 }
 

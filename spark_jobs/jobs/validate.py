@@ -28,7 +28,7 @@ from spark_jobs.table.config import INDEX_BUCKET, INDEX_RECORD
 from spark_jobs.table.table import Table
 from spark_jobs.table.view import FileSystemView
 
-__all__ = ["run_validate"]
+__all__ = ["run_validate", "count_and_sample", "ENTRY_SCHEMA"]
 
 log = logging.getLogger("bucketindex.validate")
 SAMPLES = 5
@@ -83,7 +83,7 @@ def _validate(spark: SparkSession, table: Table, view: FileSystemView) -> dict[s
         data = data.withColumn("data_bucket", bucket_expr(F.col(tasks.KEY), nb))
         j = data.alias("d").join(entries.alias("i"), ["fp_hi", "fp_lo"], "full_outer")
         d_key = F.col("d." + tasks.KEY)
-        _collect_many(problems, j, {
+        count_and_sample(problems, j, {
             "keys_missing_from_index": (F.col("i.fid").isNull(), d_key),
             "index_entries_without_row": (F.col("d.fid").isNull(), F.concat_ws(":", "fp_hi", "fp_lo")),
             "index_points_to_wrong_file": (
@@ -113,16 +113,17 @@ def _row_count_mismatches(spark: SparkSession, view: FileSystemView, rows: DataF
     ).orderBy("group")
 
 
-def _collect_many(problems: dict[str, Any], df: DataFrame, checks: dict[str, tuple[Column, Column]]) -> None:
+def count_and_sample(problems: dict[str, Any], df: DataFrame, checks: dict[str, tuple[Column, Column]], *,
+                     samples: int = SAMPLES) -> None:
     """Count every check's rows in one query over ``df`` (a join is computed once, not once
-    per check); sample only the checks that found something."""
+    per check); sample only the checks that found something (also used by shadow-compare)."""
     counts = df.agg(*[F.sum(F.coalesce(cond, F.lit(False)).cast("long")).alias(f"c{i}")
                       for i, (cond, _) in enumerate(checks.values())]).first()
     for i, (name, (cond, sample)) in enumerate(checks.items()):
         n = counts[f"c{i}"] or 0
         if n:
             problems[name] = {"count": n,
-                              "samples": [r[0] for r in df.filter(cond).select(sample).limit(SAMPLES).collect()]}
+                              "samples": [r[0] for r in df.filter(cond).select(sample).limit(samples).collect()]}
 
 
 def _collect(problems: dict[str, Any], name: str, df) -> None:  # type: ignore[no-untyped-def]
