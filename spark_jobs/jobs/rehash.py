@@ -28,7 +28,7 @@ from pyspark.sql import functions as F
 
 from spark_jobs.jobs import rehash_tasks, tasks
 from spark_jobs.jobs.keys import bucket_expr
-from spark_jobs.jobs.read import keys_with_location
+from spark_jobs.jobs.read import READ_WAVES, keys_with_location
 from spark_jobs.jobs.session import default_parallelism, job_conf, session_start_ms
 from spark_jobs.table.action import CommitConflict, Transaction
 from spark_jobs.table.action.rehash import (
@@ -116,6 +116,21 @@ def task_range(spark: SparkSession, n: int) -> DataFrame:
     return spark.range(0, n, 1, n)
 
 
+def spread(spark: SparkSession, units: list[dict[str, Any]], weight: str) -> list[list[int]]:
+    """The units of work (old file groups, new index buckets) dealt to at most a few waves of
+    Spark tasks, biggest first onto the least loaded task: a partitioned table has hundreds
+    of small file groups, and a Spark task per group would cost more in scheduling and Python
+    worker round trips than the group's rows."""
+    n = max(1, min(len(units), READ_WAVES * default_parallelism(spark)))
+    slots: list[list[int]] = [[] for _ in range(n)]
+    load = [0] * n
+    for i in sorted(range(len(units)), key=lambda i: -int(units[i].get(weight) or 0)):
+        j = load.index(min(load))
+        slots[j].append(i)
+        load[j] += int(units[i].get(weight) or 0) or 1
+    return slots
+
+
 def _one_per(written: list[dict[str, Any]], key: Callable[[dict[str, Any]], Any]) -> list[dict[str, Any]]:
     """One file per new file group or bucket: a retried Spark task may have written twice
     (the marker cleanup after the commit deletes the other)."""
@@ -128,12 +143,14 @@ def _rehash_data(spark: SparkSession, table: Table, instant: str, plan: RehashPl
     if not todo:
         return []
     assert view.schema is not None and table.config is not None
+    slots = spread(spark, todo, "rows")
     fn = tasks.bind_batches(rehash_tasks.rehash_file_groups, table_uri=table.uri, instant=instant, tasks=todo,
-                            num_buckets=plan.new, schema=view.schema, precombine=table.config.precombine_field,
-                            snapshot_seq=view.seq)
-    written = [r.asDict() for r in task_range(spark, len(todo)).mapInArrow(fn, rehash_tasks.GROUPS_OUTPUT).collect()]
+                            slots=slots, num_buckets=plan.new, schema=view.schema,
+                            precombine=table.config.precombine_field, snapshot_seq=view.seq)
+    written = [r.asDict() for r in task_range(spark, len(slots)).mapInArrow(fn, rehash_tasks.GROUPS_OUTPUT).collect()]
     out = _one_per(written, lambda w: (w["part"], w["fid"]))
-    log.info("rehash %s: %d tasks read %d file groups and wrote %d", instant, len(todo), len(view.file_groups), len(out))
+    log.info("rehash %s: %d Spark tasks read %d file groups and wrote %d", instant, len(slots), len(view.file_groups),
+             len(out))
     return out
 
 
@@ -142,9 +159,10 @@ def _merge_index(spark: SparkSession, table: Table, instant: str, plan: RehashPl
     todo = index_merge_tasks(plan, view)
     if not todo:
         return []
+    slots = spread(spark, todo, "files")
     fn = tasks.bind_batches(rehash_tasks.merge_index_buckets, table_uri=table.uri, instant=instant, tasks=todo,
-                            snapshot_seq=view.seq)
-    written = [r.asDict() for r in task_range(spark, len(todo)).mapInArrow(fn, rehash_tasks.INDEX_OUTPUT).collect()]
+                            slots=slots, snapshot_seq=view.seq)
+    written = [r.asDict() for r in task_range(spark, len(slots)).mapInArrow(fn, rehash_tasks.INDEX_OUTPUT).collect()]
     out = _one_per(written, lambda w: int(w["bucket"]))
     log.info("rehash %s: %d old index buckets merged into %d", instant, plan.old, len(out))
     return out

@@ -48,16 +48,18 @@ _INDEX_SCHEMA = pa.schema([("bucket", pa.int32()), ("path", pa.string()), ("entr
                            ("extra", pa.int64()), ("misplaced", pa.int64()), ("duplicated", pa.int64())])
 
 
-def _task_ids(batches: Iterable[pa.RecordBatch]) -> Iterator[int]:
-    """The task numbers of a ``spark.range(n, numPartitions=n)`` partition: one each."""
+def _units(batches: Iterable[pa.RecordBatch], slots: list[list[int]]) -> Iterator[int]:
+    """The units of work of this Spark task: its number in ``spark.range(n, numPartitions=n)``
+    picks its slot of ``slots``."""
     for b in batches:
-        yield from b.column(0).to_pylist()
+        for i in b.column(0).to_pylist():
+            yield from slots[i]
 
 
 def rehash_file_groups(ids: Iterable[pa.RecordBatch], *, table_uri: str, instant: str, tasks: list[dict[str, Any]],
-                       num_buckets: int, schema: pa.Schema, precombine: str | None,
+                       slots: list[list[int]], num_buckets: int, schema: pa.Schema, precombine: str | None,
                        snapshot_seq: int) -> Iterator[pa.RecordBatch]:
-    """mapInArrow over task numbers: read each task's old slices (a merge-on-read slice merged
+    """mapInArrow over task numbers (``slots``: which ``tasks`` each runs): read each task's old slices (a merge-on-read slice merged
     with its logs) and write every row to the file group of ``hash(key) mod num_buckets``.
 
     A split task reads one old file group and writes its children; a merge task reads the old
@@ -65,7 +67,7 @@ def rehash_file_groups(ids: Iterable[pa.RecordBatch], *, table_uri: str, instant
     """
     t: Table | None = None
     token = task_token()
-    for i in _task_ids(ids):
+    for i in _units(ids, slots):
         task = tasks[i]
         if t is None:
             t = Table.open(table_uri)
@@ -167,13 +169,14 @@ def split_index_bucket(key: tuple, rows: pa.Table, *, table_uri: str, instant: s
 
 
 def merge_index_buckets(ids: Iterable[pa.RecordBatch], *, table_uri: str, instant: str,
-                        tasks: list[dict[str, Any]], snapshot_seq: int) -> Iterator[pa.RecordBatch]:
+                        tasks: list[dict[str, Any]], slots: list[list[int]],
+                        snapshot_seq: int) -> Iterator[pa.RecordBatch]:
     """mapInArrow over task numbers: each new index bucket is the union of the old buckets that
     fold into it. Old buckets hold disjoint keys, so each is merged on its own (newest entry
     wins, tombstones dropped) and the results are concatenated: no key is needed."""
     t: Table | None = None
     token = task_token()
-    for i in _task_ids(ids):
+    for i in _units(ids, slots):
         task = tasks[i]
         if t is None:
             t = Table.open(table_uri)

@@ -140,12 +140,14 @@ def bucket_tasks(plan: RehashPlan, view: FileSystemView) -> list[dict[str, Any]]
 
     A split has one task per old file group (it writes the group's children); a merge has
     one task per new bucket per partition (it reads the old buckets that fold into it).
-    Each task: ``{"part", "sources": [[fid, base, [logs]], ...]}``.
+    Each task: ``{"part", "rows", "sources": [[fid, base, [logs]], ...]}`` (``rows``: live
+    rows read, to balance Spark tasks).
     """
     tasks: list[dict[str, Any]] = []
     if plan.split:
         for s in view.slices():
-            tasks.append({"part": s.partition, "sources": [[s.file_id, s.path, [lf.path for lf in s.logs]]]})
+            tasks.append({"part": s.partition, "rows": s.num_rows,
+                          "sources": [[s.file_id, s.path, [lf.path for lf in s.logs]]]})
         return tasks
     by_part: dict[str, dict[int, Any]] = {}
     for s in view.slices():
@@ -154,20 +156,20 @@ def bucket_tasks(plan: RehashPlan, view: FileSystemView) -> list[dict[str, Any]]
         for j in range(plan.new):
             srcs = [groups[b] for b in plan.sources(j) if b in groups]
             if srcs:
-                tasks.append({"part": part, "sources": [[s.file_id, s.path, [lf.path for lf in s.logs]]
-                                                        for s in srcs]})
+                tasks.append({"part": part, "rows": sum(s.num_rows for s in srcs),
+                              "sources": [[s.file_id, s.path, [lf.path for lf in s.logs]] for s in srcs]})
     return tasks
 
 
 def index_merge_tasks(plan: RehashPlan, view: FileSystemView) -> list[dict[str, Any]]:
     """A record-index merge: one task per new bucket, with the files of the old buckets it takes
-    (each old bucket's files in merge order). ``{"bucket", "sources": [[file, ...], ...]}``."""
+    (each old bucket's files in merge order). ``{"bucket", "files", "sources": [[file, ...], ...]}``."""
     out = []
     for j in range(plan.new):
         sources = [list(view.index_files.get(b, [])) for b in plan.sources(j)]
         sources = [s for s in sources if s]
         if sources:
-            out.append({"bucket": j, "sources": sources})
+            out.append({"bucket": j, "files": sum(map(len, sources)), "sources": sources})
     return out
 
 
