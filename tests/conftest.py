@@ -33,14 +33,15 @@ def connect_server(tmp_path_factory):  # type: ignore[no-untyped-def]
 #: it stays near 20 minutes on 2 cores, and run by ``.ci/run`` after it (``pytest -m slow``).
 #: Each entry says which case stays in the default tier.
 EXTENDED = {
-    "tests/spark/test_concurrent_writers.py::test_three_writers_overlapping_then_disjoint[bucket-copy_on_write]":
-        "record-copy_on_write runs the key-level conflict rules; the bucket index's file-group rule is the simpler",
+    "tests/spark/test_concurrent_writers.py::test_three_writers_overlapping_then_disjoint[record-copy_on_write]":
+        "bucket-copy_on_write runs the same three processes and retries (the record index's key-level rule "
+        "is also in tests/unit/test_commit_protocol_stress.py); this one takes 140 s",
     "tests/spark/test_concurrent_writers.py::test_three_writers_overlapping_then_disjoint[record-merge_on_read]":
-        "record-copy_on_write; merge-on-read writers conflict on the same index deltas",
+        "bucket-copy_on_write; merge-on-read writers conflict on the same index deltas",
     "tests/spark/test_concurrent_writers.py::test_forced_rollback_of_a_live_writer_never_leaves_a_broken_table"
-    "[after_requested-cli]": "after_data_file-cli and after_index_file-operator",
+    "[after_requested-cli]": "after_index_file-operator",
     "tests/spark/test_concurrent_writers.py::test_forced_rollback_of_a_live_writer_never_leaves_a_broken_table"
-    "[after_conflict_check-cli]": "after_data_file-cli and after_index_file-operator",
+    "[after_conflict_check-cli]": "after_index_file-operator",
     "tests/spark/test_retry_and_crash.py::test_killed_writer_leaves_old_snapshot_and_next_run_repairs"
     "[record-after_requested-rerun]": "record-after_data_file-rerun",
     "tests/spark/test_retry_and_crash.py::test_killed_writer_leaves_old_snapshot_and_next_run_repairs"
@@ -52,7 +53,14 @@ EXTENDED = {
     "tests/spark/test_index_compaction.py::test_killed_while_scheduling_then_the_next_compact_folds_each_delta_once"
     "[schedule_after_requested]": "[schedule_after_plan]",
     "tests/spark/test_rehash.py::test_killed_rehash_leaves_old_or_new_layout_and_next_run_finishes"
-    "[record-after_conflict_check]": "[record-after_index_file], [bucket-after_data_file], [bucket-after_complete]",
+    "[record-after_conflict_check]": "[bucket-after_data_file], [bucket-after_complete]",
+    "tests/spark/test_rehash.py::test_killed_rehash_leaves_old_or_new_layout_and_next_run_finishes"
+    "[record-after_index_file]": "[bucket-after_data_file], [bucket-after_complete]; the record split's "
+                                 "tasks in the oracle test",
+    "tests/spark/test_retry_and_crash.py::test_killed_writer_leaves_old_snapshot_and_next_run_repairs"
+    "[bucket-after_data_file-rerun]": "record-after_data_file-rerun: the same commit protocol",
+    "tests/spark/test_concurrent_writers.py::test_forced_rollback_of_a_live_writer_never_leaves_a_broken_table"
+    "[after_data_file-cli]": "after_index_file-operator",
     "tests/spark/test_merge_on_read.py::test_killed_log_writer_leaves_old_snapshot_and_next_run_repairs"
     "[before_complete]": "[after_data_file]",
 }
