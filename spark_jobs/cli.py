@@ -43,6 +43,13 @@ def _csv(text: str) -> list[str]:
 REMOTE_HELP = "run on this Spark Connect server instead of a Spark of our own (default: $SPARK_REMOTE unless --master)"
 
 
+def _add_spark_options(parser: argparse.ArgumentParser) -> None:
+    """Where a Spark verb runs: a master of its own (and its heap) or a Spark Connect server."""
+    parser.add_argument("--master", help="Spark master (default local[*])")
+    parser.add_argument("--driver-memory", help=_DRIVER_MEMORY_HELP)
+    parser.add_argument("--remote", metavar="sc://HOST:PORT", help=REMOTE_HELP)
+
+
 def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.ArgumentParser:
     """The CLI's parser; ``extra_verbs`` (name -> help) are verbs another layer runs, listed in ``--help``."""
     p = _Parser(prog="bucketindex", description="Upsertable lake tables with a record-level or bucket hash index.")
@@ -68,18 +75,14 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
                     help="re-tag and re-write a batch this often when concurrent commits conflict (default 3)")
     up.add_argument("--heartbeat-timeout", type=float,
                     help="seconds without a heartbeat before a pending write counts as abandoned (default 60)")
-    up.add_argument("--master", help="Spark master (default local[*])")
-    up.add_argument("--driver-memory", help=_DRIVER_MEMORY_HELP)
-    up.add_argument("--remote", metavar="sc://HOST:PORT", help=REMOTE_HELP)
+    _add_spark_options(up)
 
     rd = sub.add_parser("read", help="read a snapshot")
     rd.add_argument("table")
     rd.add_argument("--as-of", help="instant (time travel)")
     rd.add_argument("--output", help="write the snapshot as one Parquet file")
     rd.add_argument("--limit", type=int, default=20, help="rows to print without --output")
-    rd.add_argument("--master")
-    rd.add_argument("--driver-memory", help=_DRIVER_MEMORY_HELP)
-    rd.add_argument("--remote", metavar="sc://HOST:PORT", help=REMOTE_HELP)
+    _add_spark_options(rd)
 
     sh = sub.add_parser("show", help="timeline, file groups, index buckets, pending work")
     sh.add_argument("table")
@@ -89,9 +92,7 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
 
     va = sub.add_parser("validate", help="full index <-> data check; exit 1 on any mismatch")
     va.add_argument("table")
-    va.add_argument("--master")
-    va.add_argument("--driver-memory", help=_DRIVER_MEMORY_HELP)
-    va.add_argument("--remote", metavar="sc://HOST:PORT", help=REMOTE_HELP)
+    _add_spark_options(va)
 
     sc = sub.add_parser("shadow-compare", help="compare the index's answer for each key with the data (or another "
                                                "index type); exit 1 when mismatches exceed --max-mismatches")
@@ -105,9 +106,7 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
     sc.add_argument("--max-mismatches", type=int, default=0, metavar="N",
                     help="exit 1 only when more than N keys mismatch (default 0)")
     sc.add_argument("--report", metavar="FILE", help="also write the JSON report here (a path or URI)")
-    sc.add_argument("--master")
-    sc.add_argument("--driver-memory", help=_DRIVER_MEMORY_HELP)
-    sc.add_argument("--remote", metavar="sc://HOST:PORT", help=REMOTE_HELP)
+    _add_spark_options(sc)
 
     rb = sub.add_parser("rollback", help="roll back pending instants (all abandoned ones, or INSTANT)")
     rb.add_argument("table")
@@ -139,9 +138,7 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
                     help="plan only data compaction (merge-on-read logs) or only index compaction (default both)")
     co.add_argument("--heartbeat-timeout", type=float,
                     help="seconds without a heartbeat before an attempt at the plan counts as dead (default 60)")
-    co.add_argument("--master")
-    co.add_argument("--driver-memory", help=_DRIVER_MEMORY_HELP)
-    co.add_argument("--remote", metavar="sc://HOST:PORT", help=REMOTE_HELP)
+    _add_spark_options(co)
     cl = sub.add_parser("clean", help="delete file versions no retained snapshot reads (from a plan on the timeline)")
     cl.add_argument("table")
     keep = cl.add_mutually_exclusive_group()
@@ -158,9 +155,7 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
                     help="the new count: a multiple or a divisor of the count in force (`show` suggests one)")
     rh.add_argument("--heartbeat-timeout", type=float,
                     help="seconds without a heartbeat before a pending write counts as abandoned (default 60)")
-    rh.add_argument("--master")
-    rh.add_argument("--driver-memory", help=_DRIVER_MEMORY_HELP)
-    rh.add_argument("--remote", metavar="sc://HOST:PORT", help=REMOTE_HELP)
+    _add_spark_options(rh)
     for name, text in (extra_verbs or {}).items():
         sub.add_parser(name, help=text)
     return p

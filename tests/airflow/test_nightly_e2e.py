@@ -41,11 +41,12 @@ SERVICES = ("schedule_compaction", "execute_compaction", "clean", "validate", "c
 TRIGGER_CLASSPATH = "airflow_provider_bucketindex.triggers.table_state.CompactionDueTrigger"
 
 
-def _cli_upserts(table: str, batches: list[tuple[str, str]]) -> None:
+def _cli_upserts(table: str, batches: list[tuple[str, str]],
+                 options: tuple[str, ...] = ("--index", "record", "--num-buckets", "2")) -> None:
     """``bucketindex upsert`` of each (source, batch id), one after the other in one process
     (one JVM start for all: the CLI's session is reused)."""
     runs = [[table, src, "--record-key", "id", "--precombine-field", "ts", "--delete-field", "is_deleted",
-             "--index", "record", "--num-buckets", "2", "--batch-id", batch_id, "--master", "local[2]"]
+             *options, "--batch-id", batch_id, "--master", "local[2]"]
             for src, batch_id in batches]
     code = ("import sys; from spark_jobs.cli import main\n"
             f"for args in {runs!r}:\n"

@@ -13,12 +13,10 @@ SQLite metadata DB and real ``spark-submit`` on local Spark.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from airflow_provider_bucketindex.demo import sample_data
+from tests.airflow.test_nightly_e2e import _cli_upserts
 from tests.oracle import reduce_batches
 from tests.spark.conftest import tree_digest
 
@@ -33,15 +31,8 @@ def lake(tmp_path_factory, airflow_db):  # type: ignore[no-untyped-def]
     batches = sample_data.make_batches(2, 80, seed=31)
     sources = [sample_data.write_batch(b, str(root / "landing" / f"b{i}")) for i, b in enumerate(batches)]
     table = str(root / "tables" / "ventes été")
-    runs = [[table, src, "--record-key", "id", "--precombine-field", "ts", "--delete-field", "is_deleted",
-             "--partition-field", "region", "--index", "bucket", "--num-buckets", "2", "--batch-id", f"setup-{i}",
-             "--master", "local[2]"] for i, src in enumerate(sources)]
-    code = ("import sys; from spark_jobs.cli import main\n"
-            f"for args in {runs!r}:\n"
-            "    rc = main(['upsert', *args])\n"
-            "    if rc: sys.exit(rc)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
+    _cli_upserts(table, [(src, f"setup-{i}") for i, src in enumerate(sources)],
+                 ("--partition-field", "region", "--index", "bucket", "--num-buckets", "2"))
     return {"root": root, "table": table, "batches": batches}
 
 
