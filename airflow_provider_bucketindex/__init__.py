@@ -8,8 +8,9 @@ nor the Spark provider nor ``pyspark``; hooks and operators live in submodules::
     from airflow_provider_bucketindex.hooks.bucketindex import BucketIndexHook
     from airflow_provider_bucketindex.operators import (
         UpsertWithIndexOperator, ValidateTableOperator, RollbackBatchOperator,
-        AsyncIndexCompactionOperator, CleanTableOperator,
+        AsyncIndexCompactionOperator, CleanTableOperator, IndexShadowCompareOperator,
     )
+    from airflow_provider_bucketindex.notifications import IndexMismatchNotifier
 """
 
 from __future__ import annotations
@@ -58,9 +59,11 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_provider_bucketindex.operators.compaction",
                     "airflow_provider_bucketindex.operators.clean",
                     "airflow_provider_bucketindex.operators.rehash",
+                    "airflow_provider_bucketindex.operators.shadow_compare",
                 ],
             }
         ],
+        "notifications": ["airflow_provider_bucketindex.notifications.shadow_compare.IndexMismatchNotifier"],
         "sensors": [
             {
                 "integration-name": "Bucket Index",

@@ -27,5 +27,6 @@ def test_readme_names_the_operators_that_exist():
 
     readme = (ROOT / "README.md").read_text()
     for name in ("UpsertWithIndexOperator", "ValidateTableOperator", "RollbackBatchOperator",
-                 "AsyncIndexCompactionOperator", "CleanTableOperator", "RehashOperator"):
+                 "AsyncIndexCompactionOperator", "CleanTableOperator", "RehashOperator",
+                 "IndexShadowCompareOperator"):
         assert name in readme and hasattr(ops, name)
