@@ -47,6 +47,9 @@ class IndexMismatchError(AirflowFailException):
             f"shadow-compare of {self.table_uri} found {self.mismatches} mismatches "
             f"(more than {summary.get('max_mismatches')}): {kinds}; report: {self.report_uri}")
 
+    def __reduce__(self) -> tuple[Any, ...]:  # pickles (and copies) with its summary, not its message
+        return (type(self), (self.summary,))
+
 
 def _safe(part: str) -> str:
     return re.sub(r"[^\w.=-]+", "_", part).strip("_") or "_"

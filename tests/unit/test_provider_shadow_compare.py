@@ -165,6 +165,10 @@ def test_a_mismatch_fails_without_retry_carrying_the_counts(ops, job, tmp_path, 
     assert summary["samples"]["missing"] == [(f"key-missing-{i}" + "x" * 300)[:120] for i in range(3)]  # few, cut
     assert len(json.dumps(summary)) < 2000
     assert ti.pushed == ({"shadow_compare_summary": summary} if xcom else {})
+    import pickle
+
+    again = pickle.loads(pickle.dumps(e))
+    assert type(again) is IndexMismatchError and again.summary == summary and str(again) == str(e)
 
 
 def test_exit_1_without_a_report_is_a_retryable_failure_not_a_mismatch(ops, job, tmp_path):  # type: ignore[no-untyped-def]
