@@ -75,6 +75,10 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
                     help="re-tag and re-write a batch this often when concurrent commits conflict (default 3)")
     up.add_argument("--heartbeat-timeout", type=float,
                     help="seconds without a heartbeat before a pending write counts as abandoned (default 60)")
+    up.add_argument("--shadow-index", choices=("global_simple", "bucket"),
+                    help="tee: also tag the batch with this index, computed on the fly, and record where it "
+                         "disagrees with the table's index in the commit metadata (`show` prints it); "
+                         "what is written does not change")
     _add_spark_options(up)
 
     rd = sub.add_parser("read", help="read a snapshot")
@@ -216,7 +220,7 @@ def cmd_upsert(args: argparse.Namespace, submitted: bool) -> int:
         table_type=args.table_type,
         source_format=args.source_format, delete_field=args.delete_field, batch_id=args.batch_id,
         target_file_rows=args.target_file_rows, max_retries=args.max_retries,
-        heartbeat_timeout_s=args.heartbeat_timeout,
+        heartbeat_timeout_s=args.heartbeat_timeout, shadow_index=args.shadow_index,
     )
     result = run_upsert(_spark(args, submitted), opts)
     print(json.dumps(result, sort_keys=True))
@@ -341,7 +345,22 @@ def cmd_show(args: argparse.Namespace, submitted: bool) -> int:
         start = f" +session start {c['session_start_ms']}ms" if c.get("session_start_ms") else ""
         print(f"  {c['instant']} {c['action']:<10}{cnt}  batch={c['batch_id'] or '-'}"
               + (f"  total={t.get('total_ms')}ms [{phases}]{start}" if t else ""))
+        if c.get("shadow"):
+            print(f"  {'':<17} {_shadow_line(c['shadow'])}")
     return 0
+
+
+def _shadow_line(sh: dict) -> str:
+    """One line for a commit's tee (``upsert --shadow-index``): counts, and sample keys when any disagree."""
+    order = ("missing", "extra", "wrong_location")  # upsert's TEE_KINDS (the metadata's JSON sorts its keys)
+    d = dict(sorted(sh.get("disagreements", {}).items(), key=lambda kv: (kv[0] not in order, order.index(kv[0])
+                                                                          if kv[0] in order else 0, kv[0])))
+    total = sum(d.values())
+    line = (f"shadow {sh.get('shadow_index')}: {sh.get('keys_compared', 0)} keys compared, "
+            + (", ".join(f"{v} {k}" for k, v in d.items()) if total else "no disagreements"))
+    samples = [f"{k} {', '.join(repr(x) for x in sh.get('samples', {}).get(k, []))}" for k in d
+               if sh.get("samples", {}).get(k)]
+    return line + (f" (e.g. {'; '.join(samples)})" if samples else "")
 
 
 def _human_bytes(n: float) -> str:

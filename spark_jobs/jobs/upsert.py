@@ -19,6 +19,29 @@ Phases (each logged and timed into the commit metadata):
    by a concurrent commit) the batch is re-tagged and re-written on the new snapshot, up to
    ``max_retries`` times; then :class:`ConflictError` (exit 3, safe to retry).
 
+**Tee** (``shadow_index``, ``--shadow-index global_simple|bucket``; RFC-08's rollout period):
+after the tag phase, the batch's keys are also tagged by a second index computed on the fly,
+and the two answers are compared per key of the batch in one extra Spark job; the result goes
+to the commit metadata under ``shadow`` (format.md §3.3). The table's own tagging alone routes
+the write: the comparison is a separate query over the persisted tagged batch, so nothing
+written changes. The words are ``shadow-compare``'s (:mod:`spark_jobs.table.shadow`), with the
+table's index as "the index" and the shadow index as the truth: *missing* -- the shadow index
+finds the key, the table's index does not; *extra* -- the table's index finds it, the shadow
+does not; *wrong_location* -- both find it, in different places. Per table index:
+
+* record, ``global_simple``: a key scan of the snapshot (the join ``global_simple`` tables tag
+  with); partition and file group are compared.
+* record, ``bucket``: a hash index computed on the fly answers file group ``hash(key) mod N``,
+  which a record table's file groups are not; as in ``shadow-compare --against bucket``, the
+  answer is the key scan's and only the partition (and presence) is compared.
+* bucket, ``global_simple``: the bucket index's answer for a row is file group ``hash(key) mod
+  N`` of the row's partition (a hash index answers every key: nothing is missing or extra);
+  the scan's answer is where the key lives in that partition (the identity is per partition,
+  so rows of the key in other partitions are not compared); a different file group is a
+  *wrong_location*.
+* Refused (BadInputError, before anything is written): the table's own index type (compared
+  with itself) and ``bucket`` on a global_simple table (its file groups are not hash buckets).
+
 Semantics: ``record`` and ``global_simple`` are *global* -- a key lives in one partition,
 and a key whose partition value changes moves there. ``bucket`` is *per partition* -- the
 record identity is (partition, key). Across batches the stored row is replaced only when the
@@ -49,12 +72,14 @@ from spark_jobs.resources import shuffle_partitions
 from spark_jobs.table.config import (
     DEFAULT_NUM_BUCKETS,
     INDEX_BUCKET,
+    INDEX_GLOBAL_SIMPLE,
     INDEX_RECORD,
     BadInputError,
     ConfigConflictError,
     TableConfig,
 )
 from spark_jobs.table.action import CommitConflict, Transaction
+from spark_jobs.table.shadow import SAMPLES
 from spark_jobs.table.errors import ConflictError, InstantRolledBackError
 from spark_jobs.table.table import Table
 from spark_jobs.table.timeline import Action
@@ -69,6 +94,10 @@ KEY, OP = tasks.KEY, tasks.OP
 DEL, PART, BUCKET = "_bi_del", "_bi_part", "_bi_bucket"
 OLD_PART, OLD_FID = "_bi_old_part", "_bi_old_fid"
 TPART, TFID = "_bi_tpart", "_bi_tfid"
+SH_PART, SH_FID = "_bi_sh_part", "_bi_sh_fid"
+#: what a tee records, in shadow-compare's words (a batch has one row per key: nothing is duplicated)
+SHADOW_INDEXES = (INDEX_GLOBAL_SIMPLE, INDEX_BUCKET)
+TEE_KINDS = ("missing", "extra", "wrong_location")
 
 
 @dataclass
@@ -90,6 +119,8 @@ class UpsertOptions:
     max_retries: int = 3
     #: a pending instant whose heartbeat is older than this is abandoned (default: heartbeat.TIMEOUT_S)
     heartbeat_timeout_s: float | None = None
+    #: tee: also tag the batch with this index (global_simple | bucket) and record disagreements
+    shadow_index: str | None = None
 
 
 @dataclass
@@ -241,6 +272,7 @@ def run_upsert(spark: SparkSession, opts: UpsertOptions) -> dict[str, Any]:
                 f"change it with `bucketindex rehash` instead"
             )
         cfg = table.config
+    check_shadow_index(cfg.index_type, opts.shadow_index)
     df, data_schema, checks = _validated_batch(spark, opts, cfg, view)
     phases.done("validate", defer=True)  # the row checks run with the dedupe query
 
@@ -294,7 +326,7 @@ def run_upsert(spark: SparkSession, opts: UpsertOptions) -> dict[str, Any]:
             _check_schema(view, data_schema)
             num_buckets = table.num_buckets(view)
             result = _write(spark, table, cfg, view, num_buckets, batch, n, upserts, data_schema, ts, phases,
-                            cores, planned_seq=planned_seq)
+                            cores, planned_seq=planned_seq, shadow_index=opts.shadow_index)
             metadata = {
                 "action": Action.COMMIT,
                 "instant": ts,
@@ -348,7 +380,70 @@ def run_upsert(spark: SparkSession, opts: UpsertOptions) -> dict[str, Any]:
     total = int((time.perf_counter() - started) * 1000)
     return {"instant": ts, "batch_id": batch_id, "noop": False, "counts": counts, "retries": len(retries),
             "timings_ms": {**metadata["timings_ms"], **phases.timings, "total_ms": total},
-            "session_start_ms": session_start_ms()}
+            "session_start_ms": session_start_ms(), **({"shadow": metadata["shadow"]} if "shadow" in metadata else {})}
+
+
+def check_shadow_index(index_type: str, shadow_index: str | None) -> None:
+    """BadInputError (one line, exit 2) for a ``--shadow-index`` that makes no sense for the table."""
+    if shadow_index is None:
+        return
+    if shadow_index == index_type:
+        raise BadInputError(f"--shadow-index {shadow_index} on a {index_type}-index table compares the index "
+                            f"with itself; use the other index type")
+    if shadow_index not in SHADOW_INDEXES:
+        raise BadInputError(f"--shadow-index must be one of {', '.join(SHADOW_INDEXES)}, got {shadow_index!r}")
+    if (index_type, shadow_index) == (INDEX_GLOBAL_SIMPLE, INDEX_BUCKET):
+        raise BadInputError("--shadow-index bucket needs hash-bucketed file groups; a global_simple table has none")
+
+
+def _shadow(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystemView, num_buckets: int,
+            tagged: DataFrame, n: int, shadow_index: str) -> dict[str, Any]:
+    """The tee (module doc): compare the table's tagging with ``shadow_index``'s, per key of the batch.
+
+    One Spark job over the persisted ``tagged`` batch joined with the snapshot's key scan (the
+    join :func:`_scan_join` tags global_simple tables with); ``tagged`` itself is not changed.
+    """
+    out: dict[str, Any] = {"shadow_index": shadow_index, "keys_compared": n,
+                           "compared": "file_group" if cfg.index_type == INDEX_BUCKET else
+                           "partition" if shadow_index == INDEX_BUCKET else "location",
+                           "disagreements": {k: 0 for k in TEE_KINDS}, "samples": {k: [] for k in TEE_KINDS}}
+    ids = [PART, KEY] if cfg.index_type == INDEX_BUCKET else [KEY]
+    if cfg.index_type == INDEX_BUCKET:  # the index's answer: hash % N in the row's partition, for every key
+        own = tagged.select(KEY, PART, F.col(PART).alias(OLD_PART),
+                            file_id_for_bucket_expr(bucket_expr(F.col(KEY), num_buckets)).alias(OLD_FID))
+    else:
+        own = tagged.select(KEY, PART, OLD_PART, OLD_FID)
+    joined = _scan_join(spark, table, view, own, part=SH_PART, fid=SH_FID)
+    if joined is None:  # an empty table: the scan finds nothing
+        joined = own.withColumn(SH_PART, F.lit(None).cast("string")).withColumn(SH_FID, F.lit(None).cast("string"))
+    if cfg.index_type == INDEX_BUCKET:  # per-partition identity: only the key's rows in this partition
+        here = F.col(SH_PART) == F.col(PART)
+        found = F.when(here, F.col(SH_FID))
+        same = here & (F.col(SH_FID) == F.col(OLD_FID))
+    else:
+        found = F.col(SH_FID)
+        same = F.col(SH_PART) == F.col(OLD_PART)
+        if shadow_index != INDEX_BUCKET:
+            same = same & (F.col(SH_FID) == F.col(OLD_FID))
+    # a key the scan finds twice (a duplicated key in the data) agrees when any of its rows does
+    per_key = joined.groupBy(*ids).agg(
+        F.max(F.col(OLD_FID).isNotNull()).alias("own"),
+        F.max(found.isNotNull()).alias("sh"),
+        F.max(F.coalesce(same, F.lit(False))).alias("same"),
+    )
+    if cfg.index_type == INDEX_BUCKET:
+        kind = F.when(F.col("sh") & ~F.col("same"), F.lit("wrong_location"))
+    else:
+        kind = (F.when(~F.col("own") & F.col("sh"), F.lit("missing"))
+                .when(F.col("own") & ~F.col("sh"), F.lit("extra"))
+                .when(F.col("own") & F.col("sh") & ~F.col("same"), F.lit("wrong_location")))
+    rows = per_key.withColumn("kind", kind).filter(F.col("kind").isNotNull()).groupBy("kind").agg(
+        F.count(F.lit(1)).alias("count"), F.slice(F.sort_array(F.collect_list(KEY)), 1, SAMPLES).alias("samples")
+    ).collect()
+    for r in rows:
+        out["disagreements"][r["kind"]] = int(r["count"])
+        out["samples"][r["kind"]] = list(r["samples"])
+    return out
 
 
 def _unpersist(df: DataFrame) -> None:
@@ -416,13 +511,21 @@ def _tag(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystemVi
             tasks.bind(tasks.lookup_bucket, table_uri=table.uri, files=files), tasks.LOOKUP_OUTPUT
         )
         return batch.join(found, KEY, "left")
-    # global_simple: join against the keys of every live data file. Spark cannot size what a
-    # Python task returns (it guesses from the input, a list of a few file names), so left to
-    # itself it broadcasts every key of the table -- 10M keys failed a 4 GiB driver. Decide
-    # from the snapshot's row count instead: broadcast only what Spark's default threshold allows.
-    existing = keys_with_location(spark, table, view, part=OLD_PART, fid=OLD_FID)
+    # global_simple: join against the keys of every live data file (sized from the snapshot)
+    joined = _scan_join(spark, table, view, batch, part=OLD_PART, fid=OLD_FID)
+    return no_loc if joined is None else joined
+
+
+def _scan_join(spark: SparkSession, table: Table, view: FileSystemView, batch: DataFrame, *, part: str,
+               fid: str) -> DataFrame | None:
+    """``batch`` left-joined on the key with every live key's location (``part``, ``fid``); None
+    for an empty table. Spark cannot size what a Python task returns (it guesses from the input, a list of a
+    few file names), so left to itself it broadcasts every key of the table -- 10M keys failed
+    a 4 GiB driver. Decide from the snapshot's row count instead: broadcast only what Spark's
+    default threshold allows."""
+    existing = keys_with_location(spark, table, view, part=part, fid=fid)
     if existing is None:
-        return no_loc
+        return None
     hint = "broadcast" if view.num_rows * KEY_BYTES <= BROADCAST_KEYS_BYTES else "merge"
     return batch.join(existing.hint(hint), KEY, "left")
 
@@ -567,7 +670,7 @@ def _file_group_entry(f: dict[str, Any]) -> dict[str, Any]:
 
 def _write(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystemView, num_buckets: int,
            batch: DataFrame, n: int, upserts: int, data_schema: Any, ts: str, phases: _Phases, cores: int,
-           *, planned_seq: int) -> dict[str, Any]:
+           *, planned_seq: int, shadow_index: str | None = None) -> dict[str, Any]:
     """Tag, route, merge and index one attempt on ``view``; returns the commit's write set and counts."""
     # Each persist below happens inside the settings its plan needs: a cached plan keeps the
     # shuffle partitions it was planned with, and every later stage over it runs that many tasks
@@ -590,6 +693,14 @@ def _write(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystem
     found = sum(s["found"] for s in stats.values())
     phases.done("tag", "routed by hash (bucket index: nothing to look up)" if cfg.index_type == INDEX_BUCKET
                 else f"{found} keys found in the table")
+    shadow = None
+    if shadow_index is not None:
+        # the scan's join, sized as a global_simple table's tag phase sizes it
+        with job_conf(spark, **{"spark.sql.shuffle.partitions": shuffle_partitions(view.num_rows * KEY_BYTES, cores)}):
+            shadow = _shadow(spark, table, cfg, view, num_buckets, tagged, n, shadow_index)
+        d = shadow["disagreements"]
+        phases.done("shadow", f"{shadow_index}: {shadow['keys_compared']} keys compared, "
+                    + ", ".join(f"{d[k]} {k}" for k in TEE_KINDS))
     actions, groups = _route(spark, table, cfg, view, num_buckets, tagged, stats)
     names = data_schema.names
     actions = actions.select(*[F.col(c) for c in names], F.col(OP), F.col(tasks.FOUND), F.col(TPART), F.col(TFID))
@@ -644,4 +755,5 @@ def _write(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystem
         "index": {"added": index_added, "removed": []},
         "counts": counts,
         "num_buckets": num_buckets,
+        **({"shadow": shadow} if shadow is not None else {}),
     }

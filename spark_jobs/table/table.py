@@ -218,6 +218,7 @@ class Table:
                     "counts": meta.get("counts", {}),
                     "timings_ms": meta.get("timings_ms", {}),
                     "session_start_ms": meta.get("session_start_ms"),
+                    **({"shadow": meta["shadow"]} if meta.get("shadow") else {}),  # upsert --shadow-index
                 }
             )
             for c in meta.get("conflicts", []):
