@@ -26,6 +26,10 @@ What is compared (``--against``), per index type of the table:
   global_simple`` (the index compared with itself), a global_simple table ``--against bucket``
   (its file groups are not hash buckets).
 
+The same words describe the *tee* (``upsert --shadow-index``, :mod:`spark_jobs.jobs.upsert`),
+which compares the table's index with a second one for the keys of each batch as it commits;
+shadow-compare checks a whole table (or the commits since an instant) after the fact.
+
 ``--since INSTANT`` compares only the keys touched by write actions whose instant is after
 INSTANT (RFC-08's background comparison of delta commits): the keys of the files they wrote
 (bases and logs), of the file versions they replaced (so a key a commit deleted is checked

@@ -20,7 +20,7 @@ import pytest
 
 from airflow_provider_bucketindex import get_provider_info
 from airflow_provider_bucketindex.demo import sandbox
-from spark_jobs.table import Action, BadInputError, State, Table, TableConfig
+from spark_jobs.table import Action, BadInputError, Table, TableConfig
 from spark_jobs.table import state
 from spark_jobs.table.action.compact import (
     DEFAULT_DELTA_RATIO,
