@@ -123,7 +123,7 @@ class FileSystemView:
             view.file_groups[(g["partition"], g["file_id"])] = FileSlice(
                 g["partition"], g["file_id"], g["path"], g["instant"], int(g["num_rows"]), int(g["size"]),
                 tuple(LogFile(p, i, int(n), int(z)) for p, i, n, z in g["logs"]))
-        view.index_files = {int(b): list(files) for b, files in state["index_files"].items()}
+        view.index_files = {int(b): list(files) for b, files in state["index_files"].items() if files}
         view.schema = decode_schema(state["schema"]) if state.get("schema") else None
         view.num_buckets = state.get("num_buckets")
         return view
@@ -164,6 +164,10 @@ class FileSystemView:
             for files in self.index_files.values():
                 if rel in files:
                     files.remove(rel)
+        # a bucket left without files is no bucket of the snapshot (a rehash to fewer buckets
+        # removes every file of the old ones above the new count)
+        for b in [b for b, files in self.index_files.items() if not files]:
+            del self.index_files[b]
         for f in index.get("added", []):
             files = self.index_files.setdefault(int(f["bucket"]), [])
             files.append(f["path"])
