@@ -16,8 +16,11 @@
   command instead of running it, with OpenLineage parent-job injection on (argument, or
   the ``[openlineage]`` option), overridden by the user's conf, and off.
 * ``bucketindex_test_mapped``: a mapped task group over the landing files, each instance an
-  upsert and its rollback (one_failed); the writer of ``failing_file`` is killed before
-  its commit, and only that instance's rollback has something to do.
+  upsert and its rollback (one_failed); the writer that runs *last* is killed before its
+  commit, and only that instance's rollback has something to do. (Not a fixed file:
+  ``dag.test()`` runs mapped instances in no fixed order, and an upsert that starts after
+  a dead writer rolls back its abandoned instant itself -- the core's safety net -- which
+  would leave the rollback task nothing to do.)
 * ``bucketindex_test_asset_producer``: an upsert of a batch that is already committed: it
   publishes (XCom, Asset event, lineage) without a Spark job.
 """
@@ -45,6 +48,28 @@ class FailAfterCommitOnFirstTry(UpsertWithIndexOperator):
         if context["ti"].try_number == 1:
             raise RuntimeError("injected: the worker died after the commit, before reporting success")
         return result
+
+
+class KilledIfLast(UpsertWithIndexOperator):
+    """An upsert whose writer is killed before its commit when the other ``others`` files
+    are committed already: the last instance of the mapped upsert to run dies, whatever
+    order ``dag.test()`` picks. (``others`` is a template field so that the mapped
+    argument is resolved for each instance.)"""
+
+    template_fields = (*UpsertWithIndexOperator.template_fields, "others")
+
+    def __init__(self, *, others: int, **kwargs):  # type: ignore[no-untyped-def]
+        super().__init__(**kwargs)
+        self.others = others
+
+    def execute(self, context):  # type: ignore[no-untyped-def]
+        from spark_jobs.table import Action, Table
+
+        t = Table.open(str(self.table_uri))
+        committed = len(t.timeline.reload().completed([Action.COMMIT])) if t.exists else 0
+        if committed == int(self.others):
+            self.env_vars = {**(self.env_vars or {}), "BUCKETINDEX_FAULT": "before_complete"}
+        return super().execute(context)
 
 
 with DAG(
@@ -164,28 +189,24 @@ with DAG(
     schedule=None,
     start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),
     render_template_as_native_obj=True,
-    params={"table_uri": Param("", type="string"), "landing_uri": Param("", type="string"),
-            "failing_file": Param("", type="string")},
+    params={"table_uri": Param("", type="string"), "landing_uri": Param("", type="string")},
 ) as mapped_dag:
 
     @task
-    def landing_files(landing_uri: str, failing_file: str) -> list[dict]:
-        """One mapped instance per landing file; the writer of ``failing_file`` is killed before its commit."""
+    def landing_files(landing_uri: str) -> list[dict]:
+        """One mapped instance per landing file."""
         import os
 
-        return [
-            {"source_uri": os.path.join(landing_uri, name),
-             "env_vars": {"BUCKETINDEX_FAULT": "before_complete"} if name == failing_file else {}}
-            for name in sorted(os.listdir(landing_uri))
-        ]
+        names = sorted(os.listdir(landing_uri))
+        return [{"source_uri": os.path.join(landing_uri, name), "others": len(names) - 1} for name in names]
 
     @task_group(group_id="ingest_file")
-    def ingest_file(source_uri: str, env_vars: dict) -> None:
-        upsert = UpsertWithIndexOperator(
+    def ingest_file(source_uri: str, others: int) -> None:
+        upsert = KilledIfLast(
             task_id="upsert",
             table_uri="{{ params.table_uri }}",
             source_uri=source_uri,
-            env_vars=env_vars,
+            others=others,
             record_key="id",
             precombine_field="ts",
             delete_field="is_deleted",
@@ -201,7 +222,7 @@ with DAG(
         """The success path's leaf (as validate is in the ingest DAG): upstream_failed for the
         failed instance, so the run fails although that instance's rollback succeeds."""
 
-    ingest_file.expand_kwargs(landing_files("{{ params.landing_uri }}", "{{ params.failing_file }}"))
+    ingest_file.expand_kwargs(landing_files("{{ params.landing_uri }}"))
 
 
 with DAG(
