@@ -9,6 +9,7 @@ nor the Spark provider nor ``pyspark``; hooks and operators live in submodules::
     from airflow_provider_bucketindex.operators import (
         UpsertWithIndexOperator, ValidateTableOperator, RollbackBatchOperator,
         AsyncIndexCompactionOperator, CleanTableOperator, IndexShadowCompareOperator,
+        RehashOperator, BootstrapTableOperator,
     )
     from airflow_provider_bucketindex.notifications import IndexMismatchNotifier
 """
@@ -59,6 +60,7 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_provider_bucketindex.operators.compaction",
                     "airflow_provider_bucketindex.operators.clean",
                     "airflow_provider_bucketindex.operators.rehash",
+                    "airflow_provider_bucketindex.operators.bootstrap",
                     "airflow_provider_bucketindex.operators.shadow_compare",
                 ],
             }

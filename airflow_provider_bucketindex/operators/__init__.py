@@ -1,5 +1,6 @@
 """Operators for bucketindex tables."""
 
+from airflow_provider_bucketindex.operators.bootstrap import BootstrapTableOperator
 from airflow_provider_bucketindex.operators.clean import CleanTableOperator
 from airflow_provider_bucketindex.operators.compaction import AsyncIndexCompactionOperator
 from airflow_provider_bucketindex.operators.rehash import RehashOperator
@@ -10,6 +11,7 @@ from airflow_provider_bucketindex.operators.validate import ValidateTableOperato
 
 __all__ = [
     "AsyncIndexCompactionOperator",
+    "BootstrapTableOperator",
     "CleanTableOperator",
     "IndexShadowCompareOperator",
     "RehashOperator",
