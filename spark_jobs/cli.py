@@ -160,6 +160,26 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
     rh.add_argument("--heartbeat-timeout", type=float,
                     help="seconds without a heartbeat before a pending write counts as abandoned (default 60)")
     _add_spark_options(rh)
+    bs = sub.add_parser("bootstrap", help="make a table of an existing Parquet dataset (Hive-style partition "
+                                          "directories or flat): its files in place, or rewritten")
+    bs.add_argument("table")
+    bs.add_argument("source", help="the dataset's root directory")
+    bs.add_argument("--record-key", required=True, type=_csv, help="key field(s), comma-separated")
+    bs.add_argument("--partition-field", help="the table's partition field (reference mode: a Hive directory field)")
+    bs.add_argument("--precombine-field",
+                    help="resolves duplicate keys in the dataset (the highest value wins); without it they are refused")
+    bs.add_argument("--index", choices=("record", "bucket"), default="record", help="index type (default record)")
+    bs.add_argument("--mode", choices=("reference", "rewrite"),
+                    help="reference: the dataset's files become the table's first file slices, in place (record "
+                         "index only; the default for it); rewrite: every row is written into the table's layout "
+                         "(the default, and the only mode, for the bucket index)")
+    bs.add_argument("--num-buckets", type=int, help="index buckets (record) or buckets per partition (bucket)")
+    bs.add_argument("--table-type", choices=TABLE_TYPES, help="default copy_on_write")
+    bs.add_argument("--batch-id", help="idempotence key (default: derived from SOURCE, so a rerun is a no-op)")
+    bs.add_argument("--target-file-rows", type=int, help="rewrite mode: rows per data file")
+    bs.add_argument("--heartbeat-timeout", type=float,
+                    help="seconds without a heartbeat before a pending write counts as abandoned (default 60)")
+    _add_spark_options(bs)
     for name, text in (extra_verbs or {}).items():
         sub.add_parser(name, help=text)
     return p
@@ -347,6 +367,12 @@ def cmd_show(args: argparse.Namespace, submitted: bool) -> int:
               + (f"  total={t.get('total_ms')}ms [{phases}]{start}" if t else ""))
         if c.get("shadow"):
             print(f"  {'':<17} {_shadow_line(c['shadow'])}")
+        if c.get("bootstrap"):
+            b = c["bootstrap"]
+            bc = b.get("counts", {})
+            print(f"  {'':<17} {b.get('mode')} bootstrap of {b.get('source')}: {bc.get('files_referenced', 0)} files "
+                  f"referenced in place, {bc.get('files_rewritten', 0)} rewritten, {bc.get('duplicate_keys', 0)} "
+                  f"duplicated keys resolved")
     return 0
 
 
@@ -488,7 +514,34 @@ def cmd_rehash(args: argparse.Namespace, submitted: bool) -> int:
     return 0
 
 
+def cmd_bootstrap(args: argparse.Namespace, submitted: bool) -> int:
+    if args.num_buckets is not None and args.num_buckets < 1:
+        raise BadInputError(f"--num-buckets must be at least 1, got {args.num_buckets}")
+    if args.heartbeat_timeout is not None and args.heartbeat_timeout <= 0:
+        raise BadInputError(f"--heartbeat-timeout must be positive, got {args.heartbeat_timeout}")
+    if args.index == "bucket" and args.mode == "reference":  # fail fast, before a JVM starts
+        raise BadInputError("the bucket index needs --mode rewrite: its file groups are hash buckets, "
+                            "which the dataset's files are not")
+    from spark_jobs.io.filesystem import resolve
+
+    io, path = resolve(args.source)
+    if not io.exists(path):
+        raise BadInputError(f"source {args.source} does not exist")
+    from spark_jobs.jobs.bootstrap import BootstrapOptions, run_bootstrap
+
+    opts = BootstrapOptions(
+        table=args.table, source=args.source, record_key=args.record_key, partition_field=args.partition_field,
+        precombine_field=args.precombine_field, index=args.index, mode=args.mode, num_buckets=args.num_buckets,
+        table_type=args.table_type, batch_id=args.batch_id, target_file_rows=args.target_file_rows,
+        heartbeat_timeout_s=args.heartbeat_timeout,
+    )
+    result = run_bootstrap(lambda: _spark(args, submitted), opts)
+    print(json.dumps(result, sort_keys=True))
+    return 0
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, bool], int]] = {
+    "bootstrap": cmd_bootstrap,
     "clean": cmd_clean,
     "compact": cmd_compact,
     "upsert": cmd_upsert,

@@ -33,6 +33,13 @@ def connect_server(tmp_path_factory):  # type: ignore[no-untyped-def]
 #: it stays near 20 minutes on 2 cores, and run by ``.ci/run`` after it (``pytest -m slow``).
 #: Each entry says which case stays in the default tier.
 EXTENDED = {
+    "tests/spark/test_bootstrap.py::test_killed_bootstrap_leaves_no_table_rows_and_the_next_run_finishes"
+    "[reference-after_index_file]":
+        "reference-before_complete kills the same bootstrap with every index delta written",
+    "tests/spark/test_bootstrap.py::test_killed_bootstrap_leaves_no_table_rows_and_the_next_run_finishes"
+    "[rewrite-after_data_file]":
+        "a rewrite bootstrap is an upsert recorded as a bootstrap: the upsert crash tests cover its write path, "
+        "reference-before_complete the bootstrap's recovery",
     "tests/spark/test_concurrent_writers.py::test_three_writers_overlapping_then_disjoint[record-copy_on_write]":
         "bucket-copy_on_write runs the same three processes and retries (the record index's key-level rule "
         "is also in tests/unit/test_commit_protocol_stress.py); this one takes 140 s",

@@ -6,7 +6,6 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from airflow_provider_bucketindex.batch import batch_id_from_context
 from airflow_provider_bucketindex.hooks.bucketindex import EXIT_BAD_INPUT, EXIT_RETRYABLE, SparkJobFailed
 from airflow_provider_bucketindex.operators.base import BucketIndexSparkOperator
 
@@ -58,9 +57,10 @@ class BootstrapTableOperator(BucketIndexSparkOperator):
     :param num_buckets: index buckets (record) or buckets per partition (bucket) (templated;
         a rendered string is accepted). None: the CLI's default.
     :param table_type: ``copy_on_write`` or ``merge_on_read``; None: the CLI's default.
-    :param batch_id: the bootstrap's id (templated). Default ``<dag_id>/<run_id>/<task_id>``
-        as for an upsert: the same for every try, so a retry after the bootstrap completed
-        is a no-op (it does not even start spark-submit).
+    :param batch_id: the bootstrap's id (templated). Default: the CLI's, derived from
+        ``source_uri`` -- the same for every try and every run of the migration, so a retry,
+        a cleared task or a second DAG run after the bootstrap completed is a no-op (it does
+        not even start spark-submit).
     :param heartbeat_timeout_s: seconds without a heartbeat after which a pending write
         counts as abandoned; default the CLI's (60).
 
@@ -171,7 +171,9 @@ class BootstrapTableOperator(BucketIndexSparkOperator):
     # -- running it ----------------------------------------------------------------------------
     def execute(self, context: Context) -> dict[str, Any]:
         table_uri, source_uri = str(self.table_uri), str(self.source_uri)
-        batch_id = str(self.batch_id) if self.batch_id else batch_id_from_context(context)
+        from spark_jobs.table.action.bootstrap import default_batch_id  # pure Python
+
+        batch_id = str(self.batch_id) if self.batch_id else default_batch_id(source_uri)
         args = self.build_args(batch_id)  # a bad combination fails here: no job, no retry
         hook = self.hook
 

@@ -21,6 +21,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from spark_jobs.jobs import tasks
 from spark_jobs.jobs.session import default_parallelism
+from spark_jobs.table.layout import is_reference
 from spark_jobs.table.reader import META_PREFIX
 from spark_jobs.table.table import Table
 from spark_jobs.table.view import FileSlice, FileSystemView
@@ -97,12 +98,19 @@ def read_slices(spark: SparkSession, table: Table, view: FileSystemView, slices:
     """
     assert view.schema is not None and table.config is not None
     schema = from_arrow_schema(view.schema)
-    merged = [s for s in slices if s.logs]
     args = {"table_uri": table.uri, "schema": view.schema, "precombine": table.config.precombine_field}
-    if merged and "_metadata" not in schema.names and _native_merge(slices, merged):
-        return _merged_natively(spark, table, slices, merged, schema, args)
-    plain = [file_uri(table, s.path) for s in slices if not s.logs]
+    # a bootstrapped user file lacks the key column (and its Hive path columns), which only
+    # the Python reader adds (format.md §5.3): such slices are read there
+    adopted = [s for s in slices if is_reference(s.path)]
+    own = [s for s in slices if not is_reference(s.path)]
+    merged = [s for s in own if s.logs]
     parts = []
+    if adopted:
+        parts.append(_file_list(spark, adopted).mapInArrow(tasks.bind_batches(tasks.read_slices, **args), schema))
+    if merged and "_metadata" not in schema.names and _native_merge(own, merged):
+        parts.append(_merged_natively(spark, table, own, merged, schema, args))
+        merged = own = []
+    plain = [file_uri(table, s.path) for s in own if not s.logs]
     if plain:
         parts.append(spark.read.schema(schema).parquet(*plain))
     if merged:

@@ -24,9 +24,9 @@ from spark_jobs.index.record_index import (
     lookup,
     write_index_file,
 )
-from spark_jobs.table.layout import data_file_name, log_file_name
+from spark_jobs.table.layout import data_file_name, is_reference, log_file_name
 from spark_jobs.table.merge import LOG_DELETE, LOG_MOVE_OUT, LOG_OP, LOG_UPSERT
-from spark_jobs.table.reader import read_slice, read_slice_plan
+from spark_jobs.table.reader import read_data_file, read_slice, read_slice_plan
 from spark_jobs.table.table import Table
 from spark_jobs.testing import faults
 from spark_jobs.testing.faults import maybe_crash
@@ -190,8 +190,7 @@ def merge_file_group(key: tuple, incoming: pa.Table, *, ctx: MergeContext) -> pa
     names = ctx.schema.names
     base_rel = ctx.base_files.get(f"{part}\x00{fid}")
     if base_rel:
-        with t.io.open_input_file(t.abs(base_rel)) as f:
-            base = pq.read_table(f).select(names).cast(ctx.schema)
+        base = read_data_file(t, base_rel).select(names).cast(ctx.schema)
     else:
         base = ctx.schema.empty_table()
     ops = incoming.column(OP)
@@ -447,6 +446,9 @@ def slice_drops(files: Iterable[pa.RecordBatch], *, table_uri: str, schema: pa.S
 
 def _keys_of_file(t: Table, rel: str, part: str, fid: str, *, names: list[str]) -> Iterator[pa.RecordBatch]:
     """The key column of one file, in bounded batches, each labelled with its file group."""
+    if is_reference(rel):  # a bootstrapped user file: its keys are computed, not stored
+        yield _labelled(read_data_file(t, rel, [KEY]).column(KEY).combine_chunks(), part, fid, names=names)
+        return
     with t.io.open_input_file(t.abs(rel)) as src:
         for b in pq.ParquetFile(src).iter_batches(batch_size=READ_BATCH_ROWS, columns=[KEY]):
             yield _labelled(b.column(0), part, fid, names=names)
@@ -490,7 +492,9 @@ def compact_slices(groups: Iterable[pa.RecordBatch], *, table_uri: str, instant:
                 t = Table.open(table_uri)
             merged = read_slice(t, base, logs or [], precombine=precombine, schema=schema)
             merged = merged.select(schema.names).cast(schema)
-            rel = posixpath.join(posixpath.dirname(base), data_file_name(fid, f"{attempt}-{task_token()}", instant))
+            # beside the old base -- in the partition's directory, for a reference file outside the table
+            directory = part if is_reference(base) else posixpath.dirname(base)
+            rel = posixpath.join(directory, data_file_name(fid, f"{attempt}-{task_token()}", instant))
             size = write_marked_parquet(t, instant, rel, merged, snapshot_seq=snapshot_seq)
             yield pa.RecordBatch.from_pylist(
                 [{"part": part, "fid": fid, "path": rel, "num_rows": merged.num_rows, "size": size}],

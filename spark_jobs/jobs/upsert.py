@@ -121,6 +121,15 @@ class UpsertOptions:
     heartbeat_timeout_s: float | None = None
     #: tee: also tag the batch with this index (global_simple | bucket) and record disagreements
     shadow_index: str | None = None
+    #: the batch as a DataFrame, read by the caller (a rewrite bootstrap reads its dataset
+    #: with pyarrow, whose Hive partition values Spark would decode differently); ``source``
+    #: then only names it
+    source_df: DataFrame | None = None
+    #: the timeline action and operation the commit records (a rewrite bootstrap: ``bootstrap``)
+    action: str = Action.COMMIT
+    operation: str = "upsert"
+    #: more commit metadata (a bootstrap's ``bootstrap`` summary)
+    extra_metadata: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -174,7 +183,7 @@ def _validated_batch(
 ) -> tuple[DataFrame, Any, "_BatchChecks"]:
     """The source as a DataFrame in the table's column order, the data schema, and the row-level
     checks to raise after the first query over it; raises BadInputError for schema problems."""
-    df = raw = read_source(spark, opts.source, opts.source_format)
+    df = raw = opts.source_df if opts.source_df is not None else read_source(spark, opts.source, opts.source_format)
     cols = df.columns
     for f in cfg.record_key_fields:
         if f not in cols:
@@ -308,10 +317,10 @@ def run_upsert(spark: SparkSession, opts: UpsertOptions) -> dict[str, Any]:
         log.info("rolled back abandoned instants %s", ", ".join(repaired))
     if view is None:
         view = table.view()
-    plan = {"batch_id": batch_id, "operation": "upsert", "source": opts.source, "index_type": cfg.index_type,
+    plan = {"batch_id": batch_id, "operation": opts.operation, "source": opts.source, "index_type": cfg.index_type,
             "num_buckets": table.num_buckets(view)}
     try:
-        txn = Transaction(table, Action.COMMIT, plan, view=view).begin()
+        txn = Transaction(table, opts.action, plan, view=view).begin()
     except BaseException:
         _unpersist(batch)
         raise
@@ -328,10 +337,11 @@ def run_upsert(spark: SparkSession, opts: UpsertOptions) -> dict[str, Any]:
             result = _write(spark, table, cfg, view, num_buckets, batch, n, upserts, data_schema, ts, phases,
                             cores, planned_seq=planned_seq, shadow_index=opts.shadow_index)
             metadata = {
-                "action": Action.COMMIT,
+                **opts.extra_metadata,
+                "action": opts.action,
                 "instant": ts,
                 "batch_id": batch_id,
-                "operation": "upsert",
+                "operation": opts.operation,
                 "index_type": cfg.index_type,
                 "schema": encode_schema(data_schema),
                 "snapshot_seq": view.seq,

@@ -22,6 +22,7 @@ from pyspark.sql import functions as F
 from spark_jobs.jobs import tasks
 from spark_jobs.jobs.keys import bucket_expr
 from spark_jobs.jobs.read import keys_with_location
+from spark_jobs.table.layout import is_reference
 from spark_jobs.jobs.session import default_parallelism, job_conf
 from spark_jobs.resources import shuffle_partitions
 from spark_jobs.table.config import INDEX_BUCKET, INDEX_RECORD
@@ -53,6 +54,9 @@ def _validate(spark: SparkSession, table: Table, view: FileSystemView) -> dict[s
     problems: dict[str, Any] = {}
     report: dict[str, Any] = {"rows": 0, "rows_expected": view.num_rows, "index_type": cfg.index_type,
                               "problems": problems}
+    if _check_references(table, view, problems):  # reading them would fail or read other rows
+        report["ok"] = False
+        return report
     if rows is None and not any(view.index_files.values()):
         report["ok"] = True
         return report
@@ -98,6 +102,20 @@ def _validate(spark: SparkSession, table: Table, view: FileSystemView) -> dict[s
         rows.unpersist()
     report["ok"] = not problems
     return report
+
+
+def _check_references(table: Table, view: FileSystemView, problems: dict[str, Any]) -> bool:
+    """A reference bootstrap's files are read in place (format.md §5.3): each must still be
+    there with the size the bootstrap recorded (a file the user changed or removed)."""
+    refs = [s for s in view.slices() if is_reference(s.path)]
+    bad = []
+    for s in refs:
+        size = table.io.size(table.abs(s.path)) if table.io.exists(table.abs(s.path)) else None
+        if size != s.size:
+            bad.append(f"{table.abs(s.path)}: {'missing' if size is None else f'{size} bytes, recorded {s.size}'}")
+    if bad:
+        problems["reference_files_changed"] = {"count": len(bad), "samples": bad[:SAMPLES]}
+    return bool(bad)
 
 
 def _row_count_mismatches(spark: SparkSession, view: FileSystemView, rows: DataFrame) -> DataFrame:

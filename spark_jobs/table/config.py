@@ -17,6 +17,7 @@ from spark_jobs.io.filesystem import FileIO, InstantExistsError
 
 __all__ = [
     "FORMAT_VERSION",
+    "REFERENCE_FORMAT_VERSION",
     "INDEX_TYPES",
     "TABLE_TYPES",
     "MAX_NUM_BUCKETS",
@@ -28,6 +29,10 @@ __all__ = [
 ]
 
 FORMAT_VERSION = 2
+#: a table made by a reference bootstrap (format.md §5.3): version 2 plus reference files,
+#: which a release that only knows version 2 would read without their key column
+REFERENCE_FORMAT_VERSION = 3
+SUPPORTED_FORMAT_VERSIONS = (FORMAT_VERSION, REFERENCE_FORMAT_VERSION)
 INDEX_RECORD = "record"
 INDEX_BUCKET = "bucket"
 INDEX_GLOBAL_SIMPLE = "global_simple"
@@ -73,6 +78,10 @@ class TableConfig:
     #: commits, or (if set) the snapshots of the last H hours (format.md §3.6)
     clean_retain_commits: int = DEFAULT_CLEAN_RETAIN_COMMITS
     clean_retain_hours: float | None = None
+    #: set by a reference bootstrap (format_version 3): ``{"source": <dataset uri>,
+    #: "path_columns": {<column>: <Arrow type name>}}`` -- the columns a referenced file does
+    #: not hold, whose values its Hive-style directory names carry (format.md §5.3)
+    reference: dict | None = None
 
     def __post_init__(self) -> None:
         if not self.record_key_fields or any(not f for f in self.record_key_fields):
@@ -95,10 +104,14 @@ class TableConfig:
             raise BadInputError(f"clean_retain_hours must be positive, got {self.clean_retain_hours}")
         if len(self.partition_fields) > 1:
             raise BadInputError("format v1 supports at most one partition field")
-        if self.format_version != FORMAT_VERSION:
+        if self.format_version not in SUPPORTED_FORMAT_VERSIONS:
             raise BadInputError(
-                f"table format version {self.format_version} is not supported by this release (supports {FORMAT_VERSION})"
+                f"table format version {self.format_version} is not supported by this release "
+                f"(supports {', '.join(map(str, SUPPORTED_FORMAT_VERSIONS))})"
             )
+        if (self.reference is not None) != (self.format_version == REFERENCE_FORMAT_VERSION):
+            raise BadInputError(f"table format version {self.format_version} "
+                                f"{'needs' if self.reference is None else 'cannot have'} reference files")
 
     @property
     def merge_on_read(self) -> bool:
@@ -106,7 +119,10 @@ class TableConfig:
 
     # -- (de)serialisation ---------------------------------------------------------------
     def to_json(self) -> bytes:
-        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True).encode()
+        raw = dataclasses.asdict(self)
+        if raw["reference"] is None:  # only a reference bootstrap's table has it (format version 3)
+            del raw["reference"]
+        return json.dumps(raw, indent=2, sort_keys=True).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> "TableConfig":

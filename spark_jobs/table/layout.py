@@ -11,6 +11,8 @@ __all__ = [
     "NULL_PARTITION",
     "data_file_name",
     "log_file_name",
+    "is_reference",
+    "REFERENCE_PREFIX",
     "TableLayout",
 ]
 
@@ -22,6 +24,16 @@ INDEX_FILE_SUFFIX = ".arrow"
 #: longest quoted marker name kept as is (file names are at most 255 bytes)
 MAX_QUOTED_MARKER = 200
 HASHED_MARKER_PREFIX = "h-"
+#: a *reference* file -- a user's Parquet file that a reference bootstrap adopted in place
+#: (format.md §5.3) -- is named by its path relative to the table root, which then climbs
+#: out of it; no file the table writes starts so
+REFERENCE_PREFIX = "../"
+
+
+def is_reference(rel: str) -> bool:
+    """Whether ``rel`` names a file outside the table root: a bootstrapped user file, which
+    bucketindex reads but never writes or deletes."""
+    return rel.startswith(REFERENCE_PREFIX)
 
 
 def data_file_name(file_id: str, write_token: str, instant: str) -> str:
@@ -50,6 +62,8 @@ class TableLayout:
         self.archive = posixpath.join(self.meta, "archive")
 
     def abs(self, rel: str) -> str:
+        if is_reference(rel):  # out of the root: normalised, since object stores take ".." literally
+            return posixpath.normpath(posixpath.join(self.root, rel))
         return posixpath.join(self.root, rel)
 
     def rel(self, path: str) -> str:

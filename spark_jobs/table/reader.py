@@ -4,18 +4,24 @@ per-file-group reads of Spark tasks (a merge-on-read slice is merged here, in on
 from __future__ import annotations
 
 from typing import Sequence
+from urllib.parse import unquote
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from spark_jobs.table.layout import is_reference
 from spark_jobs.table.merge import LOG_OP, SlicePlan, merge_slice, plan_slice
 from spark_jobs.table.table import Table
 
-__all__ = ["read_arrow", "read_slice", "read_slice_plan", "META_PREFIX"]
+__all__ = ["read_arrow", "read_slice", "read_slice_plan", "read_data_file", "canonical_keys", "hive_values",
+           "META_PREFIX", "HIVE_NULL"]
 
 META_PREFIX = "_bi_"
 #: the record key column of every data file (``spark_jobs.jobs.tasks.KEY``)
 KEY_COLUMN = "_bi_key"
+#: pyarrow's (and Hive's) directory value for a null partition value
+HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 
 
 def read_slice(table: Table, base: str, logs: Sequence[str] = (), *, columns: Sequence[str] | None = None,
@@ -50,8 +56,77 @@ def read_slice_plan(table: Table, base: str, logs: Sequence[str], *, precombine:
 
 
 def _read(table: Table, rel: str, cols: list[str] | None) -> pa.Table:
+    return read_data_file(table, rel, cols)
+
+
+def read_data_file(table: Table, rel: str, columns: Sequence[str] | None = None) -> pa.Table:
+    """One data file (relative path) as stored, ``columns`` only (default all): every reader
+    of data files goes through here, so a *reference* file (format.md §5.3) reads as a file
+    the table wrote -- its Hive path columns and the key column ``_bi_key`` added."""
+    cols = list(columns) if columns is not None else None
     with table.io.open_input_file(table.abs(rel)) as f:
-        return pq.read_table(f, columns=cols)
+        if not is_reference(rel):
+            return pq.read_table(f, columns=cols)
+        pf = pq.ParquetFile(f)
+        stored = pf.schema_arrow.names
+        assert table.config is not None and table.config.reference is not None, f"{rel}: not a reference table"
+        keys = list(table.config.record_key_fields)
+        want = cols if cols is not None else list(dict.fromkeys(
+            [*stored, *table.config.reference["path_columns"], KEY_COLUMN]))
+        need = [c for c in dict.fromkeys([*want, *(keys if KEY_COLUMN in want else [])]) if c in stored]
+        data = pf.read(columns=need)
+    return _adopt(table, rel, data, want)
+
+
+def _adopt(table: Table, rel: str, data: pa.Table, want: list[str]) -> pa.Table:
+    """A reference file's rows with the columns a table file holds and it does not."""
+    assert table.config is not None and table.config.reference is not None
+    path_types = table.config.reference["path_columns"]
+    values = hive_values(rel)
+    out = []
+    for name in want:
+        if name == KEY_COLUMN:
+            out.append(canonical_keys([_column(table, rel, data, values, k) for k in table.config.record_key_fields]))
+        elif name in data.column_names:
+            out.append(data.column(name))
+        elif name in path_types:
+            out.append(_column(table, rel, data, values, name))
+        else:
+            raise KeyError(f"column {name!r} is neither in reference file {rel} nor in its path")
+    return pa.table(out, names=want)
+
+
+def _column(table: Table, rel: str, data: pa.Table, values: dict[str, str | None], name: str) -> pa.Array:
+    if name in data.column_names:
+        return data.column(name)
+    assert table.config is not None and table.config.reference is not None
+    if name not in values:
+        raise KeyError(f"column {name!r} is neither in reference file {rel} nor in its path")
+    typ = pa.type_for_alias(table.config.reference["path_columns"][name])
+    return pa.array([values[name]] * data.num_rows, pa.string()).cast(typ)
+
+
+def hive_values(rel: str) -> dict[str, str | None]:
+    """The ``name=value`` directories of a path, decoded as pyarrow writes them (``uri``
+    segment encoding; ``__HIVE_DEFAULT_PARTITION__`` for null). The nearest one wins."""
+    out: dict[str, str | None] = {}
+    for seg in rel.split("/")[:-1]:
+        name, eq, value = seg.partition("=")
+        if eq and name:
+            out[name] = None if value == HIVE_NULL else unquote(value)
+    return out
+
+
+def canonical_keys(columns: Sequence[pa.Array | pa.ChunkedArray]) -> pa.Array:
+    """The canonical record key (format.md §7) of each row, vectorised: a value cast to
+    string, or several joined with ``,`` after escaping ``\\`` and ``,`` (``hashing.composite_key``)."""
+    strs = [pc.cast(c, pa.string()) for c in columns]
+    if len(strs) == 1:
+        out = strs[0]
+    else:
+        esc = [pc.replace_substring(pc.replace_substring(c, "\\", "\\\\"), ",", "\\,") for c in strs]
+        out = pc.binary_join_element_wise(*esc, ",")
+    return out.combine_chunks() if isinstance(out, pa.ChunkedArray) else out
 
 
 def _cast(t: pa.Table, schema: pa.Schema | None) -> pa.Table:

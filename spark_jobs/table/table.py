@@ -219,6 +219,7 @@ class Table:
                     "timings_ms": meta.get("timings_ms", {}),
                     "session_start_ms": meta.get("session_start_ms"),
                     **({"shadow": meta["shadow"]} if meta.get("shadow") else {}),  # upsert --shadow-index
+                    **({"bootstrap": meta["bootstrap"]} if meta.get("bootstrap") else {}),
                 }
             )
             for c in meta.get("conflicts", []):

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from airflow_provider_bucketindex import packaging
-from airflow_provider_bucketindex.batch import default_batch_id
+from spark_jobs.table.action.bootstrap import default_batch_id
 from airflow_provider_bucketindex.demo import sandbox
 from spark_jobs.resources import local_driver_memory
 from spark_jobs.table import Action, Table, TableConfig
@@ -58,7 +58,11 @@ class FakeEvents(dict):
         return value
 
 
-BATCH = default_batch_id("migrate", "manual__2025-03-01T00:00:00+00:00", "bootstrap")
+
+
+def _batch(tmp_path) -> str:  # type: ignore[no-untyped-def]
+    """The default batch id: the CLI's, derived from the source (every run of one migration shares it)."""
+    return default_batch_id(str(tmp_path / "warehouse" / "events"))
 
 
 def _bootstrapped(path: str, batch_id: str, *, action: str = Action.BOOTSTRAP, index: str = "record",
@@ -221,9 +225,9 @@ def test_execute_submits_the_bootstrap_and_returns_the_summary(ops, tmp_path, jo
     out = op.execute({"ti": ti})
     table, source = str(tmp_path / "lake" / "events"), str(tmp_path / "warehouse" / "events")
     assert job["calls"] == [("bootstrap", [table, source, "--record-key", "tenant,id", "--partition-field", "dt",
-                                           "--index", "record", "--batch-id", BATCH])]
+                                           "--index", "record", "--batch-id", _batch(tmp_path)])]
     instant = Table.load(table).timeline.reload().last_completed([Action.BOOTSTRAP]).timestamp
-    assert out == {"table_uri": table, "batch_id": BATCH, "instant": instant, "noop": False, "mode": "reference",
+    assert out == {"table_uri": table, "batch_id": _batch(tmp_path), "instant": instant, "noop": False, "mode": "reference",
                    "index_type": "record", "counts": COUNTS}
     assert len(json.dumps(out)) < 512
 
@@ -257,7 +261,7 @@ def test_a_bad_combination_fails_in_the_task_without_a_job(ops, tmp_path, no_spa
 def test_a_batch_id_of_an_upsert_is_not_a_bootstrap(ops, tmp_path, no_spark):  # type: ignore[no-untyped-def]
     from airflow.sdk.exceptions import AirflowFailException
 
-    _bootstrapped(str(tmp_path / "lake" / "events"), BATCH, action=Action.COMMIT)
+    _bootstrapped(str(tmp_path / "lake" / "events"), _batch(tmp_path), action=Action.COMMIT)
     with pytest.raises(AirflowFailException, match="already holds data"):
         _op(ops, tmp_path).execute({"ti": FakeTI()})
 
@@ -267,10 +271,10 @@ def test_a_batch_id_of_an_upsert_is_not_a_bootstrap(ops, tmp_path, no_spark):  #
 
 def test_a_retry_after_the_bootstrap_completed_is_a_noop(ops, tmp_path, no_spark):  # type: ignore[no-untyped-def]
     table = str(tmp_path / "lake" / "events")
-    instant = _bootstrapped(table, BATCH)
+    instant = _bootstrapped(table, _batch(tmp_path))
     before = tree_digest(tmp_path)
     out = _op(ops, tmp_path).execute({"ti": FakeTI(try_number=2)})  # same batch id on every try
-    assert out == {"table_uri": table, "batch_id": BATCH, "instant": instant, "noop": True, "mode": "reference",
+    assert out == {"table_uri": table, "batch_id": _batch(tmp_path), "instant": instant, "noop": True, "mode": "reference",
                    "index_type": "record", "counts": COUNTS}
     assert tree_digest(tmp_path) == before
     # an explicit batch id; an entry without the bootstrap summary: the table's config and the commit's counts tell
@@ -284,7 +288,7 @@ def test_a_retry_rolls_back_what_its_killed_try_left_then_submits(ops, tmp_path,
     table = str(tmp_path / "lake" / "events")
     t = Table.open(table)
     t.create(TableConfig(record_key_fields=["id"]))
-    left = t.timeline.transition_to_inflight(t.timeline.create_requested(Action.BOOTSTRAP, {"batch_id": BATCH}))
+    left = t.timeline.transition_to_inflight(t.timeline.create_requested(Action.BOOTSTRAP, {"batch_id": _batch(tmp_path)}))
     other = t.timeline.transition_to_inflight(t.timeline.create_requested(Action.BOOTSTRAP, {"batch_id": "other"}))
     out = _op(ops, tmp_path).execute({"ti": FakeTI(try_number=2)})
     assert len(job["calls"]) == 1 and out["noop"] is False
@@ -295,7 +299,7 @@ def test_a_retry_rolls_back_what_its_killed_try_left_then_submits(ops, tmp_path,
 
 def test_a_rewrite_reports_the_tables_rows(ops, tmp_path, job):  # type: ignore[no-untyped-def]
     out = _op(ops, tmp_path, index="bucket", num_buckets=4).execute({"ti": FakeTI()})
-    assert job["calls"][0][1][-5:] == ["bucket", "--num-buckets", "4", "--batch-id", BATCH]
+    assert job["calls"][0][1][-5:] == ["bucket", "--num-buckets", "4", "--batch-id", _batch(tmp_path)]
     assert (out["mode"], out["index_type"]) == ("rewrite", "bucket")
     assert out["counts"] == {k: v for k, v in COUNTS.items() if k != "rows_dropped"}  # not in a rewrite's metadata
 
@@ -351,7 +355,7 @@ def test_lineage_and_the_tables_asset_event(ops, tmp_path, job):  # type: ignore
     assert (written.namespace, written.name) == ("file", table)
     assert written.facets["outputStatistics"].rowCount == COUNTS["rows"]
 
-    extra = {"instant": out["instant"], "batch_id": BATCH, "action": "bootstrap", "mode": "reference",
+    extra = {"instant": out["instant"], "batch_id": default_batch_id("s3://warehouse/events"), "action": "bootstrap", "mode": "reference",
              "inserted": COUNTS["rows"], "updated": 0, "deleted": 0}
     assert events[TABLE_UPDATES].added == [(table_asset(table), extra)]
     assert events[table_asset(table)].extra == extra

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import pendulum
 
 from spark_jobs.table.action.rollback import pending_snapshots, referenced_files
+from spark_jobs.table.layout import is_reference
 from spark_jobs.table.action.service import execute, execute_waiting, pending_plans, schedule
 from spark_jobs.table.action.transaction import Transaction
 from spark_jobs.table.config import BadInputError
@@ -124,7 +125,9 @@ def plan_clean(table: "Table", policy: CleanPolicy, *, heartbeat_timeout_s: floa
             seen |= referenced_files(e["metadata"])
     retained = FileSystemView.at_seq(tl, target).all_files()
     doomed = seen - retained - _pending_files(table)
-    files = sorted(doomed)
+    # a reference bootstrap's user files are the user's: once replaced they are no longer
+    # read, but bucketindex never deletes a file outside the table root (format.md §5.3)
+    files = sorted(f for f in doomed if not is_reference(f))
     size = sum(_size(table, f) for f in files) if with_sizes else None
     return {
         "operation": "clean",

@@ -1,0 +1,468 @@
+"""The bootstrap job: make a table of an existing Parquet dataset (``bucketindex bootstrap``).
+
+The checks and the dataset's discovery are in :mod:`spark_jobs.table.action.bootstrap`;
+this module runs them, then one of the two modes:
+
+* **reference** -- one scan of the key columns of every file (a task per few files, Arrow
+  reads, no rows moved), which also checks each file's schema and finds duplicate keys;
+  with ``--precombine-field`` the file groups holding a losing duplicate are rewritten into
+  the table's layout (those files are *replaced*); then one index delta per index bucket, and
+  one ``bootstrap`` instant naming every file -- the user's in place -- as a file slice.
+* **rewrite** -- the dataset's rows (read by pyarrow, which decodes Hive directory values as
+  it wrote them; Spark's discovery decodes ``%C3%A3`` byte by byte) go through the upsert
+  pipeline into the empty table, recorded as a ``bootstrap`` instant.
+
+Either way the instant goes through the Transaction: a crash leaves a pending instant that
+readers ignore and the next run (of bootstrap or any writer) rolls back.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator
+
+import pyarrow as pa
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
+
+from spark_jobs.jobs import tasks
+from spark_jobs.jobs.keys import bucket_expr, key_expr, partition_expr
+from spark_jobs.jobs.session import default_parallelism, job_conf, session_start_ms
+from spark_jobs.table.action import Transaction
+from spark_jobs.table.action.bootstrap import (
+    MODE_REFERENCE,
+    SourceDataset,
+    check_bootstrap,
+    default_batch_id,
+    default_mode,
+    discover,
+    existing_bootstrap,
+    file_id_of,
+    reference_path,
+    schema_problem,
+)
+from spark_jobs.table.config import (
+    DEFAULT_NUM_BUCKETS,
+    INDEX_RECORD,
+    REFERENCE_FORMAT_VERSION,
+    BadInputError,
+    TableConfig,
+)
+from spark_jobs.table.layout import data_file_name
+from spark_jobs.table.reader import canonical_keys, read_data_file
+from spark_jobs.table.shadow import SAMPLES
+from spark_jobs.table.table import Table
+from spark_jobs.table.timeline import Action
+from spark_jobs.table.view import encode_schema
+from spark_jobs.testing.faults import maybe_crash
+
+__all__ = ["BootstrapOptions", "run_bootstrap"]
+
+log = logging.getLogger("bucketindex.bootstrap")
+
+KEY = tasks.KEY
+#: the key scan's output: a row per source row (``problem`` set on one row per bad file)
+SCAN_FIELDS = [("_bi_key", pa.string()), ("fno", pa.int32()), ("row", pa.int64()), ("problem", pa.string())]
+
+
+@dataclass
+class BootstrapOptions:
+    table: str
+    source: str
+    record_key: list[str]
+    partition_field: str | None = None
+    precombine_field: str | None = None
+    index: str = INDEX_RECORD
+    #: reference | rewrite; default reference for the record index, rewrite for bucket
+    mode: str | None = None
+    num_buckets: int | None = None
+    table_type: str | None = None
+    batch_id: str | None = None
+    target_file_rows: int | None = None
+    heartbeat_timeout_s: float | None = None
+
+
+def run_bootstrap(spark: SparkSession | Callable[[], SparkSession], opts: BootstrapOptions) -> dict[str, Any]:
+    """Bootstrap ``opts.table`` from ``opts.source``; returns the instant, counts and timings.
+
+    Raises BadInputError (nothing written) for a bad dataset or options, duplicate keys
+    without a precombine field, or a table that already holds data. ``spark`` may be a
+    function that starts a session: it is called after the checks that need no Spark (a
+    bad option or a rerun of a completed bootstrap costs no JVM).
+    """
+    started = time.perf_counter()
+    mode = opts.mode or default_mode(opts.index)
+    source = discover(opts.source)
+    table = Table.open(opts.table)
+    check_bootstrap(table, source, record_key=opts.record_key, partition_field=opts.partition_field,
+                    precombine_field=opts.precombine_field, index=opts.index, mode=mode)
+    batch_id = opts.batch_id or default_batch_id(opts.source)
+    done = existing_bootstrap(table, batch_id)
+    if done is not None:
+        log.info("%s was bootstrapped from %s already (instant %s): nothing to do", opts.table, opts.source,
+                 done.timestamp)
+        meta = table.timeline.read_metadata(done)
+        return {"instant": done.timestamp, "batch_id": batch_id, "noop": True, "mode": mode,
+                "index_type": meta.get("index_type"), "counts": (meta.get("bootstrap") or {}).get("counts", {}),
+                "timings_ms": {}}
+    log.info("bootstrapping %s from %s (%s mode, %d files, %s index)", opts.table, opts.source, mode,
+             len(source.files), opts.index)
+    if callable(spark):
+        spark = spark()
+    if mode == MODE_REFERENCE:
+        result = _reference(spark, table, source, opts, batch_id)
+    else:
+        result = _rewrite(spark, source, opts, batch_id)
+    result["timings_ms"]["total_ms"] = int((time.perf_counter() - started) * 1000)
+    result["session_start_ms"] = session_start_ms()
+    return result
+
+
+# -- shared -------------------------------------------------------------------------
+def _file_list(spark: SparkSession, source: SourceDataset) -> DataFrame:
+    """One row per dataset file (its ordinal and path), spread over a few waves of tasks."""
+    rows = [(i, f.path) for i, f in enumerate(source.files)]
+    tasks_n = max(1, min(len(rows), 4 * default_parallelism(spark)))
+    return spark.createDataFrame(rows, "fno int, path string").repartition(tasks_n)
+
+
+def _duplicates(keys: DataFrame, key_col: str, by: list[str] = ()) -> tuple[int, int, list[str]]:
+    """(duplicated keys, rows holding them, sample keys) of ``keys``; grouped by ``by`` too
+    (columns a key determines, e.g. its bucket: the data's partitioning then serves)."""
+    dups = keys.groupBy(*by, key_col).agg(F.count(F.lit(1)).alias("n")).filter("n > 1")
+    agg = dups.agg(F.count(F.lit(1)).alias("keys"), F.sum("n").alias("rows")).first()
+    n_keys = int(agg["keys"] or 0)
+    samples = [r[0] for r in dups.select(key_col).orderBy(key_col).limit(SAMPLES).collect()] if n_keys else []
+    return n_keys, int(agg["rows"] or 0), samples
+
+
+def _refuse_duplicates(n_keys: int, n_rows: int, samples: list[str], key: list[str]) -> None:
+    raise BadInputError(
+        f"{n_keys} record key(s) ({','.join(key)}) appear more than once in the source ({n_rows} rows), "
+        f"e.g. {', '.join(map(repr, samples))}; pass --precombine-field to keep the row with its highest value")
+
+
+# -- reference mode -------------------------------------------------------------------
+def scan_keys(files: Iterable[pa.RecordBatch], *, source_uri: str, paths: list[str], values: list[dict[str, Any]],
+              schema: pa.Schema, path_columns: list[str], record_key: list[str],
+              precombine: str | None) -> Iterator[pa.RecordBatch]:
+    """mapInArrow over the file list: each file's keys (canonical, as a reader computes
+    them), row numbers and precombine values; a file whose columns differ from the
+    dataset's yields one row naming the problem instead."""
+    import pyarrow.parquet as pq
+
+    from spark_jobs.io.filesystem import resolve
+
+    io, _ = resolve(source_uri)
+    out_fields = SCAN_FIELDS + ([("pre", schema.field(precombine).type)] if precombine else [])
+    out_schema = pa.schema(out_fields)
+    for b in files:
+        for fno in b.column("fno").to_pylist():
+            path = paths[fno]
+            with io.open_input_file(path) as f:
+                pf = pq.ParquetFile(f)
+                problem = schema_problem(schema, pf.schema_arrow, path_columns)
+                if problem is not None:
+                    yield pa.RecordBatch.from_pylist([{"fno": fno, "problem": problem}], schema=out_schema)
+                    continue
+                stored = pf.schema_arrow.names
+                need = [c for c in dict.fromkeys([*record_key, *([precombine] if precombine else [])]) if c in stored]
+                data = pf.read(columns=need)
+            n = data.num_rows
+            cols = {**_path_values_from(values[fno], schema, path_columns, n), **dict(zip(data.column_names, data.columns))}
+            arrays = [canonical_keys([cols[k] for k in record_key]), pa.array([fno] * n, pa.int32()),
+                      pa.array(range(n), pa.int64()), pa.nulls(n, pa.string())]
+            if precombine:
+                arrays.append(cols[precombine])
+            yield from pa.table(arrays, schema=out_schema).to_batches(max_chunksize=tasks.READ_BATCH_ROWS)
+
+
+def _path_values_from(values: dict[str, Any], schema: pa.Schema, path_columns: list[str], n: int) -> dict[str, Any]:
+    return {c: pa.array([values.get(c)] * n, schema.field(c).type) for c in path_columns}
+
+
+def rewrite_files(rows: Iterable[pa.RecordBatch], *, table_uri: str, instant: str, snapshot_seq: int,
+                  schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """mapInArrow over ``(fno, rel, part, fid, drop)``: each referenced file with a losing
+    duplicate, rewritten into the table's layout without the rows in ``drop``."""
+    import numpy as np
+
+    t = Table.open(table_uri)
+    token = tasks.task_token()
+    out = pa.schema([("fno", pa.int32()), ("path", pa.string()), ("num_rows", pa.int64()), ("size", pa.int64())])
+    for b in rows:
+        for fno, rel, part, fid, drop in zip(*[b.column(c).to_pylist() for c in ("fno", "rel", "part", "fid", "drop")]):
+            data = read_data_file(t, rel, schema.names).cast(schema)
+            keep = np.ones(data.num_rows, dtype=bool)
+            keep[np.asarray(drop, dtype=np.int64)] = False
+            data = data.filter(pa.array(keep))
+            new_rel = f"{part}/{data_file_name(fid, token, instant)}" if part else data_file_name(fid, token, instant)
+            size = tasks.write_marked_parquet(t, instant, new_rel, data, snapshot_seq=snapshot_seq)
+            yield pa.RecordBatch.from_pylist([{"fno": fno, "path": new_rel, "num_rows": data.num_rows, "size": size}],
+                                             schema=out)
+
+
+def _partition_paths(spark: SparkSession, source: SourceDataset, field: str | None) -> dict[Any, str]:
+    """Each partition value's directory as the table names it, by the expression every write uses."""
+    if not field:
+        return {None: ""}
+    values = sorted({f.values.get(field) for f in source.files}, key=lambda v: (v is None, str(v)))
+    schema = from_arrow_schema(pa.schema([source.schema.field(field)]))
+    df = spark.createDataFrame([(v,) for v in values], schema)
+    return {r[0]: r[1] for r in df.select(F.col(field), partition_expr([field]).alias("p")).collect()}
+
+
+def _reference(spark: SparkSession, table: Table, source: SourceDataset, opts: BootstrapOptions,
+               batch_id: str) -> dict[str, Any]:
+    timings: dict[str, int] = {}
+    t0 = time.perf_counter()
+    pre = opts.precombine_field
+    parts = _partition_paths(spark, source, opts.partition_field)
+    # the table's paths of the dataset's files need the table root, not the table: computed
+    # before anything is written
+    rels = [reference_path(table, f.path) for f in source.files]
+    fids = [file_id_of(r) for r in rels]
+    fparts = [parts[f.values.get(opts.partition_field) if opts.partition_field else None] for f in source.files]
+    scan_schema = pa.schema(SCAN_FIELDS + ([("pre", source.schema.field(pre).type)] if pre else []))
+    scan = tasks.bind_batches(scan_keys, source_uri=opts.source, paths=[f.path for f in source.files],
+                              values=[f.values for f in source.files], schema=source.schema,
+                              path_columns=source.path_columns, record_key=opts.record_key, precombine=pre)
+    # one shuffle for the whole job: the keys by index bucket. The duplicate check groups by
+    # (bucket, key) and the index tasks by bucket, so neither shuffles again
+    num_buckets = table.config.num_buckets if table.config is not None else (
+        opts.num_buckets or DEFAULT_NUM_BUCKETS[INDEX_RECORD])
+    tasks_n = max(default_parallelism(spark), min(num_buckets, 200))
+    keys = _file_list(spark, source).mapInArrow(scan, from_arrow_schema(scan_schema))
+    keys = keys.withColumn("bucket", bucket_expr(F.col(KEY), num_buckets)).repartition(tasks_n, "bucket")
+    keys = keys.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        return _reference_scanned(spark, table, source, opts, batch_id, keys, rels, fids, fparts, timings, t0,
+                                  num_buckets=num_buckets, tasks_n=tasks_n)
+    finally:
+        keys.unpersist()
+
+
+def _reference_scanned(spark: SparkSession, table: Table, source: SourceDataset, opts: BootstrapOptions,
+                       batch_id: str, keys: DataFrame, rels: list[str], fids: list[str], fparts: list[str],
+                       timings: dict[str, int], t0: float, *, num_buckets: int, tasks_n: int) -> dict[str, Any]:
+    # per file, in one query: its rows, rows with a bad key, and a schema problem
+    per_file: dict[int, int] = {}
+    bad_keys = 0
+    for r in keys.groupBy("fno").agg(
+        F.sum(F.col("problem").isNull().cast("long")).alias("n"),
+        F.sum((F.col("problem").isNull() & (F.col(KEY).isNull() | (F.col(KEY) == ""))).cast("long")).alias("bad"),
+        F.max("problem").alias("problem"),
+    ).orderBy("fno").collect():
+        if r["problem"] is not None:
+            raise BadInputError(f"dataset file {source.files[int(r['fno'])].path}: {r['problem']}")
+        per_file[int(r["fno"])] = int(r["n"] or 0)
+        bad_keys += int(r["bad"] or 0)
+    if bad_keys:
+        raise BadInputError(f"{bad_keys} row(s) have a null or empty record key ({','.join(opts.record_key)})")
+    n_rows = sum(per_file.values())
+    if not n_rows:
+        raise BadInputError(f"the dataset at {opts.source} has no rows")
+    n_dup, dup_rows, samples = _duplicates(keys, KEY, ["bucket"])
+    if n_dup and not opts.precombine_field:
+        _refuse_duplicates(n_dup, dup_rows, samples, opts.record_key)
+    timings["scan_ms"] = int((time.perf_counter() - t0) * 1000)
+    log.info("phase scan     %6d ms %d rows, %d files, %d duplicated keys", timings["scan_ms"], n_rows,
+             len(source.files), n_dup)
+    losers = None
+    drops: dict[int, list[int]] = {}
+    if n_dup:  # the highest precombine value wins; ties go to the later file, then the later row
+        w = Window.partitionBy("bucket", KEY).orderBy(F.col("pre").desc_nulls_last(), F.col("fno").desc(), F.col("row").desc())
+        losers = keys.withColumn("_rank", F.row_number().over(w)).filter("_rank > 1").select("fno", "row")
+        losers = losers.persist(StorageLevel.MEMORY_AND_DISK)
+        for r in losers.groupBy("fno").agg(F.collect_list("row").alias("rows")).collect():
+            drops[int(r["fno"])] = sorted(r["rows"])
+
+    cfg = TableConfig(
+        record_key_fields=list(opts.record_key), index_type=INDEX_RECORD,
+        num_buckets=num_buckets,
+        partition_fields=[opts.partition_field] if opts.partition_field else [],
+        precombine_field=opts.precombine_field,
+        **({"table_type": opts.table_type} if opts.table_type else {}),
+        **({"target_file_rows": opts.target_file_rows} if opts.target_file_rows else {}),
+        format_version=REFERENCE_FORMAT_VERSION,
+        reference={"source": opts.source,
+                   "path_columns": {c: str(source.schema.field(c).type) for c in source.path_columns}},
+    )
+    existing = table.create(cfg)  # a rerun after a crash finds it: the options must agree
+    if existing.reference != cfg.reference or existing.format_version != cfg.format_version:
+        raise BadInputError(f"{opts.table} was created by a bootstrap of {(existing.reference or {}).get('source')} "
+                            f"with other options; remove it (it holds no data) or bootstrap that dataset")
+    table = Table.load(opts.table)
+    repaired = table.rollback(timeout_s=opts.heartbeat_timeout_s)  # abandoned instants only (a crashed bootstrap)
+    if repaired:
+        log.info("rolled back abandoned instants %s", ", ".join(repaired))
+    view = table.view()
+    assert table.num_buckets(view) == num_buckets, (table.num_buckets(view), num_buckets)
+    data_schema = source.schema.append(pa.field(KEY, pa.string()))
+    plan = {"batch_id": batch_id, "operation": "bootstrap", "mode": MODE_REFERENCE, "source": opts.source,
+            "index_type": INDEX_RECORD, "num_buckets": num_buckets}
+    txn = Transaction(table, Action.BOOTSTRAP, plan, view=view).begin()
+    ts = txn.ts
+    log.info("instant %s: bootstrapping %d files of %s into %s", ts, len(source.files), opts.source, opts.table)
+    try:
+        t1 = time.perf_counter()
+        rewritten: dict[int, dict[str, Any]] = {}
+        if drops:
+            todo = [(fno, rels[fno], fparts[fno], fids[fno], rows) for fno, rows in sorted(drops.items())]
+            df = spark.createDataFrame(todo, "fno int, rel string, part string, fid string, drop array<long>")
+            df = df.repartition(max(1, min(len(todo), 4 * default_parallelism(spark))))
+            out = df.mapInArrow(tasks.bind_batches(rewrite_files, table_uri=table.uri, instant=ts,
+                                                   snapshot_seq=view.seq, schema=data_schema),
+                                "fno int, path string, num_rows long, size long").collect()
+            rewritten = {int(r["fno"]): r.asDict() for r in out}
+        timings["rewrite_ms"] = int((time.perf_counter() - t1) * 1000)
+        log.info("phase rewrite  %6d ms %d files with losing duplicates rewritten", timings["rewrite_ms"],
+                 len(rewritten))
+
+        t2 = time.perf_counter()
+        locs = spark.createDataFrame([(i, fparts[i], fids[i]) for i in range(len(rels))],
+                                     "fno int, part string, fid string")
+        # broadcast joins keep the keys' partitioning by bucket: the index tasks do not shuffle
+        live = keys if losers is None else keys.join(F.broadcast(losers), ["fno", "row"], "left_anti")
+        entries = live.join(F.broadcast(locs), "fno").select(
+            F.col(KEY).alias("key"), "part", "fid", F.lit(False).alias("tomb"), "bucket")
+        with job_conf(spark, **{"spark.sql.shuffle.partitions": tasks_n}):
+            written = entries.groupBy("bucket").applyInArrow(
+                tasks.bind(tasks.write_index_delta, table_uri=table.uri, instant=ts, snapshot_seq=view.seq),
+                tasks.DELTA_OUTPUT).collect()
+        index_added = [{"bucket": r["bucket"], "path": r["path"], "entries": r["entries"], "size": r["size"],
+                        "kind": "delta"} for r in written]
+        timings["index_ms"] = int((time.perf_counter() - t2) * 1000)
+        log.info("phase index    %6d ms %d index deltas", timings["index_ms"], len(index_added))
+
+        groups = []
+        for fno, f in enumerate(source.files):
+            live_rows = per_file.get(fno, 0) - len(drops.get(fno, []))
+            if fno in rewritten:
+                r = rewritten[fno]
+                if r["num_rows"]:
+                    groups.append({"partition": fparts[fno], "file_id": fids[fno], "path": r["path"],
+                                   "num_rows": r["num_rows"], "size": r["size"], "replaces": rels[fno]})
+            elif live_rows > 0:
+                groups.append({"partition": fparts[fno], "file_id": fids[fno], "path": rels[fno],
+                               "num_rows": live_rows, "size": f.size, "reference": True})
+        live_total = sum(g["num_rows"] for g in groups)
+        summary = {"source": opts.source, "mode": MODE_REFERENCE,
+                   "counts": {"rows": live_total, "source_rows": n_rows,
+                              "files_referenced": sum(1 for g in groups if g.get("reference")),
+                              "files_rewritten": len(rewritten), "duplicate_keys": n_dup,
+                              "rows_dropped": n_rows - live_total}}
+        metadata = {
+            "action": Action.BOOTSTRAP, "instant": ts, "batch_id": batch_id, "operation": "bootstrap",
+            "index_type": INDEX_RECORD, "schema": encode_schema(data_schema), "snapshot_seq": view.seq,
+            "num_buckets": num_buckets, "file_groups": groups,
+            "index": {"added": index_added, "removed": []},
+            "counts": {"inserted": live_total, "updated": 0, "deleted": 0, "moved": 0, "rows_in_batch": n_rows},
+            "bootstrap": summary, "conflicts": [],
+        }
+        maybe_crash("before_complete")
+        metadata["timings_ms"] = {**timings, "total_ms": int((time.perf_counter() - t0) * 1000)}
+        txn.commit(metadata)
+    except BaseException:
+        txn.abort()
+        raise
+    finally:
+        if losers is not None:
+            losers.unpersist()
+    log.info("committed %s: %d rows in %d file groups (%d referenced in place, %d rewritten)", ts, live_total,
+             len(groups), summary["counts"]["files_referenced"], len(rewritten))
+    return {"instant": ts, "batch_id": batch_id, "noop": False, "mode": MODE_REFERENCE, "index_type": INDEX_RECORD,
+            "counts": summary["counts"], "timings_ms": dict(timings)}
+
+
+# -- rewrite mode ---------------------------------------------------------------------
+def read_files(files: Iterable[pa.RecordBatch], *, source_uri: str, paths: list[str], values: list[dict[str, Any]],
+               schema: pa.Schema, path_columns: list[str]) -> Iterator[pa.RecordBatch]:
+    """mapInArrow over the file list: every row of each file, its Hive path columns added."""
+    import pyarrow.parquet as pq
+
+    from spark_jobs.io.filesystem import resolve
+
+    io, _ = resolve(source_uri)
+    for b in files:
+        for fno in b.column("fno").to_pylist():
+            with io.open_input_file(paths[fno]) as f:
+                pf = pq.ParquetFile(f)
+                for batch in pf.iter_batches(batch_size=tasks.READ_BATCH_ROWS):
+                    cols = {**_path_values_from(values[fno], schema, path_columns, batch.num_rows),
+                            **dict(zip(batch.schema.names, batch.columns))}
+                    yield pa.RecordBatch.from_arrays([cols[n] for n in schema.names], schema=schema)
+
+
+def _check_schemas(source: SourceDataset) -> None:
+    """Every file's columns are the dataset's (read from the footers, a few at a time)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import pyarrow.parquet as pq
+
+    from spark_jobs.io.filesystem import resolve
+
+    io, _ = resolve(source.uri)
+
+    def problem(path: str) -> str | None:
+        with io.open_input_file(path) as f:
+            return schema_problem(source.schema, pq.ParquetFile(f).schema_arrow, source.path_columns)
+
+    with ThreadPoolExecutor(8) as pool:
+        for f, p in zip(source.files, pool.map(problem, [f.path for f in source.files])):
+            if p is not None:
+                raise BadInputError(f"dataset file {f.path}: {p}")
+
+
+def _rewrite(spark: SparkSession, source: SourceDataset, opts: BootstrapOptions, batch_id: str) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    _check_schemas(source)
+    read = tasks.bind_batches(read_files, source_uri=opts.source, paths=[f.path for f in source.files],
+                              values=[f.values for f in source.files], schema=source.schema,
+                              path_columns=source.path_columns)
+    # read once: the duplicate check and the upsert's passes reuse it
+    df = _file_list(spark, source).mapInArrow(read, from_arrow_schema(source.schema))
+    df = df.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        return _rewrite_read(spark, source, opts, batch_id, df, t0)
+    finally:
+        df.unpersist()
+
+
+def _rewrite_read(spark: SparkSession, source: SourceDataset, opts: BootstrapOptions, batch_id: str,
+                  df: DataFrame, t0: float) -> dict[str, Any]:
+    from spark_jobs.jobs.upsert import UpsertOptions, run_upsert
+
+    keyed = df.select(key_expr(opts.record_key).alias(KEY), *([opts.partition_field] if opts.partition_field and
+                                                                opts.index != INDEX_RECORD else []))
+    identity = [KEY] + ([opts.partition_field] if opts.partition_field and opts.index != INDEX_RECORD else [])
+    groups = keyed.groupBy(*identity).agg(F.count(F.lit(1)).alias("n"))
+    agg = groups.agg(F.sum("n").alias("total"), F.sum(F.when(F.col("n") > 1, 1)).alias("keys"),
+                     F.sum(F.when(F.col("n") > 1, F.col("n"))).alias("rows")).first()
+    total, n_dup, dup_rows = int(agg["total"] or 0), int(agg["keys"] or 0), int(agg["rows"] or 0)
+    if not total:
+        raise BadInputError(f"the dataset at {opts.source} has no rows")
+    if n_dup and not opts.precombine_field:
+        samples = [r[0] for r in groups.filter("n > 1").orderBy(KEY).limit(SAMPLES).collect()]
+        _refuse_duplicates(n_dup, dup_rows, samples, opts.record_key)
+    scan_ms = int((time.perf_counter() - t0) * 1000)
+    log.info("phase scan     %6d ms %d duplicated keys", scan_ms, n_dup)
+    dropped = dup_rows - n_dup  # of each duplicated key, every row but the winner
+    out_counts = {"rows": total - dropped, "source_rows": total, "files_referenced": 0,
+                  "files_rewritten": len(source.files), "duplicate_keys": n_dup, "rows_dropped": dropped}
+    upsert = UpsertOptions(
+        table=opts.table, source=opts.source, record_key=list(opts.record_key),
+        precombine_field=opts.precombine_field, partition_field=opts.partition_field, index=opts.index,
+        num_buckets=opts.num_buckets, table_type=opts.table_type, batch_id=batch_id,
+        target_file_rows=opts.target_file_rows, heartbeat_timeout_s=opts.heartbeat_timeout_s,
+        source_df=df, action=Action.BOOTSTRAP, operation="bootstrap",
+        extra_metadata={"bootstrap": {"source": opts.source, "mode": "rewrite", "counts": out_counts}},
+    )
+    result = run_upsert(spark, upsert)
+    return {"instant": result["instant"], "batch_id": batch_id, "noop": result["noop"], "mode": "rewrite",
+            "index_type": opts.index, "counts": out_counts,
+            "timings_ms": {"scan_ms": scan_ms, **result.get("timings_ms", {})}}
