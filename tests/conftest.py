@@ -33,6 +33,9 @@ def connect_server(tmp_path_factory):  # type: ignore[no-untyped-def]
 #: it stays near 20 minutes on 2 cores, and run by ``.ci/run`` after it (``pytest -m slow``).
 #: Each entry says which case stays in the default tier.
 EXTENDED = {
+    "tests/spark/test_index_compaction.py::test_index_compaction_beside_upserts_matches_the_oracle[copy_on_write]":
+        "[merge_on_read] runs the same index compactions beside upserts (index compaction does not depend on "
+        "the table type; its merge-on-read writers also append logs)",
     "tests/spark/test_bootstrap.py::test_killed_bootstrap_leaves_no_table_rows_and_the_next_run_finishes"
     "[reference-after_index_file]":
         "reference-before_complete kills the same bootstrap with every index delta written",

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import pyarrow as pa
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -52,7 +52,7 @@ from spark_jobs.table.config import (
     BadInputError,
     TableConfig,
 )
-from spark_jobs.table.layout import data_file_name
+from spark_jobs.table.layout import data_file_name, partition_path
 from spark_jobs.table.reader import canonical_keys, read_data_file
 from spark_jobs.table.shadow import SAMPLES
 from spark_jobs.table.table import Table
@@ -130,16 +130,6 @@ def _file_list(spark: SparkSession, source: SourceDataset) -> DataFrame:
     return spark.createDataFrame(rows, "fno int, path string").repartition(tasks_n)
 
 
-def _duplicates(keys: DataFrame, key_col: str, by: list[str] = ()) -> tuple[int, int, list[str]]:
-    """(duplicated keys, rows holding them, sample keys) of ``keys``; grouped by ``by`` too
-    (columns a key determines, e.g. its bucket: the data's partitioning then serves)."""
-    dups = keys.groupBy(*by, key_col).agg(F.count(F.lit(1)).alias("n")).filter("n > 1")
-    agg = dups.agg(F.count(F.lit(1)).alias("keys"), F.sum("n").alias("rows")).first()
-    n_keys = int(agg["keys"] or 0)
-    samples = [r[0] for r in dups.select(key_col).orderBy(key_col).limit(SAMPLES).collect()] if n_keys else []
-    return n_keys, int(agg["rows"] or 0), samples
-
-
 def _refuse_duplicates(n_keys: int, n_rows: int, samples: list[str], key: list[str]) -> None:
     raise BadInputError(
         f"{n_keys} record key(s) ({','.join(key)}) appear more than once in the source ({n_rows} rows), "
@@ -185,6 +175,52 @@ def _path_values_from(values: dict[str, Any], schema: pa.Schema, path_columns: l
     return {c: pa.array([values.get(c)] * n, schema.field(c).type) for c in path_columns}
 
 
+CHECK_OUTPUT = "kind string, fno int, n long, bad long, problem string, key string, row long"
+
+
+def check_bucket(key: tuple, t: pa.Table, *, precombine: str | None) -> pa.Table:
+    """applyInArrow per index bucket of the key scan: ``file`` rows (a file's rows, its null
+    or empty keys, its schema problem), one ``dups`` row (keys seen more than once, the rows
+    holding them), up to SAMPLES ``sample`` keys, and with ``precombine`` the ``loser`` rows:
+    of each duplicated key every row but the one with the highest value (ties: the later
+    file, then the later row)."""
+    import pyarrow.compute as pc
+
+    out: list[dict[str, Any]] = []
+    for r in t.filter(pc.is_valid(t.column("problem"))).group_by("fno").aggregate(
+            [("problem", "max")]).to_pylist():
+        out.append({"kind": "file", "fno": r["fno"], "n": 0, "bad": 0, "problem": r["problem_max"]})
+    ok = t.filter(pc.is_null(t.column("problem")))
+    k = ok.column(KEY)
+    bad = pc.fill_null(pc.or_(pc.is_null(k), pc.equal(k, "")), True)
+    files = ok.append_column("_bad", pc.cast(bad, pa.int64())).group_by("fno").aggregate(
+        [("row", "count"), ("_bad", "sum")])
+    for r in files.to_pylist():
+        out.append({"kind": "file", "fno": r["fno"], "n": r["row_count"], "bad": r["_bad_sum"]})
+    good = ok.filter(pc.invert(bad))
+    counts = good.group_by(KEY).aggregate([("row", "count")])
+    dup = counts.filter(pc.greater(counts.column("row_count"), 1))
+    if dup.num_rows:
+        out.append({"kind": "dups", "n": dup.num_rows, "bad": int(pc.sum(dup.column("row_count")).as_py())})
+        for key_ in sorted(dup.column(KEY).to_pylist())[:SAMPLES]:
+            out.append({"kind": "sample", "key": key_})
+        if precombine:
+            rows = good.filter(pc.is_in(good.column(KEY), value_set=dup.column(KEY)))
+            order = pc.sort_indices(rows, sort_keys=[(KEY, "ascending"), ("pre", "descending"),
+                                                     ("fno", "descending"), ("row", "descending")],
+                                    null_placement="at_end")
+            rows = rows.take(order)
+            keys_ = rows.column(KEY).combine_chunks()
+            first = pc.not_equal(keys_.slice(1), keys_.slice(0, len(keys_) - 1))
+            winner = pa.concat_arrays([pa.array([True]), first.combine_chunks() if hasattr(first, "combine_chunks")
+                                       else first])
+            for r in rows.filter(pc.invert(winner)).select(["fno", "row"]).to_pylist():
+                out.append({"kind": "loser", "fno": r["fno"], "row": r["row"]})
+    return pa.Table.from_pylist(out, schema=pa.schema([
+        ("kind", pa.string()), ("fno", pa.int32()), ("n", pa.int64()), ("bad", pa.int64()), ("problem", pa.string()),
+        ("key", pa.string()), ("row", pa.int64())]))
+
+
 def rewrite_files(rows: Iterable[pa.RecordBatch], *, table_uri: str, instant: str, snapshot_seq: int,
                   schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     """mapInArrow over ``(fno, rel, part, fid, drop)``: each referenced file with a losing
@@ -207,10 +243,14 @@ def rewrite_files(rows: Iterable[pa.RecordBatch], *, table_uri: str, instant: st
 
 
 def _partition_paths(spark: SparkSession, source: SourceDataset, field: str | None) -> dict[Any, str]:
-    """Each partition value's directory as the table names it, by the expression every write uses."""
+    """Each partition value's directory as the table names it, by the expression every write
+    uses -- or its Python twin for the string and integer values Hive directories infer (a
+    query costs a cold JVM seconds)."""
     if not field:
         return {None: ""}
     values = sorted({f.values.get(field) for f in source.files}, key=lambda v: (v is None, str(v)))
+    if all(v is None or (isinstance(v, (str, int)) and not isinstance(v, bool)) for v in values):
+        return {v: partition_path(field, v) for v in values}
     schema = from_arrow_schema(pa.schema([source.schema.field(field)]))
     df = spark.createDataFrame([(v,) for v in values], schema)
     return {r[0]: r[1] for r in df.select(F.col(field), partition_expr([field]).alias("p")).collect()}
@@ -249,37 +289,47 @@ def _reference(spark: SparkSession, table: Table, source: SourceDataset, opts: B
 def _reference_scanned(spark: SparkSession, table: Table, source: SourceDataset, opts: BootstrapOptions,
                        batch_id: str, keys: DataFrame, rels: list[str], fids: list[str], fparts: list[str],
                        timings: dict[str, int], t0: float, *, num_buckets: int, tasks_n: int) -> dict[str, Any]:
-    # per file, in one query: its rows, rows with a bad key, and a schema problem
+    # one job over the keys partitioned by bucket (every copy of a key is in one task):
+    # per file its rows, bad keys and schema problem; per bucket its duplicated keys, and
+    # with a precombine field the rows that lose (Arrow in the task; only these small
+    # results reach the driver)
     per_file: dict[int, int] = {}
-    bad_keys = 0
-    for r in keys.groupBy("fno").agg(
-        F.sum(F.col("problem").isNull().cast("long")).alias("n"),
-        F.sum((F.col("problem").isNull() & (F.col(KEY).isNull() | (F.col(KEY) == ""))).cast("long")).alias("bad"),
-        F.max("problem").alias("problem"),
-    ).orderBy("fno").collect():
-        if r["problem"] is not None:
-            raise BadInputError(f"dataset file {source.files[int(r['fno'])].path}: {r['problem']}")
-        per_file[int(r["fno"])] = int(r["n"] or 0)
-        bad_keys += int(r["bad"] or 0)
+    bad_keys = n_dup = dup_rows = 0
+    samples: list[str] = []
+    drops: dict[int, list[int]] = {}
+    with job_conf(spark, **{"spark.sql.shuffle.partitions": tasks_n}):
+        found = keys.groupBy("bucket").applyInArrow(
+            tasks.bind(check_bucket, precombine=opts.precombine_field), CHECK_OUTPUT).collect()
+    for r in found:
+        kind = r["kind"]
+        if kind == "file":
+            if r["problem"] is not None:
+                raise BadInputError(f"dataset file {source.files[int(r['fno'])].path}: {r['problem']}")
+            per_file[int(r["fno"])] = per_file.get(int(r["fno"]), 0) + int(r["n"])
+            bad_keys += int(r["bad"])
+        elif kind == "dups":
+            n_dup += int(r["n"])
+            dup_rows += int(r["bad"])
+        elif kind == "sample":
+            samples.append(r["key"])
+        elif kind == "loser":
+            drops.setdefault(int(r["fno"]), []).append(int(r["row"]))
     if bad_keys:
         raise BadInputError(f"{bad_keys} row(s) have a null or empty record key ({','.join(opts.record_key)})")
     n_rows = sum(per_file.values())
     if not n_rows:
         raise BadInputError(f"the dataset at {opts.source} has no rows")
-    n_dup, dup_rows, samples = _duplicates(keys, KEY, ["bucket"])
+    samples = sorted(samples)[:SAMPLES]
     if n_dup and not opts.precombine_field:
         _refuse_duplicates(n_dup, dup_rows, samples, opts.record_key)
+    for rows in drops.values():
+        rows.sort()
+    losers = None
+    if drops:
+        losers = spark.createDataFrame([(f, r) for f, rows in drops.items() for r in rows], "fno int, row long")
     timings["scan_ms"] = int((time.perf_counter() - t0) * 1000)
     log.info("phase scan     %6d ms %d rows, %d files, %d duplicated keys", timings["scan_ms"], n_rows,
              len(source.files), n_dup)
-    losers = None
-    drops: dict[int, list[int]] = {}
-    if n_dup:  # the highest precombine value wins; ties go to the later file, then the later row
-        w = Window.partitionBy("bucket", KEY).orderBy(F.col("pre").desc_nulls_last(), F.col("fno").desc(), F.col("row").desc())
-        losers = keys.withColumn("_rank", F.row_number().over(w)).filter("_rank > 1").select("fno", "row")
-        losers = losers.persist(StorageLevel.MEMORY_AND_DISK)
-        for r in losers.groupBy("fno").agg(F.collect_list("row").alias("rows")).collect():
-            drops[int(r["fno"])] = sorted(r["rows"])
 
     cfg = TableConfig(
         record_key_fields=list(opts.record_key), index_type=INDEX_RECORD,
@@ -370,9 +420,6 @@ def _reference_scanned(spark: SparkSession, table: Table, source: SourceDataset,
     except BaseException:
         txn.abort()
         raise
-    finally:
-        if losers is not None:
-            losers.unpersist()
     log.info("committed %s: %d rows in %d file groups (%d referenced in place, %d rewritten)", ts, live_total,
              len(groups), summary["counts"]["files_referenced"], len(rewritten))
     return {"instant": ts, "batch_id": batch_id, "noop": False, "mode": MODE_REFERENCE, "index_type": INDEX_RECORD,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import posixpath
-from urllib.parse import quote, unquote
+from urllib.parse import quote, quote_plus, unquote
 
 __all__ = [
     "META_DIR",
@@ -12,6 +12,7 @@ __all__ = [
     "data_file_name",
     "log_file_name",
     "is_reference",
+    "partition_path",
     "REFERENCE_PREFIX",
     "TableLayout",
 ]
@@ -34,6 +35,17 @@ def is_reference(rel: str) -> bool:
     """Whether ``rel`` names a file outside the table root: a bootstrapped user file, which
     bucketindex reads but never writes or deletes."""
     return rel.startswith(REFERENCE_PREFIX)
+
+
+def partition_path(field: str, value: object) -> str:
+    """``field=<value>`` as Spark's ``partition_expr`` builds it (``url_encode``: Java's
+    URLEncoder, which also encodes ``~``), for a string or integer value; ``__NULL__`` for null.
+    The Python twin for callers without a query to run (``tests/spark/test_keys.py`` checks both agree)."""
+    if value is None:
+        return f"{field}={NULL_PARTITION}"
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise TypeError(f"partition_path takes a string or an integer, got {type(value).__name__}")
+    return f"{field}={quote_plus(str(value), safe='*').replace('~', '%7E')}"
 
 
 def data_file_name(file_id: str, write_token: str, instant: str) -> str:

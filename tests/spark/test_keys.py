@@ -8,7 +8,8 @@ import pytest
 from pyspark.sql import functions as F
 
 from spark_jobs.index.hashing import bucket_hash, bucket_of, composite_key
-from spark_jobs.jobs.keys import bucket_expr, key_expr
+from spark_jobs.jobs.keys import bucket_expr, key_expr, partition_expr
+from spark_jobs.table.layout import partition_path
 
 pytestmark = pytest.mark.spark
 
@@ -40,3 +41,12 @@ def test_integer_keys_cast_like_python(spark):
     df = spark.createDataFrame([(1, 10), (-5, 20)], "a long, b int")
     got = [r["k"] for r in df.select(key_expr(["a", "b"]).alias("k")).orderBy("a").collect()]
     assert got == [composite_key([-5, 20]), composite_key([1, 10])]
+
+
+def test_partition_path_equals_spark_partition_expr(spark):
+    values = ["eu west", "a/b", "100%", "x+y", "~tilde*star_dash-.dot", "são paulo", "亚太 ap", "a=b&c?d#e", None]
+    df = spark.createDataFrame([(v,) for v in values], "region string")
+    got = {r["region"]: r["p"] for r in df.select("region", partition_expr(["region"]).alias("p")).collect()}
+    assert got == {v: partition_path("region", v) for v in values}
+    ints = spark.createDataFrame([(7,), (-3,), (None,)], "n int").select("n", partition_expr(["n"]).alias("p"))
+    assert {r["n"]: r["p"] for r in ints.collect()} == {n: partition_path("n", n) for n in (7, -3, None)}
