@@ -76,7 +76,11 @@ def _wide_rows(rng: np.random.Generator, ids: list[str], ts: int) -> pa.Table:
 
 def test_cold_cli_merge_of_an_unpartitioned_table_runs_in_several_tasks(spark, tmp_path):
     rng = np.random.default_rng(3)
-    n = 2 * DEFAULT_TARGET_FILE_ROWS  # 200k rows: two file groups at the default cap
+    # 400k rows: four file groups at the default cap, five with the inserts' new group. Merge
+    # tasks are Spark's hash partitions of (partition, file id), one per group: with random
+    # file ids, three groups all hash into one of three partitions 1 time in 9 (a CI run
+    # did); five into one of five, 1 in 625
+    n = 4 * DEFAULT_TARGET_FILE_ROWS
     ids = [f"key {i:07d}/é" for i in range(n)]
     base = tmp_path / "base.parquet"
     pq.write_table(_wide_rows(rng, ids, 1), base)
