@@ -35,6 +35,7 @@ from spark_jobs.jobs.session import default_parallelism, job_conf, session_start
 from spark_jobs.table.action import Transaction
 from spark_jobs.table.action.bootstrap import (
     MODE_REFERENCE,
+    MODE_REWRITE,
     SourceDataset,
     check_bootstrap,
     default_batch_id,
@@ -266,7 +267,7 @@ def _reference(spark: SparkSession, table: Table, source: SourceDataset, opts: B
     # before anything is written
     rels = [reference_path(table, f.path) for f in source.files]
     fids = [file_id_of(r) for r in rels]
-    fparts = [parts[f.values.get(opts.partition_field) if opts.partition_field else None] for f in source.files]
+    fparts = [parts[source.partition_value(f, opts.partition_field)] for f in source.files]
     scan_schema = pa.schema(SCAN_FIELDS + ([("pre", source.schema.field(pre).type)] if pre else []))
     scan = tasks.bind_batches(scan_keys, source_uri=opts.source, paths=[f.path for f in source.files],
                               values=[f.values for f in source.files], schema=source.schema,
@@ -507,9 +508,9 @@ def _rewrite_read(spark: SparkSession, source: SourceDataset, opts: BootstrapOpt
         num_buckets=opts.num_buckets, table_type=opts.table_type, batch_id=batch_id,
         target_file_rows=opts.target_file_rows, heartbeat_timeout_s=opts.heartbeat_timeout_s,
         source_df=df, action=Action.BOOTSTRAP, operation="bootstrap",
-        extra_metadata={"bootstrap": {"source": opts.source, "mode": "rewrite", "counts": out_counts}},
+        extra_metadata={"bootstrap": {"source": opts.source, "mode": MODE_REWRITE, "counts": out_counts}},
     )
     result = run_upsert(spark, upsert)
-    return {"instant": result["instant"], "batch_id": batch_id, "noop": result["noop"], "mode": "rewrite",
+    return {"instant": result["instant"], "batch_id": batch_id, "noop": result["noop"], "mode": MODE_REWRITE,
             "index_type": opts.index, "counts": out_counts,
             "timings_ms": {"scan_ms": scan_ms, **result.get("timings_ms", {})}}
