@@ -1,7 +1,9 @@
 """``bucketindex``: table operations from the command line (DESIGN §4).
 
-Exit status: 0 success, 1 a check found a problem, 2 bad usage or bad input (one line on
-stderr, nothing written), 3 a concurrent write conflicted, the table was busy or a rollback
+Exit status: 0 success, 1 a check found a problem, a resource ran out, or the table or its
+store is at fault (a damaged or missing file, a full disk, access refused: one line naming
+it), 2 bad usage or bad input (one line on stderr, nothing written), 3 a concurrent write
+conflicted, the table was busy, or a rollback (or a rehash cancelling a compaction plan)
 aborted the write (one line starting ``conflict:`` or naming the live writer; nothing
 written; safe to retry with the same batch id). Verbs that need Spark start a local session (``--master`` to
 change it), or use a running Spark Connect server (``--remote sc://HOST:PORT``, or the
@@ -12,15 +14,18 @@ change it), or use a running Spark Connect server (``--remote sc://HOST:PORT``, 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
+import re
 import sys
 import tempfile
 from typing import Callable
 
-from spark_jobs.table.config import INDEX_TYPES, TABLE_TYPES, BadInputError
-from spark_jobs.table.errors import RetryableError
+from spark_jobs.exceptions import BadInputError, RetryableError, TableCorruptError
+from spark_jobs.table.config import INDEX_TYPES, TABLE_TYPES
+from spark_jobs.table.timeline import check_instant
 
 __all__ = ["main", "build_parser"]
 
@@ -232,6 +237,11 @@ def cmd_upsert(args: argparse.Namespace, submitted: bool) -> int:
     io, path = resolve(args.source)
     if not io.exists(path):  # fail fast, before a JVM starts
         raise BadInputError(f"source {args.source} does not exist")
+    from spark_jobs.table.schema import precheck_batch
+
+    # a batch lacking or adding columns, told from the Parquet footers (the validation checks again)
+    precheck_batch(table_uri=args.table, source=args.source, source_format=args.source_format,
+                   record_key=args.record_key, delete_field=args.delete_field)
     from spark_jobs.jobs.upsert import UpsertOptions, run_upsert
 
     opts = UpsertOptions(
@@ -250,11 +260,18 @@ def cmd_upsert(args: argparse.Namespace, submitted: bool) -> int:
 def cmd_read(args: argparse.Namespace, submitted: bool) -> int:
     from spark_jobs.table.reader import read_arrow
 
+    if args.as_of is not None:  # before a JVM starts: `--as-of yesterday` must not read the latest snapshot
+        check_instant(args.as_of, option="--as-of")
     if args.output:
         import pyarrow.parquet as pq
 
+        io, out = _output_path(args.output)
         t = read_arrow(args.table, args.as_of)
-        pq.write_table(t, args.output)
+        try:
+            pq.write_table(t, args.output)
+        except BaseException:
+            io.delete(out)  # a torn output (a full disk) must not look like a snapshot
+            raise
         print(f"wrote {t.num_rows} rows to {args.output}")
         return 0
     from spark_jobs.jobs.read import read_table
@@ -262,6 +279,25 @@ def cmd_read(args: argparse.Namespace, submitted: bool) -> int:
     df = read_table(_spark(args, submitted), args.table, args.as_of)
     df.show(args.limit, truncate=False)
     return 0
+
+
+def _output_path(uri: str) -> "tuple[object, str]":
+    """The FileIO and path of ``read --output``; BadInputError (exit 2, before reading) when its
+    directory does not exist or the path is a directory: the user names a place to write."""
+    import pyarrow.fs as pafs
+
+    from spark_jobs.io.filesystem import resolve
+
+    io, path = resolve(uri)
+    parent = path.rsplit("/", 1)[0] or "/"
+    kind = io.fs.get_file_info(parent).type
+    if kind == pafs.FileType.NotFound:
+        raise BadInputError(f"--output {uri}: directory {parent} does not exist (create it first)")
+    if kind != pafs.FileType.Directory:
+        raise BadInputError(f"--output {uri}: {parent} is not a directory")
+    if io.fs.get_file_info(path).type == pafs.FileType.Directory:
+        raise BadInputError(f"--output {uri} is a directory; name the Parquet file to write")
+    return io, path
 
 
 #: index buckets listed by ``show`` (those with the most deltas); ``--json`` has all of them
@@ -403,7 +439,10 @@ def cmd_validate(args: argparse.Namespace, submitted: bool) -> int:
     report = run_validate(_spark(args, submitted), args.table)
     print(json.dumps(report, indent=2, sort_keys=True))
     if not report["ok"]:
-        print(f"bucketindex: validate found problems: {', '.join(report['problems'])}", file=sys.stderr)
+        missing = report["problems"].get("data_files_missing")
+        files = (f" ({missing['count']} data files missing, e.g. {', '.join(missing['samples'][:3])})"
+                 if missing else "")
+        print(f"bucketindex: validate found problems: {', '.join(report['problems'])}{files}", file=sys.stderr)
         return 1
     return 0
 
@@ -436,6 +475,8 @@ def cmd_rollback(args: argparse.Namespace, submitted: bool) -> int:
 
     if args.heartbeat_timeout is not None and args.heartbeat_timeout <= 0:
         raise BadInputError(f"--heartbeat-timeout must be positive, got {args.heartbeat_timeout}")
+    if args.instant is not None:
+        check_instant(args.instant, option="INSTANT")
     done = Table.load(args.table).rollback(args.instant, force=args.force, timeout_s=args.heartbeat_timeout)
     print(f"rolled back {', '.join(done)}" if done else "nothing to roll back")
     return 0
@@ -458,6 +499,8 @@ def cmd_compact(args: argparse.Namespace, submitted: bool) -> int:
                             "--min-deltas, --delta-ratio, --index-base-cap and --only apply when scheduling")
     if args.heartbeat_timeout is not None and args.heartbeat_timeout <= 0:
         raise BadInputError(f"--heartbeat-timeout must be positive, got {args.heartbeat_timeout}")
+    if args.execute is not None:
+        check_instant(args.execute, option="--execute")
     policy = CompactionPolicy(
         min_logs=DEFAULT_MIN_LOGS if args.min_logs is None else args.min_logs,
         log_ratio=DEFAULT_LOG_RATIO if args.log_ratio is None else args.log_ratio,
@@ -568,7 +611,12 @@ def main(argv: list[str] | None = None, *, submitted: bool = False,
             if getattr(args, name, None):
                 setattr(args, name, _absolute(getattr(args, name)))
     try:
+        if args.verb in COMMANDS:
+            _check_table(args)
         return COMMANDS[args.verb](args, submitted)
+    except TableCorruptError as e:
+        print(f"bucketindex: {args.verb} failed: {_one_line(e)}", file=sys.stderr)
+        return 1
     except BadInputError as e:
         print(f"bucketindex: error: {_one_line(e)}", file=sys.stderr)
         return 2
@@ -585,14 +633,109 @@ def main(argv: list[str] | None = None, *, submitted: bool = False,
                   f"safe to retry with the same batch id", file=sys.stderr)
             return 3
 
+        told = _told_apart(args, e)
+        if told is not None:
+            status, line = told
+            print(line, file=sys.stderr)
+            return status
         what = describe_resource_failure(e, master=_master(args, submitted),
-                                         driver_memory=getattr(args, "driver_memory", None))
+                                         driver_memory=getattr(args, "driver_memory", None),
+                                         table_root=_absolute(args.table) if getattr(args, "table", None) else None,
+                                         output=getattr(args, "output", None))
         if what is None:
             raise
         log.debug("resource failure", exc_info=True)
         tail = "; nothing was committed (the write was rolled back)" if args.verb == "upsert" else ""
         print(f"bucketindex: {args.verb} failed: {what}{tail}", file=sys.stderr)
         return 1
+
+
+def _check_table(args: argparse.Namespace) -> None:
+    """Open the table before any work (and before a JVM starts): a table path that is a file
+    is bad input (exit 2), damaged metadata (TableCorruptError) and a store that refuses to
+    be read (OSError) fail here in a second with one line, not after a Spark session."""
+    import pyarrow.fs as pafs
+
+    from spark_jobs.io.filesystem import resolve
+    from spark_jobs.table.table import Table
+
+    uri = getattr(args, "table", None)
+    if not uri:
+        return
+    io, root = resolve(uri)
+    try:
+        kind = io.fs.get_file_info(root).type
+    except NotADirectoryError:  # a path below a file
+        kind = pafs.FileType.File
+    if kind == pafs.FileType.File:
+        raise BadInputError(f"table path {uri} is a file, not a table directory")
+    Table.open(uri)  # parses table.json and the sequence entries after the last checkpoint
+
+
+#: errno values that mean the store refused access: the store's (or its owner's) problem, not the input's
+_DENIED = {errno.EACCES, errno.EPERM, errno.EROFS}
+_TEMP_NAME = re.compile(r"/\.[^/]+\.[0-9a-f]{32}\.tmp$")
+_CORRUPT_IN_TASK = re.compile(r"TableCorruptError: ([^\n]+)")
+_MISSING = re.compile(r"PATH_NOT_FOUND|FileNotFoundError|No such file or directory")
+
+
+def _told_apart(args: argparse.Namespace, e: BaseException) -> tuple[int, str] | None:
+    """Exit status and one line for failures that are not resources but surface as an engine's
+    exception: a corrupt source file (2), a damaged or missing table file (1), storage that
+    refused access (1: the store's problem, not the input's). None: not one of those."""
+    text = f"{type(e).__name__}: {e}"
+    if args.verb == "upsert" and "FAILED_READ_FILE" in text:
+        from spark_jobs.jobs.source import corrupt_file_message
+
+        corrupt = corrupt_file_message(e)
+        if corrupt is not None:  # found by the batch's first query, before anything is written
+            return 2, f"bucketindex: error: {corrupt}; nothing was written"
+    m = _CORRUPT_IN_TASK.search(text)
+    if m:
+        return 1, f"bucketindex: {args.verb} failed: {m.group(1).strip()}" + _nothing_committed(args)
+    if _MISSING.search(text) and getattr(args, "table", None):
+        missing = _missing_files(args.table)
+        if missing:
+            from spark_jobs.table.reader import missing_file_error
+
+            more = f" ({len(missing)} files are missing)" if len(missing) > 1 else ""
+            return 1, (f"bucketindex: {args.verb} failed: {_one_line(missing_file_error(missing[0]))}{more}"
+                       + _nothing_committed(args))
+    err = _first_os_error(e)
+    if err is not None and err.errno in _DENIED:
+        where = str(err.filename or getattr(args, "table", None) or "?")
+        if _TEMP_NAME.search(where):  # FileIO's temp file for an atomic create: name the directory
+            where = where.rsplit("/", 1)[0]
+        return 1, (f"bucketindex: {args.verb} failed: permission denied on {where} ({err.strerror or 'denied'}): "
+                   f"the store refused access; grant this user access to the table's files and run again"
+                   + _nothing_committed(args))
+    return None
+
+
+def _nothing_committed(args: argparse.Namespace) -> str:
+    return "; nothing was committed" if args.verb == "upsert" else ""
+
+
+def _missing_files(uri: str) -> list[str]:
+    """The latest snapshot's files missing on storage (asked only after a read failed)."""
+    from spark_jobs.table.table import Table
+
+    try:
+        table = Table.load(uri)
+        return table.missing_files(table.view())
+    except Exception:  # noqa: BLE001 - a diagnosis must not replace the error it explains
+        return []
+
+
+def _first_os_error(e: BaseException) -> OSError | None:
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, OSError):
+            return cur
+        cur = cur.__cause__ or cur.__context__
+    return None
 
 
 def _master(args: argparse.Namespace, submitted: bool) -> str | None:

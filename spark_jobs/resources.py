@@ -12,6 +12,7 @@ empty shuffle tasks per shuffle. Neither default fits any size a user runs.
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import re
@@ -48,7 +49,7 @@ def local_driver_memory(override: str | None = None) -> str:
     chosen = override or os.environ.get(DRIVER_MEMORY_ENV)
     if chosen:
         if not re.fullmatch(r"\d+[kmgtKMGT]?", chosen.strip()):
-            from spark_jobs.table.config import BadInputError
+            from spark_jobs.exceptions import BadInputError
 
             raise BadInputError(f"driver memory {chosen!r} is not a size like 4g or 1536m")
         return chosen.strip().lower()
@@ -82,14 +83,19 @@ _DISK = re.compile(r"No space left on device")
 
 
 def describe_resource_failure(error: BaseException, *, master: str | None = None,
-                              driver_memory: str | None = None) -> str | None:
+                              driver_memory: str | None = None, table_root: str | None = None,
+                              output: str | None = None) -> str | None:
     """One line naming what ran out and the setting to raise, or None when ``error`` is not a
-    resource failure (then it is a bug or bad input and keeps its own message)."""
+    resource failure (then it is a bug or bad input and keeps its own message).
+
+    ``table_root`` (a local path or a URI) and ``output`` (a file the driver writes, e.g.
+    ``read --output``) let a full disk be told apart: the table's storage, the driver's
+    disk, or Spark's local dir each need a different disk freed.
+    """
     text = f"{type(error).__name__}: {error}"
     local = is_local_master(master)
-    if _DISK.search(text):
-        return ("out of disk: Spark could not write shuffle or spill files; free space under "
-                "spark.local.dir (default /tmp) or point spark.local.dir at a larger disk")
+    if _DISK.search(text) or _errno(error) in (errno.ENOSPC, errno.EDQUOT):
+        return _describe_disk_full(error, text, table_root=table_root, output=output)
     if _OOM.search(text):
         if local:
             return ("out of memory: the Spark driver JVM ran out of heap (local mode runs the executors "
@@ -108,6 +114,111 @@ def describe_resource_failure(error: BaseException, *, master: str | None = None
         return ("the Spark driver JVM stopped responding (it usually died of memory exhaustion); raise "
                 "--driver-memory (or $BUCKETINDEX_DRIVER_MEMORY) and see the Spark log for the cause")
     return None
+
+
+#: a local filesystem with less free space than this counts as the one that filled up
+FULL_BELOW_BYTES = 1024 * 1024
+
+
+def _errno(error: BaseException) -> int | None:
+    """The errno of the first OSError in ``error``'s cause chain."""
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno is not None:
+            return e.errno
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def _filename(error: BaseException) -> str | None:
+    """The file name an OSError in ``error``'s cause chain carries (FileIO names the file it wrote)."""
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and isinstance(e.filename, str):
+            return e.filename
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def _local_path(uri: str | None) -> str | None:
+    if not uri:
+        return None
+    if uri.startswith("file://"):
+        return uri[len("file://"):]
+    return os.path.abspath(uri) if "://" not in uri else None
+
+
+def _free_bytes(path: str) -> int | None:
+    """Free bytes on the filesystem of ``path`` (or of its nearest existing parent)."""
+    try:
+        st = os.statvfs(_existing(path))
+    except (OSError, AttributeError):
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def _existing(path: str) -> str:
+    p = path
+    while p and not os.path.exists(p):
+        parent = os.path.dirname(p)
+        if parent == p:
+            break
+        p = parent
+    return p or "/"
+
+
+def _spark_local_dir() -> str:
+    """Where a local Spark writes shuffle and spill files: ``$SPARK_LOCAL_DIRS`` or the temp dir."""
+    import tempfile
+
+    return (os.environ.get("SPARK_LOCAL_DIRS") or tempfile.gettempdir()).split(",")[0]
+
+
+def _same_disk(a: str, b: str) -> bool:
+    try:
+        return os.stat(_existing(a)).st_dev == os.stat(_existing(b)).st_dev
+    except OSError:
+        return False
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _describe_disk_full(error: BaseException, text: str, *, table_root: str | None, output: str | None) -> str:
+    """Which disk filled up. Spark's errors rarely name the file, so: the file an OSError
+    names, else the table root named in the message, else a local table whose filesystem
+    has (almost) no space left, else Spark's scratch space -- the one disk a job writes
+    that is neither the table nor an output."""
+    name = _filename(error)
+    out = _local_path(output)
+    if out is not None and (name is None or _inside(os.path.abspath(name), out)):
+        return (f"out of disk: the driver's disk holding the output {output} is full; free space there or "
+                f"write the output elsewhere")
+    root = _local_path(table_root)
+    free = _free_bytes(root) if root else None
+    local_dir = _spark_local_dir()
+    local_free = _free_bytes(local_dir)
+    # a task's error rarely names its file: the table's disk when it is the (nearly) full one
+    guess_table = root is not None and name is None and free is not None and (
+        free < FULL_BELOW_BYTES or (local_free is not None and free < local_free))
+    on_table = (name is not None and root is not None and _inside(os.path.abspath(name), root)) or \
+        (table_root is not None and table_root.rstrip("/") in text) or guess_table
+    if on_table and root is not None and name is None and _same_disk(root, local_dir):
+        return (f"out of disk: the disk holding both the table ({table_root}) and Spark's local dir "
+                f"({local_dir}, spark.local.dir) is full; free space there or move either to a larger disk")
+    if on_table:
+        left = f", {free} bytes free" if free is not None else ""
+        return (f"out of disk: the table's storage is full ({table_root}{left}); free space there or move "
+                f"the table to a larger disk")
+    if name is not None:
+        return (f"out of disk: the disk holding {name} is full (on the driver's machine); free space there")
+    return ("out of disk: Spark could not write shuffle or spill files; free space under "
+            "spark.local.dir (default /tmp) or point spark.local.dir at a larger disk")
 
 
 def _double(size: str) -> str:

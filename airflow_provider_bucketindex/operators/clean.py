@@ -80,9 +80,8 @@ class CleanTableOperator(BucketIndexTableMixin, BaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         table_uri = str(self.table_uri)
         kwargs = self.clean_kwargs()
+        from spark_jobs.exceptions import BadInputError, RetryableError
         from spark_jobs.table.action.clean import run_clean  # pure Python: no pyspark
-        from spark_jobs.table.config import BadInputError
-        from spark_jobs.table.errors import RetryableError
 
         try:
             out = run_clean(table_uri, **kwargs)

@@ -113,9 +113,9 @@ class AsyncIndexCompactionOperator(BucketIndexSparkOperator):
         return result
 
     def _schedule(self, table_uri: str) -> dict[str, Any] | None:
+        from spark_jobs.exceptions import BadInputError
         from spark_jobs.table import Table
         from spark_jobs.table.action.compact import CompactionPolicy, schedule_compaction
-        from spark_jobs.table.config import BadInputError
 
         try:
             policy = CompactionPolicy(min_deltas=int(self.min_deltas), delta_ratio=float(self.delta_ratio),

@@ -56,8 +56,8 @@ class RehashOperator(BucketIndexSparkOperator):
         return self.hook.build_command("rehash", self._args(str(self.table_uri), self._count()))
 
     def execute(self, context: Context) -> dict[str, Any]:
+        from spark_jobs.exceptions import BadInputError
         from spark_jobs.table.action.rehash import validate_rehash
-        from spark_jobs.table.config import BadInputError
 
         table_uri = str(self.table_uri)
         count = self._count()

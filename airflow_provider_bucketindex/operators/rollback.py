@@ -126,8 +126,8 @@ class RollbackBatchOperator(BucketIndexTableMixin, BaseOperator):
         return {"batch_id": batch_id, "rolled_back": rolled}
 
     def _rollback_instant(self, table_uri: str, instant: str) -> dict[str, Any]:
+        from spark_jobs.exceptions import BadInputError
         from spark_jobs.table import WriterAliveError
-        from spark_jobs.table.config import BadInputError
 
         t = self.hook.open_table(table_uri)
         if not t.exists:

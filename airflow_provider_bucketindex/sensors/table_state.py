@@ -68,7 +68,7 @@ class TableStateSensor(BaseSensorOperator):
         raise NotImplementedError
 
     def poke(self, context: Context) -> PokeReturnValue:
-        from spark_jobs.table.config import BadInputError
+        from spark_jobs.exceptions import BadInputError
 
         try:
             result = self.trigger().poll()

@@ -200,7 +200,7 @@ def _one_line(e: BaseException) -> str:
 def _is_bad_input(e: BaseException) -> bool:
     """Bad input (no table, arguments out of range) fails the task for good; anything else may be retried."""
     try:
-        from spark_jobs.table.config import BadInputError
+        from spark_jobs.exceptions import BadInputError
     except ImportError:  # the failure was the import itself
         return False
     return isinstance(e, BadInputError)

@@ -15,6 +15,8 @@ each backend implements it with what that storage guarantees:
 
 from __future__ import annotations
 
+import copy
+import errno
 import os
 import posixpath
 import uuid
@@ -23,11 +25,23 @@ from urllib.parse import urlparse
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-__all__ = ["FileIO", "InstantExistsError", "resolve"]
+from spark_jobs.exceptions import PathEscapeError
+
+__all__ = ["FileIO", "InstantExistsError", "PathEscapeError", "is_inside", "resolve"]
+
+#: what a delete treats as "not there": a missing file, a missing or non-directory parent,
+#: and a name too long to exist at all (a write that failed on it created nothing)
+_ABSENT_ERRNOS = (errno.ENOENT, errno.ENOTDIR, errno.ENAMETOOLONG)
 
 
 class InstantExistsError(FileExistsError):
     """Raised when an exclusive create finds the file already there (another writer won)."""
+
+
+def is_inside(path: str, root: str) -> bool:
+    """Whether ``path``, with ``.`` and ``..`` normalised, is ``root`` or lies under it."""
+    p, r = posixpath.normpath(path), posixpath.normpath(root)
+    return p == r or p.startswith(r.rstrip("/") + "/")
 
 
 class FileIO:
@@ -37,6 +51,20 @@ class FileIO:
 
     def __init__(self, fs: pafs.FileSystem) -> None:
         self.fs = fs
+        #: when set (:meth:`confined`), every write and delete must lie under it
+        self.root: str | None = None
+
+    def confined(self, root: str) -> "FileIO":
+        """A copy that refuses (:class:`PathEscapeError`) to write, create or delete anything
+        outside ``root``: the one check every path a table writes or deletes passes, so
+        neither a bad name nor a future bug can touch a file outside the table."""
+        io = copy.copy(self)
+        io.root = root
+        return io
+
+    def _guard(self, path: str) -> None:
+        if self.root is not None and not is_inside(path, self.root):
+            raise PathEscapeError(f"refusing to write or delete {path}: outside the table root {self.root}")
 
     # -- reading ---------------------------------------------------------------------
     def exists(self, path: str) -> bool:
@@ -71,9 +99,11 @@ class FileIO:
 
     # -- writing ---------------------------------------------------------------------
     def mkdirs(self, path: str) -> None:
+        self._guard(path)
         self.fs.create_dir(path, recursive=True)
 
     def open_output_stream(self, path: str) -> pa.NativeFile:
+        self._guard(path)
         self.mkdirs(posixpath.dirname(path))
         return self.fs.open_output_stream(path)
 
@@ -94,20 +124,58 @@ class FileIO:
         raise NotImplementedError
 
     def delete(self, path: str) -> None:
-        """Delete a file; deleting a missing file is not an error (rollback resumes)."""
+        """Delete a file; deleting a missing file is not an error (rollback resumes), nor is
+        one whose name is too long to exist (a write that failed on it leaves it for a
+        rollback to delete)."""
+        self._guard(path)
         try:
             self.fs.delete_file(path)
-        except FileNotFoundError:
-            pass
+        except OSError as e:
+            if not isinstance(e, FileNotFoundError) and e.errno not in _ABSENT_ERRNOS:
+                raise
 
     def delete_dir(self, path: str) -> None:
+        self._guard(path)
         try:
             self.fs.delete_dir(path)
-        except FileNotFoundError:
-            pass
+        except OSError as e:
+            if not isinstance(e, FileNotFoundError) and e.errno not in _ABSENT_ERRNOS:
+                raise
 
     def _tmp_name(self, path: str) -> str:
+        """The temp name of an atomic write or create of ``path``: every such write starts
+        here, so its target is checked against the root here too."""
+        self._guard(path)
         return posixpath.join(posixpath.dirname(path), f".{posixpath.basename(path)}.{uuid.uuid4().hex}.tmp")
+
+    def _delete_quietly(self, path: str) -> None:
+        """Remove a temp file after a failed write; a second failure must not hide the first."""
+        try:
+            self.delete(path)
+        except OSError:
+            pass
+
+
+def _write_local(tmp: str, data: bytes, *, final: str, sync: bool) -> None:
+    """Write ``tmp`` for ``final``; an OSError without a file name (a full disk fails in
+    ``write``, not ``open``) is re-raised naming ``final``, so the error says which storage failed."""
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            if sync:
+                f.flush()
+                os.fsync(f.fileno())
+    except OSError as e:
+        if e.filename is None and e.errno is not None:
+            raise OSError(e.errno, e.strerror or os.strerror(e.errno), final) from e
+        raise
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 class LocalFileIO(FileIO):
@@ -116,9 +184,12 @@ class LocalFileIO(FileIO):
     def write_atomic(self, path: str, data: bytes) -> None:
         tmp = self._tmp_name(path)
         self.mkdirs(posixpath.dirname(path))
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)  # rename(2) replaces the name in one step
+        try:
+            _write_local(tmp, data, final=path, sync=False)
+            os.replace(tmp, path)  # rename(2) replaces the name in one step
+        except BaseException:
+            _unlink_quietly(tmp)  # a full disk must not leave a temp file no later run removes
+            raise
 
     def memory_map(self, path: str) -> pa.NativeFile:
         return pa.memory_map(path, "r")
@@ -126,16 +197,13 @@ class LocalFileIO(FileIO):
     def create_exclusive(self, path: str, data: bytes) -> None:
         tmp = self._tmp_name(path)
         self.mkdirs(posixpath.dirname(path))
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
         try:
+            _write_local(tmp, data, final=path, sync=True)
             os.link(tmp, path)
         except FileExistsError as e:
             raise InstantExistsError(f"{path} already exists") from e
         finally:
-            os.unlink(tmp)
+            _unlink_quietly(tmp)  # also when the write or the link failed (a full disk, a denied directory)
 
 
 class HadoopFileIO(FileIO):
@@ -145,13 +213,21 @@ class HadoopFileIO(FileIO):
         # HDFS rename does not overwrite: the name is briefly absent (never torn); readers
         # of heartbeats treat an absent file with the plan's start time (heartbeat.is_alive).
         tmp = self._tmp_name(path)
-        self.write_bytes(tmp, data)
-        self.delete(path)
-        self.fs.move(tmp, path)
+        try:
+            self.write_bytes(tmp, data)
+            self.delete(path)
+            self.fs.move(tmp, path)
+        except BaseException:
+            self._delete_quietly(tmp)
+            raise
 
     def create_exclusive(self, path: str, data: bytes) -> None:
         tmp = self._tmp_name(path)
-        self.write_bytes(tmp, data)
+        try:
+            self.write_bytes(tmp, data)
+        except BaseException:
+            self._delete_quietly(tmp)  # a half-written temp file would stay forever
+            raise
         if self.exists(path):
             self.delete(tmp)
             raise InstantExistsError(f"{path} already exists")
@@ -173,6 +249,7 @@ class S3FileIO(FileIO):
             raise RuntimeError(
                 "committing to s3:// needs boto3 (conditional PutObject); pip install boto3"
             ) from e
+        self._guard(path)
         bucket, _, key = path.partition("/")
         try:
             boto3.client("s3").put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")

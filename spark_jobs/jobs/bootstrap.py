@@ -29,6 +29,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
+from spark_jobs.exceptions import BadInputError
 from spark_jobs.jobs import tasks
 from spark_jobs.jobs.keys import bucket_expr, key_expr, partition_expr
 from spark_jobs.jobs.session import default_parallelism, job_conf, session_start_ms
@@ -50,11 +51,11 @@ from spark_jobs.table.config import (
     DEFAULT_NUM_BUCKETS,
     INDEX_RECORD,
     REFERENCE_FORMAT_VERSION,
-    BadInputError,
     TableConfig,
 )
 from spark_jobs.table.layout import data_file_name, partition_path
 from spark_jobs.table.reader import canonical_keys, read_data_file
+from spark_jobs.table.schema import check_timestamp_units, stored_schema, stored_type
 from spark_jobs.table.shadow import SAMPLES
 from spark_jobs.table.table import Table
 from spark_jobs.table.timeline import Action
@@ -98,6 +99,7 @@ def run_bootstrap(spark: SparkSession | Callable[[], SparkSession], opts: Bootst
     started = time.perf_counter()
     mode = opts.mode or default_mode(opts.index)
     source = discover(opts.source)
+    check_timestamp_units(source.schema, source=opts.source)
     table = Table.open(opts.table)
     check_bootstrap(table, source, record_key=opts.record_key, partition_field=opts.partition_field,
                     precombine_field=opts.precombine_field, index=opts.index, mode=mode)
@@ -149,7 +151,7 @@ def scan_keys(files: Iterable[pa.RecordBatch], *, source_uri: str, paths: list[s
     from spark_jobs.io.filesystem import resolve
 
     io, _ = resolve(source_uri)
-    out_fields = SCAN_FIELDS + ([("pre", schema.field(precombine).type)] if precombine else [])
+    out_fields = SCAN_FIELDS + ([("pre", stored_type(schema.field(precombine).type))] if precombine else [])
     out_schema = pa.schema(out_fields)
     for b in files:
         for fno in b.column("fno").to_pylist():
@@ -168,7 +170,7 @@ def scan_keys(files: Iterable[pa.RecordBatch], *, source_uri: str, paths: list[s
             arrays = [canonical_keys([cols[k] for k in record_key]), pa.array([fno] * n, pa.int32()),
                       pa.array(range(n), pa.int64()), pa.nulls(n, pa.string())]
             if precombine:
-                arrays.append(cols[precombine])
+                arrays.append(cols[precombine].cast(out_schema.field("pre").type))
             yield from pa.table(arrays, schema=out_schema).to_batches(max_chunksize=tasks.READ_BATCH_ROWS)
 
 
@@ -268,7 +270,7 @@ def _reference(spark: SparkSession, table: Table, source: SourceDataset, opts: B
     rels = [reference_path(table, f.path) for f in source.files]
     fids = [file_id_of(r) for r in rels]
     fparts = [parts[source.partition_value(f, opts.partition_field)] for f in source.files]
-    scan_schema = pa.schema(SCAN_FIELDS + ([("pre", source.schema.field(pre).type)] if pre else []))
+    scan_schema = pa.schema(SCAN_FIELDS + ([("pre", stored_type(source.schema.field(pre).type))] if pre else []))
     scan = tasks.bind_batches(scan_keys, source_uri=opts.source, paths=[f.path for f in source.files],
                               values=[f.values for f in source.files], schema=source.schema,
                               path_columns=source.path_columns, record_key=opts.record_key, precombine=pre)
@@ -353,7 +355,9 @@ def _reference_scanned(spark: SparkSession, table: Table, source: SourceDataset,
         log.info("rolled back abandoned instants %s", ", ".join(repaired))
     view = table.view()
     assert table.num_buckets(view) == num_buckets, (table.num_buckets(view), num_buckets)
-    data_schema = source.schema.append(pa.field(KEY, pa.string()))
+    # timestamps are stored in microseconds, zone-aware ones in UTC (format.md §5), as an upsert
+    # or a rewrite stores them; the files keep their own types, and every reader casts to this schema
+    data_schema = stored_schema(source.schema).append(pa.field(KEY, pa.string()))
     plan = {"batch_id": batch_id, "operation": "bootstrap", "mode": MODE_REFERENCE, "source": opts.source,
             "index_type": INDEX_RECORD, "num_buckets": num_buckets}
     txn = Transaction(table, Action.BOOTSTRAP, plan, view=view).begin()
@@ -436,6 +440,7 @@ def read_files(files: Iterable[pa.RecordBatch], *, source_uri: str, paths: list[
     from spark_jobs.io.filesystem import resolve
 
     io, _ = resolve(source_uri)
+    out = stored_schema(schema)  # timestamps as Spark holds them: microseconds, zone-aware ones in UTC
     for b in files:
         for fno in b.column("fno").to_pylist():
             with io.open_input_file(paths[fno]) as f:
@@ -443,7 +448,7 @@ def read_files(files: Iterable[pa.RecordBatch], *, source_uri: str, paths: list[
                 for batch in pf.iter_batches(batch_size=tasks.READ_BATCH_ROWS):
                     cols = {**_path_values_from(values[fno], schema, path_columns, batch.num_rows),
                             **dict(zip(batch.schema.names, batch.columns))}
-                    yield pa.RecordBatch.from_arrays([cols[n] for n in schema.names], schema=schema)
+                    yield pa.RecordBatch.from_arrays([cols[n] for n in schema.names], schema=schema).cast(out)
 
 
 def _check_schemas(source: SourceDataset) -> None:
@@ -473,7 +478,7 @@ def _rewrite(spark: SparkSession, source: SourceDataset, opts: BootstrapOptions,
                               values=[f.values for f in source.files], schema=source.schema,
                               path_columns=source.path_columns)
     # read once: the duplicate check and the upsert's passes reuse it
-    df = _file_list(spark, source).mapInArrow(read, from_arrow_schema(source.schema))
+    df = _file_list(spark, source).mapInArrow(read, from_arrow_schema(stored_schema(source.schema)))
     df = df.persist(StorageLevel.MEMORY_AND_DISK)
     try:
         return _rewrite_read(spark, source, opts, batch_id, df, t0)

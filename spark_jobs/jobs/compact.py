@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from pyspark.sql import SparkSession
 
+from spark_jobs.exceptions import BadInputError
 from spark_jobs.jobs import tasks
 from spark_jobs.jobs.session import session_start_ms
 from spark_jobs.table.action.compact import (
@@ -25,7 +26,6 @@ from spark_jobs.table.action.compact import (
 )
 from spark_jobs.table.action.service import execute, execute_waiting
 from spark_jobs.table.action.transaction import Transaction
-from spark_jobs.table.config import BadInputError
 from spark_jobs.table.table import Table
 from spark_jobs.table.timeline import Action
 

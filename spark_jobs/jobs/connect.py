@@ -86,11 +86,11 @@ def remote_session(url: str, *, app_name: str = "bucketindex", conf: dict[str, s
     like a classic one, with the ``spark_jobs`` package shipped to it.
 
     A token may be given in the URL (``;token=...``) or, to keep it off command lines, in
-    ``SPARK_CONNECT_AUTHENTICATE_TOKEN``. Raises :class:`~spark_jobs.table.errors.RetryableError`
+    ``SPARK_CONNECT_AUTHENTICATE_TOKEN``. Raises :class:`~spark_jobs.exceptions.RetryableError`
     when the server cannot be reached (nothing was done; try again later).
     """
     if not url.startswith("sc://"):
-        from spark_jobs.table.config import BadInputError
+        from spark_jobs.exceptions import BadInputError
 
         raise BadInputError(f"--remote must be a Spark Connect URL sc://HOST:PORT, got {url!r}")
     from pyspark.sql.connect.session import SparkSession as RemoteSparkSession
@@ -110,7 +110,7 @@ def remote_session(url: str, *, app_name: str = "bucketindex", conf: dict[str, s
             ship_package(spark)
     except Exception as e:
         if is_connection_error(e):
-            from spark_jobs.table.errors import RetryableError
+            from spark_jobs.exceptions import RetryableError
 
             raise RetryableError(f"cannot reach the Spark Connect server at {_redact(url)}: {_first_line(e)}") from e
         raise

@@ -9,9 +9,16 @@ from __future__ import annotations
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-from spark_jobs.table.layout import NULL_PARTITION
+from spark_jobs.table.layout import (
+    CUT_ESCAPE,
+    DUNDER_ESCAPE,
+    LONG_VALUE_HASH_CHARS,
+    LONG_VALUE_SEP,
+    NULL_PARTITION,
+    long_value_budget,
+)
 
-__all__ = ["key_expr", "bucket_expr", "partition_expr", "file_id_for_bucket_expr"]
+__all__ = ["key_expr", "bucket_expr", "partition_expr", "aliased_partition_expr", "file_id_for_bucket_expr"]
 
 
 def key_expr(fields: list[str]) -> Column:
@@ -36,11 +43,30 @@ def bucket_expr(key: Column, num_buckets: int) -> Column:
 
 
 def partition_expr(fields: list[str]) -> Column:
-    """Hive-style partition directory, values URL-encoded; ``""`` when unpartitioned."""
+    """Hive-style partition directory, ``""`` when unpartitioned: the twin of
+    ``layout.partition_path`` (format.md §1) -- the value URL-encoded, a leading ``__``
+    escaped as ``%5F_``, ``__NULL__`` for null, a long value cut to a prefix plus ``~`` plus
+    the first 32 hex digits of the SHA-256 of its UTF-8 text. Field names are checked
+    (``config.check_field_names``) before any query: no ``.`` or backtick reaches ``F.col``."""
     if not fields:
         return F.lit("")
     f = fields[0]
-    return F.concat(F.lit(f"{f}="), F.coalesce(F.url_encode(F.col(f).cast("string")), F.lit(NULL_PARTITION)))
+    text = F.col(f).cast("string")
+    encoded = F.regexp_replace(F.url_encode(text), DUNDER_ESCAPE[0], DUNDER_ESCAPE[1])
+    whole, prefix = long_value_budget(field=f)
+    shortened = F.concat(F.regexp_replace(F.substring(encoded, 1, prefix), CUT_ESCAPE, ""), F.lit(LONG_VALUE_SEP),
+                         F.substring(F.sha2(text, 256), 1, LONG_VALUE_HASH_CHARS))
+    value = F.when(F.length(encoded) > whole, shortened).otherwise(encoded)
+    return F.concat(F.lit(f"{f}="), F.coalesce(value, F.lit(NULL_PARTITION)))
+
+
+def aliased_partition_expr(part: Column, aliases: dict[str, str]) -> Column:
+    """``part`` with each directory name in ``aliases`` replaced by the old name a table
+    written before has for the same value (``layout.legacy_partition_aliases``)."""
+    if not aliases:
+        return part
+    lookup = F.create_map(*[F.lit(x) for kv in sorted(aliases.items()) for x in kv])
+    return F.coalesce(lookup[part], part)
 
 
 def file_id_for_bucket_expr(bucket: Column) -> Column:

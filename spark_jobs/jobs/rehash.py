@@ -26,6 +26,7 @@ from typing import Any, Callable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from spark_jobs.exceptions import BadInputError, ConflictError
 from spark_jobs.jobs import rehash_tasks, tasks
 from spark_jobs.jobs.keys import bucket_expr
 from spark_jobs.jobs.read import READ_WAVES, keys_with_location
@@ -39,8 +40,7 @@ from spark_jobs.table.action.rehash import (
     index_merge_tasks,
     rehash_metadata,
 )
-from spark_jobs.table.config import INDEX_BUCKET, BadInputError
-from spark_jobs.table.errors import ConflictError
+from spark_jobs.table.config import INDEX_BUCKET
 from spark_jobs.table.table import Table
 from spark_jobs.table.timeline import Action
 from spark_jobs.table.view import FileSystemView

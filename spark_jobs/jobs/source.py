@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import re
+
 from pyspark.errors import AnalysisException
 from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from spark_jobs.exceptions import BadInputError
 from spark_jobs.io.filesystem import resolve
 from spark_jobs.jobs.connect import is_connection_error
 from spark_jobs.jobs.read import spark_uri
-from spark_jobs.table.config import BadInputError
 
-__all__ = ["read_source", "SOURCE_FORMATS", "castability_checks", "raise_uncastable", "source_bytes"]
+__all__ = ["read_source", "SOURCE_FORMATS", "castability_checks", "raise_uncastable", "source_bytes",
+           "corrupt_file_message"]
 
 SOURCE_FORMATS = ("parquet", "json", "csv")
 
@@ -32,14 +35,33 @@ def read_source(spark: SparkSession, uri: str, fmt: str) -> DataFrame:
         df = getattr(reader, fmt)(spark_uri(uri))
         df.schema  # noqa: B018 - force schema inference now, so errors surface here
     except AnalysisException as e:
-        raise BadInputError(f"cannot read {fmt} source {uri}: {_first_line(e)}") from e
+        raise BadInputError(corrupt_file_message(e) or f"cannot read {fmt} source {uri}: {_first_line(e)}") from e
     except Exception as e:  # corrupt files surface as Py4J/Spark errors
         if is_connection_error(e):  # a Spark Connect server gone: not the source's fault
             raise
-        raise BadInputError(f"cannot read {fmt} source {uri}: {_first_line(e)}") from e
+        raise BadInputError(corrupt_file_message(e) or f"cannot read {fmt} source {uri}: {_first_line(e)}") from e
     if fmt == "json" and "_corrupt_record" in df.columns:
         raise BadInputError(f"source {uri} has malformed JSON records")
     return df
+
+
+_FAILED_FILE = re.compile(r"FAILED_READ_FILE[.\w]*\] Encountered error while reading file (\S+?)\.?(?:\s|$)")
+_NOT_PARQUET = re.compile(r"is not a Parquet file|Could not read footer|CANNOT_READ_FILE_FOOTER")
+
+
+def corrupt_file_message(error: BaseException) -> str | None:
+    """One line naming the source file Spark could not read as Parquet (junk, truncated), or None.
+
+    Spark names the file only deep in a JVM stack trace (``FAILED_READ_FILE``), and only when
+    a scan reaches it: at schema inference for a single file, at the first query for a
+    directory. Both places ask here, so the user learns which file to remove or replace.
+    """
+    text = str(error)
+    m = _FAILED_FILE.search(text)
+    if not m or not _NOT_PARQUET.search(text):
+        return None
+    path = m.group(1).removeprefix("file://").removeprefix("file:")
+    return f"source file {path} is corrupt or not Parquet (no valid Parquet footer): remove or replace it"
 
 
 def _first_line(e: BaseException) -> str:

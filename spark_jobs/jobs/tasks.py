@@ -239,13 +239,15 @@ def write_marked_parquet(t: Table, instant: str, rel: str, rows: pa.Table, *, sn
     """Write one data file of ``instant`` -- its marker first, so a crash leaves nothing
     unaccounted for (format.md §4 step 6), and nothing left behind a rollback that overtook
     the task (:meth:`Table.write_marked`) -- and return its size."""
+    path = t.layout.data_path(rel)  # under the root, outside .bucketindex/, never a reference file
+
     def write() -> None:
-        with t.io.open_output_stream(t.abs(rel)) as out:
+        with t.io.open_output_stream(path) as out:
             pq.write_table(rows, out, compression="zstd")
         maybe_crash("after_data_file")
 
     t.write_marked(instant, rel, write, snapshot_seq=snapshot_seq)
-    return t.io.size(t.abs(rel))
+    return t.io.size(path)
 
 
 def _index_rows(part: str, fid: str, in_keys: pa.ChunkedArray, new_mask: Any, gone_mask: Any) -> pa.Table:

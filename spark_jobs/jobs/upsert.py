@@ -63,24 +63,25 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
+from spark_jobs.exceptions import BadInputError, ConfigConflictError, ConflictError, InstantRolledBackError
 from spark_jobs.jobs import tasks
+from spark_jobs.jobs.keys import aliased_partition_expr, bucket_expr, file_id_for_bucket_expr, key_expr, partition_expr
 from spark_jobs.jobs.read import keys_with_location, read_slices
-from spark_jobs.jobs.keys import bucket_expr, file_id_for_bucket_expr, key_expr, partition_expr
 from spark_jobs.jobs.session import default_parallelism, job_conf, session_start_ms
 from spark_jobs.jobs.source import castability_checks, raise_uncastable, read_source, source_bytes
 from spark_jobs.resources import shuffle_partitions
+from spark_jobs.table.action import CommitConflict, Transaction
 from spark_jobs.table.config import (
     DEFAULT_NUM_BUCKETS,
     INDEX_BUCKET,
     INDEX_GLOBAL_SIMPLE,
     INDEX_RECORD,
-    BadInputError,
-    ConfigConflictError,
     TableConfig,
+    check_field_names,
 )
-from spark_jobs.table.action import CommitConflict, Transaction
+from spark_jobs.table.layout import legacy_partition_aliases
+from spark_jobs.table.schema import STORED_TZ, check_batch_columns, refuse_missing_columns
 from spark_jobs.table.shadow import SAMPLES
-from spark_jobs.table.errors import ConflictError, InstantRolledBackError
 from spark_jobs.table.table import Table
 from spark_jobs.table.timeline import Action
 from spark_jobs.table.view import FileSystemView, encode_schema
@@ -130,6 +131,12 @@ class UpsertOptions:
     operation: str = "upsert"
     #: more commit metadata (a bootstrap's ``bootstrap`` summary)
     extra_metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # field names are checked when the options are made: before a JVM starts (the CLI
+        # makes them first) and before any file is written
+        check_field_names(record_key=list(self.record_key), partition_field=self.partition_field,
+                          precombine_field=self.precombine_field, delete_field=self.delete_field)
 
 
 @dataclass
@@ -195,14 +202,17 @@ def _validated_batch(
     data_cols = [c for c in cols if c != opts.delete_field]
     if any(c.startswith("_bi_") for c in data_cols):
         raise BadInputError("source columns may not start with '_bi_' (reserved for bucketindex)")
-    target, cast_checks = None, []
+    if opts.delete_field:  # before any expression casts it to boolean
+        dtype = raw.schema[opts.delete_field].dataType.simpleString()
+        if dtype not in ("boolean", "string", "int", "bigint", "smallint", "tinyint"):
+            raise BadInputError(f"delete field {opts.delete_field!r} must be boolean, got {dtype}")
+    target, cast_checks, missing = None, [], []
     if view is not None and view.schema is not None:
-        table_cols = [n for n in view.schema.names if n != KEY]
-        extra = [c for c in data_cols if c not in table_cols]
-        if extra:
-            raise BadInputError(
-                f"source columns {', '.join(extra)} are not in the table schema (schema evolution is not supported in format v1)"
-            )
+        # the column rules (spark_jobs.table.schema): no new column; a missing one only if every row deletes
+        missing = check_batch_columns(table_columns=[n for n in view.schema.names if n != KEY], batch_columns=cols,
+                                      delete_field=opts.delete_field)
+        if missing and not opts.delete_field:
+            refuse_missing_columns(missing=missing, non_delete_rows=1)  # every row writes values
         target = from_arrow_schema(view.schema)
         cast_checks = castability_checks(raw, target)
     # The row-level checks (empty batch, null keys, values that cannot be cast) run as
@@ -216,10 +226,14 @@ def _validated_batch(
         F.count(F.lit(1)).alias("n"),
         F.coalesce(F.sum((key.isNull() | (key == "")).cast("long")), F.lit(0)).alias("bad_keys"),
         *[agg for _, agg in cast_checks],
+        # rows that write values, counted only when the batch lacks columns (a batch of deletes may)
+        *([F.coalesce(F.sum((~_is_delete(opts.delete_field)).cast("long")), F.lit(0)).alias("non_delete")]
+          if missing else []),
     )
     if target is not None:
         # try_cast: a value that cannot be cast fails the observed checks, whose error names
-        # the column; an ANSI cast error would end the query with a stack trace instead
+        # the column; an ANSI cast error would end the query with a stack trace instead. A
+        # column the batch lacks is null: only a batch of deletes gets here, and writes no values
         df = df.select(
             *[(F.col(f.name).try_cast(f.dataType) if f.name in cols else F.lit(None).cast(f.dataType)).alias(f.name)
               for f in target.fields if f.name != KEY],
@@ -228,14 +242,10 @@ def _validated_batch(
         data_schema = view.schema
     else:
         data_schema = None
-    if opts.delete_field:
-        dtype = df.schema[opts.delete_field].dataType.simpleString()
-        if dtype not in ("boolean", "string", "int", "bigint", "smallint", "tinyint"):
-            raise BadInputError(f"delete field {opts.delete_field!r} must be boolean, got {dtype}")
     checks = _BatchChecks(observation, raw, target, [name for name, _ in cast_checks], cfg.record_key_fields,
-                          opts.source)
+                          opts.source, missing)
     if data_schema is None:
-        data_schema = to_arrow_schema(raw.select(*data_cols, key.alias(KEY)).schema)
+        data_schema = to_arrow_schema(raw.select(*data_cols, key.alias(KEY)).schema, timezone=STORED_TZ)
     return df, data_schema, checks
 
 
@@ -249,6 +259,8 @@ class _BatchChecks:
     cast_columns: list[str]
     key_fields: list[str]
     source: str
+    #: the table's columns the batch lacks (allowed only when every row is a delete)
+    missing: list[str] = field(default_factory=list)
 
     def raise_if_bad(self) -> None:
         stats = self.observation.get
@@ -256,6 +268,8 @@ class _BatchChecks:
             raise BadInputError(f"the batch at {self.source} is empty")
         if stats.get("bad_keys"):
             raise BadInputError(f"{stats['bad_keys']} row(s) have a null or empty record key ({','.join(self.key_fields)})")
+        if self.missing:
+            refuse_missing_columns(missing=self.missing, non_delete_rows=int(stats.get("non_delete") or 0))
         if self.cast_columns:
             raise_uncastable(self.raw, self.target, stats, self.cast_columns)
 
@@ -293,7 +307,7 @@ def run_upsert(spark: SparkSession, opts: UpsertOptions) -> dict[str, Any]:
             return _noop_result(table, done, batch_id)
     cores = default_parallelism(spark)
     deduped = Observation("bucketindex_deduped")
-    batch = _dedupe(df, cfg, opts.delete_field)
+    batch = _keep_legacy_dirs(_dedupe(df, cfg, opts.delete_field), cfg, view)
     batch = batch.observe(deduped, F.coalesce(F.sum((~F.col(DEL)).cast("long")), F.lit(0)).alias("upserts"))
     try:
         # dedupe and the batch's row checks in one query, before anything is written. Persisted
@@ -478,6 +492,11 @@ def _check_schema(view: FileSystemView, data_schema: Any) -> None:
         )
 
 
+def _is_delete(delete_field: str | None) -> Column:
+    """Whether a source row deletes its key (null counts as no): the one reading of the delete field."""
+    return F.coalesce(F.col(delete_field).cast("boolean"), F.lit(False)) if delete_field else F.lit(False)
+
+
 def _dedupe(df: DataFrame, cfg: TableConfig, delete_field: str | None) -> DataFrame:
     """One row per identity: the highest precombine value (nulls lowest), then the greatest
     source row compared column by column (format.md §8).
@@ -488,7 +507,7 @@ def _dedupe(df: DataFrame, cfg: TableConfig, delete_field: str | None) -> DataFr
     """
     keyed = (
         df.withColumn(KEY, key_expr(cfg.record_key_fields))
-        .withColumn(DEL, F.coalesce(F.col(delete_field).cast("boolean"), F.lit(False)) if delete_field else F.lit(False))
+        .withColumn(DEL, _is_delete(delete_field))
         .withColumn(PART, partition_expr(cfg.partition_fields))
     )
     source_row = F.struct(*[F.col(c) for c in df.columns])
@@ -502,6 +521,16 @@ def _dedupe(df: DataFrame, cfg: TableConfig, delete_field: str | None) -> DataFr
     if delete_field:
         out = out.drop(delete_field)
     return out
+
+
+def _keep_legacy_dirs(batch: DataFrame, cfg: TableConfig, view: FileSystemView | None) -> DataFrame:
+    """A value whose directory a table written before named by the older rule (format.md §1)
+    stays in that directory, so a bucket-index key is found where it is stored. Applied
+    after the dedupe: old and new names are one-to-one, so identities stay distinct."""
+    if view is None or not cfg.partition_fields:
+        return batch
+    aliases = legacy_partition_aliases(field=cfg.partition_fields[0], partitions={p for p, _ in view.file_groups})
+    return batch.withColumn(PART, aliased_partition_expr(F.col(PART), aliases)) if aliases else batch
 
 
 def _tag(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystemView, num_buckets: int,

@@ -22,10 +22,10 @@ from pyspark.sql import functions as F
 from spark_jobs.jobs import tasks
 from spark_jobs.jobs.keys import bucket_expr
 from spark_jobs.jobs.read import keys_with_location
-from spark_jobs.table.layout import is_reference
 from spark_jobs.jobs.session import default_parallelism, job_conf
 from spark_jobs.resources import shuffle_partitions
 from spark_jobs.table.config import INDEX_BUCKET, INDEX_RECORD
+from spark_jobs.table.layout import is_reference
 from spark_jobs.table.table import Table
 from spark_jobs.table.view import FileSystemView
 
@@ -54,7 +54,7 @@ def _validate(spark: SparkSession, table: Table, view: FileSystemView) -> dict[s
     problems: dict[str, Any] = {}
     report: dict[str, Any] = {"rows": 0, "rows_expected": view.num_rows, "index_type": cfg.index_type,
                               "problems": problems}
-    if _check_references(table, view, problems):  # reading them would fail or read other rows
+    if _check_files(table, view, problems):  # reading them would fail or read other rows
         report["ok"] = False
         return report
     if rows is None and not any(view.index_files.values()):
@@ -104,10 +104,17 @@ def _validate(spark: SparkSession, table: Table, view: FileSystemView) -> dict[s
     return report
 
 
-def _check_references(table: Table, view: FileSystemView, problems: dict[str, Any]) -> bool:
-    """A reference bootstrap's files are read in place (format.md §5.3): each must still be
-    there with the size the bootstrap recorded (a file the user changed or removed)."""
+def _check_files(table: Table, view: FileSystemView, problems: dict[str, Any]) -> bool:
+    """Every file the snapshot reads must be there: a data file deleted outside bucketindex is
+    a finding naming the file (``data_files_missing``), not a crash of the scan below.
+
+    A reference bootstrap's files are read in place (format.md §5.3): each must also still
+    have the size the bootstrap recorded (a file the user changed)."""
     refs = [s for s in view.slices() if is_reference(s.path)]
+    ref_paths = {table.abs(s.path) for s in refs}
+    missing = [p for p in table.missing_files(view) if p not in ref_paths]  # references: checked below
+    if missing:
+        problems["data_files_missing"] = {"count": len(missing), "samples": missing[:SAMPLES]}
     bad = []
     for s in refs:
         size = table.io.size(table.abs(s.path)) if table.io.exists(table.abs(s.path)) else None
@@ -115,7 +122,7 @@ def _check_references(table: Table, view: FileSystemView, problems: dict[str, An
             bad.append(f"{table.abs(s.path)}: {'missing' if size is None else f'{size} bytes, recorded {s.size}'}")
     if bad:
         problems["reference_files_changed"] = {"count": len(bad), "samples": bad[:SAMPLES]}
-    return bool(bad)
+    return bool(bad or missing)
 
 
 def _row_count_mismatches(spark: SparkSession, view: FileSystemView, rows: DataFrame) -> DataFrame:

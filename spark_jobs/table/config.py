@@ -12,6 +12,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 
+from spark_jobs.exceptions import BadInputError, ConfigConflictError, TableCorruptError
 from spark_jobs.index.hashing import DEFAULT_HASH
 from spark_jobs.io.filesystem import FileIO, InstantExistsError
 
@@ -26,6 +27,8 @@ __all__ = [
     "TableConfig",
     "ConfigConflictError",
     "BadInputError",
+    "MAX_FIELD_NAME_BYTES",
+    "check_field_names",
 ]
 
 FORMAT_VERSION = 2
@@ -52,12 +55,46 @@ MERGE_ON_READ = "merge_on_read"
 TABLE_TYPES = (COPY_ON_WRITE, MERGE_ON_READ)
 
 
-class BadInputError(ValueError):
-    """Bad usage or input: reported as one line, exit status 2, nothing written."""
+#: the longest field name: a partition directory ``<field>=<value>`` keeps at least a
+#: readable prefix of a long value within its 200 bytes (format.md §1)
+MAX_FIELD_NAME_BYTES = 128
+#: characters a partition field name may not hold: it is a directory name's first part
+_PATH_CHARS = ("/", "\\", "=")
 
 
-class ConfigConflictError(BadInputError):
-    """A write's options contradict the table's fixed options."""
+def check_field_names(*, record_key: list[str], partition_field: str | None = None,
+                      precombine_field: str | None = None, delete_field: str | None = None) -> None:
+    """Refuse (BadInputError: one line, exit 2, nothing written) a field name that could
+    name a path or that Spark would parse instead of take literally -- once, where a write's
+    options are resolved, before any Spark job or file (format.md §2).
+
+    Every name: not empty, at most 128 bytes, no control character (NUL, newline), no ``.``
+    or backtick (Spark reads ``a.b`` as a struct field, so such a column cannot be addressed
+    by name), not ``*``. A partition field name is also a directory name's first part
+    (``<field>=<value>``): no ``/``, ``\\`` or ``=`` either, so it can neither climb out
+    of the table nor be split differently by a Hive-style reader.
+    """
+    named = [("record key", k) for k in record_key] + [
+        (label, f) for label, f in (("partition", partition_field), ("precombine", precombine_field),
+                                    ("delete", delete_field)) if f]  # "" means "not given" everywhere
+    for label, name in named:
+        problem = _field_name_problem(name, path=label == "partition")
+        if problem is not None:
+            raise BadInputError(f"{label} field name {name!r} {problem}")
+
+
+def _field_name_problem(name: object, *, path: bool) -> str | None:
+    if not isinstance(name, str) or not name:
+        return "is empty"
+    if any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in name):
+        return "holds a control character"
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_FIELD_NAME_BYTES:
+        return f"is longer than {MAX_FIELD_NAME_BYTES} bytes"
+    if path and (any(c in name for c in _PATH_CHARS) or name.startswith(".")):
+        return "cannot be a directory name (<field>=<value>): it holds '/', '\\' or '=' or starts with '.'"
+    if "." in name or "`" in name or name == "*":
+        return "holds '.' or '`' (or is '*'), which Spark reads as column syntax; rename the column"
+    return None
 
 
 @dataclass(frozen=True)
@@ -135,7 +172,17 @@ class TableConfig:
     def load(cls, io: FileIO, path: str) -> "TableConfig | None":
         if not io.exists(path):
             return None
-        return cls.from_json(io.read_bytes(path))
+        data = io.read_bytes(path)
+        try:
+            return cls.from_json(data)
+        except (ValueError, TypeError, AttributeError) as e:
+            if isinstance(e, BadInputError):  # parsed, but a value this release refuses: its own message
+                raise
+
+            why = "not valid JSON" if isinstance(e, ValueError) else "not a table configuration"
+            raise TableCorruptError(
+                f"table metadata {path} is damaged ({why}, {len(data)} bytes): restore it from a backup of the "
+                f"table's .bucketindex directory; the table cannot be read or written until then", path=path) from e
 
     def create(self, io: FileIO, path: str) -> "TableConfig":
         """Write this config as a new table's; if another writer created it first, check against theirs."""

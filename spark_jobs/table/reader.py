@@ -10,12 +10,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from spark_jobs.exceptions import TableCorruptError
 from spark_jobs.table.layout import is_reference
 from spark_jobs.table.merge import LOG_OP, SlicePlan, merge_slice, plan_slice
 from spark_jobs.table.table import Table
 
 __all__ = ["read_arrow", "read_slice", "read_slice_plan", "read_data_file", "canonical_keys", "hive_values",
-           "META_PREFIX", "HIVE_NULL"]
+           "META_PREFIX", "HIVE_NULL", "missing_file_error"]
 
 META_PREFIX = "_bi_"
 #: the record key column of every data file (``spark_jobs.jobs.tasks.KEY``)
@@ -64,7 +65,11 @@ def read_data_file(table: Table, rel: str, columns: Sequence[str] | None = None)
     of data files goes through here, so a *reference* file (format.md §5.3) reads as a file
     the table wrote -- its Hive path columns and the key column ``_bi_key`` added."""
     cols = list(columns) if columns is not None else None
-    with table.io.open_input_file(table.abs(rel)) as f:
+    try:
+        f = table.io.open_input_file(table.abs(rel))
+    except FileNotFoundError as e:
+        raise missing_file_error(table.abs(rel)) from e
+    with f:
         if not is_reference(rel):
             return pq.read_table(f, columns=cols)
         pf = pq.ParquetFile(f)
@@ -76,6 +81,13 @@ def read_data_file(table: Table, rel: str, columns: Sequence[str] | None = None)
         need = [c for c in dict.fromkeys([*want, *(keys if KEY_COLUMN in want else [])]) if c in stored]
         data = pf.read(columns=need)
     return _adopt(table, rel, data, want)
+
+
+def missing_file_error(path: str) -> TableCorruptError:
+    """The one-line error for a data file a committed snapshot reads and storage lacks."""
+    return TableCorruptError(
+        f"data file {path} of the committed snapshot is missing (deleted outside bucketindex?): restore it "
+        f"from a backup; `bucketindex validate` lists every missing file", path=path)
 
 
 def _adopt(table: Table, rel: str, data: pa.Table, want: list[str]) -> pa.Table:
@@ -142,7 +154,9 @@ def read_arrow(uri: str, as_of: str | None = None, *, with_meta: bool = False) -
     view = table.view(as_of)
     assert table.config is not None
     precombine = table.config.precombine_field
-    parts = [read_slice(table, s.path, [lf.path for lf in s.logs], precombine=precombine) for s in view.slices()]
+    # cast to the snapshot's schema: a reference file keeps its source's time zone (format.md §5)
+    parts = [read_slice(table, s.path, [lf.path for lf in s.logs], precombine=precombine, schema=view.schema)
+             for s in view.slices()]
     if parts:
         out = pa.concat_tables(parts, promote_options="default")
     elif view.schema is not None:

@@ -44,9 +44,15 @@ The report (JSON, printed and written to ``--report``):
 
 ``table``, ``index_type``, ``instant`` (the latest completed instant compared at),
 ``against``, ``since``, ``sample_fraction``, ``commits_since`` (write actions after
-``since``, or null), ``since_files_gone`` (file versions those actions replaced that a
-``clean`` already deleted, so their keys -- e.g. of deletes -- were not checked; null without
-``--since``), ``keys_checked`` (distinct keys the comparison looked at, from either
+``since``, or null), ``since_files_gone`` (data files those actions wrote or replaced that a
+``clean`` already deleted -- replaced versions, logs a data compaction folded -- so their keys,
+e.g. of deletes, were not read; null without ``--since``), ``since_index_files_gone`` (index
+deltas those actions added that an index compaction folded into a base and a ``clean``
+deleted, so their fingerprints were not read; null without ``--since``),
+``history_unavailable`` (the sum: what history can no longer answer. The keys the remaining
+files name are still looked up in the *current* index, so a compaction and clean after
+``since`` narrow the comparison, never break it; a key only a deleted file named -- a delete
+folded away -- is not compared), ``keys_checked`` (distinct keys the comparison looked at, from either
 side), ``missing`` (live keys the index does not find), ``wrong_location`` (keys the index
 places in another partition or file group than the data), ``extra`` (index entries without a
 live row: a deleted key still indexed), ``duplicated`` (keys held by more than one live row),
@@ -65,7 +71,8 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 import pyarrow as pa
 
-from spark_jobs.table.config import INDEX_BUCKET, INDEX_GLOBAL_SIMPLE, INDEX_RECORD, BadInputError
+from spark_jobs.exceptions import BadInputError
+from spark_jobs.table.config import INDEX_BUCKET, INDEX_GLOBAL_SIMPLE, INDEX_RECORD
 from spark_jobs.table.table import Table
 from spark_jobs.table.timeline import Action, Instant, State
 from spark_jobs.table.view import FileSystemView
@@ -153,8 +160,12 @@ class Touched:
     data_files: list[str] = field(default_factory=list)
     index_files: list[tuple[int, str]] = field(default_factory=list)
     actions: int = 0
-    #: replaced file versions no longer on storage (a clean deleted them): their keys are not read
+    #: data files of those actions no longer on storage -- versions they replaced, or logs a
+    #: data compaction folded -- that a clean deleted: their keys are not read
     gone: int = 0
+    #: index files those actions added that an index compaction folded into a base and a clean
+    #: deleted: their fingerprints (a delete's tombstone among them) are not read
+    index_gone: int = 0
 
 
 def touched_since(table: Table, since: str) -> Touched:
@@ -172,7 +183,7 @@ def touched_since(table: Table, since: str) -> Touched:
         return out
     hit = set(hits)
     view = FileSystemView.at_seq(tl, hits[0] - 1)
-    data: dict[str, bool] = {}  # rel -> whether it may be gone (a replaced version)
+    data: dict[str, None] = {}  # every data file the actions wrote or replaced, in order
     for seq in range(hits[0], tl.last_seq + 1):
         e = tl.entry(seq)
         if e["action"] not in Action.WRITES:
@@ -183,21 +194,36 @@ def touched_since(table: Table, since: str) -> Touched:
             for fg in meta.get("file_groups", []):
                 old = view.file_groups.get((fg["partition"], fg["file_id"]))
                 if fg.get("log"):
-                    data.setdefault(fg["log"]["path"], False)
+                    data.setdefault(fg["log"]["path"], None)
                     continue
                 if not fg.get("removed"):
-                    data.setdefault(fg["path"], False)
+                    data.setdefault(fg["path"], None)
                 if old is not None and old.path != fg.get("path"):
                     for rel in old.files:
-                        data.setdefault(rel, True)
+                        data.setdefault(rel, None)
             for f in meta.get("index", {}).get("added", []):
                 out.index_files.append((int(f["bucket"]), f["path"]))
         view.apply(Instant(e["instant"], e["action"], State.COMPLETED, seq), meta)
-    for rel, maybe_gone in data.items():
-        if maybe_gone and not table.io.exists(table.abs(rel)):
-            out.gone += 1
-        else:
+    # ``view`` is now the current snapshot, whose files clean keeps; any other file the actions
+    # wrote or replaced -- a replaced version, a log or an index delta a compaction folded --
+    # may be gone. What is gone is counted, not read: the touched keys that other files still
+    # name are compared against the current index all the same
+    live = view.all_files()
+
+    def there(rel: str) -> bool:
+        return rel in live or table.io.exists(table.abs(rel))
+
+    for rel in data:
+        if there(rel):
             out.data_files.append(rel)
+        else:
+            out.gone += 1
+    index_files, out.index_files = out.index_files, []
+    for bucket, rel in index_files:
+        if there(rel):
+            out.index_files.append((bucket, rel))
+        else:
+            out.index_gone += 1
     return out
 
 
@@ -228,6 +254,8 @@ def build_report(*, table: Table, index_type: str, instant: str | None, opts: Sh
         "since": opts.since, "sample_fraction": opts.sample_fraction,
         "commits_since": touched.actions if touched is not None else None,
         "since_files_gone": touched.gone if touched is not None else None,
+        "since_index_files_gone": touched.index_gone if touched is not None else None,
+        "history_unavailable": touched.gone + touched.index_gone if touched is not None else None,
         "keys_checked": int(keys_checked), **counts, "mismatches": total,
         "max_mismatches": opts.max_mismatches, "ok": total <= opts.max_mismatches,
         "samples": {k: list(found.get(k, {}).get("samples", []))[:SAMPLES] for k in KINDS},

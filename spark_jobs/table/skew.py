@@ -26,8 +26,9 @@ from urllib.parse import unquote_plus
 
 import numpy as np
 
+from spark_jobs.exceptions import BadInputError
 from spark_jobs.table.action.compact import DEFAULT_INDEX_BASE_CAP
-from spark_jobs.table.config import INDEX_BUCKET, INDEX_RECORD, MAX_NUM_BUCKETS, BadInputError
+from spark_jobs.table.config import INDEX_BUCKET, INDEX_RECORD, MAX_NUM_BUCKETS
 
 if TYPE_CHECKING:
     from spark_jobs.table.table import Table

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from spark_jobs.exceptions import BadInputError
 from spark_jobs.table.action.compact import (
     DEFAULT_DELTA_RATIO,
     DEFAULT_LOG_RATIO,
@@ -23,7 +24,6 @@ from spark_jobs.table.action.compact import (
     plan_compaction,
 )
 from spark_jobs.table.action.service import pending_plans
-from spark_jobs.table.config import BadInputError
 from spark_jobs.table.table import Table
 from spark_jobs.table.timeline import Action, State
 

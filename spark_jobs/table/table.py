@@ -13,11 +13,17 @@ from typing import Any, Callable, TypeVar
 
 import pendulum
 
+from spark_jobs.exceptions import (
+    BadInputError,
+    InstantRolledBackError,
+    PathEscapeError,
+    TableNotFoundError,
+    WriterAliveError,
+)
 from spark_jobs.io.filesystem import FileIO, resolve
-from spark_jobs.table.config import BadInputError, TableConfig
-from spark_jobs.table.errors import InstantRolledBackError, WriterAliveError
-from spark_jobs.table.layout import TableLayout
-from spark_jobs.table.timeline import Action, Instant, State, Timeline
+from spark_jobs.table.config import TableConfig
+from spark_jobs.table.layout import META_DIR, TableLayout
+from spark_jobs.table.timeline import Action, Instant, State, Timeline, check_instant
 from spark_jobs.table.view import FileSystemView
 
 __all__ = ["Table", "TableNotFoundError", "WriterAliveError"]
@@ -27,13 +33,12 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
-class TableNotFoundError(BadInputError):
-    pass
-
-
 class Table:
     def __init__(self, uri: str, io: FileIO, root: str, config: TableConfig | None) -> None:
         self.uri = uri
+        # confined to the root: nothing the table writes or deletes -- on the driver or in a
+        # Spark task, which opens its own Table -- can lie outside it (format.md §1, "Paths")
+        io = io.confined(root)
         self.io = io
         self.root = root
         self.layout = TableLayout(root)
@@ -69,6 +74,8 @@ class Table:
         BadInputError when nothing had completed by ``as_of``, or when ``as_of`` is older
         than what ``clean`` retained (its files may be gone).
         """
+        if as_of is not None:
+            check_instant(as_of, option="--as-of")
         tl = self.timeline.reload()
         if as_of is None:
             return FileSystemView.build(tl)
@@ -82,6 +89,15 @@ class Table:
                 f"from instant {kept['earliest_retained_instant']} on (see `bucketindex show`; "
                 f"`clean --retain-commits/--retain-hours` sets the window)")
         return FileSystemView.build(tl, as_of)
+
+    def missing_files(self, view: FileSystemView) -> list[str]:
+        """Absolute paths of the files ``view`` reads (bases and logs) that are not on storage.
+
+        One existence check per file, so callers ask it when a read already failed or in a
+        full check (``validate``): a file deleted outside bucketindex is then named, instead
+        of surfacing as an engine's ``PATH_NOT_FOUND``.
+        """
+        return [self.abs(rel) for s in view.slices() for rel in s.files if not self.io.exists(self.abs(rel))]
 
     def retained_from(self) -> dict[str, Any] | None:
         """The retention of the latest clean (see :func:`.action.clean.retained_from`)."""
@@ -128,6 +144,19 @@ class Table:
     def abs(self, rel: str) -> str:
         return self.layout.abs(rel)
 
+    def delete_file(self, rel: str) -> bool:
+        """Delete the table's file ``rel`` (missing: fine). A path outside the root -- a
+        reference file, or one an older release recorded outside it -- is never deleted:
+        logged and skipped, so a clean or rollback of such a table still completes.
+        Returns whether a delete was attempted."""
+        try:
+            path = self.layout.data_path(rel) if not rel.startswith(f"{META_DIR}/") else self.layout.abs(rel)
+        except PathEscapeError as e:
+            log.warning("not deleting %s: %s", rel, e)
+            return False
+        self.io.delete(path)
+        return True
+
     # -- markers ---------------------------------------------------------------------
     def create_marker(self, instant: str, rel_path: str) -> None:
         """Record that ``rel_path`` is about to be written for ``instant`` (before writing it)."""
@@ -149,7 +178,7 @@ class Table:
         if self._rolled_back(instant, snapshot_seq):
             # the rollback may have listed the markers before ours: clean as it does (every
             # other task of the instant checks after its write too, so the last one out is clean)
-            self.io.delete(self.abs(rel_path))
+            self.delete_file(rel_path)
             self.delete_marked(instant)
             raise InstantRolledBackError(f"instant {instant} was rolled back while this task wrote {rel_path}; "
                                          "its file is deleted")
@@ -158,7 +187,7 @@ class Table:
     def delete_marked(self, instant: str) -> None:
         """Delete every file marked for ``instant``, then its markers."""
         for rel in self.marked_files(instant):
-            self.io.delete(self.abs(rel))
+            self.delete_file(rel)
         self.io.delete_dir(self.layout.marker_dir(instant))
 
     def _rolled_back(self, instant: str, snapshot_seq: int) -> bool:
@@ -184,7 +213,7 @@ class Table:
         duplicate task attempts), then the markers. Returns the deleted files."""
         extra = [f for f in self.marked_files(instant) if f not in keep]
         for rel in extra:
-            self.io.delete(self.abs(rel))
+            self.delete_file(rel)
         self.io.delete_dir(self.layout.marker_dir(instant))
         return extra
 

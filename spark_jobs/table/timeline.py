@@ -33,6 +33,7 @@ from typing import Any, Iterable
 
 import pendulum
 
+from spark_jobs.exceptions import BadInputError, TableCorruptError
 from spark_jobs.io.filesystem import FileIO, InstantExistsError
 from spark_jobs.table.layout import TableLayout
 
@@ -47,6 +48,8 @@ __all__ = [
     "read_checkpoint",
     "checkpoint_seqs",
     "CHECKPOINT_FORMAT",
+    "load_json",
+    "check_instant",
 ]
 
 
@@ -133,6 +136,47 @@ def read_checkpoint(io: FileIO, layout: TableLayout, seq: int, *, archived: bool
             or ckpt.get("complete") is not True or "view" not in ckpt:
         return None
     return ckpt
+
+
+def load_json(io: FileIO, path: str, *, what: str) -> Any:
+    """A metadata file the commit protocol wrote atomically: one that does not parse was damaged
+    outside bucketindex (a copy tool, a full disk, a hand edit). Named as such
+    (:class:`TableCorruptError`, exit 1) instead of a bare ``JSONDecodeError`` naming no file."""
+    data = io.read_bytes(path)
+    try:
+        return json.loads(data)
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise _damaged(path, what, f"not valid JSON, {len(data)} bytes") from e
+
+
+def _damaged(path: str, what: str, why: str) -> Exception:
+
+    return TableCorruptError(f"{what} {path} is damaged ({why}): restore it from a backup of the table's "
+                             f".bucketindex directory; the table cannot be read or written until then", path=path)
+
+
+#: an instant time: yyyyMMddHHmmssSSS in UTC (:meth:`Timeline.new_instant_time`)
+_INSTANT = re.compile(r"^\d{17}$")
+
+
+def check_instant(value: str, *, option: str) -> str:
+    """``value`` if it is an instant time (17 digits, yyyyMMddHHmmssSSS, UTC), else BadInputError.
+
+    Instants compare as strings, so anything else -- ``yesterday``, a date, an ISO time --
+    compares after (or before) every instant and silently selects the latest (or no) snapshot.
+    """
+    from datetime import datetime
+
+    ok = bool(_INSTANT.match(value))
+    if ok:
+        try:
+            datetime.strptime(value[:14], "%Y%m%d%H%M%S")
+        except ValueError:
+            ok = False
+    if not ok:
+        raise BadInputError(f"{option} {value!r} is not an instant: expected 17 digits yyyyMMddHHmmssSSS "
+                            f"(UTC), e.g. 20240101120000000 (`bucketindex show` lists the table's instants)")
+    return value
 
 
 def _parse(name: str) -> tuple[str, str, State] | None:
@@ -238,13 +282,15 @@ class Timeline:
         if entry is not None:
             return entry
         try:
-            entry = json.loads(self.io.read_bytes(self.layout.sequence_file(seq)))
+            entry = load_json(self.io, self.layout.sequence_file(seq), what="commit sequence entry")
         except FileNotFoundError:  # archived (after we listed, or long ago)
             self._read_archive_covering(seq)
             entry = self._entries.get(seq)
             if entry is None:  # pragma: no cover - a hand-edited table
                 raise RuntimeError(f"commit sequence of {self.layout.root} has no entry {seq}") from None
             return entry
+        if not isinstance(entry, dict) or not {"seq", "instant", "action", "metadata"} <= entry.keys():
+            raise _damaged(self.layout.sequence_file(seq), "commit sequence entry", "not a sequence entry")
         if entry["seq"] != seq:  # pragma: no cover - a hand-edited table
             raise RuntimeError(f"sequence entry {seq} of {self.layout.root} says it is {entry['seq']}")
         self._entries[seq] = entry
@@ -261,7 +307,7 @@ class Timeline:
         for refresh in (False, True):
             for first, last in self.archives(refresh=refresh):
                 if first <= seq <= last:
-                    data = json.loads(self.io.read_bytes(self.layout.archive_file(first, last)))
+                    data = load_json(self.io, self.layout.archive_file(first, last), what="timeline archive")
                     for e in data["entries"]:
                         self._entries.setdefault(int(e["seq"]), e)
                     return
@@ -403,7 +449,7 @@ class Timeline:
             if int(name[:20]) <= after_seq:
                 continue
             try:
-                entry = json.loads(io.read_bytes(posixpath.join(layout.sequence, name)))
+                entry = load_json(io, posixpath.join(layout.sequence, name), what="commit sequence entry")
             except FileNotFoundError:  # pragma: no cover - archived meanwhile: older than our snapshot
                 continue
             if entry["action"] == Action.ROLLBACK and entry["metadata"].get("rolled_back") == timestamp:

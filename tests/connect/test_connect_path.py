@@ -50,8 +50,8 @@ def test_default_parallelism_without_a_spark_context(spark):  # type: ignore[no-
 
 def test_unreachable_server_is_a_retryable_failure(monkeypatch, tmp_path):  # type: ignore[no-untyped-def]
     from spark_jobs import cli
+    from spark_jobs.exceptions import RetryableError
     from spark_jobs.jobs import connect
-    from spark_jobs.table.errors import RetryableError
 
     monkeypatch.setattr(connect, "CONNECT_RETRIES", 0)
     monkeypatch.setenv("SPARK_CONNECT_MODE_ENABLED", "1")  # restored after the test

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
+from spark_jobs.exceptions import BadInputError
 from spark_jobs.jobs.upsert import UpsertOptions, run_upsert
-from spark_jobs.table.config import BadInputError
 from tests.spark.conftest import tree_digest, write_batch
 
 pytestmark = pytest.mark.spark
@@ -41,6 +41,12 @@ CASES = {
     "partition field contradicts": (GOOD[:2], {"partition_field": "id"}, "partition fields id contradicts"),
     "new column": ([{**GOOD[0], "extra": 1}], {}, "not in the table schema"),
     "missing precombine": ([{"id": "a", "region": "eu", "amount": 1.0}], {}, "precombine field 'ts' is not in the source"),
+    # it used to null amount on every updated row (issue 22)
+    "missing column": ([{"id": "k1", "region": "eu", "ts": 99}, {"id": "new", "region": "eu", "ts": 99}], {},
+                       "the batch lacks columns amount that the table has"),
+    "missing column, not every row deletes": (
+        [{"id": "k1", "region": "eu", "ts": 99, "del": True}, {"id": "k2", "region": "eu", "ts": 99, "del": False}],
+        {"delete_field": "del"}, "the batch lacks columns amount that the table has"),
 }
 
 
@@ -54,6 +60,33 @@ def test_bad_batch_is_rejected_and_nothing_written(spark, table, case):
         run_upsert(spark, opts(uri, src, **extra))
     assert message in str(e.value)
     assert "\n" not in str(e.value)
+    assert tree_digest(d / "table") == before
+
+
+def test_batch_of_deletes_may_omit_columns(spark, tmp_path):
+    """Deletes carrying only the key, the precombine and the delete field still work (they write no values)."""
+    from spark_jobs.table.reader import read_arrow
+
+    uri = str(tmp_path / "table")
+    run_upsert(spark, opts(uri, write_batch(tmp_path / "good.parquet", GOOD), num_buckets=2))
+    src = write_batch(tmp_path / "del.parquet", [{"id": "k1", "region": "eu", "ts": 99, "del": True},
+                                                  {"id": "k2", "region": "eu", "ts": 1, "del": True}])
+    run_upsert(spark, opts(uri, src, delete_field="del"))
+    got = {r["id"]: r["amount"] for r in read_arrow(uri).to_pylist()}
+    assert got == {r["id"]: r["amount"] for r in GOOD if r["id"] != "k1"}  # k2's delete is older than k2: stale
+
+
+def test_cli_refuses_missing_column_before_spark(table, monkeypatch, capsys):
+    """The CLI tells a batch lacking a column from its Parquet footer: exit 2, one line, no JVM."""
+    from spark_jobs import cli
+
+    d, uri = table
+    src = write_batch(d / "cli_missing.parquet", [{"id": "k1", "region": "eu", "ts": 99}])
+    monkeypatch.setattr(cli, "_spark", lambda *a, **k: pytest.fail("started Spark for a batch lacking a column"))
+    before = tree_digest(d / "table")
+    rc = cli.main(["upsert", uri, src, "--record-key", "id", "--precombine-field", "ts", "--partition-field", "region"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "the batch lacks columns amount that the table has" in err[0], err
     assert tree_digest(d / "table") == before
 
 

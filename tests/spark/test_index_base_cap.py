@@ -11,13 +11,13 @@ import sys
 import numpy as np
 import pytest
 
+from spark_jobs.exceptions import BadInputError
 from spark_jobs.index.hashing import bucket_of, fingerprints
 from spark_jobs.index.record_index import TOMBSTONE, IndexFile, is_sealed_base, lookup
 from spark_jobs.jobs.compact import run_compact
 from spark_jobs.jobs.upsert import UpsertOptions, run_upsert
 from spark_jobs.jobs.validate import run_validate
 from spark_jobs.table.action.compact import CompactionPolicy
-from spark_jobs.table.config import BadInputError
 from spark_jobs.table.reader import read_arrow
 from spark_jobs.table.table import Table
 from spark_jobs.table.view import is_index_delta

@@ -50,3 +50,24 @@ def test_partition_path_equals_spark_partition_expr(spark):
     assert got == {v: partition_path("region", v) for v in values}
     ints = spark.createDataFrame([(7,), (-3,), (None,)], "n int").select("n", partition_expr(["n"]).alias("p"))
     assert {r["n"]: r["p"] for r in ints.collect()} == {n: partition_path("n", n) for n in (7, -3, None)}
+
+
+#: null, the empty string and literals that look like the null directory, path tricks, and
+#: long values whose readable prefix would end inside a ``%XX`` escape (format.md §1)
+ADDRESS = "東京都千代田区千代田一丁目一番一号皇居東御苑内"
+TRICKY = ["", "__NULL__", "__HIVE_DEFAULT_PARTITION__", "_", "__", "___", "_x", "__x", "%5F_NULL__", ".", "..",
+          "/abs", "../../escape", ".bucketindex", "\x00", "a\nb", "~", "x" * 300, ADDRESS, ADDRESS * 3, "~" * 100,
+          "__" + "y" * 300, *["a" * k + "é" * 100 for k in range(6)], *["b" * k + "%" * 80 for k in range(3)], None]
+
+
+@pytest.mark.parametrize("field", ["region", "地域", "f" * 128])
+def test_partition_dirs_distinct_short_and_equal_to_spark(spark, field):
+    df = spark.createDataFrame([(v,) for v in TRICKY], "v string").withColumnRenamed("v", field)
+    got = {r[0]: r[1] for r in df.select(field, partition_expr([field]).alias("p")).collect()}
+    assert got == {v: partition_path(field, v) for v in TRICKY}
+    assert len(set(got.values())) == len(TRICKY), "two values share a directory"
+    for v, d in got.items():
+        assert len(d.encode()) <= 200 and "/" not in d and "\x00" not in d and "\n" not in d, (v, d)
+        assert d.startswith(f"{field}=") and d not in (".", "..")
+    assert got[None] == f"{field}=__NULL__" and got["__NULL__"] == f"{field}=%5F_NULL__"
+    assert got["x" * 300] == partition_path(field, "x" * 300) and "~" in got["x" * 300]

@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from spark_jobs.cli import main
+from spark_jobs.exceptions import BadInputError
 from spark_jobs.jobs.upsert import UpsertOptions, run_upsert
-from spark_jobs.table.config import BadInputError
 from spark_jobs.table.reader import read_arrow
 from spark_jobs.table.table import Table
 from tests.spark.conftest import tree_digest, write_batch

@@ -10,12 +10,13 @@ import random
 
 import pytest
 
+from spark_jobs.exceptions import BadInputError
 from spark_jobs.jobs.compact import run_compact
 from spark_jobs.jobs.upsert import UpsertOptions, run_upsert
 from spark_jobs.jobs.validate import run_validate
 from spark_jobs.table.action.clean import run_clean
 from spark_jobs.table.action.compact import CompactionPolicy
-from spark_jobs.table.config import BadInputError, TableConfig
+from spark_jobs.table.config import TableConfig
 from spark_jobs.table.reader import read_arrow
 from spark_jobs.table.table import Table
 from tests.oracle import reduce_batches, rows_by_identity

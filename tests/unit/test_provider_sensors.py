@@ -20,8 +20,7 @@ import pytest
 
 from airflow_provider_bucketindex import get_provider_info
 from airflow_provider_bucketindex.demo import sandbox
-from spark_jobs.table import Action, BadInputError, Table, TableConfig
-from spark_jobs.table import state
+from spark_jobs.table import Action, BadInputError, Table, TableConfig, state
 from spark_jobs.table.action.compact import (
     DEFAULT_DELTA_RATIO,
     DEFAULT_LOG_RATIO,
@@ -631,7 +630,9 @@ async def test_trigger_reports_an_unreadable_table_as_a_retryable_error(sensors,
         f.write('{"record_key_fields": ["id"], ')  # torn by a broken copy
     (event,) = await _events(triggers.NoPendingWritesTrigger(table_uri=t.uri, poke_interval=0.05))
     assert event.payload["status"] == "error" and event.payload["bad_input"] is False
-    assert event.payload["message"].startswith("JSONDecodeError: ") and "\n" not in event.payload["message"]
+    msg = event.payload["message"]
+    assert msg.startswith("TableCorruptError: ") and "\n" not in msg
+    assert f"{t.root}/.bucketindex/table.json is damaged" in msg  # names the file to restore
     op = sensors.NoPendingWritesSensor(task_id="n", table_uri=t.uri)
     with pytest.raises(AirflowException) as info:
         op.execute_complete({}, event.payload)

@@ -77,9 +77,8 @@ def test_clean_calls_run_clean_with_the_rendered_arguments(ops, monkeypatch):  #
 def test_clean_maps_bad_input_to_final_and_busy_to_retryable_failures(ops, monkeypatch):  # type: ignore[no-untyped-def]
     from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+    from spark_jobs.exceptions import BadInputError, RetryableError, WriterAliveError
     from spark_jobs.table.action import clean
-    from spark_jobs.table.config import BadInputError
-    from spark_jobs.table.errors import RetryableError, WriterAliveError
 
     def raising(exc):  # type: ignore[no-untyped-def]
         def run_clean(uri, **kwargs):  # type: ignore[no-untyped-def]

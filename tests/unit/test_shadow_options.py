@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from spark_jobs.exceptions import BadInputError
 from spark_jobs.index.hashing import fingerprint
-from spark_jobs.table.config import BadInputError
 from spark_jobs.table.shadow import ShadowOptions, check_options, fingerprint_label, in_sample, sample_cutoff
 
 

@@ -11,12 +11,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from spark_jobs.exceptions import (
+    BadInputError,
+    ConfigConflictError,
+    InstantRolledBackError,
+    TableNotFoundError,
+    WriterAliveError,
+)
 from spark_jobs.index.record_index import IndexEntries, lookup, write_index_file
 from spark_jobs.io.filesystem import InstantExistsError, resolve
-from spark_jobs.table.config import BadInputError, ConfigConflictError, TableConfig
-from spark_jobs.table.errors import InstantRolledBackError
+from spark_jobs.table.config import TableConfig
 from spark_jobs.table.reader import read_arrow
-from spark_jobs.table.table import Table, TableNotFoundError, WriterAliveError
+from spark_jobs.table.table import Table
 from spark_jobs.table.timeline import Action, InstantConflictError, State
 from spark_jobs.table.view import encode_schema
 

@@ -16,10 +16,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from spark_jobs.exceptions import BadInputError
 from spark_jobs.table.action import checkpoint as ckpt
 from spark_jobs.table.action.clean import run_clean
 from spark_jobs.table.action.transaction import Transaction
-from spark_jobs.table.config import BadInputError, TableConfig
+from spark_jobs.table.config import TableConfig
 from spark_jobs.table.reader import read_arrow
 from spark_jobs.table.table import Table
 from spark_jobs.table.timeline import Action, SequenceTakenError, Timeline

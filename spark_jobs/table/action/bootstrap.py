@@ -26,8 +26,9 @@ from urllib.parse import urlparse
 import pyarrow as pa
 import pyarrow.dataset as ds
 
+from spark_jobs.exceptions import BadInputError
 from spark_jobs.io.filesystem import resolve
-from spark_jobs.table.config import INDEX_BUCKET, INDEX_RECORD, BadInputError
+from spark_jobs.table.config import INDEX_BUCKET, INDEX_RECORD, check_field_names
 from spark_jobs.table.layout import REFERENCE_PREFIX
 from spark_jobs.table.reader import META_PREFIX
 from spark_jobs.table.table import Table
@@ -103,6 +104,7 @@ def discover(uri: str) -> SourceDataset:
 def check_bootstrap(table: Table, source: SourceDataset, *, record_key: list[str], partition_field: str | None,
                     precombine_field: str | None, index: str, mode: str) -> None:
     """Everything that refuses a bootstrap before anything is written (BadInputError)."""
+    check_field_names(record_key=list(record_key), partition_field=partition_field, precombine_field=precombine_field)
     if index not in (INDEX_RECORD, INDEX_BUCKET):
         raise BadInputError(f"--index must be record or bucket, got {index!r}")
     if mode not in MODES:

@@ -31,11 +31,11 @@ from typing import TYPE_CHECKING, Any
 
 import pendulum
 
+from spark_jobs.exceptions import BadInputError, PathEscapeError
 from spark_jobs.table.action.rollback import pending_snapshots, referenced_files
-from spark_jobs.table.layout import is_reference
 from spark_jobs.table.action.service import execute, execute_waiting, pending_plans, schedule
 from spark_jobs.table.action.transaction import Transaction
-from spark_jobs.table.config import BadInputError
+from spark_jobs.table.layout import is_reference
 from spark_jobs.table.timeline import Action, checkpoint_seqs
 from spark_jobs.table.view import FileSystemView
 from spark_jobs.testing.faults import maybe_crash
@@ -172,7 +172,7 @@ def _pending_files(table: "Table") -> set[str]:
 def _size(table: "Table", rel: str) -> int:
     try:
         return table.io.size(table.abs(rel)) or 0  # None: already gone (a clean cut short)
-    except (FileNotFoundError, OSError):
+    except (FileNotFoundError, OSError, PathEscapeError):  # outside the root: never deleted
         return 0
 
 
@@ -220,7 +220,7 @@ def _deleter(table: "Table"):  # type: ignore[no-untyped-def]
         half = len(files) // 2
         with ThreadPoolExecutor(DELETE_THREADS) as pool:
             for i, chunk in enumerate((files[:half], files[half:])):
-                list(pool.map(lambda rel: table.io.delete(table.abs(rel)), chunk))
+                list(pool.map(table.delete_file, chunk))  # never outside the root
                 if i == 0:
                     maybe_crash("clean_after_delete")  # half of the files gone, the rest not
                     if len(files) >= 1000:

@@ -15,10 +15,11 @@ import logging
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from spark_jobs.exceptions import BadInputError
 from spark_jobs.index.record_index import is_sealed_base
 from spark_jobs.table.action.rollback import is_writer_alive
 from spark_jobs.table.action.service import pending_plans, schedule
-from spark_jobs.table.config import INDEX_RECORD, BadInputError
+from spark_jobs.table.config import INDEX_RECORD
 from spark_jobs.table.timeline import Action
 from spark_jobs.table.view import FileSlice, FileSystemView, is_index_delta
 

@@ -23,7 +23,8 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs.table.config import INDEX_BUCKET, INDEX_RECORD, MAX_NUM_BUCKETS, BadInputError
+from spark_jobs.exceptions import BadInputError
+from spark_jobs.table.config import INDEX_BUCKET, INDEX_RECORD, MAX_NUM_BUCKETS
 from spark_jobs.table.timeline import Action
 from spark_jobs.table.view import FileSystemView
 

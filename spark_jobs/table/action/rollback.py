@@ -13,8 +13,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs.table.config import BadInputError
-from spark_jobs.table.errors import WriterAliveError
+from spark_jobs.exceptions import BadInputError, WriterAliveError
 from spark_jobs.table.heartbeat import is_alive
 from spark_jobs.table.timeline import Action, Instant, SequenceTakenError, State
 from spark_jobs.testing.faults import maybe_crash
@@ -157,7 +156,7 @@ def _decide_and_clean(table: "Table", rb: Instant, plan: dict[str, Any]) -> bool
 
 def _clean(table: "Table", target: str, action: str, files: list[str]) -> None:
     for rel in files:
-        table.io.delete(table.abs(rel))
+        table.delete_file(rel)  # never outside the root; a file never created is fine
         maybe_crash("rollback_after_delete")
     table.delete_marked(target)  # files marked after the plan (a writer still finishing a task)
     table.io.delete(table.layout.heartbeat_file(target))

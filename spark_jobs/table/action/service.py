@@ -22,9 +22,8 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+from spark_jobs.exceptions import BadInputError, ConflictError, RetryableError, WriterAliveError
 from spark_jobs.table.action.transaction import CommitConflict, Transaction
-from spark_jobs.table.config import BadInputError
-from spark_jobs.table.errors import ConflictError, WriterAliveError
 from spark_jobs.table.heartbeat import owner_info
 from spark_jobs.table.timeline import Action, Instant, InstantConflictError, State
 from spark_jobs.testing.faults import maybe_crash
@@ -79,15 +78,17 @@ def execute(table: "Table", instant: str, action: str, run: Callable[[Transactio
             heartbeat_timeout_s: float | None = None) -> Executed:
     """Execute the scheduled plan ``instant``: ``run`` writes the files and returns the metadata.
 
-    BadInputError (exit 2): no such plan, another action's, or cancelled. WriterAliveError
-    (exit 3): an attempt at it is running. ConflictError (exit 3): an action completed since
-    it was planned makes it invalid (a rehash); the plan is cancelled, schedule again.
+    BadInputError (exit 2): no such plan, another action's, or cancelled before this run
+    (final: a retry cannot help). WriterAliveError (exit 3): an attempt at it is running.
+    ConflictError (exit 3): an action completed since it was planned makes it invalid (a
+    rehash), or it was cancelled while it ran; a retry then finds it cancelled (exit 2).
     """
     from spark_jobs.table.action.rollback import is_writer_alive
 
     tl = table.timeline.reload()
-    if instant in tl.aborted:
-        raise BadInputError(f"{action} {instant} was cancelled (rolled back); schedule a new one")
+    if instant in tl.aborted:  # final: running it again cannot help (a scheduler must not retry it)
+        raise BadInputError(f"{action} {instant} was cancelled (rolled back, e.g. by a rehash that changed the "
+                            f"bucket count) before it ran; schedule a new one")
     inst = tl.find(instant)  # a plan completed long ago is found in the archive
     if inst is not None and inst.is_completed:
         log.info("%s %s is already completed: nothing to do", action, instant)
@@ -117,8 +118,14 @@ def execute(table: "Table", instant: str, action: str, run: Callable[[Transactio
             txn.abort()
             table.rollback(instant, force=True)
             raise ConflictError(f"conflict: {c.conflict}; {action} {instant} was cancelled, schedule a new one") from None
-    except BaseException:
+    except BaseException as e:
         txn.abort()
+        if isinstance(e, Exception) and not isinstance(e, (RetryableError, BadInputError)) \
+                and instant in table.timeline.reload().aborted:
+            # cancelled while it ran (a rehash's commit, a `rollback --force`): its tasks
+            # stopped with InstantRolledBackError inside an engine's exception -- a conflict
+            raise ConflictError(f"conflict: {action} {instant} was cancelled (rolled back, e.g. by a concurrent "
+                                f"rehash) while it ran; nothing was written, schedule a new one") from e
         raise
     return Executed(instant, False, metadata)
 

@@ -21,10 +21,10 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from spark_jobs.exceptions import InstantRolledBackError, RetryableError
 from spark_jobs.table.action.checkpoint import maybe_checkpoint
 from spark_jobs.table.action.conflict import Conflict, WriteSet, find_conflict
 from spark_jobs.table.action.rollback import referenced_files
-from spark_jobs.table.errors import InstantRolledBackError, RetryableError
 from spark_jobs.table.heartbeat import Heartbeat, owner_info
 from spark_jobs.table.timeline import Action, Instant, InstantConflictError, SequenceTakenError, State
 from spark_jobs.table.view import FileSystemView
@@ -183,7 +183,7 @@ class Transaction:
         if self.attempt is not None:  # a table service: the plan stays for the next attempt
             for rel in self.table.marked_files(self.ts):
                 if self.attempt in posixpath.basename(rel):
-                    self.table.io.delete(self.table.abs(rel))
+                    self.table.delete_file(rel)
             return
         self._delete_own_files()
         tl.delete_pending(self.instant)

@@ -1,0 +1,86 @@
+"""Every error bucketindex raises on purpose, rooted at :class:`BucketIndexError`.
+
+Each branch tells a caller what to do next, and the CLI (and the Airflow operators, through
+its exit status) maps it to one:
+
+* :class:`BadInputError` -- fix the input: exit 2, one line, nothing written;
+* :class:`RetryableError` -- try again (a conflict, a live writer): exit 3, nothing written,
+  safe to rerun with the same batch id;
+* :class:`TableCorruptError` -- repair the table (a damaged or missing file of its own, a path
+  recorded outside its root): exit 1, one line naming the file.
+
+This module imports nothing of the package, so every layer (io, table, jobs, cli, the
+provider) can raise and catch the same types.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BucketIndexError",
+    "BadInputError",
+    "ConfigConflictError",
+    "TableNotFoundError",
+    "RetryableError",
+    "ConflictError",
+    "WriterAliveError",
+    "InstantRolledBackError",
+    "TableCorruptError",
+    "PathEscapeError",
+]
+
+
+class BucketIndexError(Exception):
+    """The root: an error bucketindex raised knowing what it means."""
+
+
+class BadInputError(BucketIndexError, ValueError):
+    """Bad usage or input: reported as one line, exit status 2, nothing written."""
+
+
+class ConfigConflictError(BadInputError):
+    """A write's options contradict the table's fixed options."""
+
+
+class TableNotFoundError(BadInputError):
+    """No table at the given location (no ``.bucketindex/table.json``)."""
+
+
+class RetryableError(BucketIndexError, RuntimeError):
+    """Nothing was written and the same call may succeed later: exit status 3, a scheduler retries."""
+
+
+class ConflictError(RetryableError):
+    """Concurrent writes conflicted and the bounded retries ran out."""
+
+
+class WriterAliveError(RetryableError):
+    """A pending instant still has a live writer: the table (or that instant) is busy."""
+
+
+class InstantRolledBackError(RetryableError):
+    """Another process rolled this writer's instant back (``rollback --force``) before it completed."""
+
+
+class TableCorruptError(BucketIndexError, RuntimeError):
+    """The table's own files are damaged or gone: a metadata file that does not parse, or a
+    data file a committed snapshot reads that is missing. Exit status 1, one line naming the
+    file and what to do.
+
+    Not bad input (exit 2): the command and the batch are fine, and the same command works
+    once the table is repaired; not retryable (exit 3): running again fails the same way.
+    It is what ``validate`` reports with exit 1 as a finding, so the two agree.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(message)
+        #: the damaged or missing file
+        self.path = path
+
+
+class PathEscapeError(TableCorruptError):
+    """A write or delete named a path outside the table root (or a data path inside its
+    metadata): refused, whatever bug or input built it (format.md §1, "Paths").
+
+    Names from users are validated before anything is planned (bad input, exit 2), so this
+    one means a path recorded by an older release or a bug: the table's problem, exit 1.
+    """
