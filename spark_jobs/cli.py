@@ -212,8 +212,13 @@ def _spark(args: argparse.Namespace, submitted: bool):  # type: ignore[no-untype
     log_path = os.environ.get("BUCKETINDEX_SPARK_LOG") or os.path.join(
         tempfile.gettempdir(), f"bucketindex-spark-{os.getpid()}.log"
     )
+    try:
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError as e:  # e.g. $BUCKETINDEX_SPARK_LOG owned by another user: not the table's problem
+        fd, fresh = tempfile.mkstemp(prefix="bucketindex-spark-", suffix=".log")
+        log.warning("cannot write Spark's log to %s (%s); writing it to %s", log_path, e.strerror, fresh)
+        log_path = fresh
     saved = os.dup(2)
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         os.dup2(fd, 2)  # inherited by the JVM that get_spark launches
         spark = get_spark(args.master or "local[*]", driver_memory=memory, ui=False)

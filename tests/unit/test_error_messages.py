@@ -132,3 +132,19 @@ def test_cli_instant_arguments_must_be_instants(tmp_path, capsys, argv):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("bucketindex: error: ") and "is not an instant" in err[0], err
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def test_an_unwritable_spark_log_falls_back_to_a_temp_file(tmp_path, monkeypatch):
+    """The Spark log is ours, not the table's: a log path we cannot open must not fail the run
+    with 'permission denied ... grant this user access to the table's files'."""
+    import argparse
+
+    from spark_jobs.jobs import session
+
+    opened = []
+    monkeypatch.setenv("BUCKETINDEX_SPARK_LOG", str(tmp_path / "no-such-dir" / "spark.log"))
+    monkeypatch.setattr(session, "get_spark", lambda *a, **k: opened.append(os.readlink(f"/proc/self/fd/2")) or "s")
+    args = argparse.Namespace(remote=None, master="local[1]", driver_memory=None, verbose=False)
+    assert cli._spark(args, False) == "s"
+    assert opened and opened[0].startswith(os.path.join(cli.tempfile.gettempdir(), "bucketindex-spark-"))
+    os.unlink(opened[0])
