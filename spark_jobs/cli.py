@@ -706,7 +706,9 @@ def _told_apart(args: argparse.Namespace, e: BaseException) -> tuple[int, str] |
             more = f" ({len(missing)} files are missing)" if len(missing) > 1 else ""
             return 1, (f"bucketindex: {args.verb} failed: {_one_line(missing_file_error(missing[0]))}{more}"
                        + _nothing_committed(args))
-    err = _first_os_error(e)
+    from spark_jobs.resources import first_os_error
+
+    err = first_os_error(e)
     if err is not None and err.errno in _DENIED:
         where = str(err.filename or getattr(args, "table", None) or "?")
         if _TEMP_NAME.search(where):  # FileIO's temp file for an atomic create: name the directory
@@ -730,17 +732,6 @@ def _missing_files(uri: str) -> list[str]:
         return table.missing_files(table.view())
     except Exception:  # noqa: BLE001 - a diagnosis must not replace the error it explains
         return []
-
-
-def _first_os_error(e: BaseException) -> OSError | None:
-    seen: set[int] = set()
-    cur: BaseException | None = e
-    while cur is not None and id(cur) not in seen:
-        seen.add(id(cur))
-        if isinstance(cur, OSError):
-            return cur
-        cur = cur.__cause__ or cur.__context__
-    return None
 
 
 def _master(args: argparse.Namespace, submitted: bool) -> str | None:

@@ -120,28 +120,28 @@ def describe_resource_failure(error: BaseException, *, master: str | None = None
 FULL_BELOW_BYTES = 1024 * 1024
 
 
-def _errno(error: BaseException) -> int | None:
-    """The errno of the first OSError in ``error``'s cause chain."""
+def first_os_error(error: BaseException, *, with_filename: bool = False) -> OSError | None:
+    """The first OSError in ``error``'s cause chain (with a file name, if asked): engines and
+    pyarrow wrap the errno that says what failed -- a full disk, a denied directory."""
     seen: set[int] = set()
     e: BaseException | None = error
     while e is not None and id(e) not in seen:
         seen.add(id(e))
-        if isinstance(e, OSError) and e.errno is not None:
-            return e.errno
+        if isinstance(e, OSError) and (isinstance(e.filename, str) if with_filename else e.errno is not None):
+            return e
         e = e.__cause__ or e.__context__
     return None
+
+
+def _errno(error: BaseException) -> int | None:
+    e = first_os_error(error)
+    return e.errno if e is not None else None
 
 
 def _filename(error: BaseException) -> str | None:
     """The file name an OSError in ``error``'s cause chain carries (FileIO names the file it wrote)."""
-    seen: set[int] = set()
-    e: BaseException | None = error
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, OSError) and isinstance(e.filename, str):
-            return e.filename
-        e = e.__cause__ or e.__context__
-    return None
+    e = first_os_error(error, with_filename=True)
+    return e.filename if e is not None else None
 
 
 def _local_path(uri: str | None) -> str | None:
