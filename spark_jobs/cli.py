@@ -21,11 +21,14 @@ import os
 import re
 import sys
 import tempfile
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from spark_jobs.exceptions import BadInputError, RetryableError, TableCorruptError
 from spark_jobs.table.config import INDEX_TYPES, TABLE_TYPES
 from spark_jobs.table.timeline import check_instant
+
+if TYPE_CHECKING:
+    from spark_jobs.io.filesystem import FileIO
 
 __all__ = ["main", "build_parser"]
 
@@ -286,7 +289,7 @@ def cmd_read(args: argparse.Namespace, submitted: bool) -> int:
     return 0
 
 
-def _output_path(uri: str) -> "tuple[object, str]":
+def _output_path(uri: str) -> "tuple[FileIO, str]":
     """The FileIO and path of ``read --output``; BadInputError (exit 2, before reading) when its
     directory does not exist or the path is a directory: the user names a place to write."""
     import pyarrow.fs as pafs
@@ -686,15 +689,9 @@ _MISSING = re.compile(r"PATH_NOT_FOUND|FileNotFoundError|No such file or directo
 
 def _told_apart(args: argparse.Namespace, e: BaseException) -> tuple[int, str] | None:
     """Exit status and one line for failures that are not resources but surface as an engine's
-    exception: a corrupt source file (2), a damaged or missing table file (1), storage that
-    refused access (1: the store's problem, not the input's). None: not one of those."""
+    exception: a damaged or missing table file (1), storage that refused access (1: the
+    store's problem, not the input's). None: not one of those."""
     text = f"{type(e).__name__}: {e}"
-    if args.verb == "upsert" and "FAILED_READ_FILE" in text:
-        from spark_jobs.jobs.source import corrupt_file_message
-
-        corrupt = corrupt_file_message(e)
-        if corrupt is not None:  # found by the batch's first query, before anything is written
-            return 2, f"bucketindex: error: {corrupt}; nothing was written"
     m = _CORRUPT_IN_TASK.search(text)
     if m:
         return 1, f"bucketindex: {args.verb} failed: {m.group(1).strip()}" + _nothing_committed(args)

@@ -76,6 +76,13 @@ class TableCorruptError(BucketIndexError, RuntimeError):
         #: the damaged or missing file
         self.path = path
 
+    @classmethod
+    def damaged(cls, path: str, *, what: str, why: str) -> "TableCorruptError":
+        """A metadata file the commit protocol wrote atomically that does not parse: damaged
+        outside bucketindex (a copy tool, a full disk, a hand edit)."""
+        return cls(f"{what} {path} is damaged ({why}): restore it from a backup of the table's .bucketindex "
+                   f"directory; the table cannot be read or written until then", path=path)
+
 
 class PathEscapeError(TableCorruptError):
     """A write or delete named a path outside the table root (or a data path inside its

@@ -68,7 +68,13 @@ from spark_jobs.jobs import tasks
 from spark_jobs.jobs.keys import aliased_partition_expr, bucket_expr, file_id_for_bucket_expr, key_expr, partition_expr
 from spark_jobs.jobs.read import keys_with_location, read_slices
 from spark_jobs.jobs.session import default_parallelism, job_conf, session_start_ms
-from spark_jobs.jobs.source import castability_checks, raise_uncastable, read_source, source_bytes
+from spark_jobs.jobs.source import (
+    castability_checks,
+    corrupt_file_message,
+    raise_uncastable,
+    read_source,
+    source_bytes,
+)
 from spark_jobs.resources import shuffle_partitions
 from spark_jobs.table.action import CommitConflict, Transaction
 from spark_jobs.table.config import (
@@ -318,8 +324,11 @@ def run_upsert(spark: SparkSession, opts: UpsertOptions) -> dict[str, Any]:
             n = batch.count()
         checks.raise_if_bad()
         upserts = int(deduped.get.get("upserts") or 0)
-    except BaseException:
+    except BaseException as e:
         _unpersist(batch)
+        corrupt = corrupt_file_message(e) if isinstance(e, Exception) else None
+        if corrupt is not None:  # a directory's junk file surfaces here, at the batch's first scan of it
+            raise BadInputError(f"{corrupt}; nothing was written") from e
         raise
     phases.done("dedupe", f"{n} distinct keys")
 

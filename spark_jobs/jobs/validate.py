@@ -111,8 +111,7 @@ def _check_files(table: Table, view: FileSystemView, problems: dict[str, Any]) -
     A reference bootstrap's files are read in place (format.md §5.3): each must also still
     have the size the bootstrap recorded (a file the user changed)."""
     refs = [s for s in view.slices() if is_reference(s.path)]
-    ref_paths = {table.abs(s.path) for s in refs}
-    missing = [p for p in table.missing_files(view) if p not in ref_paths]  # references: checked below
+    missing = table.missing_files(view, references=False)  # references: checked below, with their sizes
     if missing:
         problems["data_files_missing"] = {"count": len(missing), "samples": missing[:SAMPLES]}
     bad = []

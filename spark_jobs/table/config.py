@@ -180,9 +180,7 @@ class TableConfig:
                 raise
 
             why = "not valid JSON" if isinstance(e, ValueError) else "not a table configuration"
-            raise TableCorruptError(
-                f"table metadata {path} is damaged ({why}, {len(data)} bytes): restore it from a backup of the "
-                f"table's .bucketindex directory; the table cannot be read or written until then", path=path) from e
+            raise TableCorruptError.damaged(path, what="table metadata", why=f"{why}, {len(data)} bytes") from e
 
     def create(self, io: FileIO, path: str) -> "TableConfig":
         """Write this config as a new table's; if another writer created it first, check against theirs."""

@@ -22,7 +22,7 @@ from spark_jobs.exceptions import (
 )
 from spark_jobs.io.filesystem import FileIO, resolve
 from spark_jobs.table.config import TableConfig
-from spark_jobs.table.layout import META_DIR, TableLayout
+from spark_jobs.table.layout import META_DIR, TableLayout, is_reference
 from spark_jobs.table.timeline import Action, Instant, State, Timeline, check_instant
 from spark_jobs.table.view import FileSystemView
 
@@ -90,14 +90,17 @@ class Table:
                 f"`clean --retain-commits/--retain-hours` sets the window)")
         return FileSystemView.build(tl, as_of)
 
-    def missing_files(self, view: FileSystemView) -> list[str]:
-        """Absolute paths of the files ``view`` reads (bases and logs) that are not on storage.
+    def missing_files(self, view: FileSystemView, *, references: bool = True) -> list[str]:
+        """Absolute paths of the files ``view`` reads (bases and logs) that are not on storage;
+        without ``references``, only the table's own (a caller that checks reference files
+        itself, e.g. their sizes, asks once per file).
 
         One existence check per file, so callers ask it when a read already failed or in a
         full check (``validate``): a file deleted outside bucketindex is then named, instead
         of surfacing as an engine's ``PATH_NOT_FOUND``.
         """
-        return [self.abs(rel) for s in view.slices() for rel in s.files if not self.io.exists(self.abs(rel))]
+        return [self.abs(rel) for s in view.slices() for rel in s.files
+                if (references or not is_reference(rel)) and not self.io.exists(self.abs(rel))]
 
     def retained_from(self) -> dict[str, Any] | None:
         """The retention of the latest clean (see :func:`.action.clean.retained_from`)."""

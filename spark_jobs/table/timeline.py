@@ -146,13 +146,7 @@ def load_json(io: FileIO, path: str, *, what: str) -> Any:
     try:
         return json.loads(data)
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
-        raise _damaged(path, what, f"not valid JSON, {len(data)} bytes") from e
-
-
-def _damaged(path: str, what: str, why: str) -> Exception:
-
-    return TableCorruptError(f"{what} {path} is damaged ({why}): restore it from a backup of the table's "
-                             f".bucketindex directory; the table cannot be read or written until then", path=path)
+        raise TableCorruptError.damaged(path, what=what, why=f"not valid JSON, {len(data)} bytes") from e
 
 
 #: an instant time: yyyyMMddHHmmssSSS in UTC (:meth:`Timeline.new_instant_time`)
@@ -290,7 +284,8 @@ class Timeline:
                 raise RuntimeError(f"commit sequence of {self.layout.root} has no entry {seq}") from None
             return entry
         if not isinstance(entry, dict) or not {"seq", "instant", "action", "metadata"} <= entry.keys():
-            raise _damaged(self.layout.sequence_file(seq), "commit sequence entry", "not a sequence entry")
+            raise TableCorruptError.damaged(self.layout.sequence_file(seq), what="commit sequence entry",
+                                            why="not a sequence entry")
         if entry["seq"] != seq:  # pragma: no cover - a hand-edited table
             raise RuntimeError(f"sequence entry {seq} of {self.layout.root} says it is {entry['seq']}")
         self._entries[seq] = entry
