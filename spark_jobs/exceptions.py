@@ -20,6 +20,7 @@ __all__ = [
     "BadInputError",
     "ConfigConflictError",
     "TableNotFoundError",
+    "EngineUnsupportedError",
     "RetryableError",
     "ConflictError",
     "WriterAliveError",
@@ -43,6 +44,12 @@ class ConfigConflictError(BadInputError):
 
 class TableNotFoundError(BadInputError):
     """No table at the given location (no ``.bucketindex/table.json``)."""
+
+
+class EngineUnsupportedError(BadInputError):
+    """The engine asked for cannot run this work with the table's rules (e.g. ``--engine arrow``
+    on a key type whose text form only Spark defines). ``--engine auto`` picks the other engine
+    instead; asked for explicitly, it is bad input (exit 2, nothing written)."""
 
 
 class RetryableError(BucketIndexError, RuntimeError):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import posixpath
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
@@ -123,6 +124,8 @@ def _table(uri: str) -> Table:
 def task_token() -> str:
     """``<partition>-<stage>-<attempt>``: unique per task attempt, so a retried or
     speculative attempt writes a different file and never clobbers a sibling."""
+    if "pyspark" not in sys.modules:  # not in a Spark task: never import a JVM's client for a name
+        return "0-0-0"
     try:
         from pyspark import TaskContext  # executor side only
 
@@ -170,6 +173,9 @@ class MergeContext:
     partition_dirs: dict[str, str] = field(default_factory=dict)
     #: merge-on-read: "<part>\x00<fid>" -> the slice's logs (relative paths, commit order)
     log_files: dict[str, list[str]] = field(default_factory=dict)
+    #: the token in the names of the files this task writes; None: the Spark task attempt's
+    #: (:func:`task_token`). The in-process engine names each group and attempt itself.
+    write_token: str | None = None
 
 
 def _stale(incoming: pa.Array, stored: pa.Array) -> pa.Array:
@@ -220,7 +226,7 @@ def merge_file_group(key: tuple, incoming: pa.Table, *, ctx: MergeContext) -> pa
 
     rel, size = None, 0
     if result.num_rows:
-        rel = posixpath.join(ctx.partition_dirs.get(part, part), data_file_name(fid, task_token(), ctx.instant))
+        rel = posixpath.join(ctx.partition_dirs.get(part, part), data_file_name(fid, ctx.write_token or task_token(), ctx.instant))
         size = write_marked_parquet(t, ctx.instant, rel, result, snapshot_seq=ctx.snapshot_seq)
 
     schema = _merge_schema()
@@ -323,7 +329,7 @@ def append_log(key: tuple, incoming: pa.Table, *, ctx: MergeContext) -> pa.Table
 
     rel, size = None, 0
     if rows.num_rows:
-        rel = posixpath.join(ctx.partition_dirs.get(part, part), log_file_name(fid, task_token(), ctx.instant))
+        rel = posixpath.join(ctx.partition_dirs.get(part, part), log_file_name(fid, ctx.write_token or task_token(), ctx.instant))
         size = write_marked_parquet(t, ctx.instant, rel, rows, snapshot_seq=ctx.snapshot_seq)
     file_row = pa.table(
         {"kind": ["file"], "part": [part], "fid": [fid], "path": [rel], "num_rows": [rows.num_rows], "size": [size],

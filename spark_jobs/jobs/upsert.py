@@ -1,23 +1,8 @@
-"""The upsert job: route every key of a batch through the index, write data and index in one commit.
+"""The upsert on Spark: the engine that executes :mod:`spark_jobs.table.action.upsert` with DataFrames.
 
-Phases (each logged and timed into the commit metadata):
-
-1. **validate** -- read the source; check key, precombine, partition and delete columns,
-   null/empty keys, castability to the table schema, options against the table. Any
-   problem raises :class:`BadInputError` before an instant exists or a byte is written.
-2. **dedupe** -- one row per key: highest precombine value wins; ties go to the greatest
-   source row (compared column by column), so the winner never depends on file or task order.
-3. **tag** -- find each key's current file group: ``record`` looks up the index buckets the
-   keys hash to (one task per bucket); ``bucket`` computes ``hash % N`` (no read);
-   ``global_simple`` joins against the keys of every data file (the baseline).
-4. **write** -- one task per affected file group merges its current file with its updates,
-   inserts and deletes into a new Parquet file (copy-on-write), under a marker.
-5. **index** -- ``record`` only: one sorted delta per touched index bucket.
-6. **commit** -- the transaction (:class:`~spark_jobs.table.action.Transaction`) checks every
-   commit completed since the snapshot and claims the next commit-sequence slot: data and
-   index appear atomically. On a conflict (a file group, a record key or the layout written
-   by a concurrent commit) the batch is re-tagged and re-written on the new snapshot, up to
-   ``max_retries`` times; then :class:`ConflictError` (exit 3, safe to retry).
+The action module holds the phases, the rules and the protocol; this module executes the
+validate/dedupe and tag/route/write phases as Spark jobs, for batches that need a cluster
+(the in-process engine is :mod:`spark_jobs.arrow_engine.upsert`).
 
 **Tee** (``shadow_index``, ``--shadow-index global_simple|bucket``; RFC-08's rollout period):
 after the tag phase, the batch's keys are also tagged by a second index computed on the fly,
@@ -41,19 +26,11 @@ does not; *wrong_location* -- both find it, in different places. Per table index
   *wrong_location*.
 * Refused (BadInputError, before anything is written): the table's own index type (compared
   with itself) and ``bucket`` on a global_simple table (its file groups are not hash buckets).
-
-Semantics: ``record`` and ``global_simple`` are *global* -- a key lives in one partition,
-and a key whose partition value changes moves there. ``bucket`` is *per partition* -- the
-record identity is (partition, key). Across batches the stored row is replaced only when the
-incoming precombine value is not lower (event-time ordering); without a precombine field the
-newest batch wins. A delete of a key that does not exist is a no-op.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,7 +40,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
-from spark_jobs.exceptions import BadInputError, ConfigConflictError, ConflictError, InstantRolledBackError
+from spark_jobs.exceptions import BadInputError
 from spark_jobs.jobs import tasks
 from spark_jobs.jobs.keys import aliased_partition_expr, bucket_expr, file_id_for_bucket_expr, key_expr, partition_expr
 from spark_jobs.jobs.read import keys_with_location, read_slices
@@ -76,119 +53,39 @@ from spark_jobs.jobs.source import (
     source_bytes,
 )
 from spark_jobs.resources import shuffle_partitions
-from spark_jobs.table.action import CommitConflict, Transaction
-from spark_jobs.table.config import (
-    DEFAULT_NUM_BUCKETS,
-    INDEX_BUCKET,
-    INDEX_GLOBAL_SIMPLE,
-    INDEX_RECORD,
-    TableConfig,
-    check_field_names,
+from spark_jobs.table.action import upsert as action
+from spark_jobs.table.action.upsert import (
+    DEL,
+    FILE_GROUP_SALT,
+    OLD_FID,
+    OLD_PART,
+    PART,
+    TEE_KINDS,
+    TFID,
+    TPART,
+    Attempt,
+    Phases,
+    PreparedBatch,
+    UpsertOptions,
+    check_shadow_index,
+    check_source_columns,
+    file_group_entry,
+    plan_new_file_groups,
 )
+from spark_jobs.table.config import INDEX_BUCKET, INDEX_RECORD, TableConfig
 from spark_jobs.table.layout import legacy_partition_aliases
 from spark_jobs.table.schema import STORED_TZ, check_batch_columns, refuse_missing_columns
 from spark_jobs.table.shadow import SAMPLES
 from spark_jobs.table.table import Table
-from spark_jobs.table.timeline import Action
-from spark_jobs.table.view import FileSystemView, encode_schema
-from spark_jobs.testing.faults import maybe_crash
+from spark_jobs.table.view import FileSystemView
 
-__all__ = ["UpsertOptions", "run_upsert"]
+__all__ = ["UpsertOptions", "run_upsert", "SparkUpsertEngine", "check_shadow_index"]
 
 log = logging.getLogger("bucketindex.upsert")
 
 KEY, OP = tasks.KEY, tasks.OP
-DEL, PART, BUCKET = "_bi_del", "_bi_part", "_bi_bucket"
-OLD_PART, OLD_FID = "_bi_old_part", "_bi_old_fid"
-TPART, TFID = "_bi_tpart", "_bi_tfid"
+BUCKET = "_bi_bucket"
 SH_PART, SH_FID = "_bi_sh_part", "_bi_sh_fid"
-#: what a tee records, in shadow-compare's words (a batch has one row per key: nothing is duplicated)
-SHADOW_INDEXES = (INDEX_GLOBAL_SIMPLE, INDEX_BUCKET)
-TEE_KINDS = ("missing", "extra", "wrong_location")
-
-
-@dataclass
-class UpsertOptions:
-    table: str
-    source: str
-    record_key: list[str]
-    precombine_field: str | None = None
-    partition_field: str | None = None
-    index: str | None = None
-    num_buckets: int | None = None
-    #: copy_on_write | merge_on_read, fixed at creation (default copy_on_write)
-    table_type: str | None = None
-    source_format: str = "parquet"
-    delete_field: str | None = None
-    batch_id: str | None = None
-    target_file_rows: int | None = None
-    #: how often a conflicting commit is re-tagged and re-written on the new snapshot
-    max_retries: int = 3
-    #: a pending instant whose heartbeat is older than this is abandoned (default: heartbeat.TIMEOUT_S)
-    heartbeat_timeout_s: float | None = None
-    #: tee: also tag the batch with this index (global_simple | bucket) and record disagreements
-    shadow_index: str | None = None
-    #: the batch as a DataFrame, read by the caller (a rewrite bootstrap reads its dataset
-    #: with pyarrow, whose Hive partition values Spark would decode differently); ``source``
-    #: then only names it
-    source_df: DataFrame | None = None
-    #: the timeline action and operation the commit records (a rewrite bootstrap: ``bootstrap``)
-    action: str = Action.COMMIT
-    operation: str = "upsert"
-    #: more commit metadata (a bootstrap's ``bootstrap`` summary)
-    extra_metadata: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        # field names are checked when the options are made: before a JVM starts (the CLI
-        # makes them first) and before any file is written
-        check_field_names(record_key=list(self.record_key), partition_field=self.partition_field,
-                          precombine_field=self.precombine_field, delete_field=self.delete_field)
-
-
-@dataclass
-class _Phases:
-    timings: dict[str, int] = field(default_factory=dict)
-    _t: float = field(default_factory=time.perf_counter)
-
-    _deferred: list[tuple[str, str]] = field(default_factory=list)
-
-    def done(self, name: str, detail: str = "", *, defer: bool = False) -> None:
-        """Record a phase; ``defer`` holds its log line back until the next phase (a batch
-        that turns out bad must print exactly one line: the error)."""
-        now = time.perf_counter()
-        self.timings[f"{name}_ms"] = int((now - self._t) * 1000)
-        self._t = now
-        self._deferred.append((name, detail))
-        if not defer:
-            for n, d in self._deferred:
-                log.info("phase %-8s %6d ms %s", n, self.timings[f"{n}_ms"], d)
-            self._deferred.clear()
-
-
-def _requested_config(opts: UpsertOptions, existing: TableConfig | None) -> tuple[TableConfig, set[str]]:
-    explicit = {"record_key_fields"}
-    if opts.index:
-        explicit.add("index_type")
-    if opts.partition_field is not None:
-        explicit.add("partition_fields")
-    if opts.precombine_field is not None:
-        explicit.add("precombine_field")
-    if opts.table_type:
-        explicit.add("table_type")
-    index = opts.index or (existing.index_type if existing else INDEX_RECORD)
-    cfg = TableConfig(
-        record_key_fields=list(opts.record_key),
-        index_type=index,
-        num_buckets=opts.num_buckets or (existing.num_buckets if existing else DEFAULT_NUM_BUCKETS[index]),
-        partition_fields=[opts.partition_field] if opts.partition_field else (
-            existing.partition_fields if existing else []),
-        precombine_field=opts.precombine_field if opts.precombine_field is not None else (
-            existing.precombine_field if existing else None),
-        target_file_rows=opts.target_file_rows or (
-            existing.target_file_rows if existing else TableConfig.target_file_rows),
-        table_type=opts.table_type or (existing.table_type if existing else TableConfig.table_type),
-    )
-    return cfg, explicit
 
 
 def _validated_batch(
@@ -198,20 +95,8 @@ def _validated_batch(
     checks to raise after the first query over it; raises BadInputError for schema problems."""
     df = raw = opts.source_df if opts.source_df is not None else read_source(spark, opts.source, opts.source_format)
     cols = df.columns
-    for f in cfg.record_key_fields:
-        if f not in cols:
-            raise BadInputError(f"record key field {f!r} is not in the source (columns: {', '.join(cols)})")
-    for label, f in (("precombine", cfg.precombine_field), ("partition", (cfg.partition_fields or [None])[0]),
-                     ("delete", opts.delete_field)):
-        if f and f not in cols:
-            raise BadInputError(f"{label} field {f!r} is not in the source (columns: {', '.join(cols)})")
-    data_cols = [c for c in cols if c != opts.delete_field]
-    if any(c.startswith("_bi_") for c in data_cols):
-        raise BadInputError("source columns may not start with '_bi_' (reserved for bucketindex)")
-    if opts.delete_field:  # before any expression casts it to boolean
-        dtype = raw.schema[opts.delete_field].dataType.simpleString()
-        if dtype not in ("boolean", "string", "int", "bigint", "smallint", "tinyint"):
-            raise BadInputError(f"delete field {opts.delete_field!r} must be boolean, got {dtype}")
+    delete_type = raw.schema[opts.delete_field].dataType.simpleString() if opts.delete_field in cols else None
+    data_cols = check_source_columns(cfg=cfg, delete_field=opts.delete_field, columns=cols, delete_type=delete_type)
     target, cast_checks, missing = None, [], []
     if view is not None and view.schema is not None:
         # the column rules (spark_jobs.table.schema): no new column; a missing one only if every row deletes
@@ -280,153 +165,63 @@ class _BatchChecks:
             raise_uncastable(self.raw, self.target, stats, self.cast_columns)
 
 
-def run_upsert(spark: SparkSession, opts: UpsertOptions) -> dict[str, Any]:
-    """Upsert one batch; returns the instant, counts and timings.
+def run_upsert(spark: SparkSession, opts: UpsertOptions, *, choice: Any = None) -> dict[str, Any]:
+    """Upsert one batch on Spark (:func:`spark_jobs.table.action.upsert.run`); returns the instant,
+    counts and timings.
 
     Raises BadInputError on bad input (nothing written), ConflictError when concurrent
     commits kept conflicting, InstantRolledBackError when a forced rollback aborted it.
     """
-    phases = _Phases()
-    started = time.perf_counter()
-    table = Table.open(opts.table)
-    cfg, explicit = _requested_config(opts, table.config)
-    view = None
-    if table.config is not None:
-        table.config.check_compatible(cfg, explicit=explicit)
-        view = table.view()
-        in_force = table.num_buckets(view)
-        if opts.num_buckets and opts.num_buckets != in_force:
-            raise ConfigConflictError(
-                f"--num-buckets {opts.num_buckets} contradicts the table's {in_force} buckets; "
-                f"change it with `bucketindex rehash` instead"
-            )
-        cfg = table.config
-    check_shadow_index(cfg.index_type, opts.shadow_index)
-    df, data_schema, checks = _validated_batch(spark, opts, cfg, view)
-    phases.done("validate", defer=True)  # the row checks run with the dedupe query
-
-    batch_id = opts.batch_id or f"adhoc-{uuid.uuid4().hex}"
-    if table.config is not None:
-        done = table.commit_for_batch(batch_id)
-        if done is not None:
-            log.info("batch %s is already committed as instant %s: nothing to do", batch_id, done.timestamp)
-            return _noop_result(table, done, batch_id)
-    cores = default_parallelism(spark)
-    deduped = Observation("bucketindex_deduped")
-    batch = _keep_legacy_dirs(_dedupe(df, cfg, opts.delete_field), cfg, view)
-    batch = batch.observe(deduped, F.coalesce(F.sum((~F.col(DEL)).cast("long")), F.lit(0)).alias("upserts"))
-    try:
-        # dedupe and the batch's row checks in one query, before anything is written. Persisted
-        # inside the settings: a cached plan keeps the shuffle partitions it was planned with,
-        # and every later stage over the batch runs one task per cached partition
-        with job_conf(spark, **{"spark.sql.shuffle.partitions": shuffle_partitions(source_bytes(opts.source), cores)}):
-            batch = batch.persist(StorageLevel.MEMORY_AND_DISK)
-            n = batch.count()
-        checks.raise_if_bad()
-        upserts = int(deduped.get.get("upserts") or 0)
-    except BaseException as e:
-        _unpersist(batch)
-        corrupt = corrupt_file_message(e) if isinstance(e, Exception) else None
-        if corrupt is not None:  # a directory's junk file surfaces here, at the batch's first scan of it
-            raise BadInputError(f"{corrupt}; nothing was written") from e
-        raise
-    phases.done("dedupe", f"{n} distinct keys")
-
-    if table.config is None:
-        cfg = table.create(cfg)
-        log.info("created table %s (%s index, %d buckets)", opts.table, cfg.index_type, cfg.num_buckets)
-    repaired = table.rollback(timeout_s=opts.heartbeat_timeout_s)  # abandoned instants only; live writers go on
-    if repaired:
-        log.info("rolled back abandoned instants %s", ", ".join(repaired))
-    if view is None:
-        view = table.view()
-    plan = {"batch_id": batch_id, "operation": opts.operation, "source": opts.source, "index_type": cfg.index_type,
-            "num_buckets": table.num_buckets(view)}
-    try:
-        txn = Transaction(table, opts.action, plan, view=view).begin()
-    except BaseException:
-        _unpersist(batch)
-        raise
-    ts = txn.ts
-    log.info("instant %s: upserting %s into %s (snapshot at commit %d)", ts, opts.source, opts.table, view.seq)
-    retries: list[dict[str, Any]] = []
-    planned_seq = view.seq  # a rollback of this instant can only decide after this position
-    try:
-        while True:
-            view = txn.view
-            assert view is not None
-            _check_schema(view, data_schema)
-            num_buckets = table.num_buckets(view)
-            result = _write(spark, table, cfg, view, num_buckets, batch, n, upserts, data_schema, ts, phases,
-                            cores, planned_seq=planned_seq, shadow_index=opts.shadow_index)
-            metadata = {
-                **opts.extra_metadata,
-                "action": opts.action,
-                "instant": ts,
-                "batch_id": batch_id,
-                "operation": opts.operation,
-                "index_type": cfg.index_type,
-                "schema": encode_schema(data_schema),
-                "snapshot_seq": view.seq,
-                "conflicts": retries,
-                **result,
-            }
-            if session_start_ms() is not None:  # JVM and session start, apart from the phases
-                metadata["session_start_ms"] = session_start_ms()
-            maybe_crash("before_complete")
-            metadata["timings_ms"] = {**phases.timings, "total_ms": int((time.perf_counter() - started) * 1000)}
-            try:
-                txn.commit(metadata)
-                break
-            except CommitConflict as c:
-                if c.conflict.already_applied:
-                    log.info("batch %s was committed by a concurrent writer (%s): nothing to do", batch_id,
-                             c.conflict.instant)
-                    txn.abort()
-                    return _noop_result(table, table.timeline.find(c.conflict.instant), batch_id)
-                retries.append({"attempt": len(retries) + 1, "with": c.conflict.instant,
-                                "with_action": c.conflict.action, "reason": c.conflict.reason})
-                if len(retries) > opts.max_retries:
-                    txn.record_give_up(batch_id, len(retries))
-                    raise ConflictError(
-                        f"conflict: {c.conflict}; gave up after {len(retries)} attempts (--max-retries "
-                        f"{opts.max_retries}); nothing was written, retry with the same batch id"
-                    ) from None
-                log.warning("attempt %d conflicts with %s: %s; re-tagging on the new snapshot", len(retries),
-                            c.conflict.instant, c.conflict.reason)
-                txn.rebase()
-        phases.done("commit", f"check {txn.check_ms} ms")
-    except BaseException as e:
-        rolled_back = txn.was_rolled_back()
-        txn.abort()
-        if rolled_back and not isinstance(e, InstantRolledBackError):
-            raise InstantRolledBackError(
-                f"conflict: instant {ts} was rolled back by another process while it was writing; nothing was written"
-            ) from e
-        raise
-    finally:
-        _unpersist(batch)
-    counts = metadata["counts"]
-    log.info("committed %s: %d inserted, %d updated, %d deleted%s", ts, counts["inserted"], counts["updated"],
-             counts["deleted"], f" after {len(retries)} conflict(s)" if retries else "")
-    # the stored total stops at the commit point; the caller's total includes committing
-    total = int((time.perf_counter() - started) * 1000)
-    return {"instant": ts, "batch_id": batch_id, "noop": False, "counts": counts, "retries": len(retries),
-            "timings_ms": {**metadata["timings_ms"], **phases.timings, "total_ms": total},
-            "session_start_ms": session_start_ms(), **({"shadow": metadata["shadow"]} if "shadow" in metadata else {})}
+    return action.run(SparkUpsertEngine(spark), opts, choice=choice)
 
 
-def check_shadow_index(index_type: str, shadow_index: str | None) -> None:
-    """BadInputError (one line, exit 2) for a ``--shadow-index`` that makes no sense for the table."""
-    if shadow_index is None:
-        return
-    if shadow_index == index_type:
-        raise BadInputError(f"--shadow-index {shadow_index} on a {index_type}-index table compares the index "
-                            f"with itself; use the other index type")
-    if shadow_index not in SHADOW_INDEXES:
-        raise BadInputError(f"--shadow-index must be one of {', '.join(SHADOW_INDEXES)}, got {shadow_index!r}")
-    if (index_type, shadow_index) == (INDEX_GLOBAL_SIMPLE, INDEX_BUCKET):
-        raise BadInputError("--shadow-index bucket needs hash-bucketed file groups; a global_simple table has none")
+class SparkUpsertEngine:
+    """The upsert's phases as Spark jobs over one session."""
+
+    name = "spark"
+
+    def __init__(self, spark: SparkSession) -> None:
+        self.spark = spark
+        self.cores = default_parallelism(spark)
+
+    def session_start_ms(self) -> int | None:
+        return session_start_ms()
+
+    def prepare(self, opts: UpsertOptions, cfg: TableConfig, view: FileSystemView | None,
+                phases: Phases) -> PreparedBatch:
+        df, data_schema, checks = _validated_batch(self.spark, opts, cfg, view)
+        phases.done("validate", defer=True)  # the row checks run with the dedupe query
+        deduped = Observation("bucketindex_deduped")
+        batch = _keep_legacy_dirs(_dedupe(df, cfg, opts.delete_field), cfg, view)
+        batch = batch.observe(deduped, F.coalesce(F.sum((~F.col(DEL)).cast("long")), F.lit(0)).alias("upserts"))
+        try:
+            # dedupe and the batch's row checks in one query, before anything is written. Persisted
+            # inside the settings: a cached plan keeps the shuffle partitions it was planned with,
+            # and every later stage over the batch runs one task per cached partition
+            partitions = shuffle_partitions(source_bytes(opts.source), self.cores)
+            with job_conf(self.spark, **{"spark.sql.shuffle.partitions": partitions}):
+                batch = batch.persist(StorageLevel.MEMORY_AND_DISK)
+                n = batch.count()
+            checks.raise_if_bad()
+            upserts = int(deduped.get.get("upserts") or 0)
+        except BaseException as e:
+            _unpersist(batch)
+            corrupt = corrupt_file_message(e) if isinstance(e, Exception) else None
+            if corrupt is not None:  # a directory's junk file surfaces here, at the batch's first scan of it
+                raise BadInputError(f"{corrupt}; nothing was written") from e
+            raise
+        phases.done("dedupe", f"{n} distinct keys")
+        return PreparedBatch(frame=batch, n=n, upserts=upserts, data_schema=data_schema)
+
+    def write(self, attempt: Attempt) -> dict[str, Any]:
+        b = attempt.batch
+        return _write(self.spark, attempt.table, attempt.cfg, attempt.view, attempt.num_buckets, b.frame, b.n,
+                      b.upserts, b.data_schema, attempt.instant, attempt.phases, self.cores,
+                      planned_seq=attempt.planned_seq, shadow_index=attempt.shadow_index)
+
+    def release(self, batch: PreparedBatch | None) -> None:
+        if batch is not None:
+            _unpersist(batch.frame)
 
 
 def _shadow(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystemView, num_buckets: int,
@@ -484,21 +279,6 @@ def _unpersist(df: DataFrame) -> None:
         df.unpersist()
     except Exception:  # noqa: BLE001 - a dead JVM must not hide the error that killed it
         log.debug("could not unpersist the batch", exc_info=True)
-
-
-def _noop_result(table: Table, done: Any, batch_id: str) -> dict[str, Any]:
-    meta = table.timeline.read_metadata(done)
-    return {"instant": done.timestamp, "batch_id": batch_id, "noop": True, "counts": meta.get("counts", {}),
-            "timings_ms": meta.get("timings_ms", {})}
-
-
-def _check_schema(view: FileSystemView, data_schema: Any) -> None:
-    """A table created concurrently by another writer must have the schema this batch was validated for."""
-    if view.schema is not None and not view.schema.equals(data_schema):
-        raise BadInputError(
-            "the table was created concurrently with a different schema than this batch; "
-            "nothing was written (rerun to validate the batch against it)"
-        )
 
 
 def _is_delete(delete_field: str | None) -> Column:
@@ -580,38 +360,17 @@ def _scan_join(spark: SparkSession, table: Table, view: FileSystemView, batch: D
 
 def _assign_new_file_groups(spark: SparkSession, cfg: TableConfig, view: FileSystemView, rows: DataFrame,
                             counts: dict[str, int]) -> tuple[DataFrame, int]:
-    """Give rows entering a partition a file group: fill small groups up to the target, then new ones.
+    """Give rows entering a partition a file group (the plan: :func:`action.plan_new_file_groups`).
 
-    Each partition's ``n`` entering rows are spread over slots ``0..n-1`` by a hash of the key
-    and every planned file group takes a range of slots. A hash rather than a row number:
-    numbering rows needs a window over the whole partition, which is one task sorting every
-    insert (10M rows into a new unpartitioned table ran out of memory there). Group sizes
-    are then the target give or take a fraction of a percent.
-
-    ``counts`` (rows entering each partition) come from the tag phase; they may overcount
-    (a stale mover dropped later), which only leaves part of a planned range unused.
     Returns the rows with TPART/TFID and the number of file groups planned.
     """
-    target = cfg.target_file_rows
-    ranges = []
-    for part, n in counts.items():
-        start = 0
-        for s in sorted(view.slices(part), key=lambda s: s.num_rows):
-            if start >= n:
-                break
-            room = target - s.num_rows
-            if room > 0:
-                ranges.append((part, s.file_id, start, start + room, n))
-                start += room
-        while start < n:
-            ranges.append((part, uuid.uuid4().hex, start, start + target, n))
-            start += target
+    ranges = plan_new_file_groups(cfg, view, counts)
     if not ranges:
         return rows.withColumn(TPART, F.col(PART)).withColumn(TFID, F.lit(None).cast("string")), 0
     plan = spark.createDataFrame(ranges, f"_bi_ppart string, {TFID} string, _bi_lo long, _bi_hi long, _bi_n long")
     sizes = F.broadcast(plan.select(F.col("_bi_ppart").alias(PART), "_bi_n").distinct())
     # a hash independent of the index bucket (salted), so file groups do not follow buckets
-    slot = F.pmod(F.xxhash64(F.col(KEY), F.lit("file-group")), F.col("_bi_n"))
+    slot = F.pmod(F.xxhash64(F.col(KEY), F.lit(FILE_GROUP_SALT)), F.col("_bi_n"))
     rn = rows.join(sizes, PART).withColumn("_bi_slot", slot).drop("_bi_n")
     routed = (
         rn.join(F.broadcast(plan), (F.col(PART) == F.col("_bi_ppart")) & (F.col("_bi_slot") >= F.col("_bi_lo"))
@@ -707,17 +466,8 @@ BROADCAST_KEYS_BYTES = 10 * 1024 * 1024
 LOG_TASK_ROWS = 250_000
 
 
-def _file_group_entry(f: dict[str, Any]) -> dict[str, Any]:
-    """The commit metadata of one merge task's output (format.md §3.3)."""
-    if f["log"]:
-        return {"partition": f["part"], "file_id": f["fid"], "row_delta": f["row_delta"],
-                "log": {"path": f["path"], "num_rows": f["num_rows"], "size": f["size"]}}
-    return {"partition": f["part"], "file_id": f["fid"], "path": f["path"], "num_rows": f["num_rows"],
-            "size": f["size"], "removed": f["path"] is None}
-
-
 def _write(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystemView, num_buckets: int,
-           batch: DataFrame, n: int, upserts: int, data_schema: Any, ts: str, phases: _Phases, cores: int,
+           batch: DataFrame, n: int, upserts: int, data_schema: Any, ts: str, phases: Phases, cores: int,
            *, planned_seq: int, shadow_index: str | None = None) -> dict[str, Any]:
     """Tag, route, merge and index one attempt on ``view``; returns the commit's write set and counts."""
     # Each persist below happens inside the settings its plan needs: a cached plan keeps the
@@ -799,7 +549,7 @@ def _write(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystem
     counts["rows_in_batch"] = n
     counts["moved"] = sum(s["moved"] for s in stats.values())  # keys entering another partition (at most)
     return {
-        "file_groups": [_file_group_entry(f) for f in files if f["path"] or not f["log"]],
+        "file_groups": [file_group_entry(f) for f in files if f["path"] or not f["log"]],
         "index": {"added": index_added, "removed": []},
         "counts": counts,
         "num_buckets": num_buckets,

@@ -1,0 +1,461 @@
+"""The upsert action, engine-neutral: its options, its rules, and the driver every engine runs under.
+
+An upsert routes every key of a batch through the index and writes data and index in one
+commit. Its phases (each logged and timed into the commit metadata):
+
+1. **validate** -- read the source; check key, precombine, partition and delete columns,
+   null/empty keys, castability to the table schema, options against the table. Any
+   problem raises :class:`BadInputError` before an instant exists or a byte is written.
+2. **dedupe** -- one row per identity (the key; (partition, key) for the bucket index): the
+   highest precombine value wins (nulls lowest); ties go to the greatest source row compared
+   column by column, so the winner never depends on file or task order (format.md §8).
+3. **tag** -- find each key's current file group: ``record`` looks up the index buckets the
+   keys hash to; ``bucket`` computes ``hash % N`` (no read); ``global_simple`` joins against
+   the keys of every live data file (the baseline).
+4. **write** -- per affected file group: copy-on-write merges its current file with its
+   updates, inserts and deletes into a new Parquet file; merge-on-read appends a log. Rows
+   entering a partition (new keys, keys moving in) fill the partition's small file groups up
+   to the target, then new ones (:func:`plan_new_file_groups`).
+5. **index** -- ``record`` only: one sorted delta per touched index bucket.
+6. **commit** -- the :class:`~spark_jobs.table.action.Transaction` checks every commit
+   completed since the snapshot and claims the next commit-sequence slot. On a conflict the
+   batch is re-tagged and re-written on the new snapshot, up to ``max_retries`` times.
+
+Semantics: ``record`` and ``global_simple`` are *global* -- a key lives in one partition, and
+a key whose partition value changes moves there (unless the stored row's precombine value is
+higher: a stale move is dropped). ``bucket`` is *per partition*. Across batches the stored
+row is replaced only when the incoming precombine value is not lower; without a precombine
+field the newest batch wins. A delete of a key that does not exist is a no-op.
+
+This module holds what both engines must agree on: the options, how they resolve against the
+table, the column rules, the file-group plan for entering rows, what a commit records, and
+the driver (:func:`run`) that owns the phases, idempotence by batch id, table creation, the
+repair of abandoned instants and the retries. An engine (:class:`UpsertEngine`: Spark in
+:mod:`spark_jobs.jobs.upsert`, Arrow in :mod:`spark_jobs.arrow_engine.upsert`) only executes
+the validate/dedupe and tag/route/write phases; the equivalence tests hold the two to the same
+snapshots and the same routing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import pyarrow as pa
+
+from spark_jobs.exceptions import BadInputError, ConfigConflictError, ConflictError, InstantRolledBackError
+from spark_jobs.table.action.transaction import CommitConflict, Transaction
+from spark_jobs.table.config import (
+    DEFAULT_NUM_BUCKETS,
+    INDEX_BUCKET,
+    INDEX_GLOBAL_SIMPLE,
+    INDEX_RECORD,
+    TableConfig,
+    check_field_names,
+)
+from spark_jobs.table.timeline import Action
+from spark_jobs.table.view import FileSystemView, encode_schema
+from spark_jobs.testing.faults import maybe_crash
+
+if TYPE_CHECKING:
+    from spark_jobs.table.action.engine import EngineChoice
+    from spark_jobs.table.table import Table
+
+__all__ = [
+    "UpsertOptions",
+    "UpsertEngine",
+    "PreparedBatch",
+    "Attempt",
+    "Phases",
+    "resolve_config",
+    "check_shadow_index",
+    "check_source_columns",
+    "plan_new_file_groups",
+    "file_group_entry",
+    "run",
+    "SHADOW_INDEXES",
+    "TEE_KINDS",
+]
+
+log = logging.getLogger("bucketindex.upsert")
+
+#: the columns an engine's batch carries besides the user's (data files store KEY only)
+KEY, DEL, PART = "_bi_key", "_bi_del", "_bi_part"
+OLD_PART, OLD_FID = "_bi_old_part", "_bi_old_fid"
+TPART, TFID = "_bi_tpart", "_bi_tfid"
+#: routing operations (``spark_jobs.jobs.tasks``): a log stores its own op
+OP, FOUND = "_bi_op", "_bi_found"
+UPSERT, DELETE, MOVE_IN, MOVE_OUT = "upsert", "delete", "move_in", "move_out"
+#: what a tee records, in shadow-compare's words (a batch has one row per key: nothing is duplicated)
+SHADOW_INDEXES = (INDEX_GLOBAL_SIMPLE, INDEX_BUCKET)
+TEE_KINDS = ("missing", "extra", "wrong_location")
+#: the salt of the hash that spreads a partition's entering rows over its planned file groups
+#: (independent of the index bucket, so file groups do not follow buckets): both engines compute
+#: ``pmod(xxhash64(key, FILE_GROUP_SALT), rows entering the partition)``
+FILE_GROUP_SALT = "file-group"
+#: the delete field's accepted types (Spark's simple names); null reads as "not a delete"
+DELETE_FIELD_TYPES = ("boolean", "string", "int", "bigint", "smallint", "tinyint")
+
+
+@dataclass
+class UpsertOptions:
+    table: str
+    source: str
+    record_key: list[str]
+    precombine_field: str | None = None
+    partition_field: str | None = None
+    index: str | None = None
+    num_buckets: int | None = None
+    #: copy_on_write | merge_on_read, fixed at creation (default copy_on_write)
+    table_type: str | None = None
+    source_format: str = "parquet"
+    delete_field: str | None = None
+    batch_id: str | None = None
+    target_file_rows: int | None = None
+    #: how often a conflicting commit is re-tagged and re-written on the new snapshot
+    max_retries: int = 3
+    #: a pending instant whose heartbeat is older than this is abandoned (default: heartbeat.TIMEOUT_S)
+    heartbeat_timeout_s: float | None = None
+    #: tee: also tag the batch with this index (global_simple | bucket) and record disagreements
+    shadow_index: str | None = None
+    #: the batch as an engine's frame, read by the caller (a rewrite bootstrap reads its dataset
+    #: with pyarrow, whose Hive partition values Spark would decode differently); ``source``
+    #: then only names it. Spark: a DataFrame.
+    source_df: Any = None
+    #: the timeline action and operation the commit records (a rewrite bootstrap: ``bootstrap``)
+    action: str = Action.COMMIT
+    operation: str = "upsert"
+    #: more commit metadata (a bootstrap's ``bootstrap`` summary)
+    extra_metadata: dict[str, Any] = field(default_factory=dict)
+    #: auto | spark | arrow (``spark_jobs.table.action.engine``); None means auto
+    engine: str | None = None
+    #: the in-process engine's memory budget (``4g``); default derived from the machine
+    memory_budget: str | None = None
+
+    def __post_init__(self) -> None:
+        # field names are checked when the options are made: before a JVM starts (the CLI
+        # makes them first) and before any file is written
+        check_field_names(record_key=list(self.record_key), partition_field=self.partition_field,
+                          precombine_field=self.precombine_field, delete_field=self.delete_field)
+
+
+class Phases:
+    """Timings of the phases, logged as they end."""
+
+    def __init__(self) -> None:
+        self.timings: dict[str, int] = {}
+        self._t = time.perf_counter()
+        self._deferred: list[tuple[str, str]] = []
+
+    def done(self, name: str, detail: str = "", *, defer: bool = False) -> None:
+        """Record a phase; ``defer`` holds its log line back until the next phase (a batch
+        that turns out bad must print exactly one line: the error)."""
+        now = time.perf_counter()
+        self.timings[f"{name}_ms"] = int((now - self._t) * 1000)
+        self._t = now
+        self._deferred.append((name, detail))
+        if not defer:
+            for n, d in self._deferred:
+                log.info("phase %-8s %6d ms %s", n, self.timings[f"{n}_ms"], d)
+            self._deferred.clear()
+
+
+@dataclass
+class PreparedBatch:
+    """A validated, deduplicated batch in an engine's own form (``frame``)."""
+
+    frame: Any
+    #: identities in the batch (one row each after dedupe)
+    n: int
+    #: of which upserts (not deletes)
+    upserts: int
+    #: the data files' schema: the table's, or the batch's for a new table (user columns + KEY)
+    data_schema: pa.Schema
+
+
+@dataclass
+class Attempt:
+    """What one write attempt on one snapshot needs."""
+
+    table: "Table"
+    cfg: TableConfig
+    view: FileSystemView
+    num_buckets: int
+    batch: PreparedBatch
+    instant: str
+    phases: Phases
+    #: the sequence position the writer planned on (a rollback of the instant decides after it)
+    planned_seq: int
+    shadow_index: str | None
+    #: 1 for the first attempt, then one more per conflict: names the attempt's files
+    number: int = 1
+
+
+class UpsertEngine(Protocol):
+    """What an engine executes of an upsert; the rules and the protocol are :func:`run`'s."""
+
+    name: str
+
+    def prepare(self, opts: UpsertOptions, cfg: TableConfig, view: FileSystemView | None,
+                phases: Phases) -> PreparedBatch:
+        """Read, validate and deduplicate the batch (phases ``validate`` and ``dedupe``);
+        BadInputError before anything is written."""
+
+    def write(self, attempt: Attempt) -> dict[str, Any]:
+        """Tag, route, merge and index one attempt; returns the commit's write set and counts:
+        ``file_groups`` (:func:`file_group_entry`), ``index`` ({added, removed}), ``counts``,
+        ``num_buckets`` and, with a tee, ``shadow``."""
+
+    def release(self, batch: PreparedBatch | None) -> None:
+        """Free what :meth:`prepare` holds (a cached DataFrame)."""
+
+    def session_start_ms(self) -> int | None:
+        """JVM and session start, apart from the phases (None: no session)."""
+
+
+def resolve_config(opts: UpsertOptions, table: "Table") -> tuple[TableConfig, FileSystemView | None]:
+    """The table's configuration this write runs under, and its snapshot (None for a new table).
+
+    A new table takes the options (defaults for the rest); an existing one must not be
+    contradicted by them (ConfigConflictError, exit 2).
+    """
+    existing = table.config
+    explicit = {"record_key_fields"}
+    if opts.index:
+        explicit.add("index_type")
+    if opts.partition_field is not None:
+        explicit.add("partition_fields")
+    if opts.precombine_field is not None:
+        explicit.add("precombine_field")
+    if opts.table_type:
+        explicit.add("table_type")
+    index = opts.index or (existing.index_type if existing else INDEX_RECORD)
+    cfg = TableConfig(
+        record_key_fields=list(opts.record_key),
+        index_type=index,
+        num_buckets=opts.num_buckets or (existing.num_buckets if existing else DEFAULT_NUM_BUCKETS[index]),
+        partition_fields=[opts.partition_field] if opts.partition_field else (
+            existing.partition_fields if existing else []),
+        precombine_field=opts.precombine_field if opts.precombine_field is not None else (
+            existing.precombine_field if existing else None),
+        target_file_rows=opts.target_file_rows or (
+            existing.target_file_rows if existing else TableConfig.target_file_rows),
+        table_type=opts.table_type or (existing.table_type if existing else TableConfig.table_type),
+    )
+    view = None
+    if existing is not None:
+        existing.check_compatible(cfg, explicit=explicit)
+        view = table.view()
+        in_force = table.num_buckets(view)
+        if opts.num_buckets and opts.num_buckets != in_force:
+            raise ConfigConflictError(
+                f"--num-buckets {opts.num_buckets} contradicts the table's {in_force} buckets; "
+                f"change it with `bucketindex rehash` instead"
+            )
+        cfg = existing
+    check_shadow_index(cfg.index_type, opts.shadow_index)
+    return cfg, view
+
+
+def check_shadow_index(index_type: str, shadow_index: str | None) -> None:
+    """BadInputError (one line, exit 2) for a ``--shadow-index`` that makes no sense for the table."""
+    if shadow_index is None:
+        return
+    if shadow_index == index_type:
+        raise BadInputError(f"--shadow-index {shadow_index} on a {index_type}-index table compares the index "
+                            f"with itself; use the other index type")
+    if shadow_index not in SHADOW_INDEXES:
+        raise BadInputError(f"--shadow-index must be one of {', '.join(SHADOW_INDEXES)}, got {shadow_index!r}")
+    if (index_type, shadow_index) == (INDEX_GLOBAL_SIMPLE, INDEX_BUCKET):
+        raise BadInputError("--shadow-index bucket needs hash-bucketed file groups; a global_simple table has none")
+
+
+def check_source_columns(*, cfg: TableConfig, delete_field: str | None, columns: list[str],
+                         delete_type: str | None) -> list[str]:
+    """The batch's column rules that need no row: the named fields exist, no reserved name, a
+    delete field of a readable type (``delete_type``: its Spark simple name). Returns the data
+    columns (the source's, without the delete field)."""
+    for f in cfg.record_key_fields:
+        if f not in columns:
+            raise BadInputError(f"record key field {f!r} is not in the source (columns: {', '.join(columns)})")
+    for label, f in (("precombine", cfg.precombine_field), ("partition", (cfg.partition_fields or [None])[0]),
+                     ("delete", delete_field)):
+        if f and f not in columns:
+            raise BadInputError(f"{label} field {f!r} is not in the source (columns: {', '.join(columns)})")
+    data_cols = [c for c in columns if c != delete_field]
+    if any(c.startswith("_bi_") for c in data_cols):
+        raise BadInputError("source columns may not start with '_bi_' (reserved for bucketindex)")
+    if delete_field and delete_type not in DELETE_FIELD_TYPES:
+        raise BadInputError(f"delete field {delete_field!r} must be boolean, got {delete_type}")
+    return data_cols
+
+
+def check_schema(view: FileSystemView, data_schema: pa.Schema) -> None:
+    """A table created concurrently by another writer must have the schema this batch was validated for."""
+    if view.schema is not None and not view.schema.equals(data_schema):
+        raise BadInputError(
+            "the table was created concurrently with a different schema than this batch; "
+            "nothing was written (rerun to validate the batch against it)"
+        )
+
+
+#: one planned file-group range for rows entering a partition:
+#: (partition, file id, first slot, end slot, rows entering the partition)
+GroupRange = tuple[str, str, int, int, int]
+
+
+def plan_new_file_groups(cfg: TableConfig, view: FileSystemView, counts: dict[str, int]) -> list[GroupRange]:
+    """Where rows entering each partition go: fill small groups up to the target, then new ones.
+
+    Each partition's ``n`` entering rows are spread over slots ``0..n-1`` by
+    ``pmod(xxhash64(key, FILE_GROUP_SALT), n)`` and every planned file group takes a range of
+    slots. A hash rather than a row number: numbering rows needs a sort of every insert (10M
+    rows into a new unpartitioned table ran out of memory on Spark). Group sizes are then the
+    target give or take a fraction of a percent.
+
+    ``counts`` (rows entering each partition) come from the tag phase; they may overcount (a
+    stale mover dropped later), which only leaves part of a planned range unused.
+    """
+    target = cfg.target_file_rows
+    ranges: list[GroupRange] = []
+    for part, n in sorted(counts.items()):
+        start = 0
+        for s in sorted(view.slices(part), key=lambda s: (s.num_rows, s.file_id)):
+            if start >= n:
+                break
+            room = target - s.num_rows
+            if room > 0:
+                ranges.append((part, s.file_id, start, start + room, n))
+                start += room
+        while start < n:
+            ranges.append((part, uuid.uuid4().hex, start, start + target, n))
+            start += target
+    return ranges
+
+
+def file_group_entry(f: dict[str, Any]) -> dict[str, Any]:
+    """The commit metadata of one merge task's output (format.md §3.3)."""
+    if f["log"]:
+        return {"partition": f["part"], "file_id": f["fid"], "row_delta": f["row_delta"],
+                "log": {"path": f["path"], "num_rows": f["num_rows"], "size": f["size"]}}
+    return {"partition": f["part"], "file_id": f["fid"], "path": f["path"], "num_rows": f["num_rows"],
+            "size": f["size"], "removed": f["path"] is None}
+
+
+def run(engine: UpsertEngine, opts: UpsertOptions, *, choice: "EngineChoice | None" = None) -> dict[str, Any]:
+    """Upsert one batch with ``engine``; returns the instant, counts and timings.
+
+    Raises BadInputError on bad input (nothing written), ConflictError when concurrent
+    commits kept conflicting, InstantRolledBackError when a forced rollback aborted it.
+    """
+    from spark_jobs.table.table import Table
+
+    phases = Phases()
+    started = time.perf_counter()
+    table = Table.open(opts.table)
+    cfg, view = resolve_config(opts, table)
+    batch_id = opts.batch_id or f"adhoc-{uuid.uuid4().hex}"
+    if table.config is not None:
+        done = table.commit_for_batch(batch_id)
+        if done is not None:
+            log.info("batch %s is already committed as instant %s: nothing to do", batch_id, done.timestamp)
+            return _noop_result(table, done, batch_id)
+    batch = engine.prepare(opts, cfg, view, phases)
+    try:
+        return _commit(engine, opts, table, cfg, view, batch, batch_id, phases, started, choice)
+    finally:
+        engine.release(batch)
+
+
+def _commit(engine: UpsertEngine, opts: UpsertOptions, table: "Table", cfg: TableConfig,
+            view: FileSystemView | None, batch: PreparedBatch, batch_id: str, phases: Phases, started: float,
+            choice: "EngineChoice | None") -> dict[str, Any]:
+    if table.config is None:
+        cfg = table.create(cfg)
+        log.info("created table %s (%s index, %d buckets)", opts.table, cfg.index_type, cfg.num_buckets)
+    repaired = table.rollback(timeout_s=opts.heartbeat_timeout_s)  # abandoned instants only; live writers go on
+    if repaired:
+        log.info("rolled back abandoned instants %s", ", ".join(repaired))
+    if view is None:
+        view = table.view()
+    plan = {"batch_id": batch_id, "operation": opts.operation, "source": opts.source, "index_type": cfg.index_type,
+            "num_buckets": table.num_buckets(view)}
+    txn = Transaction(table, opts.action, plan, view=view).begin()
+    ts = txn.ts
+    log.info("instant %s: upserting %s into %s (snapshot at commit %d)", ts, opts.source, opts.table, view.seq)
+    retries: list[dict[str, Any]] = []
+    planned_seq = view.seq  # a rollback of this instant can only decide after this position
+    try:
+        while True:
+            view = txn.view
+            assert view is not None
+            check_schema(view, batch.data_schema)
+            num_buckets = table.num_buckets(view)
+            result = engine.write(Attempt(table=table, cfg=cfg, view=view, num_buckets=num_buckets, batch=batch,
+                                          instant=ts, phases=phases, planned_seq=planned_seq,
+                                          shadow_index=opts.shadow_index, number=len(retries) + 1))
+            metadata = {
+                **opts.extra_metadata,
+                "action": opts.action,
+                "instant": ts,
+                "batch_id": batch_id,
+                "operation": opts.operation,
+                "index_type": cfg.index_type,
+                "schema": encode_schema(batch.data_schema),
+                "snapshot_seq": view.seq,
+                "conflicts": retries,
+                **({"engine": choice.as_metadata()} if choice is not None else {}),
+                **result,
+            }
+            session_ms = engine.session_start_ms()
+            if session_ms is not None:  # JVM and session start, apart from the phases
+                metadata["session_start_ms"] = session_ms
+            maybe_crash("before_complete")
+            metadata["timings_ms"] = {**phases.timings, "total_ms": int((time.perf_counter() - started) * 1000)}
+            try:
+                txn.commit(metadata)
+                break
+            except CommitConflict as c:
+                if c.conflict.already_applied:
+                    log.info("batch %s was committed by a concurrent writer (%s): nothing to do", batch_id,
+                             c.conflict.instant)
+                    txn.abort()
+                    return _noop_result(table, table.timeline.find(c.conflict.instant), batch_id)
+                retries.append({"attempt": len(retries) + 1, "with": c.conflict.instant,
+                                "with_action": c.conflict.action, "reason": c.conflict.reason})
+                if len(retries) > opts.max_retries:
+                    txn.record_give_up(batch_id, len(retries))
+                    raise ConflictError(
+                        f"conflict: {c.conflict}; gave up after {len(retries)} attempts (--max-retries "
+                        f"{opts.max_retries}); nothing was written, retry with the same batch id"
+                    ) from None
+                log.warning("attempt %d conflicts with %s: %s; re-tagging on the new snapshot", len(retries),
+                            c.conflict.instant, c.conflict.reason)
+                txn.rebase()
+        phases.done("commit", f"check {txn.check_ms} ms")
+    except BaseException as e:
+        rolled_back = txn.was_rolled_back()
+        txn.abort()
+        if rolled_back and not isinstance(e, InstantRolledBackError):
+            raise InstantRolledBackError(
+                f"conflict: instant {ts} was rolled back by another process while it was writing; nothing was written"
+            ) from e
+        raise
+    counts = metadata["counts"]
+    log.info("committed %s: %d inserted, %d updated, %d deleted%s", ts, counts["inserted"], counts["updated"],
+             counts["deleted"], f" after {len(retries)} conflict(s)" if retries else "")
+    # the stored total stops at the commit point; the caller's total includes committing
+    total = int((time.perf_counter() - started) * 1000)
+    return {"instant": ts, "batch_id": batch_id, "noop": False, "counts": counts, "retries": len(retries),
+            "engine": engine.name, "timings_ms": {**metadata["timings_ms"], **phases.timings, "total_ms": total},
+            "session_start_ms": engine.session_start_ms(),
+            **({"shadow": metadata["shadow"]} if "shadow" in metadata else {})}
+
+
+def _noop_result(table: "Table", done: Any, batch_id: str) -> dict[str, Any]:
+    meta = table.timeline.read_metadata(done)
+    return {"instant": done.timestamp, "batch_id": batch_id, "noop": True, "counts": meta.get("counts", {}),
+            "timings_ms": meta.get("timings_ms", {})}
