@@ -155,6 +155,23 @@ def get_provider_info() -> dict[str, Any]:
                         "description": "parquet, json or csv",
                         "schema": {"type": ["string", "null"], "enum": ["parquet", "json", "csv", None]},
                     },
+                    "engine": {
+                        "label": "Default engine",
+                        "description": (
+                            "auto (default): a batch that fits the memory budget runs inside the Airflow task "
+                            "(in-process Arrow, no spark-submit), a larger one is submitted to Spark; spark: "
+                            "always spark-submit; arrow: always in the task"
+                        ),
+                        "schema": {"type": ["string", "null"], "enum": ["auto", "spark", "arrow", None]},
+                    },
+                    "memory-budget": {
+                        "label": "In-task memory budget",
+                        "description": (
+                            "Bytes the in-task engine may plan to hold, e.g. 4g (default: a quarter of the "
+                            "worker's physical memory, or $BUCKETINDEX_ARROW_MEMORY_BUDGET)"
+                        ),
+                        "schema": {"type": ["string", "null"]},
+                    },
                 },
             }
         ],

@@ -1,4 +1,4 @@
-"""bucketindex against its peers: the same upsert, on the same data, by five contenders, in one run.
+"""bucketindex against its peers: the same upsert, on the same data, by every contender, in one run.
 
 Why: a user choosing how to keep a lake table upsertable compares what they could use instead --
 delta-rs (Delta Lake's Rust engine, no JVM), pyiceberg (Iceberg in Python, a SQL catalog on
@@ -23,6 +23,23 @@ Contenders (``--contenders``), each checked for correctness after every measured
   against a server that is already running. Skipped, with a message, without ``--remote`` or while
   the CLI has no ``--remote`` option.
 
+The contenders above run on the Spark engine: their CLI gets ``--engine spark`` (the CLI's default,
+``auto``, would run most of these batches in-process) and their warm calls are
+``spark_jobs.jobs.upsert.run_upsert`` in this process's session. The engines of issue 23:
+
+* ``bucketindex_record_arrow`` / ``bucketindex_record_mor_arrow`` / ``bucketindex_bucket_arrow`` -- the
+  same tables (record copy-on-write, record merge-on-read, bucket copy-on-write) upserted by the
+  in-process Arrow engine: cold = the CLI with ``--engine arrow``; warm = the Python API
+  ``spark_jobs.arrow_engine.upsert.run_upsert(UpsertOptions(...))`` in this process (no Spark
+  session, no JVM).
+* ``bucketindex_record_mor_auto`` -- the CLI at its default engine (``auto``; ``--memory-budget`` is
+  passed on if given), cold only. The engine it chose (the JSON line's ``engine``) and why (its
+  ``bucketindex.engine`` log line) are in the figures (``engine``, ``engine_reason``).
+
+A contender that differs from another only by engine shares its built table (each run copies it).
+The bucketindex tables are built by Spark when a Spark contender of the same table is in the run,
+else by the Arrow engine (``--build-engine`` forces one; the build engine is in ``build``).
+
 Modes (``--modes``), because a scheduler pays very different costs depending on how it runs a job:
 
 * ``cold`` -- a new process per upsert, timed from outside from start to exit (interpreter,
@@ -46,7 +63,9 @@ each half updates and half inserts, written once as Parquet and read by every co
 * ``small_<small-batch>`` -- the scheduled small batch (200 rows), updates drawn uniformly.
 
 Every contender builds its own table from the base Parquet (build time printed, never in the
-figures), and every measured upsert starts from the built state: a fresh ``copytree`` of the table
+figures; with ``--keep`` and a ``--workdir``, the generated data (``manifest.json``) and the built tables
+(``<table>.build.json``) of an earlier run with the same parameters are reused), and every measured
+upsert starts from the built state: a fresh ``copytree`` of the table
 (delta-rs, plain Spark, bucketindex) or, for pyiceberg (whose metadata holds absolute paths), the
 base metadata file registered as a new catalog table, the files the run wrote removed afterwards.
 
@@ -55,19 +74,30 @@ distinct, and for 100 sampled updated and 100 sampled inserted keys the batch's 
 (read with deltalake / pyiceberg / pyarrow / ``spark_jobs.table.reader.read_arrow``). A failed check
 is printed loudly and reported in the JSON (``ok: false``); the run goes on.
 
-Memory: cold = peak of the summed RSS of the process tree (the python process and its JVM),
-polled every 100 ms; warm Spark contenders = the same over this process and its JVM (the JVM's heap
-is rarely given back, so warm figures are upper bounds shaped by earlier runs; ``mem_growth_mb`` is
-the growth during the call); warm delta-rs / pyiceberg = this python process alone.
+CPU: a cold run also records ``cpu_s``, the user + system CPU seconds of the process and the
+children it waited for (``getrusage``; not recorded for a process that started children, e.g. a JVM,
+which its python parent does not wait for): on a loaded machine a cold process's wall time is mostly
+its wait for a core, and its CPU time is the better guess of the wall time on a quiet one; a warm
+run without a JVM records this process's CPU time during the call.
+
+Memory: cold = peak of the summed RSS of the process tree (the python process and its JVM, if it
+starts one: an Arrow-engine CLI starts none), polled every 100 ms; warm Spark contenders = the same
+over this process and its JVM (the JVM's heap is rarely given back, so warm figures are upper
+bounds shaped by earlier runs; ``mem_growth_mb`` is the growth during the call); warm delta-rs /
+pyiceberg / Arrow engine = this python process alone (which also holds the benchmark's own data:
+``mem_growth_mb`` is the call's share).
 
 Ratios: ``speedup_vs_<peer>_<size>`` = peer time / bucketindex record time (above 1: bucketindex
 is faster), cold (bucketindex cold CLI vs the peer's cold process) and warm, for the headline case
-(``uniform`` at ``--batch``); every case and ``best`` of record/bucket are in ``ratios``.
+(``uniform`` at ``--batch``); ``mor_speedup_...`` the same for ``record_mor``, and
+``<record_mor_arrow|record_arrow|bucket_arrow|record_mor_auto>_speedup_vs_<peer>_<size>[_small]``
+for the engines of issue 23 on the headline and the small case; every case and ``best`` are in
+``ratios``. Each run records the 1-minute load average (``load_1m``): the machine is shared.
 
     python benchmarks/compare_peers.py [--sizes 1000000,10000000] [--with-50m] [--batch 100000]
         [--small-batch 200] [--patterns uniform,recent] [--contenders ...] [--modes cold,warm]
-        [--repeats 1] [--partitioned] [--remote sc://localhost:15002] [--workdir DIR] [--keep]
-        [--json-out FILE]
+        [--repeats 1] [--small-repeats N] [--memory-budget SIZE] [--build-engine auto|spark|arrow]
+        [--partitioned] [--remote sc://localhost:15002] [--workdir DIR] [--keep] [--json-out FILE]
 
 Needs the optional ``bench`` extra (``pip install -e .[bench]``: deltalake, pyiceberg[sql-sqlite],
 psutil). Progress goes to stdout; the last line is one JSON object with the figures.
@@ -101,13 +131,17 @@ sys.path.insert(0, str(ROOT))
 from results import emit_result  # noqa: E402
 from machine_info import cpu_model, mem_total_gb  # noqa: E402 (benchmarks/ is on sys.path)
 
+ARROW_CONTENDERS = ("bucketindex_record_arrow", "bucketindex_record_mor_arrow", "bucketindex_bucket_arrow")
+AUTO_CONTENDERS = ("bucketindex_record_mor_auto",)
 CONTENDERS = ("delta_rs", "pyiceberg", "plain_spark", "bucketindex_record", "bucketindex_bucket",
-              "bucketindex_record_mor", "bucketindex_bucket_mor", "bucketindex_record_connect")
+              "bucketindex_record_mor", "bucketindex_bucket_mor", "bucketindex_record_connect",
+              *ARROW_CONTENDERS, *AUTO_CONTENDERS)
 PEERS = ("delta_rs", "pyiceberg", "plain_spark")
 SPARK_CONTENDERS = ("plain_spark", "bucketindex_record", "bucketindex_bucket", "bucketindex_record_mor",
                     "bucketindex_bucket_mor")
-#: bucketindex table variants whose ratios are reported: copy-on-write and merge-on-read
-OWN = ("record", "bucket", "record_mor", "bucket_mor")
+#: bucketindex contenders whose ratios are reported: copy-on-write and merge-on-read, per engine
+OWN = ("record", "bucket", "record_mor", "bucket_mor", "record_arrow", "record_mor_arrow", "bucket_arrow",
+       "record_mor_auto")
 MODES = ("cold", "warm")
 PATTERNS = ("uniform", "recent")
 RECENT_FRACTION = 0.05
@@ -116,6 +150,20 @@ T0_MS = 1_700_000_000_000
 SESSION_SHUFFLE_PARTITIONS = "8"  # what spark_jobs.jobs.session.get_spark sets
 SAMPLE = 100
 PHASES = ("validate", "dedupe", "tag", "write", "index", "commit", "total")  # run_upsert's own timings
+
+
+def engine_of(contender: str) -> str | None:
+    """The ``--engine`` a bucketindex contender runs with (None: not bucketindex)."""
+    if not contender.startswith("bucketindex"):
+        return None
+    return "arrow" if contender.endswith("_arrow") else "auto" if contender.endswith("_auto") else "spark"
+
+
+def variant_of(contender: str) -> str:
+    """The table a contender upserts into: the engine (and Connect) does not change the table."""
+    for suffix in ("_arrow", "_auto", "_connect"):
+        contender = contender.removesuffix(suffix)
+    return contender
 
 
 def log(msg: str) -> None:
@@ -294,8 +342,43 @@ class Case:
         self.sample_ts = upd_ts + ins_ts
         self.n_upd_sample = len(upd_ids)
 
+    def to_json(self) -> dict:
+        n = self.n_upd_sample
+        return {"name": self.name, "pattern": self.pattern, "rows": self.rows, "path": self.path,
+                "upd_ids": self.sample_ids[:n], "upd_ts": self.sample_ts[:n], "ins_ids": self.sample_ids[n:],
+                "ins_ts": self.sample_ts[n:]}
+
+
+def data_key(size: int, args) -> dict:
+    """What the generated data of one size depends on: a cached copy is reused only if it matches."""
+    return {"seed": args.seed, "size": size, "batch": args.batch, "small_batch": args.small_batch,
+            "patterns": args.patterns_list, "base_file_rows": args.base_file_rows, "partitioned": args.partitioned}
+
+
+def base_key(size: int, args) -> dict:
+    """What the base files of one size depend on (generated first from the seed: the batches do not
+    change them), and so what a built table depends on."""
+    return {k: v for k, v in data_key(size, args).items() if k in ("seed", "size", "base_file_rows", "partitioned")}
+
 
 def generate(size: int, args, sdir: Path) -> tuple[list[str], list[Case]]:
+    """The data of one size, generated -- or, with ``--keep`` and a ``--workdir`` that holds data generated
+    with the same parameters (``manifest.json``), reused as it is."""
+    manifest = sdir / "manifest.json"
+    if args.keep and size >= 0 and manifest.exists():
+        m = json.loads(manifest.read_text())
+        if m.get("key") == data_key(size, args) and all(Path(f).exists() for f in m["files"]) and all(
+                Path(c["path"]).exists() for c in m["cases"]):
+            return m["files"], [Case(**c) for c in m["cases"]]
+    manifest.unlink(missing_ok=True)
+    files, cases = _generate(size, args, sdir)
+    if args.keep and size >= 0:
+        manifest.write_text(json.dumps({"key": data_key(size, args), "files": files,
+                                        "cases": [c.to_json() for c in cases]}))
+    return files, cases
+
+
+def _generate(size: int, args, sdir: Path) -> tuple[list[str], list[Case]]:
     """Base Parquet files (at most --base-file-rows each) and the measured batches of one size."""
     rng = np.random.default_rng([args.seed, size])
     base_dir = sdir / "base"
@@ -424,6 +507,7 @@ class PeakRss:
         self.pids = (pid, *extra_pids)
         self.tree, self.interval = tree, interval
         self.peak = self.before = 0
+        self.descendants_seen = False  # did the process start children (a JVM)?
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -436,6 +520,8 @@ class PeakRss:
                 procs = [p, *(p.children(recursive=True) if self.tree else [])]
             except ps.Error:
                 continue
+            if len(procs) > 1 and pid == self.pids[0]:
+                self.descendants_seen = True
             for q in procs:
                 try:
                     total += q.memory_info().rss
@@ -474,6 +560,9 @@ def run_cold(cmd: list[str], logs: Path, name: str, timeout: float, extra_pids: 
     out, err = logs / f"{name}.out", logs / f"{name}.err"
     env = child_env()
     env["BUCKETINDEX_SPARK_LOG"] = str(logs / f"{name}.spark.log")  # where the CLI sends the JVM's own log
+    import resource
+
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     with open(out, "w") as fo, open(err, "w") as fe:
         t0 = time.perf_counter()
         p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL)
@@ -485,13 +574,20 @@ def run_cold(cmd: list[str], logs: Path, name: str, timeout: float, extra_pids: 
                 rc = p.wait()
                 rc = f"timeout after {timeout:.0f} s"
         wall = time.perf_counter() - t0
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # CPU seconds of the process and the children it waited for (its JVM): on a loaded machine, a
+    # cold process's wall time mostly measures the queue for a core; its CPU time much less so
+    cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
+    if mem.descendants_seen:  # a JVM child is not waited for by its python parent: its CPU is not in the sum
+        cpu = None
     text = out.read_text()
     last = text.strip().splitlines()[-1] if text.strip() else ""
     try:
         payload = json.loads(last) if last.startswith("{") else {}
     except json.JSONDecodeError:
         payload = {}
-    rec = {"time_s": round(wall, 3), "peak_mem_mb": mem.peak_mb, "mem_scope": "the new process and its children",
+    rec = {"time_s": round(wall, 3), "cpu_s": round(cpu, 3) if cpu is not None else None, "peak_mem_mb": mem.peak_mb,
+           "mem_scope": "the new process and its children",
            "rc": rc, "stdout": str(out), "stderr": str(err), "result": payload}
     if rc != 0:
         tail = "\n".join(err.read_text().splitlines()[-12:])
@@ -533,9 +629,42 @@ class Bench:
         return self.workdir / "tables" / size_label(size) / contender
 
     # -- building ------------------------------------------------------------------------------
+    def build_engine(self, contender: str) -> str:
+        """Who builds a bucketindex table: Spark when a Spark contender of the same table is in the run
+        (its figures stay comparable with earlier runs) or ``--build-engine spark``, else the Arrow engine."""
+        if self.args.build_engine != "auto":
+            return self.args.build_engine
+        v = variant_of(contender)
+        return "spark" if self.spark is not None and any(variant_of(c) == v and engine_of(c) == "spark"
+                                                           for c in self.args.contenders_list) else "arrow"
+
     def build(self, contender: str, size: int, files: list[str]) -> dict:
+        """Build the contender's table from the base files. bucketindex contenders that differ only by
+        engine share one table (each run copies it); with ``--keep``, a table built by an earlier run on
+        the same data and with the same build engine (``<table>.build.json``) is reused."""
+        if contender.startswith("bucketindex") and variant_of(contender) != contender:
+            shared = self.built.get((variant_of(contender), size))
+            if shared is None:
+                shared = self.build(variant_of(contender), size, files)
+            self.built[(contender, size)] = shared
+            return shared
         t0 = time.perf_counter()
         path = self.table_dir(contender, size)
+        engine = self.build_engine(contender) if contender.startswith("bucketindex") else None
+        stamp = path.parent / f"{contender}.build.json"
+        key = {"base": base_key(size, self.args), "engine": engine}
+        if self.args.keep and size >= 0 and stamp.exists() and path.exists():
+            cached = json.loads(stamp.read_text())
+            if cached.get("key") == key and (contender != "pyiceberg" or (
+                    self.catalog().table_exists(cached["info"]["name"])
+                    and Path(cached["info"]["metadata_location"].removeprefix("file://")).exists())):
+                info = cached["info"]
+                if "base_files" in info:
+                    info["base_files"] = set(info["base_files"])
+                info["reused"] = True
+                self.built[(contender, size)] = info
+                return info
+        stamp.unlink(missing_ok=True)
         shutil.rmtree(path, ignore_errors=True)
         path.parent.mkdir(parents=True, exist_ok=True)
         info: dict = {"path": str(path)}
@@ -567,26 +696,39 @@ class Bench:
             w = self.spark.read.parquet(*files).write.mode("overwrite")
             (w.partitionBy(self.part) if self.part else w).parquet(str(path))
         else:  # bucketindex: one upsert per base file, the first creates the table, at defaults
-            from spark_jobs.jobs.upsert import UpsertOptions, run_upsert
+            from spark_jobs.table.action.upsert import UpsertOptions
 
             ix = contender.split("_")[1]
             table_type = "merge_on_read" if contender.endswith("_mor") else None  # else the default
             for i, f in enumerate(files):
-                self.spark.conf.set("spark.sql.shuffle.partitions", SESSION_SHUFFLE_PARTITIONS)
-                run_upsert(self.spark, UpsertOptions(table=str(path), source=f, record_key=["id"],
-                                                     precombine_field="ts", partition_field=self.part, index=ix,
-                                                     batch_id=f"build-{i}", table_type=table_type))
+                opts = UpsertOptions(table=str(path), source=f, record_key=["id"], precombine_field="ts",
+                                     partition_field=self.part, index=ix, batch_id=f"build-{i}",
+                                     table_type=table_type, engine=engine)
+                if engine == "spark":
+                    from spark_jobs.jobs.upsert import run_upsert
+
+                    self.spark.conf.set("spark.sql.shuffle.partitions", SESSION_SHUFFLE_PARTITIONS)
+                    run_upsert(self.spark, opts)
+                else:
+                    from spark_jobs.arrow_engine.upsert import run_upsert as run_arrow
+
+                    run_arrow(opts)
+                    pa.default_memory_pool().release_unused()
+            info["build_engine"] = engine
         info["build_s"] = round(time.perf_counter() - t0, 1)
         info["bytes"] = dir_size(path)
         info["files"] = data_files(path)
         self.built[(contender, size)] = info
+        if self.args.keep and size >= 0:
+            stamp.write_text(json.dumps({"key": key, "info": {
+                k: (sorted(v) if isinstance(v, set) else v) for k, v in info.items()}}))
         return info
 
     # -- one measured upsert -------------------------------------------------------------------
     def fresh(self, contender: str, size: int) -> str:
         """A fresh copy of the built table (a catalog name for pyiceberg); returns its handle."""
         self.n += 1
-        base = self.built[(contender.replace("_connect", ""), size)]
+        base = self.built[(variant_of(contender), size)]
         if contender == "pyiceberg":
             name = f"bench.run_{self.n}"
             self.catalog().register_table(name, base["metadata_location"])
@@ -624,7 +766,11 @@ class Bench:
         if self.part:
             cmd += ["--partition-field", self.part]
         if contender == "bucketindex_record_connect":
-            cmd += ["--remote", self.args.remote]
+            cmd += ["--remote", self.args.remote]  # --remote means Spark
+        elif engine_of(contender) in ("spark", "arrow"):
+            cmd += ["--engine", engine_of(contender)]  # explicit: the default (auto) may pick either
+        elif self.args.memory_budget:  # auto, at the machine's budget unless --memory-budget is given
+            cmd += ["--memory-budget", self.args.memory_budget]
         return cmd
 
     def run_warm(self, contender: str, handle: str, case: Case) -> dict:
@@ -634,7 +780,7 @@ class Bench:
         gc.collect()
         detail: dict = {}
         with PeakRss(os.getpid(), tree=spark_side) as mem:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             if contender == "delta_rs":
                 detail = self.peer("delta_rs")["upsert"](handle, case.path)
             elif contender == "pyiceberg":
@@ -642,14 +788,29 @@ class Bench:
                                                           case.path)
             elif contender == "plain_spark":
                 detail = self.peer("plain_spark")["rewrite"](self.spark, handle, case.path, self.part)
+            elif engine_of(contender) == "arrow":  # the Python API in this process: no Spark session, no JVM
+                from spark_jobs.arrow_engine.upsert import run_upsert as run_arrow
+                from spark_jobs.table.action.engine import EngineChoice
+                from spark_jobs.table.action.upsert import UpsertOptions
+
+                res = run_arrow(UpsertOptions(table=handle, source=case.path, record_key=["id"],
+                                              precombine_field="ts", partition_field=self.part, engine="arrow"),
+                                choice=EngineChoice("arrow", "--engine arrow (in-process Python API)"))
+                detail = {"counts": res["counts"], "timings_ms": res["timings_ms"], "retries": res.get("retries"),
+                          "engine": res.get("engine")}
             else:
-                from spark_jobs.jobs.upsert import UpsertOptions, run_upsert
+                from spark_jobs.jobs.upsert import run_upsert
+                from spark_jobs.table.action.upsert import UpsertOptions
 
                 res = run_upsert(self.spark, UpsertOptions(table=handle, source=case.path, record_key=["id"],
-                                                           precombine_field="ts", partition_field=self.part))
-                detail = {"counts": res["counts"], "timings_ms": res["timings_ms"], "retries": res.get("retries")}
-            wall = time.perf_counter() - t0
-        return {"time_s": round(wall, 3), "peak_mem_mb": mem.peak_mb, "rss_before_mb": mem.before_mb,
+                                                           precombine_field="ts", partition_field=self.part,
+                                                           engine="spark"))
+                detail = {"counts": res["counts"], "timings_ms": res["timings_ms"], "retries": res.get("retries"),
+                          "engine": res.get("engine")}
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        return {"time_s": round(wall, 3), "peak_mem_mb": mem.peak_mb,
+                # this process's CPU (all its threads; a Spark contender's JVM is not counted)
+                **({} if spark_side else {"cpu_s": round(cpu, 3)}), "rss_before_mb": mem.before_mb,
                 "mem_growth_mb": round(mem.peak_mb - mem.before_mb, 1),
                 "mem_scope": "this process + its JVM" if spark_side else "this python process",
                 "detail": detail}
@@ -697,6 +858,13 @@ def main() -> None:
     p.add_argument("--contenders", default=",".join(CONTENDERS), help="subset of " + ", ".join(CONTENDERS))
     p.add_argument("--modes", default=",".join(MODES), help="cold (a new process per upsert), warm (in-process)")
     p.add_argument("--repeats", type=int, default=1, help="measured upserts per (case, contender, mode); median")
+    p.add_argument("--small-repeats", type=int, default=None,
+                   help="repeats of the small-batch case (default: --repeats): the noisiest, and the cheapest")
+    p.add_argument("--memory-budget", default=None, metavar="SIZE",
+                   help="the cold auto contender's --memory-budget (default: the CLI's, a quarter of RAM)")
+    p.add_argument("--build-engine", choices=("auto", "spark", "arrow"), default="auto",
+                   help="who builds the bucketindex tables (auto: spark when a spark contender of that table "
+                        "runs, else arrow)")
     p.add_argument("--partitioned", action="store_true", help="add a 'month' partition column (6 values)")
     p.add_argument("--remote", default=None, metavar="sc://HOST:PORT",
                    help="Spark Connect server for bucketindex_record_connect (the CLI's --remote)")
@@ -714,6 +882,7 @@ def main() -> None:
     if args.with_50m and 50_000_000 not in sizes:
         sizes.append(50_000_000)
     contenders = parse_list(args.contenders)
+    args.contenders_list = contenders
     modes = parse_list(args.modes)
     args.patterns_list = parse_list(args.patterns)
     for c in contenders:
@@ -725,8 +894,9 @@ def main() -> None:
     for pat in args.patterns_list:
         if pat not in PATTERNS:
             p.error(f"unknown pattern {pat!r}")
-    if args.batch < 2 or (args.small_batch and args.small_batch < 2) or args.repeats < 1:
-        p.error("--batch and --small-batch must be at least 2, --repeats at least 1")
+    if args.batch < 2 or (args.small_batch and args.small_batch < 2) or args.repeats < 1 or (
+            args.small_repeats is not None and args.small_repeats < 1):
+        p.error("--batch and --small-batch must be at least 2, --repeats and --small-repeats at least 1")
     for s in sizes:
         if args.batch // 2 > s or ("recent" in args.patterns_list
                                     and args.batch // 2 > int(np.ceil(s * RECENT_FRACTION))):
@@ -758,10 +928,12 @@ def main() -> None:
     env = {"cpu": cpu_model(), "cores": os.cpu_count(), "mem_gb": mem_total_gb(), "python": platform.python_version(),
            "pyspark": version_of("pyspark"), "pyarrow": pa.__version__, "numpy": np.__version__,
            "deltalake": version_of("deltalake"), "pyiceberg": version_of("pyiceberg"), "java": java_version(),
-           "commit": git_head(), "load_avg_1m_at_start": round(os.getloadavg()[0], 1)}
+           "commit": git_head(), "load_avg_1m_at_start": round(os.getloadavg()[0], 1),
+           "load_avg_at_start": [round(x, 1) for x in os.getloadavg()]}
     log("machine: " + ", ".join(f"{k} {v}" for k, v in env.items()))
 
-    needs_spark = any(c in SPARK_CONTENDERS or c == "bucketindex_record_connect" for c in contenders)
+    needs_spark = any(c in SPARK_CONTENDERS or c == "bucketindex_record_connect" for c in contenders) or (
+        args.build_engine == "spark" and any(c.startswith("bucketindex") for c in contenders))
     if needs_spark:
         b.start_spark()
         log(f"spark session local[*] at bucketindex's defaults (get_spark) started in {b.spark_start_s:.1f} s "
@@ -781,6 +953,7 @@ def main() -> None:
                 for d in ("src", "runs", "iceberg", "warmup", "logs"):
                     shutil.rmtree(workdir / d, ignore_errors=True)
     env["load_avg_1m_at_end"] = round(os.getloadavg()[0], 1)
+    env["load_avg_at_end"] = [round(x, 1) for x in os.getloadavg()]
     result = summarise(runs, sizes, contenders, modes, args, skipped)
     result.update({"env": env, "spark_start_s": round(b.spark_start_s, 2) if b.spark_start_s else None,
                    "build": {f"{c}@{size_label(s)}": {k: v for k, v in i.items() if k not in ("base_files", "path")}
@@ -807,7 +980,7 @@ def warm_up(b: Bench, contenders: list[str], workdir: Path) -> None:
                                  "base_file_rows": 4000})
     files, cases = generate(4000, args, workdir / "warmup" / "src")
     for c in contenders:
-        if c == "bucketindex_record_connect":
+        if c == "bucketindex_record_connect" or c in AUTO_CONTENDERS:  # cold only
             continue
         b.build(c, -1, files)
         h = b.fresh(c, -1)
@@ -817,12 +990,12 @@ def warm_up(b: Bench, contenders: list[str], workdir: Path) -> None:
         log(f"warm-up {c:19s} {rec['time_s']:6.2f} s ({'ok' if chk['ok'] else 'CHECK FAILED'})")
         if not chk["ok"]:
             loud(f"warm-up correctness check failed for {c}: {chk}")
-    for c in contenders:
-        if c != "bucketindex_record_connect":
-            shutil.rmtree(b.table_dir(c, -1), ignore_errors=True)
-            info = b.built.pop((c, -1), None)
-            if c == "pyiceberg" and info:
+    for (c, size), info in list(b.built.items()):
+        if size == -1:
+            b.built.pop((c, size))
+            if c == "pyiceberg":
                 b.catalog().drop_table(info["name"])
+    shutil.rmtree(b.table_dir("x", -1).parent, ignore_errors=True)
     shutil.rmtree(workdir / "warmup", ignore_errors=True)
     log(f"warm-up done in {time.perf_counter() - t0:.1f} s")
 
@@ -842,18 +1015,26 @@ def run_size(b: Bench, size: int, contenders: list[str], modes: list[str], args)
             continue
         if (c, size) in b.built:
             continue
+        shared = (variant_of(c), size) in b.built and variant_of(c) != c
         info = b.build(c, size, files)
-        log(f"[{sl}] built {c:19s} in {info['build_s']:6.1f} s: {info['files']} data files, "
-            f"{human_bytes(info['bytes'])} on disk (not measured)")
+        how = ("shares the table of " + variant_of(c) if shared else "reused from an earlier run (--keep)"
+               if info.get("reused") else f"built in {info['build_s']:6.1f} s")
+        log(f"[{sl}] {c:28s} {how}: {info['files']} data files, {human_bytes(info['bytes'])} on disk"
+            + (f", built by the {info['build_engine']} engine" if info.get("build_engine") else "")
+            + " (not measured)")
 
     out: list[dict] = []
     turn = 0
-    for r in range(args.repeats):
+    small_repeats = args.small_repeats or args.repeats
+    for r in range(max(args.repeats, small_repeats)):
         for case in cases:
+            if r >= (small_repeats if case.name.startswith("small_") else args.repeats):
+                continue
             order = contenders[turn % len(contenders):] + contenders[:turn % len(contenders)]
             turn += 1
             for c in order:
                 cmodes = ["connect"] if c == "bucketindex_record_connect" else (
+                    [m for m in modes if m == "cold"] if c in AUTO_CONTENDERS else
                     modes if turn % 2 else list(reversed(modes)))
                 for mode in cmodes:
                     out.append(measure(b, size, case, c, mode, r))
@@ -868,7 +1049,7 @@ def run_size(b: Bench, size: int, contenders: list[str], modes: list[str], args)
 def measure(b: Bench, size: int, case: Case, contender: str, mode: str, repeat: int) -> dict:
     sl = human_rows(size)
     rec: dict = {"size": size, "case": case.name, "pattern": case.pattern, "batch": case.rows,
-                 "contender": contender, "mode": mode, "repeat": repeat}
+                 "contender": contender, "mode": mode, "repeat": repeat, "load_1m": round(os.getloadavg()[0], 1)}
     handle = b.fresh(contender, size)
     try:
         if mode == "warm":
@@ -882,6 +1063,8 @@ def measure(b: Bench, size: int, case: Case, contender: str, mode: str, repeat: 
                 rec["mem_scope"] = "CLI client tree" + (" + Connect server tree" if extra else "")
             elif contender in SPARK_CONTENDERS:
                 rec["mem_scope"] = "the new process tree (python + its JVM)"
+            if contender.startswith("bucketindex"):
+                rec.update(engine_said(rec))
     except Exception as e:  # a contender that fails is reported, and the others still run
         rec["error"] = f"{type(e).__name__}: {' '.join(str(e).split())[:1500]}"
     detail = describe(rec)
@@ -897,7 +1080,8 @@ def measure(b: Bench, size: int, case: Case, contender: str, mode: str, repeat: 
         pa.default_memory_pool().release_unused()  # the read-back must not inflate the next warm run's figures
         rec["check"] = chk
         rec["ok"] = chk["ok"]
-        log(f"[{sl}] {case.name:13s} {contender:26s} {mode:7s} {rec['time_s']:8.2f} s  peak "
+        log(f"[{sl}] {case.name:13s} {contender:26s} {mode:7s} {rec['time_s']:8.2f} s"
+            + (f" (cpu {rec['cpu_s']:.2f} s)" if rec.get("cpu_s") is not None else "") + f"  load {rec['load_1m']}  peak "
             f"{rec['peak_mem_mb']:7.0f} MB  {detail}  check {'OK' if chk['ok'] else 'FAILED'} "
             f"[{time.perf_counter() - t0:.1f} s]")
         if not chk["ok"]:
@@ -905,6 +1089,32 @@ def measure(b: Bench, size: int, case: Case, contender: str, mode: str, repeat: 
     rec.pop("result", None)
     b.discard(contender, size, handle)
     return rec
+
+
+ENGINE_LINE = re.compile(r"bucketindex\.engine: engine: (\w+) \((.*)\)\s*$")
+
+
+def engine_said(rec: dict) -> dict:
+    """The engine a cold bucketindex CLI ran (its JSON line's ``engine``) and why (its last
+    ``bucketindex.engine`` log line on stderr: a fallback from arrow to spark logs a second one)."""
+    out: dict = {}
+    name = (rec.get("result") or {}).get("engine")
+    reason = None
+    try:
+        for line in Path(rec["stderr"]).read_text(errors="replace").splitlines():
+            m = ENGINE_LINE.search(line)
+            if m:
+                reason = m.group(2) if name in (None, m.group(1)) else reason
+                name = name or m.group(1)
+    except (OSError, KeyError):
+        pass
+    if name:
+        out["engine"] = name
+    if reason:
+        out["engine_reason"] = reason
+    if name == "arrow":
+        out["mem_scope"] = "the new python process (arrow engine: no JVM)"
+    return out
 
 
 def server_pids(remote: str | None) -> tuple[int, ...]:
@@ -936,7 +1146,10 @@ def describe(rec: dict) -> str:
         if phases:
             rec["phases_ms"] = phases
         cnt = d.get("counts", {})
-        return (" ".join(f"{k} {v / 1000:.2f}" for k, v in phases.items())
+        if mode == "warm" and d.get("engine"):
+            rec["engine"] = d["engine"]
+        return ((f"[{rec['engine']}] " if rec.get("engine") else "")
+                + " ".join(f"{k} {v / 1000:.2f}" for k, v in phases.items())
                 + (f" | +{cnt.get('inserted')} ~{cnt.get('updated')}" if cnt else "")
                 + (f" | start+exit {rec['process_start_s']:.1f} s" if "process_start_s" in rec else ""))
     if mode != "warm" and d.get("upsert_s") is not None:
@@ -964,14 +1177,21 @@ def summarise(runs: list[dict], sizes: list[int], contenders: list[str], modes: 
     med: dict[tuple, float] = {}
     for (size, case, c, mode), rs in groups.items():
         good = [x["time_s"] for x in rs if "error" not in x]
+        cpu = [x["cpu_s"] for x in rs if "error" not in x and x.get("cpu_s") is not None]
         f = {"size": size, "case": case, "pattern": rs[0]["pattern"], "batch": rs[0]["batch"], "contender": c,
              "mode": mode, "time_s": round(statistics.median(good), 3) if good else None,
+             **({"cpu_s": round(statistics.median(cpu), 3)} if cpu else {}),
+             "load_1m": [x.get("load_1m") for x in rs],
              "times_s": [x.get("time_s") for x in rs],
              "peak_mem_mb": max((x.get("peak_mem_mb") or 0) for x in rs),
              "ok": all(x.get("ok") for x in rs), "check": rs[-1].get("check"), "repeats": len(rs)}
-        for k in ("mem_scope", "process_start_s", "phases_ms", "mem_growth_mb", "rss_before_mb", "child", "counts"):
+        for k in ("mem_scope", "process_start_s", "phases_ms", "mem_growth_mb", "rss_before_mb", "child", "counts",
+                  "engine", "engine_reason"):
             if k in rs[-1]:
                 f[k] = rs[-1][k]
+        engines = sorted({x["engine"] for x in rs if x.get("engine")})
+        if len(engines) > 1:  # auto chose differently between repeats
+            f["engine"] = "/".join(engines)
         errors = [x["error"] for x in rs if "error" in x]
         if errors:
             f["error"] = errors[0]
@@ -985,6 +1205,7 @@ def summarise(runs: list[dict], sizes: list[int], contenders: list[str], modes: 
     headline: dict = {}
     head_case = f"uniform_{human_rows(args.batch)}" if "uniform" in args.patterns_list else (
         f"{args.patterns_list[0]}_{human_rows(args.batch)}" if args.patterns_list else None)
+    small_case = f"small_{human_rows(args.small_batch)}" if args.small_batch else None
     cases = sorted({(r["size"], r["case"]) for r in runs}, key=lambda x: (x[0], x[1]))
     for size, case in cases:
         for peer in PEERS:
@@ -1008,6 +1229,13 @@ def summarise(runs: list[dict], sizes: list[int], contenders: list[str], modes: 
                 if own["record_mor"] and case == head_case:  # the merge-on-read table type
                     headline.setdefault(f"mor_speedup_vs_{peer}_{size_label(size)}", {})[mode] = round(
                         pt / own["record_mor"], 2)
+                for label in ("record_mor_arrow", "record_arrow", "bucket_arrow", "record_mor_auto"):
+                    if own[label] and case in (head_case, small_case):  # the engines of issue 23
+                        key = f"{label}_speedup_vs_{peer}_{size_label(size)}" + ("_small" if case == small_case
+                                                                                 else "")
+                        headline.setdefault(key, {})[mode] = round(pt / own[label], 2)
+                        if peer_mode != mode:
+                            headline[key][f"{mode}_peer_mode"] = peer_mode
 
     peak = {}
     for f in figures:
@@ -1026,7 +1254,9 @@ def summarise(runs: list[dict], sizes: list[int], contenders: list[str], modes: 
         "figures": figures, "ratios": ratios,
         "setup": {"sizes": sizes, "batch": args.batch, "small_batch": args.small_batch,
                   "patterns": args.patterns_list, "recent_fraction": RECENT_FRACTION, "contenders": contenders,
-                  "modes": modes, "repeats": args.repeats, "partitioned": args.partitioned,
+                  "modes": modes, "repeats": args.repeats, "small_repeats": args.small_repeats or args.repeats,
+                  "memory_budget": args.memory_budget, "build_engine": args.build_engine,
+                  "partitioned": args.partitioned,
                   "base_file_rows": args.base_file_rows, "remote": args.remote,
                   "columns": ["id", "ts", "amount", "qty", "note", "region", "flag", "event_date", "score"]
                   + (["month"] if args.partitioned else []),
@@ -1039,13 +1269,16 @@ def summarise(runs: list[dict], sizes: list[int], contenders: list[str], modes: 
 def print_summary(figures: list[dict], ratios: list[dict], headline: dict, failed: list[str],
                   skipped: dict[str, str]) -> None:
     log("")
-    log(f"{'size':>5s} {'case':13s} {'contender':27s} {'mode':7s} {'time s':>8s} {'start s':>8s} "
-        f"{'peak MB':>8s}  check")
+    log(f"{'size':>5s} {'case':13s} {'contender':28s} {'mode':7s} {'time s':>8s} {'cpu s':>7s} {'start s':>8s} "
+        f"{'peak MB':>8s} {'engine':>7s}  check")
     for f in sorted(figures, key=lambda x: (x["size"], x["case"], x["contender"], x["mode"])):
         t = f"{f['time_s']:8.2f}" if f["time_s"] is not None else f"{'error':>8s}"
         st = f"{f['process_start_s']:8.1f}" if f.get("process_start_s") is not None else f"{'':>8s}"
-        log(f"{human_rows(f['size']):>5s} {f['case']:13s} {f['contender']:27s} {f['mode']:7s} {t} {st} "
-            f"{f['peak_mem_mb']:8.0f}  {'ok' if f['ok'] else 'FAILED'}")
+        cs = f"{f['cpu_s']:7.2f}" if f.get("cpu_s") is not None else f"{'':>7s}"
+        log(f"{human_rows(f['size']):>5s} {f['case']:13s} {f['contender']:28s} {f['mode']:7s} {t} {cs} {st} "
+            f"{f['peak_mem_mb']:8.0f} {f.get('engine') or '':>7s}  {'ok' if f['ok'] else 'FAILED'}"
+            + (f"  (auto: {f['engine_reason']})" if f["contender"] in AUTO_CONTENDERS and f.get("engine_reason")
+               else ""))
     log("")
     log("speedup of bucketindex = peer time / bucketindex time (> 1: bucketindex faster); record (bucket)")
     log(f"{'size':>5s} {'case':13s} {'vs':12s} {'cold':>15s} {'warm':>15s}")
@@ -1059,12 +1292,25 @@ def print_summary(figures: list[dict], ratios: list[dict], headline: dict, faile
         if not d:
             return f"{'-':>15s}"
         rec, buck = d.get("record"), d.get("bucket")
+        if not rec and not buck:
+            return f"{'-':>15s}"
         txt = (f"{rec[0]:.2f}" if rec else "-") + (f" ({buck[0]:.2f})" if buck else "")
         pm = (rec or buck)[1]
         return f"{txt + ('*' if pm != mode else ''):>15s}"
 
     for (size, case, vs), d in sorted(cell.items()):
         log(f"{human_rows(size):>5s} {case:13s} {vs:12s} {fmt(d.get('cold'), 'cold')} {fmt(d.get('warm'), 'warm')}")
+    engines = ("record_mor", "record_mor_arrow", "record_arrow", "bucket_arrow", "record_mor_auto")
+    if any(r["bucketindex"] in engines[1:] for r in ratios):
+        log("")
+        log("the same, per engine (cold / warm; auto is cold only)")
+        log(f"{'size':>5s} {'case':13s} {'vs':12s} " + " ".join(f"{e:>17s}" for e in engines))
+        for (size, case, vs), d in sorted(cell.items()):
+            row = []
+            for e in engines:
+                c, w = (d.get("cold") or {}).get(e), (d.get("warm") or {}).get(e)
+                row.append(f"{(f'{c[0]:.2f}' if c else '-') + ' / ' + (f'{w[0]:.2f}' if w else '-'):>17s}")
+            log(f"{human_rows(size):>5s} {case:13s} {vs:12s} " + " ".join(row))
     if any(r["peer_mode"] != r["mode"] for r in ratios):
         log("  * the peer's in-process time (its cold run was not measured)")
     for k, v in headline.items():

@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare_peers import ROOT, dir_size, human_bytes, make_rows, run_cold, uuid4_strings  # noqa: E402
+from compare_peers import dir_size, human_bytes, make_rows, run_cold, uuid4_strings  # noqa: E402
 from machine_info import cpu_model, mem_total_gb  # noqa: E402
 from results import emit_result  # noqa: E402
 

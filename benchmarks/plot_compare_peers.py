@@ -1,11 +1,12 @@
 """Plot ``benchmarks/compare_peers.py``: upsert time per contender, per case, cold and warm.
 
     python benchmarks/compare_peers.py --json-out /tmp/cp.json
-    python benchmarks/plot_compare_peers.py /tmp/cp.json [-o docs/img/compare_peers.png]
+    python benchmarks/plot_compare_peers.py /tmp/cp.json [/tmp/cp10m.json ...] [-o docs/img/compare_peers.png]
 
 One panel per (table size, case); bars per contender, cold (whole process) and warm (in a
-running session; over Spark Connect for the ``connect`` contender). Log scale: the contenders
-span two orders of magnitude. Needs matplotlib (the ``bench`` extra).
+running session, or in-process for the Arrow engine; over Spark Connect for the ``connect``
+contender). Several result files (e.g. one run per table size) are drawn together. Log scale:
+the contenders span three orders of magnitude. Needs matplotlib (the ``bench`` extra).
 """
 
 from __future__ import annotations
@@ -17,10 +18,14 @@ from results import load_result  # benchmarks/ is on sys.path when run as a scri
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "docs" / "img" / "compare_peers.png"
 ORDER = ["delta_rs", "pyiceberg", "plain_spark", "bucketindex_record", "bucketindex_bucket",
-         "bucketindex_record_mor", "bucketindex_bucket_mor", "bucketindex_record_connect"]
+         "bucketindex_record_mor", "bucketindex_bucket_mor", "bucketindex_record_connect",
+         "bucketindex_record_arrow", "bucketindex_record_mor_arrow", "bucketindex_bucket_arrow",
+         "bucketindex_record_mor_auto"]
 LABEL = {"delta_rs": "delta-rs", "pyiceberg": "pyiceberg", "plain_spark": "plain Spark",
          "bucketindex_record": "bi record", "bucketindex_bucket": "bi bucket", "bucketindex_record_mor": "bi record MOR",
-         "bucketindex_bucket_mor": "bi bucket MOR", "bucketindex_record_connect": "bi record\nConnect"}
+         "bucketindex_bucket_mor": "bi bucket MOR", "bucketindex_record_connect": "bi record\nConnect",
+         "bucketindex_record_arrow": "bi record\narrow", "bucketindex_record_mor_arrow": "bi record MOR\narrow",
+         "bucketindex_bucket_arrow": "bi bucket\narrow", "bucketindex_record_mor_auto": "bi record MOR\nauto"}
 MODE_COLOR = {"cold": "#9ecae1", "warm": "#08519c", "connect": "#fd8d3c"}
 
 
@@ -30,7 +35,7 @@ def rows_label(n: int) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("result", type=Path, help="compare_peers output (or its --json-out file)")
+    p.add_argument("result", type=Path, nargs="+", help="compare_peers output(s) (or --json-out files)")
     p.add_argument("-o", "--out", type=Path, default=DEFAULT_OUT)
     args = p.parse_args()
     import matplotlib
@@ -39,8 +44,9 @@ def main() -> None:
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
-    res = load_result(args.result)
-    figs = [f for f in res["figures"] if f.get("time_s")]
+    results = [load_result(r) for r in args.result]
+    res = results[0]
+    figs = [f for r in results for f in r["figures"] if f.get("time_s")]
     panels = sorted({(f["size"], f["case"]) for f in figs}, key=lambda x: (x[0], x[1]))
     contenders = [c for c in ORDER if any(f["contender"] == c for f in figs)]
     ncol = 3
@@ -55,6 +61,8 @@ def main() -> None:
                     continue
                 x = i + (j - 0.5) * 0.4 if mode != "connect" else i
                 ax.bar(x, f["time_s"], width=0.38, color=MODE_COLOR[mode], label=mode)
+                if f.get("engine") and f["contender"].endswith("_auto"):  # which engine auto chose
+                    ax.annotate(f["engine"], (x, f["time_s"]), ha="center", va="bottom", fontsize=7)
         ax.set_yscale("log")
         ax.set_xticks(range(len(contenders)))
         ax.set_xticklabels([LABEL[c] for c in contenders], rotation=45, ha="right", fontsize=8)
@@ -71,8 +79,10 @@ def main() -> None:
                                 "connect": "cold CLI over Spark Connect"}[k] for k in uniq], loc="upper center",
                bbox_to_anchor=(0.5, 0.985), ncol=3, frameon=False)
     env = res.get("env", {})
-    fig.suptitle(f"compare_peers.py at commit {env.get('commit', '?')} ({env.get('cores', '?')} cores)", y=1.03,
-                 fontsize=11)
+    loads = [x for r in results for x in (r.get("env", {}).get("load_avg_1m_at_start"),
+                                          r.get("env", {}).get("load_avg_1m_at_end")) if x is not None]
+    fig.suptitle(f"compare_peers.py at commit {env.get('commit', '?')} ({env.get('cores', '?')} cores"
+                 + (f", load {min(loads):g}-{max(loads):g}" if loads else "") + ")", y=1.03, fontsize=11)
     fig.tight_layout(rect=(0, 0, 1, 0.96))
     fig.savefig(args.out, dpi=110, bbox_inches="tight")
     print(f"wrote {args.out}")

@@ -58,6 +58,32 @@ def _add_spark_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--remote", metavar="sc://HOST:PORT", help=REMOTE_HELP)
 
 
+ENGINE_HELP = ("where the work runs: arrow in this process (no JVM), spark on a Spark session, or auto "
+               "(default): arrow when the work fits the memory budget and arrow can run it, spark otherwise; "
+               "--master or --remote mean spark")
+
+
+def _add_engine_options(parser: argparse.ArgumentParser) -> None:
+    """The engine choice (``spark_jobs.table.action.engine``) and the in-process memory budget."""
+    parser.add_argument("--engine", choices=("auto", "spark", "arrow"), default="auto", help=ENGINE_HELP)
+    parser.add_argument("--memory-budget", metavar="SIZE",
+                        help="bytes the arrow engine may hold, e.g. 4g (default: a quarter of physical memory, "
+                             "or $BUCKETINDEX_ARROW_MEMORY_BUDGET)")
+
+
+def _spark_requested(args: argparse.Namespace, submitted: bool) -> str | None:
+    """Why Spark is implied for this run, if it is: under spark-submit, or a master or Connect server given."""
+    if submitted:
+        return "spark-submit"
+    if getattr(args, "master", None):
+        return f"--master {args.master}"
+    if getattr(args, "remote", None):
+        return f"--remote {args.remote}"
+    if os.environ.get("SPARK_REMOTE"):
+        return "$SPARK_REMOTE"
+    return None
+
+
 def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.ArgumentParser:
     """The CLI's parser; ``extra_verbs`` (name -> help) are verbs another layer runs, listed in ``--help``."""
     p = _Parser(prog="bucketindex", description="Upsertable lake tables with a record-level or bucket hash index.")
@@ -88,13 +114,21 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
                          "disagrees with the table's index in the commit metadata (`show` prints it); "
                          "what is written does not change")
     _add_spark_options(up)
+    _add_engine_options(up)
 
-    rd = sub.add_parser("read", help="read a snapshot")
+    rd = sub.add_parser("read", help="read a snapshot",
+                        description="Print the first --limit rows of a snapshot, or write it whole as one "
+                                    "Parquet file (--output). --engine auto reads in this process (arrow, no JVM) "
+                                    "when the file slices read -- every one with --output, else only the first "
+                                    "ones, until they hold --limit rows -- fit the memory budget as decoded "
+                                    "(their bytes x6), and on Spark otherwise; --master, --remote or $SPARK_REMOTE "
+                                    "mean Spark.")
     rd.add_argument("table")
     rd.add_argument("--as-of", help="instant (time travel)")
     rd.add_argument("--output", help="write the snapshot as one Parquet file")
     rd.add_argument("--limit", type=int, default=20, help="rows to print without --output")
     _add_spark_options(rd)
+    _add_engine_options(rd)
 
     sh = sub.add_parser("show", help="timeline, file groups, index buckets, pending work")
     sh.add_argument("table")
@@ -102,12 +136,28 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
     sh.add_argument("--plot", metavar="FILE.png",
                     help="draw the histogram of bucket sizes into FILE.png (needs matplotlib: the plot extra)")
 
-    va = sub.add_parser("validate", help="full index <-> data check; exit 1 on any mismatch")
+    va = sub.add_parser("validate", help="full index <-> data check; exit 1 on any mismatch",
+                        description="Check every live row against the index (and the row counts its commits "
+                                    "recorded); print the JSON report, exit 1 on any problem. Both engines give "
+                                    "the same report. --engine auto checks in this process (arrow, no JVM) when "
+                                    "what it holds fits the memory budget -- the key columns of the data files "
+                                    "(a quarter of their bytes, x6 decoded) plus about 320 bytes per live row, "
+                                    "twice that with the record index's entries -- and on Spark otherwise; "
+                                    "--master, --remote or $SPARK_REMOTE mean Spark.")
     va.add_argument("table")
     _add_spark_options(va)
+    _add_engine_options(va)
 
     sc = sub.add_parser("shadow-compare", help="compare the index's answer for each key with the data (or another "
-                                               "index type); exit 1 when mismatches exceed --max-mismatches")
+                                               "index type); exit 1 when mismatches exceed --max-mismatches",
+                        description="Compare the index's answer for each key (all keys, or those the commits after "
+                                    "--since touched) with the data or another index type; print the JSON report, "
+                                    "exit 1 when mismatches exceed --max-mismatches. Both engines give the same "
+                                    "report. --engine auto compares in this process (arrow, no JVM) when what it "
+                                    "holds fits the memory budget -- with --since, the touched keys (about 320 "
+                                    "bytes each, twice with the record index's entries) plus the largest file "
+                                    "slice and index bucket read; without it, what validate holds -- and on Spark "
+                                    "otherwise; --master, --remote or $SPARK_REMOTE mean Spark.")
     sc.add_argument("table")
     sc.add_argument("--against", default="scan", choices=("scan", "global_simple", "bucket"),
                     help="the truth: a key scan of the data (default), or another index type computed on the fly")
@@ -119,6 +169,7 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
                     help="exit 1 only when more than N keys mismatch (default 0)")
     sc.add_argument("--report", metavar="FILE", help="also write the JSON report here (a path or URI)")
     _add_spark_options(sc)
+    _add_engine_options(sc)
 
     rb = sub.add_parser("rollback", help="roll back pending instants (all abandoned ones, or INSTANT)")
     rb.add_argument("table")
@@ -151,6 +202,7 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
     co.add_argument("--heartbeat-timeout", type=float,
                     help="seconds without a heartbeat before an attempt at the plan counts as dead (default 60)")
     _add_spark_options(co)
+    _add_engine_options(co)  # auto: arrow when the slices and index buckets a plan folds at once fit the budget
     cl = sub.add_parser("clean", help="delete file versions no retained snapshot reads (from a plan on the timeline)")
     cl.add_argument("table")
     keep = cl.add_mutually_exclusive_group()
@@ -234,23 +286,8 @@ def _spark(args: argparse.Namespace, submitted: bool):  # type: ignore[no-untype
 
 
 def cmd_upsert(args: argparse.Namespace, submitted: bool) -> int:
-    if args.num_buckets is not None and args.num_buckets < 1:
-        raise BadInputError(f"--num-buckets must be at least 1, got {args.num_buckets}")
-    if args.max_retries < 0:
-        raise BadInputError(f"--max-retries must be 0 or more, got {args.max_retries}")
-    if args.heartbeat_timeout is not None and args.heartbeat_timeout <= 0:
-        raise BadInputError(f"--heartbeat-timeout must be positive, got {args.heartbeat_timeout}")
-    from spark_jobs.io.filesystem import resolve
-
-    io, path = resolve(args.source)
-    if not io.exists(path):  # fail fast, before a JVM starts
-        raise BadInputError(f"source {args.source} does not exist")
-    from spark_jobs.table.schema import precheck_batch
-
-    # a batch lacking or adding columns, told from the Parquet footers (the validation checks again)
-    precheck_batch(table_uri=args.table, source=args.source, source_format=args.source_format,
-                   record_key=args.record_key, delete_field=args.delete_field)
-    from spark_jobs.jobs.upsert import UpsertOptions, run_upsert
+    from spark_jobs.engines import precheck_upsert, upsert
+    from spark_jobs.table.action.upsert import UpsertOptions
 
     opts = UpsertOptions(
         table=args.table, source=args.source, record_key=args.record_key, precombine_field=args.precombine_field,
@@ -259,21 +296,40 @@ def cmd_upsert(args: argparse.Namespace, submitted: bool) -> int:
         source_format=args.source_format, delete_field=args.delete_field, batch_id=args.batch_id,
         target_file_rows=args.target_file_rows, max_retries=args.max_retries,
         heartbeat_timeout_s=args.heartbeat_timeout, shadow_index=args.shadow_index,
+        engine=args.engine, memory_budget=args.memory_budget,
     )
-    result = run_upsert(_spark(args, submitted), opts)
+    precheck_upsert(opts)  # before a JVM starts
+    result = upsert(opts, spark=lambda: _spark(args, submitted), spark_requested=_spark_requested(args, submitted))
     print(json.dumps(result, sort_keys=True))
     return 0
 
 
 def cmd_read(args: argparse.Namespace, submitted: bool) -> int:
+    from spark_jobs.table.action.engine import ARROW, AUTO, choose_engine, memory_budget
     from spark_jobs.table.reader import read_arrow
 
     if args.as_of is not None:  # before a JVM starts: `--as-of yesterday` must not read the latest snapshot
         check_instant(args.as_of, option="--as-of")
-    if args.output:
+    io, out = _output_path(args.output) if args.output else (None, None)  # bad --output: exit 2, nothing read
+    spark_requested = _spark_requested(args, submitted)
+    needed = 0
+    if args.engine == AUTO and not spark_requested:
+        from spark_jobs.arrow_engine.read import needed_bytes
+        from spark_jobs.table.table import Table
+
+        # printing reads the first slices only (one row more than shown: "only showing top N rows")
+        needed = needed_bytes(Table.load(args.table).view(args.as_of), None if args.output else max(args.limit, 0) + 1)
+    choice = choose_engine(requested=args.engine, needed_bytes=needed, spark_requested=spark_requested,
+                           budget=memory_budget(args.memory_budget))
+    if choice.engine == ARROW and not args.output:
+        from spark_jobs.arrow_engine.read import show
+
+        sys.stdout.write(show(args.table, args.as_of, args.limit))
+        return 0
+    if args.output and choice.engine == ARROW:
         import pyarrow.parquet as pq
 
-        io, out = _output_path(args.output)
+        assert io is not None and out is not None
         t = read_arrow(args.table, args.as_of)
         try:
             pq.write_table(t, args.output)
@@ -281,6 +337,13 @@ def cmd_read(args: argparse.Namespace, submitted: bool) -> int:
             io.delete(out)  # a torn output (a full disk) must not look like a snapshot
             raise
         print(f"wrote {t.num_rows} rows to {args.output}")
+        return 0
+    if args.output:  # written beside the output and moved into place: never torn
+        from spark_jobs.jobs.read import read_table, write_one_parquet
+
+        spark = _spark(args, submitted)
+        n = write_one_parquet(spark, read_table(spark, args.table, args.as_of), args.output)
+        print(f"wrote {n} rows to {args.output}")
         return 0
     from spark_jobs.jobs.read import read_table
 
@@ -401,12 +464,16 @@ def cmd_show(args: argparse.Namespace, submitted: bool) -> int:
                   f"{counts.get('index_buckets', 0)} index buckets written" + (f"  [{phases}]" if t else ""))
             continue
         if c["action"] == "compaction":
+            engine = c.get("engine") or {}
             print(f"  {c['instant']} compaction {counts.get('file_groups', 0)} file groups, "
                   f"{counts.get('logs_folded', 0)} logs folded, {counts.get('index_buckets', 0)} index buckets, "
                   f"{counts.get('index_deltas_folded', 0)} deltas folded"
-                  + (f"  [{phases}]" if t else ""))
+                  + (f"  [{phases}]" if t else "")
+                  + (f"  engine={engine['name']} ({engine.get('reason', '')})" if engine.get("name") else ""))
             continue
         start = f" +session start {c['session_start_ms']}ms" if c.get("session_start_ms") else ""
+        engine = c.get("engine") or {}
+        start += f"  engine={engine['name']} ({engine.get('reason', '')})" if engine.get("name") else ""
         print(f"  {c['instant']} {c['action']:<10}{cnt}  batch={c['batch_id'] or '-'}"
               + (f"  total={t.get('total_ms')}ms [{phases}]{start}" if t else ""))
         if c.get("shadow"):
@@ -442,9 +509,26 @@ def _human_bytes(n: float) -> str:
 
 
 def cmd_validate(args: argparse.Namespace, submitted: bool) -> int:
-    from spark_jobs.jobs.validate import run_validate
+    from spark_jobs.table.action.engine import ARROW, AUTO, choose_engine, memory_budget
 
-    report = run_validate(_spark(args, submitted), args.table)
+    spark_requested = _spark_requested(args, submitted)
+    needed = 0
+    if args.engine == AUTO and not spark_requested:
+        from spark_jobs.arrow_engine.validate import needed_bytes
+        from spark_jobs.table.table import Table
+
+        table = Table.load(args.table)
+        needed = needed_bytes(table, table.view())
+    choice = choose_engine(requested=args.engine, needed_bytes=needed, spark_requested=spark_requested,
+                           budget=memory_budget(args.memory_budget))
+    if choice.engine == ARROW:
+        from spark_jobs.arrow_engine.validate import run_validate as run_in_process
+
+        report = run_in_process(args.table)
+    else:
+        from spark_jobs.jobs.validate import run_validate
+
+        report = run_validate(_spark(args, submitted), args.table)
     print(json.dumps(report, indent=2, sort_keys=True))
     if not report["ok"]:
         missing = report["problems"].get("data_files_missing")
@@ -464,9 +548,28 @@ def cmd_shadow_compare(args: argparse.Namespace, submitted: bool) -> int:
     table = Table.load(args.table)
     assert table.config is not None
     check_options(table.config.index_type, opts)  # before a JVM starts: bad input is one line, nothing written
-    from spark_jobs.jobs.shadow_compare import run_shadow_compare
+    from spark_jobs.table.action.engine import ARROW, AUTO, choose_engine, memory_budget
 
-    report = run_shadow_compare(_spark(args, submitted), args.table, opts)
+    spark_requested = _spark_requested(args, submitted)
+    budget = memory_budget(args.memory_budget)  # a bad --memory-budget: exit 2 whatever the engine
+    needed, touched = 0, None
+    if args.engine == AUTO and not spark_requested:
+        from spark_jobs.arrow_engine.shadow_compare import needed_bytes
+        from spark_jobs.table.shadow import touched_since
+
+        # --since: the keys the commits after the instant touched (passed on, not computed twice)
+        touched = touched_since(table, opts.since) if opts.since is not None else None
+        needed = needed_bytes(table, table.view(), opts, touched)
+    choice = choose_engine(requested=args.engine, needed_bytes=needed, spark_requested=spark_requested,
+                           budget=budget)
+    if choice.engine == ARROW:
+        from spark_jobs.arrow_engine import shadow_compare as in_process
+
+        report = in_process.run_shadow_compare(args.table, opts, touched=touched)
+    else:
+        from spark_jobs.jobs.shadow_compare import run_shadow_compare
+
+        report = run_shadow_compare(_spark(args, submitted), args.table, opts)
     print(json.dumps(report, indent=2, sort_keys=True))
     if args.report:
         write_report(report, args.report)
@@ -519,10 +622,40 @@ def cmd_compact(args: argparse.Namespace, submitted: bool) -> int:
         data=args.only in (None, "data"),
         index=args.only in (None, "index"),
     )
-    from spark_jobs.jobs.compact import run_compact
+    from spark_jobs.table.action import compact as action
+    from spark_jobs.table.action.engine import ARROW, AUTO, choose_engine, memory_budget
 
-    result = run_compact(lambda: _spark(args, submitted), args.table, policy=policy, schedule_only=args.schedule_only,
-                         instant=args.execute, heartbeat_timeout_s=args.heartbeat_timeout)
+    spark_requested = _spark_requested(args, submitted)
+    budget = memory_budget(args.memory_budget)
+    # a fixed choice is checked before anything is written (--engine arrow with --master: exit 2)
+    fixed = None if args.schedule_only or (args.engine == AUTO and not spark_requested) else choose_engine(
+        requested=args.engine, needed_bytes=0, spark_requested=spark_requested, budget=budget)
+    session: list = []
+
+    def pick(table, plan):  # type: ignore[no-untyped-def]
+        """The engine of one plan: auto sizes each plan it executes (a waiting one, then the new one)."""
+        if fixed is not None:
+            choice = fixed
+        else:
+            from spark_jobs.arrow_engine.compact import needed_bytes
+
+            choice = choose_engine(requested=AUTO, needed_bytes=needed_bytes(table, plan), budget=budget)
+        if choice.engine == ARROW:
+            from spark_jobs.arrow_engine.compact import write_plan
+
+            return write_plan, choice
+        from spark_jobs.jobs import compact as spark_compact
+
+        if not session:
+            session.append(_spark(args, submitted))
+        return (lambda t, txn: spark_compact._execute(session[0], t, txn)), choice
+
+    result = action.run(args.table, pick, policy=policy, schedule_only=args.schedule_only, instant=args.execute,
+                        heartbeat_timeout_s=args.heartbeat_timeout)
+    if session:
+        from spark_jobs.jobs.session import session_start_ms
+
+        result["session_start_ms"] = session_start_ms()
     print(json.dumps(result, sort_keys=True))
     if result["instant"] is None:
         print("nothing to compact: no file group or index bucket is due")

@@ -28,6 +28,8 @@ __all__ = [
     "run_dag",
     "run_report",
     "session_env_for_tests",
+    "WARM_UP_DAG_ID",
+    "demo_dags_folder",
     "unpause",
 ]
 
@@ -244,6 +246,41 @@ class RunReport:
 
     def __repr__(self) -> str:
         return f"RunReport({self.dag_id}, {self.run_id}, {self.state}, {self.tasks}, mapped={self.mapped})"
+
+
+#: the demo's one-task DAG, run once before the real ones (see :func:`demo_dags_folder`)
+WARM_UP_DAG_ID = "bucketindex_demo_warm_up"
+_WARM_UP_DAG = f'''"""Run once by `bucketindex demo` before the example DAGs: a one-task DAG whose run starts
+dag.test()'s in-process Execution API, so that start-up (seconds) is not counted in the first
+real task's duration. A deployment's API server is running already."""
+
+import pendulum
+from airflow.sdk import DAG, task
+
+with DAG("{WARM_UP_DAG_ID}", schedule=None, start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),
+         tags=["bucketindex", "demo"]):
+
+    @task
+    def warm_up() -> dict:
+        return {{"warm": True}}  # an XCom, as the real tasks push
+
+    warm_up()
+'''
+
+
+def demo_dags_folder(path: str) -> str:
+    """A DAG folder for the demo at ``path``: links to the installed example DAGs (they run from
+    the package) and the warm-up DAG :data:`WARM_UP_DAG_ID`. Returns ``path``."""
+    os.makedirs(path, exist_ok=True)
+    src = example_dags_folder()
+    for name in sorted(os.listdir(src)):
+        if name.endswith(".py") and not name.startswith("_"):
+            link = os.path.join(path, name)
+            if not os.path.lexists(link):
+                os.symlink(os.path.join(src, name), link)
+    with open(os.path.join(path, f"{WARM_UP_DAG_ID}.py"), "w") as f:
+        f.write(_WARM_UP_DAG)
+    return path
 
 
 def run_dag(dag: Any, logical_date: Any = None, conf: dict[str, Any] | None = None) -> RunReport:

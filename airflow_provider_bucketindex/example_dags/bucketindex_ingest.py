@@ -7,15 +7,18 @@ Every run::
     upsert ──> validate
        └─────> rollback_failed_upsert     (trigger rule one_failed)
 
-* ``upsert`` submits the upsert job (data + index in one commit). Its batch id is derived
-  from DAG id, run id and task id, so a retry never applies the batch twice.
-* ``validate`` submits the full index <-> data check and fails the run on a mismatch.
+* ``upsert`` applies the batch (data + index in one commit): inside the task when it fits
+  the memory budget (``engine`` ``auto``, the default), else as a Spark job. Its batch id is
+  derived from DAG id, run id and task id, so a retry never applies the batch twice.
+* ``validate`` runs the full index <-> data check (in the task or as a Spark job, as
+  ``upsert``) and fails the run on a mismatch.
 * ``rollback_failed_upsert`` runs only when ``upsert`` failed: it rolls back the pending
   instant the failed attempt left, or does nothing if it left none. The run still ends
   failed (``validate`` is then upstream_failed), so the failure is visible and alerts.
 
-Where Spark runs comes from the ``bucketindex_default`` connection (Spark master, conf;
-without it: local Spark in the worker). Table and landing locations are DAG params,
+Where Spark runs, for the work that goes to Spark, comes from the ``bucketindex_default``
+connection (Spark master, conf; without it: local Spark in the worker); the ``engine`` param
+(``auto``, ``spark``, ``arrow``) picks where the work runs. Table and landing locations are DAG params,
 defaulting to the ``BUCKETINDEX_TABLE_URI`` / ``BUCKETINDEX_LANDING_URI`` environment
 variables; trigger with a config to override them per run.
 
@@ -65,6 +68,12 @@ with DAG(
         "index": Param(None, type=["null", "string"], enum=[None, "record", "bucket", "global_simple"]),
         "num_buckets": Param(None, type=["null", "integer"], minimum=1),
         "source_format": Param("parquet", type="string", enum=["parquet", "json", "csv"]),
+        "engine": Param(
+            "auto",
+            type="string",
+            enum=["auto", "spark", "arrow"],
+            description="auto: in the task when the batch fits the memory budget, else Spark; spark: spark-submit",
+        ),
     },
     tags=["bucketindex", "example"],
 ) as dag:
@@ -79,10 +88,12 @@ with DAG(
         index="{{ params.index }}",
         num_buckets="{{ params.num_buckets }}",
         source_format="{{ params.source_format }}",
+        engine="{{ params.engine }}",
     )
     validate = ValidateTableOperator(
         task_id="validate",
         table_uri="{{ params.table_uri }}",
+        engine="{{ params.engine }}",
         retries=0,  # a failed check does not heal by itself
     )
     rollback = RollbackBatchOperator(

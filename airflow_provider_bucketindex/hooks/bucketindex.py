@@ -110,6 +110,10 @@ class ConnectionSettings:
     conf: dict[str, str] = field(default_factory=dict)
     #: options an upsert uses when it *creates* a table (index, num_buckets, table_type, source_format)
     table_defaults: dict[str, Any] = field(default_factory=dict)
+    #: where the operators run their work by default (``engine`` extra): ``auto`` (None), ``spark``
+    #: or ``arrow``; and the in-task engine's memory budget (``memory-budget`` extra, e.g. ``4g``)
+    engine: str | None = None
+    memory_budget: str | None = None
     #: a Spark Connect server, ``sc://host:port[/;param=value]`` without its token: jobs run
     #: as local ``spark_jobs.cli ... --remote`` processes instead of spark-submit
     remote: str | None = None
@@ -156,6 +160,9 @@ class ConnectionSettings:
             python=extra.get("python") or None,
             conf={str(k): str(v) for k, v in conf.items()},
             table_defaults=defaults,
+            engine=str(extra["engine"]).strip() if extra.get("engine") not in (None, "") else None,
+            memory_budget=(str(extra["memory-budget"]).strip()
+                           if extra.get("memory-budget") not in (None, "") else None),
         )
 
 
@@ -197,8 +204,10 @@ def upsert_args(
     source_format: str | None = None,
     delete_field: str | None = None,
     batch_id: str | None = None,
+    engine: str | None = None,
 ) -> list[str]:
-    """The arguments of ``bucketindex upsert``, exactly as the CLI takes them."""
+    """The arguments of ``bucketindex upsert``, exactly as the CLI takes them (``engine``: the
+    submitted job's ``--engine``; the operators pass ``spark`` so the job does not decide again)."""
     key = record_key if isinstance(record_key, str) else ",".join(str(k) for k in record_key)
     args = [str(table_uri), str(source_uri), "--record-key", key]
     for flag, value in (
@@ -210,6 +219,7 @@ def upsert_args(
         ("--source-format", source_format),
         ("--delete-field", delete_field),
         ("--batch-id", batch_id),
+        ("--engine", engine),
     ):
         if value is not None and value != "":
             args += [flag, str(value)]
@@ -363,6 +373,11 @@ class BucketIndexHook(BaseHook):
     def table_defaults(self) -> dict[str, Any]:
         """Options the connection sets for tables an upsert creates."""
         return dict(self.settings.table_defaults)
+
+    def engine_defaults(self) -> tuple[str | None, str | None]:
+        """``(engine, memory_budget)`` the connection sets for the operators that take an
+        ``engine`` (its ``engine`` and ``memory-budget`` extras; None: auto, the machine's budget)."""
+        return self.settings.engine, self.settings.memory_budget
 
     def spark_conf(self) -> dict[str, str]:
         """The connection's ``conf`` extra overlaid with this hook's ``conf``; secrets masked in logs."""
@@ -599,6 +614,7 @@ def _local_driver_memory(master: str, conf: dict[str, str]) -> str | None:
 def _summary(t: "Table", inst: "Instant") -> dict[str, Any]:
     meta = t.timeline.read_metadata(inst)
     counts = meta.get("counts") or {}
+    engine = meta.get("engine")
     return {
         "table_uri": t.uri,
         "instant": inst.timestamp,
@@ -608,6 +624,8 @@ def _summary(t: "Table", inst: "Instant") -> dict[str, Any]:
         "updated": int(counts.get("updated", 0)),
         "deleted": int(counts.get("deleted", 0)),
         "counts": counts,
+        #: the engine that wrote the commit (``spark`` or ``arrow``), None for commits that do not say
+        "engine": engine.get("name") if isinstance(engine, dict) else (engine or None),
     }
 
 

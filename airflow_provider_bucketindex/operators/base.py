@@ -14,7 +14,7 @@ from airflow_provider_bucketindex.hooks.bucketindex import BucketIndexHook
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-__all__ = ["BucketIndexSparkOperator", "BucketIndexTableMixin"]
+__all__ = ["BucketIndexEngineMixin", "BucketIndexSparkOperator", "BucketIndexTableMixin"]
 
 
 class BucketIndexTableMixin:
@@ -229,3 +229,81 @@ class BucketIndexSparkOperator(BucketIndexTableMixin, BaseOperator):
         hook = self.__dict__.get("hook")  # never build a hook just to kill nothing
         if hook is not None:
             hook.on_kill()
+
+
+#: the values of an operator's ``engine`` (``spark_jobs.table.action.engine.ENGINES``, without importing it)
+AUTO, SPARK, ARROW = "auto", "spark", "arrow"
+ENGINES = (AUTO, SPARK, ARROW)
+
+
+class BucketIndexEngineMixin:
+    """What an operator whose work can run inside the task or as a Spark job shares: the
+    ``engine`` and ``memory_budget`` arguments, their connection defaults, and the decision.
+
+    * ``engine="auto"`` (the default, unless the connection's ``engine`` extra says otherwise):
+      the work runs **in the task**, on the in-process Arrow engine (no spark-submit, no JVM,
+      no ``pyspark``), when what it holds in memory fits ``memory_budget``; otherwise it is
+      submitted to Spark as before. The connection's master does not change that: a small
+      batch runs in the task even when the connection names a cluster.
+    * ``engine="spark"``: always spark-submit (or Spark Connect), as before.
+    * ``engine="arrow"``: always in the task (a batch the Arrow engine cannot run fails as bad
+      input, without retries).
+
+    ``memory_budget`` (e.g. ``"4g"``; default: the connection's ``memory-budget`` extra, else
+    ``$BUCKETINDEX_ARROW_MEMORY_BUDGET``, else a quarter of the worker's physical memory).
+    """
+
+    engine: Any
+    memory_budget: Any
+    hook: BucketIndexHook
+    log: Any
+
+    def requested_engine(self) -> tuple[str, str | None]:
+        """``(engine, memory_budget)`` this task asks for: its own arguments (templates rendered),
+        else the connection's ``engine`` / ``memory-budget`` extras, else ``auto`` and the
+        machine's budget. An unknown engine fails the task without retries."""
+        from airflow.sdk.exceptions import AirflowFailException
+
+        engine, budget = _text(self.engine), _text(self.memory_budget)
+        if engine is None or budget is None:
+            conn_engine, conn_budget = self.hook.engine_defaults()
+            engine = engine if engine is not None else conn_engine
+            budget = budget if budget is not None else conn_budget
+        engine = (engine or AUTO).lower()
+        if engine not in ENGINES:
+            raise AirflowFailException(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+        return engine, budget
+
+    def decide_engine(self, verb: str, needed_bytes: Any) -> tuple[str, Any]:
+        """``(requested, EngineChoice)`` for this run: ``auto`` sizes the work with ``needed_bytes()``
+        (bytes the Arrow engine would hold) against the memory budget, through the core's
+        :func:`~spark_jobs.table.action.engine.choose_engine`. Logged with its reason.
+
+        Raises the core's BadInputError for a budget that is not a size, and whatever sizing
+        raises (a damaged table): the caller maps them as it maps the work's own errors."""
+        from spark_jobs.table.action.engine import EngineChoice, choose_engine, memory_budget
+
+        requested, budget = self.requested_engine()
+        if requested == SPARK:
+            choice = EngineChoice(SPARK, "engine='spark': submitted to Spark")
+        elif requested == ARROW:
+            choice = EngineChoice(ARROW, "engine='arrow': in the Airflow task")
+        else:
+            limit = memory_budget(budget)
+            auto = choose_engine(requested=AUTO, needed_bytes=int(needed_bytes()), budget=limit)
+            where = "in the Airflow task" if auto.engine == ARROW else "submitted to Spark"
+            choice = EngineChoice(auto.engine, f"engine='auto': {auto.reason}; {where}")
+        self.log.info("%s: engine %s (%s)", verb, choice.engine, choice.reason)
+        return requested, choice
+
+
+def _text(value: Any) -> str | None:
+    """A rendered template value as text; None or "" (an unset param) is None."""
+    if value is None:
+        return None
+    text = str(value).strip()
+    return None if text in ("", "None") else text
+
+
+def one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())

@@ -13,19 +13,32 @@ from airflow_provider_bucketindex.hooks.bucketindex import (
     SparkJobFailed,
     upsert_args,
 )
-from airflow_provider_bucketindex.operators.base import BucketIndexSparkOperator
+from airflow_provider_bucketindex.operators.base import (
+    ARROW,
+    AUTO,
+    SPARK,
+    BucketIndexEngineMixin,
+    BucketIndexSparkOperator,
+    one_line,
+)
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
 __all__ = ["UpsertWithIndexOperator"]
 
+#: the source formats ``bucketindex upsert --source-format`` takes
+SOURCE_FORMATS = ("parquet", "json", "csv")
 
-class UpsertWithIndexOperator(BucketIndexSparkOperator):
+
+class UpsertWithIndexOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
     """Upsert (and delete) the rows of ``source_uri`` into the table at ``table_uri``.
 
-    Runs ``bucketindex upsert`` with spark-submit. Data files and index entries of the
-    batch appear in one commit, or not at all.
+    A batch that fits the memory budget runs **inside the task** on the in-process Arrow
+    engine (:func:`spark_jobs.arrow_engine.upsert.run_upsert`: no spark-submit, no JVM); a
+    larger one runs ``bucketindex upsert --engine spark`` with spark-submit (see ``engine``).
+    Either way data files and index entries of the batch appear in one commit, or not at all,
+    and XCom, lineage, the Asset event and the failure mapping are the same.
 
     :param table_uri: the table (local path, ``file://``, ``s3://``, ``hdfs://``); created
         by the first upsert (templated).
@@ -45,27 +58,45 @@ class UpsertWithIndexOperator(BucketIndexSparkOperator):
         try of the task, so a retry never applies the batch twice.
     :param skip_committed_batches: when the batch id is already committed (a retry after
         the commit), do not even start spark-submit; push the existing commit.
+    :param engine: ``auto`` (default: the connection's ``engine`` extra, else auto) runs the
+        batch in the task when the batch, the largest file group it may rewrite and the index
+        bucket it reads fit ``memory_budget`` (:func:`spark_jobs.engines.upsert_footprint`),
+        and submits it to Spark otherwise -- also when the Arrow engine finds, before writing
+        anything, a rule it cannot reproduce (a JSON or CSV source into a new table, ...).
+        ``spark``: always spark-submit; ``arrow``: always in the task (templated).
+    :param memory_budget: what the in-task engine may hold, e.g. ``"4g"`` (templated; default:
+        the connection's ``memory-budget`` extra, else ``$BUCKETINDEX_ARROW_MEMORY_BUDGET``, else
+        a quarter of the worker's physical memory).
 
     Index type, bucket count, table type and source format default to the connection's
     extras; index type, bucket count and table type only when the upsert creates the table
     (an existing table keeps its own). Pushes to XCom -- only with ``do_xcom_push`` (the
     default) -- ``instant`` (the commit), ``counts`` (inserted, updated, deleted), and as
-    return value a summary of both.
+    return value a summary of both with the ``engine`` that wrote the commit (``arrow`` in
+    the task, ``spark`` submitted; None for a commit that does not record it).
 
     Lineage and assets: the default outlet is the alias
     :data:`~airflow_provider_bucketindex.lineage.TABLE_UPDATES`; each run (also a retry that
     finds its batch committed) records an Asset event for ``table_asset(table_uri)`` with
-    extra ``{"instant", "batch_id", "inserted", "updated", "deleted"}``, so a DAG with
+    extra ``{"instant", "batch_id", "inserted", "updated", "deleted"}`` (and ``engine`` when the
+    commit records it), so a DAG with
     ``schedule=[table_asset(uri)]`` runs after it. OpenLineage: input the source, output
     the table with ``outputStatistics.rowCount`` = inserted + updated + deleted.
 
     Exit status 2 (bad input) fails the task without retries; exit status 3 (a concurrent
     commit conflicted after the job's own retries, or the table was busy) is an ordinary
-    failure that the task's ``retries`` repeat under the same batch id.
+    failure that the task's ``retries`` repeat under the same batch id. In the task, the
+    same errors map the same way: ``BadInputError`` fails without retries,
+    ``RetryableError`` (a conflict, a live writer) is retried.
 
     If the task is killed, spark-submit is stopped and the batch's pending instant is left
     for the rollback task (:class:`RollbackBatchOperator`) or the next try, which rolls
-    back a pending instant of its own batch before it starts.
+    back a pending instant of its own batch before it starts (in-task, the writer dies with
+    the task; its instant counts as abandoned once its heartbeat stops).
+
+    ``env_vars``, ``conf`` and the other Spark options apply to spark-submit only; in the task
+    the worker's own environment reaches the table and the source, as it does for the
+    sensors, the rollback and the clean task.
     """
 
     template_fields: Sequence[str] = (
@@ -80,6 +111,8 @@ class UpsertWithIndexOperator(BucketIndexSparkOperator):
         "source_format",
         "delete_field",
         "batch_id",
+        "engine",
+        "memory_budget",
         "master",
         "conf",
         "name",
@@ -103,6 +136,8 @@ class UpsertWithIndexOperator(BucketIndexSparkOperator):
         delete_field: str | None = None,
         batch_id: str | None = None,
         skip_committed_batches: bool = True,
+        engine: str | None = None,
+        memory_budget: str | None = None,
         **kwargs: Any,
     ) -> None:
         self.default_outlets(kwargs)
@@ -119,9 +154,12 @@ class UpsertWithIndexOperator(BucketIndexSparkOperator):
         self.delete_field = delete_field
         self.batch_id = batch_id
         self.skip_committed_batches = skip_committed_batches
+        self.engine = engine
+        self.memory_budget = memory_budget
 
-    def build_args(self, batch_id: str, *, table_exists: bool) -> list[str]:
-        """``bucketindex upsert`` arguments, connection defaults filled in."""
+    def _table_options(self, table_exists: bool) -> dict[str, Any]:
+        """index, num_buckets, table_type and source_format: the task's, else the connection's
+        (the first three only for a table the upsert creates)."""
         defaults = self.hook.table_defaults()
         index, num_buckets, table_type = self.index, self.num_buckets, self.table_type
         if not table_exists:
@@ -129,24 +167,73 @@ class UpsertWithIndexOperator(BucketIndexSparkOperator):
             num_buckets = num_buckets if num_buckets not in (None, "") else defaults.get("num_buckets")
             table_type = table_type if table_type not in (None, "") else defaults.get("table_type")
         source_format = self.source_format if self.source_format not in (None, "") else defaults.get("source_format")
+        return {"index": index, "num_buckets": num_buckets, "table_type": table_type, "source_format": source_format}
+
+    def build_args(self, batch_id: str, *, table_exists: bool) -> list[str]:
+        """``bucketindex upsert`` arguments of the Spark job, connection defaults filled in, with
+        ``--engine spark``: the operator has decided, the submitted job does not decide again."""
         return upsert_args(
             self.table_uri,
             self.source_uri,
             record_key=self.record_key,
             precombine_field=self.precombine_field,
             partition_field=self.partition_field,
-            index=index,
-            num_buckets=num_buckets,
-            table_type=table_type,
-            source_format=source_format,
             delete_field=self.delete_field,
             batch_id=batch_id,
+            engine=SPARK,
+            **self._table_options(table_exists),
         )
 
     def spark_submit_command(self, batch_id: str) -> list[str]:
-        """The exact spark-submit command ``execute`` runs for ``batch_id`` (templates rendered)."""
+        """The exact spark-submit command ``execute`` runs for ``batch_id`` when the batch goes to
+        Spark (templates rendered)."""
         args = self.build_args(batch_id, table_exists=self.hook.table_exists(str(self.table_uri)))
         return self.hook.build_command("upsert", args)
+
+    def upsert_options(self, batch_id: str, *, table_exists: bool, memory_budget: str | None = None) -> Any:
+        """The :class:`~spark_jobs.table.action.upsert.UpsertOptions` of the in-task run: the same
+        values :meth:`build_args` passes the CLI, checked as the CLI's parser checks them (bad
+        values raise ``BadInputError``). ``engine`` is ``arrow``: the operator has decided."""
+        from spark_jobs.exceptions import BadInputError
+        from spark_jobs.table.action.upsert import UpsertOptions
+        from spark_jobs.table.config import INDEX_TYPES, TABLE_TYPES
+
+        opt = self._table_options(table_exists)
+        for name, value, allowed in (("index", opt["index"], INDEX_TYPES), ("table_type", opt["table_type"], TABLE_TYPES),
+                                     ("source_format", opt["source_format"], SOURCE_FORMATS)):
+            if value not in (None, "") and str(value) not in allowed:
+                raise BadInputError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+        num_buckets = opt["num_buckets"]
+        if num_buckets not in (None, ""):
+            try:
+                num_buckets = int(str(num_buckets))
+            except ValueError:
+                raise BadInputError(f"num_buckets must be a whole number, got {num_buckets!r}") from None
+            if num_buckets < 1:
+                raise BadInputError(f"--num-buckets must be at least 1, got {num_buckets}")
+        key = self.record_key if isinstance(self.record_key, str) else ",".join(str(k) for k in self.record_key)
+        keys = [k.strip() for k in str(key).split(",") if k.strip()]
+        if not keys:
+            raise BadInputError(f"record_key names no field: {self.record_key!r}")
+
+        def text(value: Any) -> str | None:
+            return None if value is None or value == "" else str(value)
+
+        return UpsertOptions(
+            table=str(self.table_uri),
+            source=str(self.source_uri),
+            record_key=keys,
+            precombine_field=text(self.precombine_field),
+            partition_field=text(self.partition_field),
+            index=text(opt["index"]),
+            num_buckets=num_buckets or None,
+            table_type=text(opt["table_type"]),
+            source_format=text(opt["source_format"]) or "parquet",
+            delete_field=text(self.delete_field),
+            batch_id=batch_id,
+            engine=ARROW,
+            memory_budget=memory_budget,
+        )
 
     def execute(self, context: Context) -> dict[str, Any]:
         table_uri = str(self.table_uri)
@@ -169,7 +256,69 @@ class UpsertWithIndexOperator(BucketIndexSparkOperator):
         if rolled:
             self.log.info("Rolled back %s left pending by an earlier attempt of batch %s", rolled, batch_id)
 
-        args = self.build_args(batch_id, table_exists=hook.table_exists(table_uri))
+        table_exists = hook.table_exists(table_uri)
+        engine = self._run_in_task(batch_id, table_exists=table_exists)
+        if engine is None:
+            self._submit(context, batch_id, table_exists=table_exists)
+            engine = SPARK
+
+        done = hook.commit_for_batch(table_uri, batch_id)
+        if done is None:
+            how = "bucketindex upsert exited 0" if engine == SPARK else "the upsert in the task returned"
+            raise AirflowException(f"{how} but no commit of {table_uri} carries batch id {batch_id}")
+        self.log.info(
+            "Committed %s on %s: %d inserted, %d updated, %d deleted",
+            done["instant"],
+            done.get("engine") or engine,
+            done["inserted"],
+            done["updated"],
+            done["deleted"],
+        )
+        return self._publish(context, {**done, "engine": done.get("engine") or engine})
+
+    def _run_in_task(self, batch_id: str, *, table_exists: bool) -> str | None:
+        """Decide the engine; on ``arrow`` run the batch in this process and return ``"arrow"``.
+        None: the batch goes to Spark (decided so, or ``auto`` and the Arrow engine cannot run it).
+
+        The core's errors map as the CLI's exit statuses do on the Spark path: bad input (2) fails
+        without retries, a conflict or a busy table (3) is retried, a damaged table (1) is an
+        ordinary failure."""
+        from spark_jobs.exceptions import BadInputError, EngineUnsupportedError, RetryableError, TableCorruptError
+
+        try:
+            requested, budget = self.requested_engine()
+            if requested == SPARK:
+                self.decide_engine("upsert", lambda: 0)
+                return None
+            opts = self.upsert_options(batch_id, table_exists=table_exists, memory_budget=budget)
+            requested, choice = self.decide_engine("upsert", lambda: _footprint(opts))
+            if choice.engine != ARROW:
+                return None
+            try:
+                result = _upsert_in_task(opts, choice)
+            except EngineUnsupportedError as e:
+                if requested != AUTO:  # asked for explicitly: bad input, as the CLI's --engine arrow
+                    raise EngineUnsupportedError(f"engine='arrow' cannot run this batch: {one_line(e)}; "
+                                                 f"use engine='spark'") from e
+                self.log.info("upsert: engine spark (engine='auto': the arrow engine cannot run this batch (%s), "
+                              "nothing was written; submitted to Spark)", one_line(e))
+                return None
+        except BadInputError as e:  # bad input: nothing was written, a retry cannot help
+            raise AirflowFailException(f"bucketindex upsert failed: {one_line(e)}") from e
+        except RetryableError as e:  # a conflict or a busy table: an ordinary, retryable failure
+            raise AirflowException(
+                f"batch {batch_id} met concurrent writers and wrote nothing ({one_line(e)}); the task's retries "
+                f"apply it under the same batch id"
+            ) from e
+        except TableCorruptError as e:  # the CLI's exit status 1
+            raise AirflowException(f"bucketindex upsert failed: {one_line(e)}; nothing was committed") from e
+        timings = result.get("timings_ms") or {}
+        self.log.info("upsert in the task: instant %s%s, %s ms", result.get("instant"),
+                      " (batch already committed)" if result.get("noop") else "", timings.get("total_ms", "?"))
+        return ARROW
+
+    def _submit(self, context: Context, batch_id: str, *, table_exists: bool) -> None:
+        args = self.build_args(batch_id, table_exists=table_exists)
         try:
             self.submit_job(context, "upsert", args)
         except SparkJobFailed as e:
@@ -182,29 +331,39 @@ class UpsertWithIndexOperator(BucketIndexSparkOperator):
                 ) from e
             raise
 
-        done = hook.commit_for_batch(table_uri, batch_id)
-        if done is None:
-            raise AirflowException(f"bucketindex upsert exited 0 but no commit of {table_uri} carries batch id {batch_id}")
-        self.log.info(
-            "Committed %s: %d inserted, %d updated, %d deleted",
-            done["instant"],
-            done["inserted"],
-            done["updated"],
-            done["deleted"],
-        )
-        return self._publish(context, done)
-
     def _publish(self, context: Context, summary: dict[str, Any]) -> dict[str, Any]:
         counts = {k: summary[k] for k in ("inserted", "updated", "deleted")}
+        engine = summary.get("engine")
         self.set_lineage(inputs=[str(self.source_uri)], outputs=[summary["table_uri"]],
                          output_rows=sum(counts.values()))
         self.emit_table_update(context, summary["table_uri"], instant=summary["instant"],
-                               batch_id=summary["batch_id"], **counts)
+                               batch_id=summary["batch_id"], **counts, **({"engine": engine} if engine else {}))
         self.push_xcom(context, instant=summary["instant"], counts=counts)
-        return {"table_uri": summary["table_uri"], "batch_id": summary["batch_id"], "instant": summary["instant"], **counts}
+        return {"table_uri": summary["table_uri"], "batch_id": summary["batch_id"], "instant": summary["instant"],
+                **counts, "engine": engine}
 
     def on_kill(self) -> None:
         super().on_kill()
         self.log.warning(
-            "spark-submit stopped; a pending instant of this batch, if any, is left for the rollback task or the next try"
+            "upsert stopped; a pending instant of this batch, if any, is left for the rollback task or the next try"
         )
+
+
+def _footprint(opts: Any) -> int:
+    """Bytes the in-task engine would hold for this batch (:func:`spark_jobs.engines.upsert_footprint`)."""
+    from spark_jobs.engines import upsert_footprint
+
+    return upsert_footprint(opts)
+
+
+def _upsert_in_task(opts: Any, choice: Any) -> dict[str, Any]:
+    """The batch on the in-process Arrow engine, with the CLI's pre-checks (source exists, the
+    batch's columns from its Parquet footers) first; the commit records ``choice``.
+
+    Not :func:`spark_jobs.engines.upsert`: that would start a local Spark session *in the
+    worker* when the Arrow engine cannot run a batch; the operator submits it instead."""
+    from spark_jobs.arrow_engine.upsert import run_upsert
+    from spark_jobs.engines import precheck_upsert
+
+    precheck_upsert(opts)
+    return run_upsert(opts, choice=choice)

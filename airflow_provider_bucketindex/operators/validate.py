@@ -4,10 +4,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Sequence
 
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_bucketindex.hooks.bucketindex import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, SparkJobFailed
-from airflow_provider_bucketindex.operators.base import BucketIndexSparkOperator
+from airflow_provider_bucketindex.operators.base import (
+    ARROW,
+    SPARK,
+    BucketIndexEngineMixin,
+    BucketIndexSparkOperator,
+    one_line,
+)
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -15,34 +21,100 @@ if TYPE_CHECKING:
 __all__ = ["ValidateTableOperator"]
 
 
-class ValidateTableOperator(BucketIndexSparkOperator):
-    """Run ``bucketindex validate TABLE`` with spark-submit; fail (without retrying) when
-    the check finds a problem (exit status 1) or the table is unusable (2).
+class ValidateTableOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
+    """The full index <-> data check of ``bucketindex validate TABLE``; fail (without
+    retrying) when the check finds a problem (exit status 1) or the table is unusable (2).
+
+    A table whose keys (and, for the record index, its live index entries) fit the memory
+    budget is checked **inside the task** on the in-process Arrow engine
+    (:func:`spark_jobs.arrow_engine.validate.run_validate`: the same report, no spark-submit);
+    a larger one runs ``bucketindex validate`` with spark-submit.
 
     :param table_uri: the table (templated).
+    :param engine: ``auto`` (default: the connection's ``engine`` extra, else auto): in the task
+        when :func:`spark_jobs.arrow_engine.validate.needed_bytes` of the latest snapshot fits
+        ``memory_budget``, spark-submit otherwise; ``spark``: always spark-submit; ``arrow``:
+        always in the task (templated).
+    :param memory_budget: what the in-task check may hold, e.g. ``"4g"`` (templated; default:
+        the connection's ``memory-budget`` extra, else ``$BUCKETINDEX_ARROW_MEMORY_BUDGET``, else a
+        quarter of the worker's physical memory).
+
+    Returns ``{"table_uri", "valid", "instant", "engine"}`` (``instant``: the latest commit
+    checked). A problem found, a damaged table (``TableCorruptError``, the CLI's exit 1) or
+    bad input (no table there) fails without retries on both paths; a busy table is retried.
     """
 
-    template_fields: Sequence[str] = ("table_uri", "master", "conf", "name", "env_vars")
+    template_fields: Sequence[str] = ("table_uri", "engine", "memory_budget", "master", "conf", "name", "env_vars")
     ui_color = "#e6f4ea"
 
-    def __init__(self, *, table_uri: str, **kwargs: Any) -> None:
+    def __init__(
+        self, *, table_uri: str, engine: str | None = None, memory_budget: str | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.table_uri = table_uri
+        self.engine = engine
+        self.memory_budget = memory_budget
 
     def spark_submit_command(self) -> list[str]:
-        """The exact spark-submit command ``execute`` runs (templates rendered)."""
+        """The exact spark-submit command ``execute`` runs when the check goes to Spark (templates rendered)."""
         return self.hook.build_command("validate", [str(self.table_uri)])
 
     def execute(self, context: Context) -> dict[str, Any]:
         table_uri = str(self.table_uri)
-        try:
-            self.submit_job(context, "validate", [table_uri])
-        except SparkJobFailed as e:
-            if e.returncode == EXIT_CHECK_FAILED:
-                raise AirflowFailException(f"validate found a problem in {table_uri}: {e.reason}") from e
-            if e.returncode == EXIT_BAD_INPUT:
-                raise AirflowFailException(str(e)) from e
-            raise
+        engine = self._run_in_task(table_uri)
+        if engine is None:
+            engine = SPARK
+            try:
+                self.submit_job(context, "validate", [table_uri])
+            except SparkJobFailed as e:
+                if e.returncode == EXIT_CHECK_FAILED:
+                    raise AirflowFailException(f"validate found a problem in {table_uri}: {e.reason}") from e
+                if e.returncode == EXIT_BAD_INPUT:
+                    raise AirflowFailException(str(e)) from e
+                raise
         self.set_lineage(inputs=[table_uri])
         last = self.hook.last_commit(table_uri)
-        return {"table_uri": table_uri, "valid": True, "instant": last["instant"] if last else None}
+        return {"table_uri": table_uri, "valid": True, "instant": last["instant"] if last else None, "engine": engine}
+
+    def _run_in_task(self, table_uri: str) -> str | None:
+        """Decide the engine; on ``arrow`` check the table in this process and return ``"arrow"``
+        (None: the check goes to Spark). Failures map as the CLI's exit statuses do."""
+        from spark_jobs.exceptions import BadInputError, RetryableError, TableCorruptError
+
+        try:
+            requested, _ = self.requested_engine()
+            if requested == SPARK:
+                self.decide_engine("validate", lambda: 0)
+                return None
+            requested, choice = self.decide_engine("validate", lambda: _needed_bytes(table_uri))
+            if choice.engine != ARROW:
+                return None
+            from spark_jobs.arrow_engine.validate import run_validate
+
+            report = run_validate(table_uri)
+        except TableCorruptError as e:  # exit 1: what validate reports as a finding
+            raise AirflowFailException(f"validate found a problem in {table_uri}: {one_line(e)}") from e
+        except BadInputError as e:  # exit 2: no table there
+            raise AirflowFailException(f"bucketindex validate failed: {one_line(e)}") from e
+        except RetryableError as e:  # exit 3
+            raise AirflowException(f"bucketindex validate {table_uri}: {one_line(e)}") from e
+        if not report.get("ok"):
+            problems = report.get("problems") or {}
+            missing = problems.get("data_files_missing") if isinstance(problems, dict) else None
+            files = (f" ({missing['count']} data files missing, e.g. {', '.join(missing['samples'][:3])})"
+                     if isinstance(missing, dict) and missing.get("samples") else "")
+            self.log.error("validate report: %s", report)
+            raise AirflowFailException(
+                f"validate found a problem in {table_uri}: bucketindex: validate found problems: "
+                f"{', '.join(problems)}{files}")
+        self.log.info("validate in the task: %s rows, no problem", report.get("rows"))
+        return ARROW
+
+
+def _needed_bytes(table_uri: str) -> int:
+    """Bytes the in-task check holds for the latest snapshot (:func:`spark_jobs.arrow_engine.validate.needed_bytes`)."""
+    from spark_jobs.arrow_engine.validate import needed_bytes
+    from spark_jobs.table.table import Table
+
+    table = Table.load(table_uri)
+    return needed_bytes(table, table.view())

@@ -29,7 +29,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from spark_jobs.exceptions import BadInputError
+from spark_jobs.exceptions import BadInputError, ConflictError
 from spark_jobs.jobs import tasks
 from spark_jobs.jobs.keys import bucket_expr, key_expr, partition_expr
 from spark_jobs.jobs.session import default_parallelism, job_conf, session_start_ms
@@ -59,7 +59,7 @@ from spark_jobs.table.schema import check_timestamp_units, stored_schema, stored
 from spark_jobs.table.shadow import SAMPLES
 from spark_jobs.table.table import Table
 from spark_jobs.table.timeline import Action
-from spark_jobs.table.view import encode_schema
+from spark_jobs.table.view import FileSystemView, encode_schema
 from spark_jobs.testing.faults import maybe_crash
 
 __all__ = ["BootstrapOptions", "run_bootstrap"]
@@ -363,7 +363,8 @@ def _reference_scanned(spark: SparkSession, table: Table, source: SourceDataset,
     txn = Transaction(table, Action.BOOTSTRAP, plan, view=view).begin()
     ts = txn.ts
     log.info("instant %s: bootstrapping %d files of %s into %s", ts, len(source.files), opts.source, opts.table)
-    try:
+
+    def attempt(view: FileSystemView, retries: list[dict[str, Any]]) -> dict[str, Any]:
         t1 = time.perf_counter()
         rewritten: dict[int, dict[str, Any]] = {}
         if drops:
@@ -417,16 +418,31 @@ def _reference_scanned(spark: SparkSession, table: Table, source: SourceDataset,
             "num_buckets": num_buckets, "file_groups": groups,
             "index": {"added": index_added, "removed": []},
             "counts": {"inserted": live_total, "updated": 0, "deleted": 0, "moved": 0, "rows_in_batch": n_rows},
-            "bootstrap": summary, "conflicts": [],
+            "bootstrap": summary, "conflicts": retries,
         }
         maybe_crash("before_complete")
         metadata["timings_ms"] = {**timings, "total_ms": int((time.perf_counter() - t0) * 1000)}
-        txn.commit(metadata)
-    except BaseException:
-        txn.abort()
-        raise
-    log.info("committed %s: %d rows in %d file groups (%d referenced in place, %d rewritten)", ts, live_total,
-             len(groups), summary["counts"]["files_referenced"], len(rewritten))
+        return metadata
+
+    # one attempt: a bootstrap makes a new table, so a write completed meanwhile leaves nothing
+    # to redo on the new snapshot (a rerun finds its batch committed, or the table holding data)
+    try:
+        done = txn.run(attempt, max_retries=0, batch_id=batch_id, what="the bootstrap")
+    except ConflictError:
+        if not txn.conflicts:  # not the commit's conflict
+            raise
+        raise ConflictError(f"conflict: {txn.conflicts[-1]}; the bootstrap was not committed; nothing was written, "
+                            f"run it again with the same batch id") from None
+    if done.instant is None:  # a concurrent writer committed this batch
+        meta = table.timeline.read_metadata(table.timeline.reload().find(done.applied_by))
+        return {"instant": done.applied_by, "batch_id": batch_id, "noop": True, "mode": MODE_REFERENCE,
+                "index_type": meta.get("index_type"), "counts": (meta.get("bootstrap") or {}).get("counts", {}),
+                "timings_ms": dict(timings)}
+    metadata = done.metadata
+    summary = metadata["bootstrap"]
+    log.info("committed %s: %d rows in %d file groups (%d referenced in place, %d rewritten)", ts,
+             summary["counts"]["rows"], len(metadata["file_groups"]), summary["counts"]["files_referenced"],
+             summary["counts"]["files_rewritten"])
     return {"instant": ts, "batch_id": batch_id, "noop": False, "mode": MODE_REFERENCE, "index_type": INDEX_RECORD,
             "counts": summary["counts"], "timings_ms": dict(timings)}
 

@@ -26,7 +26,7 @@ from spark_jobs.table.reader import META_PREFIX
 from spark_jobs.table.table import Table
 from spark_jobs.table.view import FileSlice, FileSystemView
 
-__all__ = ["read_table", "read_slices", "spark_uri", "file_uri", "keys_with_location"]
+__all__ = ["read_table", "read_slices", "spark_uri", "file_uri", "keys_with_location", "write_one_parquet"]
 
 KEY = tasks.KEY
 #: file groups per read task is about len(files) / (this x the cores): a few waves, so one
@@ -181,3 +181,41 @@ def read_table(spark: SparkSession, uri: str, as_of: str | None = None, *, with_
     if not with_meta:
         df = df.drop(*[c for c in df.columns if c.startswith(META_PREFIX)])
     return df
+
+
+def write_one_parquet(spark: SparkSession, df: DataFrame, uri: str) -> int:
+    """``df`` as one Parquet file at ``uri`` (``read --output`` on Spark): one task writes it
+    into a directory beside ``uri``, then it is moved into place; the rows written.
+
+    One task bounds memory to a row group, whatever the table's size (the in-process reader
+    would hold the snapshot). Timestamps are written as Parquet's microsecond type, as
+    pyarrow writes them, not Spark's default INT96.
+    """
+    import uuid
+
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+
+    from spark_jobs.io.filesystem import resolve
+    from spark_jobs.jobs.session import job_conf
+
+    io, path = resolve(uri)
+    tmp_uri = f"{uri.rstrip('/')}.{uuid.uuid4().hex}.tmp"
+    tmp = resolve(tmp_uri)[1]
+    try:
+        with job_conf(spark, **{"spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS"}):
+            df.coalesce(1).write.parquet(spark_uri(tmp_uri))
+        parts = sorted(i.path for i in io.fs.get_file_info(pafs.FileSelector(tmp))
+                       if i.type == pafs.FileType.File and i.base_name.endswith(".parquet"))
+        if not parts:  # nothing written for an empty snapshot: an empty file with its schema
+            from pyspark.sql.pandas.types import to_arrow_schema
+
+            pq.write_table(to_arrow_schema(df.schema).empty_table(), path, filesystem=io.fs)
+        else:
+            assert len(parts) == 1, parts
+            io.fs.move(parts[0], path)
+    finally:
+        if io.exists(tmp):
+            io.delete_dir(tmp)
+    with io.open_input_file(path) as f:
+        return pq.ParquetFile(f).metadata.num_rows

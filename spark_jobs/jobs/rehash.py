@@ -31,7 +31,7 @@ from spark_jobs.jobs import rehash_tasks, tasks
 from spark_jobs.jobs.keys import bucket_expr
 from spark_jobs.jobs.read import READ_WAVES, keys_with_location
 from spark_jobs.jobs.session import default_parallelism, job_conf, session_start_ms
-from spark_jobs.table.action import CommitConflict, Transaction
+from spark_jobs.table.action import Transaction
 from spark_jobs.table.action.rehash import (
     RehashPlan,
     bucket_tasks,
@@ -82,7 +82,8 @@ def run_rehash(spark: SparkSession | Callable[[], SparkSession], uri: str, num_b
     log.info("rehash %s: %s index %d -> %d buckets (%s by %d), %d rows in %d file groups", txn.ts, plan.index_type,
              plan.old, plan.new, "split" if plan.split else "merge", plan.factor, view.num_rows,
              len(view.file_groups))
-    try:
+
+    def attempt(view: FileSystemView, retries: list[dict[str, Any]]) -> dict[str, Any]:
         t0 = time.perf_counter()
         if plan.index_type == INDEX_BUCKET:
             meta = rehash_metadata(txn.ts, plan, view, written_groups=_rehash_data(session, table, txn.ts, plan, view))
@@ -93,14 +94,17 @@ def run_rehash(spark: SparkSession | Callable[[], SparkSession], uri: str, num_b
         meta["timings_ms"] = {"rehash_ms": int((time.perf_counter() - t0) * 1000),
                               "total_ms": int((time.perf_counter() - started) * 1000)}
         maybe_crash("before_complete")
-        txn.commit(meta)
-    except CommitConflict as c:
-        txn.abort()
-        raise ConflictError(f"conflict: {c.conflict}; the rehash was not committed and the table keeps "
+        return meta
+
+    # a rehash rewrites what it read: a write completed meanwhile always conflicts, and the
+    # plan (checked on the old snapshot) is not remade here -- the caller runs it again
+    try:
+        meta = txn.run(attempt, max_retries=0, what="the rehash").metadata
+    except ConflictError:
+        if not txn.conflicts:  # not the commit's conflict
+            raise
+        raise ConflictError(f"conflict: {txn.conflicts[-1]}; the rehash was not committed and the table keeps "
                             f"{plan.old} buckets; run it again") from None
-    except BaseException:
-        txn.abort()
-        raise
     cancelled = cancel_stale_plans(table)
     log.info("rehash %s committed: %d buckets in force (%d ms)%s", txn.ts, plan.new, meta["timings_ms"]["rehash_ms"],
              f"; cancelled compaction plans {', '.join(cancelled)}" if cancelled else "")

@@ -10,6 +10,7 @@ group whose file was opened (:func:`keys_with_location`), the live entries of in
 the bucket hash (:func:`bucket_expr`) -- but asks a different question: validate lists every
 broken invariant of the table, shadow-compare answers "would a lookup of this key have been
 right?", per key, so its counts are keys and a ``--since`` or a sample can narrow them.
+:mod:`spark_jobs.arrow_engine.shadow_compare` runs the same comparison in-process (``--engine``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from spark_jobs.jobs.session import default_parallelism, job_conf
 from spark_jobs.jobs.validate import ENTRY_SCHEMA, count_and_sample
 from spark_jobs.resources import shuffle_partitions
 from spark_jobs.table import shadow
-from spark_jobs.table.config import INDEX_BUCKET, INDEX_GLOBAL_SIMPLE, INDEX_RECORD
+from spark_jobs.table.config import INDEX_RECORD
 from spark_jobs.table.shadow import ShadowOptions, Touched
 from spark_jobs.table.table import Table
 from spark_jobs.table.view import FileSystemView
@@ -138,7 +139,7 @@ def _compare_record(spark: SparkSession, table: Table, view: FileSystemView, opt
     if tkeys is not None:
         entries = entries.join(tkeys.select("fp_hi", "fp_lo"), ["fp_hi", "fp_lo"], "left_semi")
     entries = _sampled(entries, opts.sample_fraction)
-    partition_only = opts.against == INDEX_BUCKET  # a record table's file groups are not hash buckets
+    partition_only = shadow.record_partition_only(opts)  # a record table's file groups are not hash buckets
     loc = F.col("part") if partition_only else F.struct("part", "fid")
     d = data.groupBy("fp_hi", "fp_lo", "bucket").agg(
         F.count(F.lit(1)).alias("n"), F.min(KEY).alias(KEY), F.collect_set(loc).alias("locs"))
@@ -158,7 +159,7 @@ def _compare_record(spark: SparkSession, table: Table, view: FileSystemView, opt
         "wrong_location": (row & entry & ~F.array_contains(F.col("d.locs"), answer), d_key),
         "extra": (~row, label),
         "duplicated": (F.col("d.n") > 1, d_key),
-    }, samples=shadow.SAMPLES)
+    }, samples=shadow.SAMPLES, ordered=True)  # the smallest names: shadow.add_found's rule
     n = j.count()
     j.unpersist()
     return n
@@ -172,15 +173,15 @@ def _fp_label() -> Column:
 def _compare_hashed(index_type: str, opts: ShadowOptions, data: DataFrame, nb: int, found: dict[str, Any]) -> int:
     """Bucket index (answer: file group ``hash(key) mod N`` of the row's partition) and
     global_simple (answer: wherever the row is): only wrong locations and duplicates can occur."""
-    global_keys = index_type == INDEX_GLOBAL_SIMPLE or opts.against == INDEX_GLOBAL_SIMPLE
-    identity = [KEY] if global_keys else [KEY, "part"]
-    answer = file_id_for_bucket_expr(bucket_expr(F.col(KEY), nb)) if index_type == INDEX_BUCKET else F.col("fid")
+    identity = shadow.hashed_identity(index_type, opts)
+    answer = (file_id_for_bucket_expr(bucket_expr(F.col(KEY), nb)) if shadow.hashed_answer_is_bucket(index_type)
+              else F.col("fid"))
     d = data.groupBy(*identity).agg(
         F.count(F.lit(1)).alias("n"), F.max((F.col("fid") != answer).cast("int")).alias("wrong")).cache()
     count_and_sample(found, d, {
         "wrong_location": (F.col("wrong") == 1, F.col(KEY)),
         "duplicated": (F.col("n") > 1, F.col(KEY)),
-    }, samples=shadow.SAMPLES)
+    }, samples=shadow.SAMPLES, ordered=True)
     n = d.count()
     d.unpersist()
     return n

@@ -217,7 +217,7 @@ class SparkUpsertEngine:
         b = attempt.batch
         return _write(self.spark, attempt.table, attempt.cfg, attempt.view, attempt.num_buckets, b.frame, b.n,
                       b.upserts, b.data_schema, attempt.instant, attempt.phases, self.cores,
-                      planned_seq=attempt.planned_seq, shadow_index=attempt.shadow_index)
+                      planned_seq=attempt.planned_seq, shadow_index=attempt.shadow_index, batch_id=attempt.batch_id)
 
     def release(self, batch: PreparedBatch | None) -> None:
         if batch is not None:
@@ -359,12 +359,12 @@ def _scan_join(spark: SparkSession, table: Table, view: FileSystemView, batch: D
 
 
 def _assign_new_file_groups(spark: SparkSession, cfg: TableConfig, view: FileSystemView, rows: DataFrame,
-                            counts: dict[str, int]) -> tuple[DataFrame, int]:
+                            counts: dict[str, int], *, batch_id: str) -> tuple[DataFrame, int]:
     """Give rows entering a partition a file group (the plan: :func:`action.plan_new_file_groups`).
 
     Returns the rows with TPART/TFID and the number of file groups planned.
     """
-    ranges = plan_new_file_groups(cfg, view, counts)
+    ranges = plan_new_file_groups(cfg, view, counts, batch_id=batch_id)
     if not ranges:
         return rows.withColumn(TPART, F.col(PART)).withColumn(TFID, F.lit(None).cast("string")), 0
     plan = spark.createDataFrame(ranges, f"_bi_ppart string, {TFID} string, _bi_lo long, _bi_hi long, _bi_n long")
@@ -406,7 +406,7 @@ def _tag_stats(tagged: DataFrame) -> dict[str, dict[str, int]]:
 
 
 def _route(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystemView, num_buckets: int,
-           tagged: DataFrame, stats: dict[str, dict[str, int]]) -> tuple[DataFrame, int]:
+           tagged: DataFrame, stats: dict[str, dict[str, int]], *, batch_id: str) -> tuple[DataFrame, int]:
     """One row per action with its target file group (TPART, TFID) and OP, and how many file groups it targets."""
     if cfg.index_type == INDEX_BUCKET:
         routed = (
@@ -435,7 +435,8 @@ def _route(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystem
         OP, F.when(F.col("_bi_moved"), F.lit(tasks.MOVE_IN)).otherwise(F.lit(tasks.UPSERT))
     ).withColumn(tasks.FOUND, F.lit(False))
     entering, planned = _assign_new_file_groups(
-        spark, cfg, view, entering, {p: s["entering"] for p, s in stats.items() if s["entering"]}
+        spark, cfg, view, entering, {p: s["entering"] for p, s in stats.items() if s["entering"]},
+        batch_id=batch_id,
     )
     cols = in_place.columns
     routed = in_place.unionByName(move_out.select(*cols)).unionByName(entering.select(*cols))
@@ -468,7 +469,7 @@ LOG_TASK_ROWS = 250_000
 
 def _write(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystemView, num_buckets: int,
            batch: DataFrame, n: int, upserts: int, data_schema: Any, ts: str, phases: Phases, cores: int,
-           *, planned_seq: int, shadow_index: str | None = None) -> dict[str, Any]:
+           *, planned_seq: int, shadow_index: str | None = None, batch_id: str) -> dict[str, Any]:
     """Tag, route, merge and index one attempt on ``view``; returns the commit's write set and counts."""
     # Each persist below happens inside the settings its plan needs: a cached plan keeps the
     # shuffle partitions it was planned with, and every later stage over it runs that many tasks
@@ -499,7 +500,7 @@ def _write(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystem
         d = shadow["disagreements"]
         phases.done("shadow", f"{shadow_index}: {shadow['keys_compared']} keys compared, "
                     + ", ".join(f"{d[k]} {k}" for k in TEE_KINDS))
-    actions, groups = _route(spark, table, cfg, view, num_buckets, tagged, stats)
+    actions, groups = _route(spark, table, cfg, view, num_buckets, tagged, stats, batch_id=batch_id)
     names = data_schema.names
     actions = actions.select(*[F.col(c) for c in names], F.col(OP), F.col(tasks.FOUND), F.col(TPART), F.col(TFID))
     ctx = tasks.MergeContext(

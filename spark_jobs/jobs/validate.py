@@ -24,15 +24,15 @@ from spark_jobs.jobs.keys import bucket_expr
 from spark_jobs.jobs.read import keys_with_location
 from spark_jobs.jobs.session import default_parallelism, job_conf
 from spark_jobs.resources import shuffle_partitions
+from spark_jobs.table import validation
 from spark_jobs.table.config import INDEX_BUCKET, INDEX_RECORD
-from spark_jobs.table.layout import is_reference
 from spark_jobs.table.table import Table
 from spark_jobs.table.view import FileSystemView
 
 __all__ = ["run_validate", "count_and_sample", "ENTRY_SCHEMA"]
 
 log = logging.getLogger("bucketindex.validate")
-SAMPLES = 5
+SAMPLES = validation.SAMPLES
 
 ENTRY_SCHEMA = "bucket int, fp_hi long, fp_lo long, part string, fid string"
 
@@ -51,21 +51,18 @@ def _validate(spark: SparkSession, table: Table, view: FileSystemView) -> dict[s
     assert cfg is not None
     rows = keys_with_location(spark, table, view)
     nb = table.num_buckets(view)
-    problems: dict[str, Any] = {}
-    report: dict[str, Any] = {"rows": 0, "rows_expected": view.num_rows, "index_type": cfg.index_type,
-                              "problems": problems}
-    if _check_files(table, view, problems):  # reading them would fail or read other rows
-        report["ok"] = False
-        return report
+    report, problems = validation.new_report(table, view)
+    if validation.check_files(table, view, problems):  # reading them would fail or read other rows
+        return validation.finish(report)
     if rows is None and not any(view.index_files.values()):
-        report["ok"] = True
-        return report
+        return validation.finish(report)
     if rows is not None:
         rows = rows.cache()
         report["rows"] = rows.count()
-        _collect(problems, "row_count_mismatch", _row_count_mismatches(spark, view, rows))
-        identity = [tasks.KEY, "part"] if cfg.index_type == INDEX_BUCKET else [tasks.KEY]
-        dups = rows.groupBy(*identity).count().filter("count > 1")
+        read = {(r["part"], r["fid"]): r["count"] for r in rows.groupBy("part", "fid").count().collect()}
+        mismatches = validation.row_count_mismatches(view, read)
+        validation.add_problem(problems, "row_count_mismatch", len(mismatches), mismatches)
+        dups = rows.groupBy(*validation.duplicate_identity(cfg.index_type)).count().filter("count > 1")
         _collect(problems, "duplicate_keys", dups.select(tasks.KEY))
     if cfg.index_type == INDEX_BUCKET and rows is not None:
         wrong = rows.filter(F.lpad(bucket_expr(F.col(tasks.KEY), nb).cast("string"), 8, "0") != F.col("fid"))
@@ -87,7 +84,7 @@ def _validate(spark: SparkSession, table: Table, view: FileSystemView) -> dict[s
         data = data.withColumn("data_bucket", bucket_expr(F.col(tasks.KEY), nb))
         j = data.alias("d").join(entries.alias("i"), ["fp_hi", "fp_lo"], "full_outer")
         d_key = F.col("d." + tasks.KEY)
-        count_and_sample(problems, j, {
+        checks = {  # the rules: spark_jobs.table.validation
             "keys_missing_from_index": (F.col("i.fid").isNull(), d_key),
             "index_entries_without_row": (F.col("d.fid").isNull(), F.concat_ws(":", "fp_hi", "fp_lo")),
             "index_points_to_wrong_file": (
@@ -96,61 +93,34 @@ def _validate(spark: SparkSession, table: Table, view: FileSystemView) -> dict[s
             "index_entries_in_wrong_bucket": (
                 F.col("i.bucket").isNotNull() & F.col("d.data_bucket").isNotNull()
                 & (F.col("i.bucket") != F.col("d.data_bucket")), d_key),
-        })
+        }
+        assert tuple(checks) == validation.RECORD_INDEX_CHECKS
+        count_and_sample(problems, j, checks, ordered=True)
         entries.unpersist()
     if rows is not None:
         rows.unpersist()
-    report["ok"] = not problems
-    return report
-
-
-def _check_files(table: Table, view: FileSystemView, problems: dict[str, Any]) -> bool:
-    """Every file the snapshot reads must be there: a data file deleted outside bucketindex is
-    a finding naming the file (``data_files_missing``), not a crash of the scan below.
-
-    A reference bootstrap's files are read in place (format.md §5.3): each must also still
-    have the size the bootstrap recorded (a file the user changed)."""
-    refs = [s for s in view.slices() if is_reference(s.path)]
-    missing = table.missing_files(view, references=False)  # references: checked below, with their sizes
-    if missing:
-        problems["data_files_missing"] = {"count": len(missing), "samples": missing[:SAMPLES]}
-    bad = []
-    for s in refs:
-        size = table.io.size(table.abs(s.path)) if table.io.exists(table.abs(s.path)) else None
-        if size != s.size:
-            bad.append(f"{table.abs(s.path)}: {'missing' if size is None else f'{size} bytes, recorded {s.size}'}")
-    if bad:
-        problems["reference_files_changed"] = {"count": len(bad), "samples": bad[:SAMPLES]}
-    return bool(bad or missing)
-
-
-def _row_count_mismatches(spark: SparkSession, view: FileSystemView, rows: DataFrame) -> DataFrame:
-    """``"<part>/<fid>: expected N, read M"`` for every file group whose rows read differ from
-    the ``num_rows`` its commit recorded, including groups read from zero rows or not in the view."""
-    expected = spark.createDataFrame([(s.partition, s.file_id, s.num_rows) for s in view.slices()],
-                                     "part string, fid string, expected long")
-    read = rows.groupBy("part", "fid").agg(F.count(F.lit(1)).alias("read"))
-    j = expected.join(read, ["part", "fid"], "full_outer").fillna(0, ["read"])
-    return j.filter(F.col("expected").isNull() | (F.col("expected") != F.col("read"))).select(
-        F.format_string("%s/%s: expected %s, read %d", "part", "fid",
-                        F.coalesce(F.col("expected").cast("string"), F.lit("none")), "read").alias("group")
-    ).orderBy("group")
+    return validation.finish(report)
 
 
 def count_and_sample(problems: dict[str, Any], df: DataFrame, checks: dict[str, tuple[Column, Column]], *,
-                     samples: int = SAMPLES) -> None:
+                     samples: int = SAMPLES, ordered: bool = False) -> None:
     """Count every check's rows in one query over ``df`` (a join is computed once, not once
-    per check); sample only the checks that found something (also used by shadow-compare)."""
+    per check); sample only the checks that found something (also used by shadow-compare).
+    ``ordered``: the smallest sample values (``validation.add_problem``), else any."""
     counts = df.agg(*[F.sum(F.coalesce(cond, F.lit(False)).cast("long")).alias(f"c{i}")
                       for i, (cond, _) in enumerate(checks.values())]).first()
     for i, (name, (cond, sample)) in enumerate(checks.items()):
         n = counts[f"c{i}"] or 0
         if n:
-            problems[name] = {"count": n,
-                              "samples": [r[0] for r in df.filter(cond).select(sample).limit(samples).collect()]}
+            found = df.filter(cond).select(sample.alias("sample"))
+            if ordered:
+                found = found.orderBy("sample")
+            problems[name] = {"count": n, "samples": [r[0] for r in found.limit(samples).collect()]}
 
 
-def _collect(problems: dict[str, Any], name: str, df) -> None:  # type: ignore[no-untyped-def]
+def _collect(problems: dict[str, Any], name: str, df: DataFrame) -> None:
+    """``df``'s rows (one column) as a problem: its count and its smallest values."""
     n = df.count()
     if n:
-        problems[name] = {"count": n, "samples": [r[0] for r in df.limit(SAMPLES).collect()]}
+        col = df.columns[0]
+        validation.add_problem(problems, name, n, [r[0] for r in df.orderBy(col).limit(SAMPLES).collect()])

@@ -148,15 +148,23 @@ def _cast(t: pa.Table, schema: pa.Schema | None) -> pa.Table:
     return t.cast(pa.schema(fields))
 
 
-def read_arrow(uri: str, as_of: str | None = None, *, with_meta: bool = False) -> pa.Table:
-    """The table as of ``as_of`` (default: latest) as one Arrow table."""
+def read_arrow(uri: str, as_of: str | None = None, *, with_meta: bool = False, limit: int | None = None) -> pa.Table:
+    """The table as of ``as_of`` (default: latest) as one Arrow table; with ``limit``, its
+    first ``limit`` rows, reading file slices (in the view's order) only until they hold them."""
     table = Table.load(uri)
     view = table.view(as_of)
     assert table.config is not None
     precombine = table.config.precombine_field
     # cast to the snapshot's schema: a reference file keeps its source's time zone (format.md §5)
-    parts = [read_slice(table, s.path, [lf.path for lf in s.logs], precombine=precombine, schema=view.schema)
-             for s in view.slices()]
+    parts, got = [], 0
+    for s in view.slices():
+        if limit is not None and got >= limit:
+            break
+        parts.append(read_slice(table, s.path, [lf.path for lf in s.logs], precombine=precombine,
+                                schema=view.schema))
+        got += parts[-1].num_rows
+    if parts and limit is not None and view.schema is not None:
+        parts.append(view.schema.empty_table())  # every column, though the slices read lack one added later
     if parts:
         out = pa.concat_tables(parts, promote_options="default")
     elif view.schema is not None:
@@ -165,4 +173,4 @@ def read_arrow(uri: str, as_of: str | None = None, *, with_meta: bool = False) -
         out = pa.table({})
     if not with_meta:
         out = out.select([n for n in out.column_names if not n.startswith(META_PREFIX)])
-    return out
+    return out if limit is None else out.slice(0, limit)

@@ -1,9 +1,11 @@
 """``shadow-compare``: the pure-Python half -- options, the keys a ``--since`` touches, the report.
 
-The Spark job (:mod:`spark_jobs.jobs.shadow_compare`) asks *the index* for every key's answer
--- a location ``(partition, file group)`` or "absent" -- and compares it with the truth. This
-module holds what needs no Spark, so the CLI can refuse bad input before a JVM starts and an
-executor can read index files without importing pyspark.
+The engines -- Spark (:mod:`spark_jobs.jobs.shadow_compare`) and in-process Arrow
+(:mod:`spark_jobs.arrow_engine.shadow_compare`, the same report) -- ask *the index* for every
+key's answer -- a location ``(partition, file group)`` or "absent" -- and compare it with the
+truth. This module holds what needs no Spark and decides the rules both follow (the sample,
+the identities compared, the samples a report shows), so the CLI can refuse bad input before a
+JVM starts and an executor can read index files without importing pyspark.
 
 What is compared (``--against``), per index type of the table:
 
@@ -57,7 +59,8 @@ side), ``missing`` (live keys the index does not find), ``wrong_location`` (keys
 places in another partition or file group than the data), ``extra`` (index entries without a
 live row: a deleted key still indexed), ``duplicated`` (keys held by more than one live row),
 ``mismatches`` (their sum), ``max_mismatches``, ``ok`` (mismatches <= max_mismatches),
-``samples`` (kind -> at most ``SAMPLES`` keys; an extra entry has no key string in the index,
+``samples`` (kind -> the ``SAMPLES`` smallest keys in string order, so both engines and every
+run show the same ones; an extra entry has no key string in the index,
 so it is named by :func:`fingerprint_label` unless a ``--since`` read the key), ``elapsed_ms``.
 """
 
@@ -87,6 +90,12 @@ __all__ = [
     "sample_cutoff",
     "in_sample",
     "fingerprint_label",
+    "fingerprint_labels",
+    "sample_mask",
+    "record_partition_only",
+    "hashed_identity",
+    "hashed_answer_is_bucket",
+    "add_found",
     "touched_since",
     "index_file_fingerprints",
     "build_report",
@@ -148,7 +157,51 @@ def fingerprint_label(key: str) -> str:
     from spark_jobs.index.hashing import fingerprint
 
     hi, lo = fingerprint(key)
-    return f"fp:{hi:016x}{lo:016x}"
+    return fingerprint_labels([hi], [lo])[0]
+
+
+def fingerprint_labels(fp_hi: Iterable[int], fp_lo: Iterable[int]) -> list[str]:
+    """:func:`fingerprint_label` of fingerprints (signed int64 views or unsigned): each half as
+    16 hex digits of its unsigned value (what Java's ``%016x`` prints for a long)."""
+    m = (1 << 64) - 1
+    return [f"fp:{int(h) & m:016x}{int(l) & m:016x}" for h, l in zip(fp_hi, fp_lo)]
+
+
+def sample_mask(fp_hi: np.ndarray, fraction: float) -> np.ndarray | None:
+    """Which fingerprints (``fp_hi``, int64 views) are in a ``--sample-fraction`` sample: the top
+    32 bits of ``fp_hi`` below :func:`sample_cutoff` (the Spark job's filter); None: all are."""
+    if fraction >= 1:
+        return None
+    return (np.asarray(fp_hi).view(np.uint64) >> np.uint64(32)) < np.uint64(sample_cutoff(fraction))
+
+
+def record_partition_only(opts: ShadowOptions) -> bool:
+    """Record index ``--against bucket``: only the partition of the index's answer is compared
+    (a record table's file groups are not hash buckets)."""
+    return opts.against == INDEX_BUCKET
+
+
+def hashed_identity(index_type: str, opts: ShadowOptions) -> list[str]:
+    """Bucket and global_simple tables: the columns that make one key of the comparison -- the
+    key alone where a key may live once in the whole table (a global_simple table, or
+    ``--against global_simple``), else the key and its partition."""
+    from spark_jobs.table.validation import KEY
+
+    return [KEY] if INDEX_GLOBAL_SIMPLE in (index_type, opts.against) else [KEY, "part"]
+
+
+def hashed_answer_is_bucket(index_type: str) -> bool:
+    """Whether the index's answer for a row is the file group ``hash(key) mod N`` (bucket
+    index), rather than wherever the row is (global_simple: only duplicates can disagree)."""
+    return index_type == INDEX_BUCKET
+
+
+def add_found(found: dict[str, Any], kind: str, count: int, samples: Iterable[str]) -> None:
+    """Record ``count`` mismatches of ``kind`` (when positive) with its samples: the ``SAMPLES``
+    smallest names in string order, so every run and every engine reports the same ones
+    (``samples``: all the names, or at least the smallest ``SAMPLES`` of them)."""
+    if count:
+        found[kind] = {"count": int(count), "samples": sorted(samples)[:SAMPLES]}
 
 
 @dataclass
@@ -166,6 +219,9 @@ class Touched:
     #: index files those actions added that an index compaction folded into a base and a clean
     #: deleted: their fingerprints (a delete's tombstone among them) are not read
     index_gone: int = 0
+    #: rows their commits recorded for the ``data_files`` read (an estimate of the keys a
+    #: comparison holds, for ``--engine auto``; a replaced version counts its live rows)
+    rows: int = 0
 
 
 def touched_since(table: Table, since: str) -> Touched:
@@ -183,7 +239,7 @@ def touched_since(table: Table, since: str) -> Touched:
         return out
     hit = set(hits)
     view = FileSystemView.at_seq(tl, hits[0] - 1)
-    data: dict[str, None] = {}  # every data file the actions wrote or replaced, in order
+    data: dict[str, int] = {}  # every data file the actions wrote or replaced, in order (-> its rows)
     for seq in range(hits[0], tl.last_seq + 1):
         e = tl.entry(seq)
         if e["action"] not in Action.WRITES:
@@ -194,13 +250,14 @@ def touched_since(table: Table, since: str) -> Touched:
             for fg in meta.get("file_groups", []):
                 old = view.file_groups.get((fg["partition"], fg["file_id"]))
                 if fg.get("log"):
-                    data.setdefault(fg["log"]["path"], None)
+                    data.setdefault(fg["log"]["path"], int(fg["log"].get("num_rows", 0)))
                     continue
                 if not fg.get("removed"):
-                    data.setdefault(fg["path"], None)
+                    data.setdefault(fg["path"], int(fg.get("num_rows", 0)))
                 if old is not None and old.path != fg.get("path"):
-                    for rel in old.files:
-                        data.setdefault(rel, None)
+                    data.setdefault(old.path, old.num_rows)
+                    for lf in old.logs:
+                        data.setdefault(lf.path, lf.num_rows)
             for f in meta.get("index", {}).get("added", []):
                 out.index_files.append((int(f["bucket"]), f["path"]))
         view.apply(Instant(e["instant"], e["action"], State.COMPLETED, seq), meta)
@@ -213,9 +270,10 @@ def touched_since(table: Table, since: str) -> Touched:
     def there(rel: str) -> bool:
         return rel in live or table.io.exists(table.abs(rel))
 
-    for rel in data:
+    for rel, rows in data.items():
         if there(rel):
             out.data_files.append(rel)
+            out.rows += rows
         else:
             out.gone += 1
     index_files, out.index_files = out.index_files, []
@@ -258,7 +316,7 @@ def build_report(*, table: Table, index_type: str, instant: str | None, opts: Sh
         "history_unavailable": touched.gone + touched.index_gone if touched is not None else None,
         "keys_checked": int(keys_checked), **counts, "mismatches": total,
         "max_mismatches": opts.max_mismatches, "ok": total <= opts.max_mismatches,
-        "samples": {k: list(found.get(k, {}).get("samples", []))[:SAMPLES] for k in KINDS},
+        "samples": {k: sorted(found.get(k, {}).get("samples", []))[:SAMPLES] for k in KINDS},
         "elapsed_ms": int(elapsed_ms),
     }
 

@@ -250,6 +250,7 @@ class Table:
                     "counts": meta.get("counts", {}),
                     "timings_ms": meta.get("timings_ms", {}),
                     "session_start_ms": meta.get("session_start_ms"),
+                    "engine": meta.get("engine"),
                     **({"shadow": meta["shadow"]} if meta.get("shadow") else {}),  # upsert --shadow-index
                     **({"bootstrap": meta["bootstrap"]} if meta.get("bootstrap") else {}),
                 }

@@ -39,6 +39,7 @@ def test_ingest_dag_over_spark_connect(connect_server, airflow_db, tmp_path, mon
     dag = sandbox.load_dag("bucketindex_ingest")
     for task_id in ("upsert", "validate"):
         dag.get_task(task_id).conn_id = "spark_connect_lake"
+        dag.get_task(task_id).engine = "spark"  # the subject is Connect: auto would run this small batch in the task
     run = sandbox.run_dag(dag, datetime(2024, 3, 1, tzinfo=timezone.utc), {"table_uri": table, "landing_uri": str(landing)})
     assert run.state == "success", run
     assert run.task_state("upsert") == "success" and run.task_state("validate") == "success"

@@ -1,13 +1,15 @@
-"""End to end: the example ingest DAG through ``dag.test()``, a real SQLite metadata DB and
-real ``spark-submit`` on local Spark, checked against the oracle.
+"""End to end: the example ingest DAG through ``dag.test()``, a real SQLite metadata DB, checked
+against the oracle. Its ``engine="auto"`` runs these small batches inside the tasks; the killed
+writer (2) is a real ``spark-submit`` on local Spark (``engine="spark"``).
 
 The tests share one table and run in file order, each building on the snapshot the one
-before left (spark-submit costs 10-20 s; six of them in all):
+before left (spark-submit costs 10-20 s; one of them in all):
 
 1. a scheduled run upserts batch 1 and validates -> SUCCESS, table == oracle(batch 1);
 2. a run whose writer is killed just before its commit (``BUCKETINDEX_FAULT``) -> the
    rollback branch removes the pending instant, the run FAILS, the table is snapshot 1;
-3. a run with a corrupt source -> bad input (exit 2): no retry, rollback is a no-op, FAILED;
+3. a run with a corrupt source -> bad input (exit 2 on the Spark path): no retry, rollback
+   is a no-op, FAILED;
 4. a task that fails after its commit and is retried with the same batch id -> one commit.
 """
 
@@ -92,7 +94,8 @@ def test_writer_killed_before_commit_is_rolled_back_and_run_fails(lake):  # type
 
     if "snapshot1" not in lake["state"]:
         pytest.skip("needs the first run's snapshot")
-    dag = _ingest(env_vars={"BUCKETINDEX_FAULT": "before_complete"}, retries=0)
+    # engine spark: the fault kills spark-submit's session (in the task it would kill the task runner)
+    dag = _ingest(env_vars={"BUCKETINDEX_FAULT": "before_complete"}, retries=0, engine="spark")
 
     run = sandbox.run_dag(dag, D2, lake["conf"])
 

@@ -52,3 +52,5 @@ def test_mapped_upsert_rolls_back_only_the_failed_instance(tmp_path, airflow_db)
     assert batch_ids == [f"{DAG_ID}/{run.run_id}/ingest_file.upsert/{i}" for i in ok]
     assert [tl.read_metadata(i)["rolled_back"] for i in tl.completed([Action.ROLLBACK])] == [rolled["rolled_back"]]
     assert sample_data.compare(table, [files[i] for i in ok]) == []
+    # the instances are forced to engine="spark" (their fault kills spark-submit): they say so
+    assert {run.xcom("ingest_file.upsert", map_index=i)["engine"] for i in ok} == {"spark"}

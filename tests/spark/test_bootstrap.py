@@ -344,3 +344,48 @@ def test_validate_reports_a_reference_file_changed_or_removed_under_the_table(sp
     assert not report["ok"]
     problem = report["problems"]["reference_files_changed"]
     assert problem["count"] == 2 and any(s.endswith(": missing") for s in problem["samples"]), problem
+
+
+@pytest.mark.parametrize("racer", ["bootstrap", "commit"])
+def test_reference_bootstrap_losing_a_race_exits_3_with_one_line(spark, tmp_path, capsys, monkeypatch, racer):
+    """A writer completes between the bootstrap's plan and its commit point: the bootstrap's
+    commit conflicts (another bootstrap always does; a commit that rewrote one of its file
+    groups does by write sets). Exit 3 (retryable) with one ``conflict:`` line, not a
+    traceback, and nothing of the bootstrap is left."""
+    from spark_jobs.jobs import bootstrap as bootstrap_job
+    from spark_jobs.table.action import Transaction
+    from spark_jobs.table.action.bootstrap import file_id_of, reference_path
+    from spark_jobs.table.timeline import Action
+
+    root = tmp_path / "dataset"
+    make_dataset(root, 400, flat=True, rows_per_file=100)
+    uri = str(tmp_path / "table")
+    raced: list[str] = []
+
+    def other_writer_commits(point: str) -> None:
+        if point != "before_complete" or raced:
+            return
+        t = Table.load(uri)
+        if racer == "bootstrap":  # another bootstrap of this table under another batch id
+            meta = {"batch_id": "other", "file_groups": [], "index": {"added": [], "removed": []}}
+        else:  # a write that rewrote a file group the bootstrap references
+            first = min(str(p) for p in root.rglob("*.parquet"))
+            meta = {"batch_id": "other", "index": {"added": [], "removed": []},
+                    "file_groups": [{"partition": "", "file_id": file_id_of(reference_path(t, first)),
+                                     "path": None, "num_rows": 0, "removed": True}]}
+        txn = Transaction(t, getattr(Action, racer.upper()), {"batch_id": "other"}).begin()
+        txn.commit(meta)
+        raced.append(txn.ts)
+
+    monkeypatch.setattr(bootstrap_job, "maybe_crash", other_writer_commits)
+    code = main(["bootstrap", uri, str(root), "--record-key", "id", "--mode", "reference"], submitted=True)
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 3, err
+    assert len(err) == 1 and err[0].startswith("bucketindex: conflict: "), err
+    assert f"(concurrent {racer} {raced[0]}); the bootstrap was not committed; nothing was written" in err[0]
+    table = Table.load(uri)
+    tl = table.timeline.reload()
+    assert tl.pending() == [] and [i.timestamp for i in tl.completed()] == raced
+    assert not table.io.list_names(table.layout.markers)
+    assert not [p for p in Path(uri).rglob("*.arrow")], "the bootstrap's index deltas were deleted"
+    assert table.describe()["conflicts"], "show lists the conflict"

@@ -1,185 +1,119 @@
-"""Several writer processes on one table through the CLI, as overlapping DAG runs would be.
+"""Several writer processes on one table through the CLI, as overlapping DAG runs would be --
+what Spark adds to tests/unit/test_arrow_concurrent_writers.py.
 
-Each round starts three ``bucketindex upsert`` processes together, with a pause injected
-between the conflict check and the commit point so their windows overlap. Afterwards every
-batch that exited 0 is fully present, every batch that exited 3 is fully absent, no key
-appears twice, the table equals the oracle of the successful batches in commit order, and
-``validate`` passes. A second test fires ``rollback --force`` (and the Airflow rollback
-operator) at points of a live upsert: the table is always the old snapshot or the new one,
-and the writer's exit status says which.
+The protocol's scenarios (three writers overlapping then disjoint, ``rollback --force`` at
+each point of a live writer) run there on the Arrow engine, with the same bodies this file
+runs with Spark writers: a forced rollback (by the Airflow operator) of a live Spark writer
+whose index write runs in a Spark task, and, in the extended tier, the other rollback points
+and three Spark writers. Here also an Arrow writer races a Spark writer on one table: the
+conflict rules hold across engines and the table equals the oracle.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from spark_jobs.jobs.upsert import UpsertOptions, run_upsert
+from spark_jobs.arrow_engine.upsert import run_upsert as arrow_upsert
+from spark_jobs.arrow_engine.validate import run_validate as arrow_validate
+from spark_jobs.jobs.upsert import run_upsert
 from spark_jobs.jobs.validate import run_validate
 from spark_jobs.table import Action, Table
 from spark_jobs.table.reader import read_arrow
 from tests.oracle import reduce_batches, rows_by_identity
-from tests.spark.conftest import write_batch
+from tests.unit.test_arrow_concurrent_writers import (
+    ARROW,
+    SPARK,
+    _base,
+    _cli_upsert,
+    _row,
+    _wait_for,
+    forced_rollback_of_a_live_writer,
+    three_writers_overlapping_then_disjoint,
+    write_batch,
+)
 
 pytestmark = pytest.mark.spark
 
-REGIONS = ["eu west", "são paulo"]
-WRITERS = 3
 
-
-def _key(i: int) -> str:
-    return f"order {i:04d}/é+%"
-
-
-def _row(i: int, region: str, ts: int, writer: str, deleted: bool = False) -> dict:
-    return {"id": _key(i), "region": region, "ts": ts, "amount": float(i), "writer": writer, "is_deleted": deleted}
-
-
-def _options(uri: str, src: str, index: str, batch_id: str, table_type: str | None = None) -> UpsertOptions:
-    return UpsertOptions(table=uri, source=src, record_key=["id"], precombine_field="ts", partition_field="region",
-                         index=index, num_buckets=4, delete_field="is_deleted", batch_id=batch_id,
-                         target_file_rows=100, table_type=table_type)
-
-
-def _cli_upsert(uri: str, src: str, batch_id: str, env: dict[str, str], *extra: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "spark_jobs.cli", "upsert", uri, src, "--record-key", "id", "--precombine-field",
-           "ts", "--partition-field", "region", "--delete-field", "is_deleted", "--batch-id", batch_id,
-           "--master", "local[1]", *extra]
-    return subprocess.Popen(cmd, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-
-
-def _base(spark, tmp_path: Path, index: str, table_type: str | None = None) -> tuple[str, list[dict]]:
-    """A table with a full and a small file group in 'eu west' (130 rows, 100 per file) and one in 'são paulo'."""
-    uri = str(tmp_path / f"t-{index}")
-    rows = [_row(i, "eu west", 1, "base") for i in range(130)] + [_row(i, "são paulo", 1, "base") for i in range(130, 170)]
-    run_upsert(spark, _options(uri, write_batch(tmp_path / f"base-{index}.parquet", rows), index, "base", table_type))
-    return uri, rows
-
-
-def _round(spark, tmp_path: Path, uri: str, index: str, name: str, batches: list[list[dict]],
-           extra: list[list[str]], history: list[tuple[str, list[dict]]]) -> dict[str, int]:
-    procs = {}
-    for w, rows in enumerate(batches):
-        batch_id = f"{name}-w{w}"
-        src = write_batch(tmp_path / f"{index}-{batch_id}.parquet", rows)
-        env = {"BUCKETINDEX_PAUSE": "after_conflict_check=1.5"}
-        procs[batch_id] = (_cli_upsert(uri, src, batch_id, env, *extra[w]), rows)
-    status = {}
-    for batch_id, (p, _) in procs.items():
-        out, err = p.communicate(timeout=600)
-        status[batch_id] = p.returncode
-        assert p.returncode in (0, 3), (batch_id, p.returncode, err[-3000:])
-        if p.returncode == 3:
-            last = err.strip().splitlines()[-1]
-            assert last.startswith("bucketindex: conflict:"), err[-2000:]
-    # the oracle: successful batches applied in commit order
-    tl = Table.load(uri).timeline.reload()
-    order = [tl.read_metadata(i)["batch_id"] for i in tl.completed([Action.COMMIT])]
-    committed = [b for b in order if b in procs]
-    assert sorted(committed) == sorted(b for b, rc in status.items() if rc == 0), (order, status)
-    history.extend((b, procs[b][1]) for b in committed)
-    partition = "region" if index == "bucket" else None
-    expected = reduce_batches([rows for _, rows in history], partition=partition)
-    actual = rows_by_identity(read_arrow(uri).to_pylist(), partition=partition)  # asserts no key twice
-    assert actual == expected
-    for batch_id, rc in status.items():  # a failed batch left no row of its own behind
-        if rc != 0:
-            assert not any(r["writer"] == batch_id for r in actual.values())
-    markers = Table.load(uri).layout.markers
-    assert tl.pending() == [] and (not os.path.exists(markers) or not os.listdir(markers))
-    report = run_validate(spark, uri)
-    assert report["ok"], report["problems"]
-    return status
-
-
-@pytest.mark.parametrize("index,table_type", [("record", "copy_on_write"), ("bucket", "copy_on_write"),
-                                              ("record", "merge_on_read")])
+@pytest.mark.parametrize("index,table_type", [("record", "copy_on_write"), ("record", "merge_on_read")])
 def test_three_writers_overlapping_then_disjoint(spark, tmp_path, index, table_type):
-    """Merge-on-read writers append logs instead of rewriting bases; the same conflict rules
-    (a file group written by both, a key in both index deltas) keep them correct."""
-    uri, base = _base(spark, tmp_path, index, table_type)
-    history: list[tuple[str, list[dict]]] = [("base", base)]
-
-    # round 1, overlapping: all three update keys 0-39 (same ts: the later commit wins) and
-    # insert keys of their own; the third may not retry, so it must lose cleanly if it meets a winner
-    overlap = [[_row(i, "eu west", 5, f"r1-w{w}") for i in range(40)]
-               + [_row(1000 + 100 * w + i, "eu west", 5, f"r1-w{w}") for i in range(15)] for w in range(WRITERS)]
-    status = _round(spark, tmp_path, uri, index, "r1", overlap, [[], [], ["--max-retries", "0"]], history)
-    assert status["r1-w0"] == 0 or status["r1-w1"] == 0
-
-    # round 2, disjoint: each writer updates its own existing keys and inserts new ones into the
-    # same partition (the small file group takes inserts), one also deletes a key of its own
-    disjoint = [[_row(40 + 20 * w + i, "eu west", 9, f"r2-w{w}") for i in range(10)]
-                + [_row(2000 + 100 * w + i, "eu west", 9, f"r2-w{w}") for i in range(10)]
-                + [_row(140 + w, "são paulo", 9, f"r2-w{w}", deleted=True)] for w in range(WRITERS)]
-    status = _round(spark, tmp_path, uri, index, "r2", disjoint, [[], [], []], history)
-    assert all(rc == 0 for rc in status.values()), status  # writers on disjoint keys all commit
-
-    t = Table.load(uri)
-    retried = [c for i in t.timeline.completed([Action.COMMIT]) for c in t.timeline.read_metadata(i)["conflicts"]]
-    assert retried, "the injected pause should have made at least one writer retry"
-    assert t.describe()["conflicts"], "show lists the recent conflicts"
-
-
-def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if proc.poll() is not None:
-            raise AssertionError(f"writer ended (rc {proc.returncode}) before reaching {path.name}: "
-                                 f"{proc.stderr.read()[-3000:] if proc.stderr else ''}")
-        assert time.monotonic() < deadline, f"writer never reached {path.name}"
-        time.sleep(0.1)
-
-
-def _rollback_with_operator(uri: str, batch_id: str) -> None:
-    from airflow_provider_bucketindex.demo import sandbox
-
-    sandbox.isolate_before_import()
-    from airflow_provider_bucketindex.operators import RollbackBatchOperator
-
-    RollbackBatchOperator(task_id="rollback", table_uri=uri, batch_id=batch_id, force=True).execute({})
+    """Three Spark writer processes (the extended tier: tests/unit runs the same rounds on Arrow,
+    and the race below has a Spark writer retry over an Arrow commit in the default tier)."""
+    three_writers_overlapping_then_disjoint(lambda o: run_upsert(spark, o), lambda u: run_validate(spark, u), SPARK,
+                                            tmp_path, index, table_type)
 
 
 @pytest.mark.parametrize("point,via", [("after_requested", "cli"), ("after_data_file", "cli"),
                                        ("after_index_file", "operator"), ("after_conflict_check", "cli")])
 def test_forced_rollback_of_a_live_writer_never_leaves_a_broken_table(spark, tmp_path, point, via):
-    uri, base = _base(spark, tmp_path, "record")
-    before = rows_by_identity(read_arrow(uri).to_pylist())
-    batch = [_row(i, "eu west", 7, "late") for i in range(0, 130, 3)] + [_row(5000 + i, "são paulo", 7, "late")
-                                                                         for i in range(20)]
-    src = write_batch(tmp_path / "late.parquet", batch)
+    """A Spark writer rolled back while it is live: at ``after_index_file`` it is paused inside a
+    Spark task (a Python worker), and finds out when its job returns."""
+    forced_rollback_of_a_live_writer(lambda o: run_upsert(spark, o), lambda u: run_validate(spark, u), SPARK,
+                                     tmp_path, point, via)
+
+
+def test_arrow_writer_racing_a_spark_writer_matches_the_oracle(tmp_path):
+    """An Arrow writer commits inside a Spark writer's window, and another Arrow writer starts
+    inside the Spark writer's second window and commits after it: each engine's conflict check
+    finds the other engine's commit (file groups and index keys written by both), the loser
+    writes again on the new snapshot, and the table equals the oracle in commit order."""
+    uri, base = _base(arrow_upsert, tmp_path, "record")
+    batches = {
+        # the Spark writer updates keys 0-59 and inserts its own
+        "spark": [_row(i, "eu west", 5, "spark") for i in range(60)]
+        + [_row(3000 + i, "eu west", 5, "spark") for i in range(10)],
+        # the first Arrow writer updates keys 30-89 (30-59 also the Spark writer's) and inserts its own
+        "arrow-1": [_row(i, "eu west", 5, "arrow-1") for i in range(30, 90)]
+        + [_row(4000 + i, "são paulo", 5, "arrow-1") for i in range(10)],
+        # the second updates keys 0-19 (the Spark writer's), inserts its own and deletes one
+        "arrow-2": [_row(i, "eu west", 5, "arrow-2") for i in range(20)]
+        + [_row(5000 + i, "eu west", 5, "arrow-2") for i in range(5)] + [_row(150, "são paulo", 5, "arrow-2", True)],
+    }
+    src = {b: write_batch(tmp_path / f"{b}.parquet", rows) for b, rows in batches.items()}
     signals = tmp_path / "signals"
-    writer = _cli_upsert(uri, src, "late", {"BUCKETINDEX_PAUSE": f"{point}=4", "BUCKETINDEX_PAUSE_SIGNAL": str(signals)})
-    _wait_for(signals / point, writer)
-    if via == "cli":
-        pending = Table.load(uri).pending_for_batch("late")
-        assert pending is not None
-        rb = subprocess.run([sys.executable, "-m", "spark_jobs.cli", "rollback", uri, pending.timestamp, "--force"],
-                            capture_output=True, text=True, timeout=120)
-        assert rb.returncode == 0, rb.stderr
-    else:
-        _rollback_with_operator(uri, "late")
-    _, err = writer.communicate(timeout=300)
+    # the Spark writer holds its first snapshot for 8 s after planning, and each checked
+    # attempt for 6 s before it claims its commit point
+    spark_w = _cli_upsert(uri, src["spark"], "spark", {"BUCKETINDEX_PAUSE": "after_requested=8,after_conflict_check=6",
+                                                       "BUCKETINDEX_PAUSE_SIGNAL": str(signals)}, SPARK)
+    _wait_for(signals / "after_requested", spark_w)
+    first = _cli_upsert(uri, src["arrow-1"], "arrow-1", {}, ARROW)
+    _, err1 = first.communicate(timeout=120)
+    assert first.returncode == 0, err1[-3000:]
+    assert not (signals / "after_conflict_check").exists(), \
+        "the Spark writer checked before the first Arrow writer committed: the race did not happen"
+    # the Spark writer finds the Arrow commit, writes again and checks; its commit point is
+    # 6 s away. The second Arrow writer plans now and holds its snapshot past it.
+    _wait_for(signals / "after_conflict_check", spark_w)
+    second = _cli_upsert(uri, src["arrow-2"], "arrow-2", {"BUCKETINDEX_PAUSE": "after_requested=10"}, ARROW)
+    _, err_s = spark_w.communicate(timeout=600)
+    _, err2 = second.communicate(timeout=120)
+    assert spark_w.returncode == 0, err_s[-3000:]
+    assert second.returncode == 0, err2[-3000:]
 
     t = Table.load(uri)
-    after = rows_by_identity(read_arrow(uri).to_pylist())
-    new = reduce_batches([base, batch])
-    if writer.returncode == 0:
-        assert after == new
-    else:
-        assert writer.returncode == 3, err[-3000:]
-        assert "rolled back" in err.strip().splitlines()[-1]
-        assert after == before
+    commits = {t.timeline.read_metadata(i)["batch_id"]: (i, t.timeline.read_metadata(i))
+               for i in t.timeline.completed([Action.COMMIT])}
+    assert [b for b in commits if b != "base"] == ["arrow-1", "spark", "arrow-2"], list(commits)
+    assert {b: m["engine"]["name"] for b, (_, m) in commits.items() if b != "base"} == \
+        {"arrow-1": "arrow", "spark": "spark", "arrow-2": "arrow"}
+    # the losers' commits list the conflict with the other engine's commit, and each loser's
+    # final attempt was written on a snapshot that holds the winner's commit
+    assert commits["arrow-1"][1]["conflicts"] == []
+    for loser, winner in (("spark", "arrow-1"), ("arrow-2", "spark")):
+        inst, _ = commits[winner]
+        assert inst.timestamp in {c["with"] for c in commits[loser][1]["conflicts"]}, (loser, commits[loser][1]["conflicts"])
+        assert commits[loser][1]["snapshot_seq"] >= inst.seq, (loser, winner)
+    assert t.describe()["conflicts"], "show lists the recent conflicts"
+
+    expected = reduce_batches([base] + [batches[b] for b in commits if b != "base"])
+    assert rows_by_identity(read_arrow(uri).to_pylist()) == expected  # asserts no key twice
     assert t.timeline.reload().pending() == []
     assert not os.path.exists(t.layout.markers) or not os.listdir(t.layout.markers)
     on_disk = {str(p.relative_to(t.root)) for p in Path(t.root).rglob("*.parquet")}
-    referenced = {fg["path"] for i in t.timeline.completed([Action.COMMIT])
-                  for fg in t.timeline.read_metadata(i)["file_groups"] if fg["path"]}
-    assert on_disk <= referenced, "the aborted writer's files are gone"
-    assert run_validate(spark, uri)["ok"]
+    referenced = {fg["path"] for _, m in commits.values() for fg in m["file_groups"] if fg["path"]}
+    assert on_disk <= referenced, "the losers' first attempts left no file"
+    report = arrow_validate(uri)
+    assert report["ok"], report["problems"]

@@ -1,41 +1,34 @@
 """The record index's base cap (RFC-08 option 1, format.md §6.1): a compaction that would write
 an index base of more than the cap seals it; later compactions fold only the open base and the
 deltas above the sealed ones, keep the tombstones that still hide a sealed entry, and every
-lookup, read, validate and time-travel read sees the same table as without a cap."""
+lookup, read, validate and time-travel read sees the same table as without a cap.
+
+The compactions (executed on Spark) are the subject; the upserts feeding them and ``validate`` run on
+the in-process Arrow engine. The cap's bad input needs no Spark: tests/unit/test_arrow_oracle_index_base_cap.py."""
 
 from __future__ import annotations
-
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from spark_jobs.exceptions import BadInputError
+from spark_jobs.arrow_engine.validate import run_validate
 from spark_jobs.index.hashing import bucket_of, fingerprints
 from spark_jobs.index.record_index import TOMBSTONE, IndexFile, is_sealed_base, lookup
 from spark_jobs.jobs.compact import run_compact
-from spark_jobs.jobs.upsert import UpsertOptions, run_upsert
-from spark_jobs.jobs.validate import run_validate
 from spark_jobs.table.action.compact import CompactionPolicy
 from spark_jobs.table.reader import read_arrow
 from spark_jobs.table.table import Table
 from spark_jobs.table.view import is_index_delta
 from tests.oracle import reduce_batches, rows_by_identity
-from tests.spark.conftest import tree_digest, write_batch
-from tests.spark.test_upsert_oracle import REGIONS, _dedupe_ties, make_batches
+from tests.spark.conftest import write_batch
+from tests.unit.test_arrow_oracle_index_base_cap import _upsert
+from tests.unit.test_arrow_oracle_upsert import REGIONS, _dedupe_ties, make_batches
 
 pytestmark = pytest.mark.spark
 
 CAP = 30
 #: every bucket with a delta is due; a new base of more than 30 entries is sealed
 TINY_CAP = CompactionPolicy(min_deltas=1, data=False, index_base_cap=CAP)
-
-
-def _upsert(spark, uri, src, batch_id):  # type: ignore[no-untyped-def]
-    return run_upsert(spark, UpsertOptions(
-        table=uri, source=src, record_key=["id"], precombine_field="ts", partition_field="region", index="record",
-        num_buckets=2, delete_field="is_deleted", batch_id=batch_id, target_file_rows=60))
 
 
 def _compact(spark, uri):  # type: ignore[no-untyped-def]
@@ -83,7 +76,7 @@ def test_sealed_bases_past_the_cap_keep_the_table_equal_to_the_oracle(spark, tmp
     instants = []
 
     def upsert(rows: list[dict], name: str) -> None:
-        instants.append(_upsert(spark, uri, write_batch(tmp_path / f"{name}.parquet", rows), name)["instant"])
+        instants.append(_upsert(uri, write_batch(tmp_path / f"{name}.parquet", rows), name)["instant"])
         done.append(rows)
 
     upsert(batches[0], "b0")
@@ -158,23 +151,7 @@ def test_sealed_bases_past_the_cap_keep_the_table_equal_to_the_oracle(spark, tmp
     assert located[back] is not None and located[moved] not in (None, was[moved])
     assert located[kept] == was[kept], "an update in place needs no new entry"
     assert rows_by_identity(read_arrow(uri).to_pylist()) == final
-    assert run_validate(spark, uri)["ok"]
+    assert run_validate(uri)["ok"]
     # time travel: every snapshot reads as its batches say
     for i, inst in enumerate(instants):
         assert rows_by_identity(read_arrow(uri, as_of=inst).to_pylist()) == reduce_batches(done[: i + 1]), i
-
-
-def test_index_base_cap_bad_input_is_one_line_and_writes_nothing(spark, tmp_path):
-    uri = str(tmp_path / "t")
-    _upsert(spark, uri, write_batch(tmp_path / "b.parquet", make_batches(seed=62, n_batches=1)[0]), "b0")
-    before = tree_digest(tmp_path / "t")
-    with pytest.raises(BadInputError, match="--index-base-cap must be at least 1"):
-        CompactionPolicy(index_base_cap=0)
-    for args, needle in ((["--index-base-cap", "0"], "--index-base-cap must be at least 1, got 0"),
-                         (["--index-base-cap", "-5", "--min-deltas", "1"], "--index-base-cap must be at least 1"),
-                         (["--execute", "20990101000000000", "--index-base-cap", "5"], "apply when scheduling")):
-        p = subprocess.run([sys.executable, "-m", "spark_jobs.cli", "compact", uri, *args],
-                           capture_output=True, text=True, timeout=120)
-        assert p.returncode == 2, (args, p.stderr)
-        assert p.stderr.strip().count("\n") == 0 and needle in p.stderr, (args, p.stderr)
-        assert tree_digest(tmp_path / "t") == before

@@ -1,6 +1,9 @@
 """Index compaction (RFC-08): a record-index bucket's base and oldest deltas folded into a new
 base, tombstones dropped, scheduled and executed apart, beside upserts, after a crash --
-without changing what any lookup, reader or time-travel read sees."""
+without changing what any lookup, reader or time-travel read sees.
+
+The compactions (scheduled in-process, executed by Spark, in-process or as a CLI process) are the
+subject; the upserts that feed and race them, and ``validate``, run on the in-process Arrow engine."""
 
 from __future__ import annotations
 
@@ -13,25 +16,27 @@ from pathlib import Path
 
 import pytest
 
+from spark_jobs.arrow_engine.upsert import run_upsert
+from spark_jobs.arrow_engine.validate import run_validate
 from spark_jobs.index.record_index import TOMBSTONE, IndexFile
 from spark_jobs.jobs.compact import run_compact
-from spark_jobs.jobs.upsert import UpsertOptions, run_upsert
-from spark_jobs.jobs.validate import run_validate
 from spark_jobs.table.action.compact import CompactionPolicy
+from spark_jobs.table.action.upsert import UpsertOptions
 from spark_jobs.table.reader import read_arrow
 from spark_jobs.table.table import Table
 from spark_jobs.table.view import is_index_delta
 from tests.oracle import reduce_batches, rows_by_identity
 from tests.spark.conftest import tree_digest, write_batch
-from tests.spark.test_upsert_oracle import _dedupe_ties, make_batches
+from tests.unit.test_arrow_oracle_upsert import _dedupe_ties, make_batches
 
 pytestmark = pytest.mark.spark
 
 INDEX_ONLY = CompactionPolicy(min_deltas=2, data=False)
 
 
-def _upsert(spark, uri, src, i, table_type):  # type: ignore[no-untyped-def]
-    return run_upsert(spark, UpsertOptions(
+def _upsert(uri, src, i, table_type):  # type: ignore[no-untyped-def]
+    """An upsert on the Arrow engine, in this process."""
+    return run_upsert(UpsertOptions(
         table=uri, source=src, record_key=["id"], precombine_field="ts", partition_field="region", index="record",
         num_buckets=4, delete_field="is_deleted", batch_id=f"b{i}", target_file_rows=60, table_type=table_type))
 
@@ -49,7 +54,7 @@ def test_index_compaction_beside_upserts_matches_the_oracle(spark, tmp_path, tab
     _dedupe_ties(batches, False)
     uri = str(tmp_path / "t")
     srcs = [write_batch(tmp_path / f"b{i}.parquet", rows) for i, rows in enumerate(batches)]
-    instants = [_upsert(spark, uri, srcs[i], i, table_type)["instant"] for i in range(3)]
+    instants = [_upsert(uri, srcs[i], i, table_type)["instant"] for i in range(3)]
     assert any(_entries(Table.load(uri), f)[1] for fs in Table.load(uri).view().index_files.values() for f in fs), \
         "the batches should have written tombstones"
 
@@ -60,7 +65,7 @@ def test_index_compaction_beside_upserts_matches_the_oracle(spark, tmp_path, tab
     # planned buckets are not planned twice
     assert run_compact(None, uri, policy=INDEX_ONLY, schedule_only=True)["instant"] is None
     # an upsert between schedule and execute: its deltas stay above the new bases
-    instants.append(_upsert(spark, uri, srcs[3], 3, table_type)["instant"])
+    instants.append(_upsert(uri, srcs[3], 3, table_type)["instant"])
     t = Table.load(uri)
     fourth = {f["bucket"]: f["path"] for f in t.timeline.read_metadata(t.timeline.find(instants[3]))["index"]["added"]}
 
@@ -74,13 +79,13 @@ def test_index_compaction_beside_upserts_matches_the_oracle(spark, tmp_path, tab
         assert files[1:] == ([fourth[b["bucket"]]] if b["bucket"] in fourth else [])
         assert _entries(t, files[0])[1] == 0, "tombstones are dropped from a new base"
     assert rows_by_identity(read_arrow(uri).to_pylist()) == reduce_batches(batches[:4])
-    assert run_validate(spark, uri)["ok"]
+    assert run_validate(uri)["ok"]
 
     # lookups after compaction: updates, deletes, re-inserts and moves of compacted keys
     for i in (4, 5):
-        instants.append(_upsert(spark, uri, srcs[i], i, table_type)["instant"])
+        instants.append(_upsert(uri, srcs[i], i, table_type)["instant"])
     assert rows_by_identity(read_arrow(uri).to_pylist()) == reduce_batches(batches)
-    assert run_validate(spark, uri)["ok"]
+    assert run_validate(uri)["ok"]
 
     # schedule and execute at once, every delta: one base per bucket holding exactly the live keys
     again = run_compact(spark, uri, policy=CompactionPolicy(min_deltas=1, data=False))
@@ -91,16 +96,16 @@ def test_index_compaction_beside_upserts_matches_the_oracle(spark, tmp_path, tab
     live = sum(_entries(t, fs[0])[0] for fs in files.values())
     assert live == len(reduce_batches(batches))
     assert rows_by_identity(read_arrow(uri).to_pylist()) == reduce_batches(batches)
-    assert run_validate(spark, uri)["ok"]
+    assert run_validate(uri)["ok"]
     # time travel: what compaction replaced is still there for older snapshots
     for i, inst in enumerate(instants):
         assert rows_by_identity(read_arrow(uri, as_of=inst).to_pylist()) == reduce_batches(batches[: i + 1]), i
     # one more upsert finds every key through the compacted bases alone
     extra = [{**r, "ts": 10**6 + j, "amount": 7.0, "is_deleted": False} for j, r in enumerate(batches[0][:40])]
     _dedupe_ties([extra], False)
-    _upsert(spark, uri, write_batch(tmp_path / "extra.parquet", extra), 6, table_type)
+    _upsert(uri, write_batch(tmp_path / "extra.parquet", extra), 6, table_type)
     assert rows_by_identity(read_arrow(uri).to_pylist()) == reduce_batches([*batches, extra])
-    assert run_validate(spark, uri)["ok"]
+    assert run_validate(uri)["ok"]
 
 
 def _cli(args: list[str], env: dict[str, str] | None = None, spark_args: list[str] = ()) -> subprocess.CompletedProcess:
@@ -114,7 +119,7 @@ def test_killed_index_compaction_leaves_the_snapshot_and_resumes(spark, spark_cl
     _dedupe_ties(batches, False)
     uri = str(tmp_path / "t")
     for i, rows in enumerate(batches):
-        _upsert(spark, uri, write_batch(tmp_path / f"b{i}.parquet", rows), i, "copy_on_write")
+        _upsert(uri, write_batch(tmp_path / f"b{i}.parquet", rows), i, "copy_on_write")
     before = read_arrow(uri).to_pylist()
     digest = tree_digest(tmp_path / "t")
     bad = _cli([uri, "--min-deltas", "0"])
@@ -132,7 +137,7 @@ def test_killed_index_compaction_leaves_the_snapshot_and_resumes(spark, spark_cl
     t = Table.load(uri)
     assert t.marked_files(planned), "the dead attempt should have left a new index base"
     assert read_arrow(uri).to_pylist() == before
-    assert run_validate(spark, uri)["ok"]  # the index in force is the old one, whole
+    assert run_validate(uri)["ok"]  # the index in force is the old one, whole
     time.sleep(2.5)  # the dead attempt's heartbeat expires
 
     p = _cli([uri, "--execute", planned, "--heartbeat-timeout", "2"], spark_args=spark_cli_args)
@@ -140,7 +145,7 @@ def test_killed_index_compaction_leaves_the_snapshot_and_resumes(spark, spark_cl
     t = Table.load(uri)
     assert t.timeline.pending() == [] and not t.marked_files(planned)
     assert rows_by_identity(read_arrow(uri).to_pylist()) == reduce_batches(batches)
-    assert run_validate(spark, uri)["ok"]
+    assert run_validate(uri)["ok"]
     # the crashed attempt's base is gone: every index file on disk was added by a completed action
     added = {f["path"] for i in t.timeline.completed()
              for f in (t.timeline.read_metadata(i).get("index") or {}).get("added", [])}
@@ -178,7 +183,7 @@ def test_upsert_and_index_compaction_overlap_in_two_processes(spark, spark_cli_a
     uri = str(tmp_path / "t")
     srcs = [write_batch(tmp_path / f"b{i}.parquet", rows) for i, rows in enumerate(batches)]
     for i in range(2):
-        _upsert(spark, uri, srcs[i], i, "copy_on_write")
+        _upsert(uri, srcs[i], i, "copy_on_write")
     signals = tmp_path / "signals"
     env = {**os.environ, "BUCKETINDEX_PAUSE_SIGNAL": str(signals)}
     if held == "compaction":
@@ -188,7 +193,7 @@ def test_upsert_and_index_compaction_overlap_in_two_processes(spark, spark_cli_a
                                   *spark_cli_args], env={**env, "BUCKETINDEX_PAUSE": f"{point}=15"},
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         _wait_for(signals / point, other)
-        upsert = _upsert(spark, uri, srcs[2], 2, "copy_on_write")["instant"]
+        upsert = _upsert(uri, srcs[2], 2, "copy_on_write")["instant"]
         assert other.poll() is None, "the compaction was still inside its work while the upsert committed"
         _, err = other.communicate(timeout=300)
         assert other.returncode == 0, err[-3000:]
@@ -196,7 +201,7 @@ def test_upsert_and_index_compaction_overlap_in_two_processes(spark, spark_cli_a
         point = "before_complete"  # data files and index deltas written, the commit not yet tried
         other = subprocess.Popen([sys.executable, "-m", "spark_jobs.cli", "upsert", uri, srcs[2], "--record-key",
                                   "id", "--precombine-field", "ts", "--partition-field", "region", "--delete-field",
-                                  "is_deleted", "--batch-id", "b2", *spark_cli_args],
+                                  "is_deleted", "--batch-id", "b2", "--engine", "arrow"],
                                  env={**env, "BUCKETINDEX_PAUSE": f"{point}=30"},
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         _wait_for(signals / point, other)
@@ -220,7 +225,7 @@ def test_upsert_and_index_compaction_overlap_in_two_processes(spark, spark_cli_a
         assert not is_index_delta(files[0]) and planned in files[0]
         assert files[1:] == ([fresh[b["bucket"]]] if b["bucket"] in fresh else []), "the upsert's delta stays on top"
     assert rows_by_identity(read_arrow(uri).to_pylist()) == reduce_batches(batches)
-    assert run_validate(spark, uri)["ok"]
+    assert run_validate(uri)["ok"]
 
 
 @pytest.mark.parametrize("point", ["schedule_after_plan", "schedule_after_requested"])
@@ -233,7 +238,7 @@ def test_killed_while_scheduling_then_the_next_compact_folds_each_delta_once(spa
     _dedupe_ties(batches, False)
     uri = str(tmp_path / "t")
     for i, rows in enumerate(batches):
-        _upsert(spark, uri, write_batch(tmp_path / f"b{i}.parquet", rows), i, "copy_on_write")
+        _upsert(uri, write_batch(tmp_path / f"b{i}.parquet", rows), i, "copy_on_write")
     before = read_arrow(uri).to_pylist()
     digest = tree_digest(tmp_path / "t")
     deltas = {f for fs in Table.load(uri).view().index_files.values() for f in fs}
@@ -251,7 +256,7 @@ def test_killed_while_scheduling_then_the_next_compact_folds_each_delta_once(spa
         # its buckets are in a pending plan: scheduling alone finds nothing more to plan
         assert run_compact(None, uri, policy=INDEX_ONLY, schedule_only=True)["instant"] is None
     assert read_arrow(uri).to_pylist() == before
-    assert run_validate(spark, uri)["ok"]
+    assert run_validate(uri)["ok"]
 
     done = run_compact(spark, uri, policy=INDEX_ONLY)
     assert done["executed"]
@@ -268,6 +273,6 @@ def test_killed_while_scheduling_then_the_next_compact_folds_each_delta_once(spa
     assert sorted(removed) == sorted(deltas), "every delta folded, once"
     assert all(len(fs) == 1 and not is_index_delta(fs[0]) for fs in t.view().index_files.values())
     assert rows_by_identity(read_arrow(uri).to_pylist()) == reduce_batches(batches)
-    assert run_validate(spark, uri)["ok"]
+    assert run_validate(uri)["ok"]
     # nothing left: the next compact has nothing to do and writes nothing
     assert run_compact(spark, uri, policy=INDEX_ONLY)["noop"]

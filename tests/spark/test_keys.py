@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import random
+from decimal import Decimal
 
+import numpy as np
+import pyarrow as pa
 import pytest
 from pyspark.sql import functions as F
 
+from spark_jobs.arrow_engine.keys import (
+    bucket_ids,
+    file_group_slots,
+    partition_dirs,
+    record_keys,
+)
 from spark_jobs.index.hashing import bucket_hash, bucket_of, composite_key
 from spark_jobs.jobs.keys import bucket_expr, key_expr, partition_expr
 from spark_jobs.table.layout import partition_path
@@ -71,3 +81,86 @@ def test_partition_dirs_distinct_short_and_equal_to_spark(spark, field):
         assert d.startswith(f"{field}=") and d not in (".", "..")
     assert got[None] == f"{field}=__NULL__" and got["__NULL__"] == f"{field}=%5F_NULL__"
     assert got["x" * 300] == partition_path(field, "x" * 300) and "~" in got["x" * 300]
+
+
+# -- the Arrow engine's twins (spark_jobs.arrow_engine.keys) -----------------------------------
+
+#: users' kinds of values: separators, URL specials, non-ASCII (CJK, emoji), long text, dunder
+#: and null-marker literals, composite-key escapes
+USER_VALUES = ["eu west", "a/b", "100%", "x+y", "a=b", "são paulo", "亚太 ap", "東京", "🔑🚀", "naïve café",
+               "__x", "__NULL__", "%5F_NULL__", "a,b", "a\\b", "\\,", ",", "", " lead", "trail ", "tab\tnew\nline",
+               "x" * 250, "é" * 120, ADDRESS * 4, "~tilde*star", None]
+
+
+def _arrow_vs_spark(spark, table, key_sets, part_fields):
+    """Routing of every row by the Arrow twins and by the Spark expressions, row by row."""
+    n = table.num_rows
+    table = table.append_column("_id", pa.array(range(n), pa.int64())).append_column(
+        "_n", pa.array([i % 7 + 1 for i in range(n)], pa.int64()))
+    df = spark.createDataFrame(table)
+    sizes = np.array([i % 7 + 1 for i in range(n)])
+    cols = []  # one query for everything: each Spark query costs a cold session seconds
+    for j, fields in enumerate(key_sets):
+        key = key_expr(fields)
+        cols += [key.alias(f"k{j}"), *[bucket_expr(key, b).alias(f"k{j}b{b}") for b in (1, 7, 16, 1000)],
+                 F.pmod(F.xxhash64(key, F.lit("file-group")), F.col("_n")).alias(f"k{j}slot")]
+    cols += [partition_expr([f]).alias(f"p{j}") for j, f in enumerate(part_fields)]
+    rows = df.select("_id", *cols).orderBy("_id").collect()
+    for j, fields in enumerate(key_sets):
+        keys = record_keys(table, fields)
+        assert keys.type == pa.string()
+        assert keys.to_pylist() == [r[f"k{j}"] for r in rows], fields
+        live = [i for i, r in enumerate(rows) if r[f"k{j}"] is not None]
+        live_keys = keys.take(pa.array(live, pa.int64()))
+        for b in (1, 7, 16, 1000):
+            assert bucket_ids(live_keys, b).tolist() == [rows[i][f"k{j}b{b}"] for i in live], (fields, b)
+        assert file_group_slots(live_keys, sizes[live]).tolist() == [rows[i][f"k{j}slot"] for i in live], fields
+    for j, f in enumerate(part_fields):
+        assert partition_dirs(table, [f]).to_pylist() == [r[f"p{j}"] for r in rows], f
+    assert partition_dirs(table, []).to_pylist() == [""] * n
+
+
+def test_arrow_keys_and_routing_equal_spark_on_strings(spark):
+    vals = USER_VALUES + [f"{random.Random(i).getrandbits(64):x}-{i}" for i in range(200)]
+    other = list(reversed(vals))
+    table = pa.table({"region": pa.array(vals, pa.string()), "地域": pa.array(other, pa.large_string()),
+                      "f" * 128: pa.array(vals, pa.string())})
+    _arrow_vs_spark(spark, table, [["region"], ["region", "地域"], ["地域", "region", "f" * 128]],
+                    ["region", "地域", "f" * 128])
+
+
+def test_arrow_keys_and_routing_equal_spark_on_typed_columns(spark):
+    n = 60
+    rnd = random.Random(7)
+    table = pa.table({
+        "i8": pa.array([rnd.randint(-128, 127) for _ in range(n - 1)] + [None], pa.int8()),
+        "i16": pa.array([rnd.randint(-2**15, 2**15 - 1) for _ in range(n)], pa.int16()),
+        "i32": pa.array([-2**31, 2**31 - 1] + [rnd.randint(-2**31, 2**31 - 1) for _ in range(n - 2)], pa.int32()),
+        "i64": pa.array([-2**63, 2**63 - 1, 0] + [rnd.getrandbits(64) - 2**63 for _ in range(n - 3)], pa.int64()),
+        "flag": pa.array([i % 3 == 0 if i % 5 else None for i in range(n)], pa.bool_()),
+        "day": pa.array([dt.date(1, 1, 1), dt.date(9999, 12, 31), dt.date(1970, 1, 1), dt.date(1969, 12, 31)]
+                        + [dt.date(2024, 1, 1) + dt.timedelta(days=rnd.randint(-40000, 40000)) for _ in range(n - 5)]
+                        + [None], pa.date32()),
+        "price": pa.array([Decimal("0.00"), Decimal("-0.50"), Decimal("12345678.90"), None]
+                          + [Decimal(rnd.randint(-10**9, 10**9)) / 100 for _ in range(n - 4)], pa.decimal128(10, 2)),
+        "tiny": pa.array([Decimal("0E-18"), Decimal("1E-18"), Decimal("-123.000000123000000000")]
+                         + [Decimal(rnd.randint(-10**20, 10**20)).scaleb(-18) for _ in range(n - 3)],
+                         pa.decimal128(38, 18)),
+        "whole": pa.array([Decimal(10**30), Decimal(0), Decimal(-7)] + [Decimal(rnd.getrandbits(90)) for _ in range(n - 3)],
+                          pa.decimal128(38, 0)),
+        "name": pa.array([rnd.choice(USER_VALUES[:-1]) for _ in range(n)], pa.string()),
+        # Spark prints the UTC wall clock (session zone) and cuts the fraction's trailing zeros
+        "at": pa.array([dt.datetime(1, 1, 1, tzinfo=dt.UTC), dt.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=dt.UTC),
+                        dt.datetime(1969, 12, 31, 23, 59, 59, 500000, tzinfo=dt.UTC), None]
+                       + [dt.datetime(2024, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=rnd.getrandbits(50))
+                          * rnd.choice([1, -1]) for _ in range(n - 4)], pa.timestamp("us", "UTC")),
+        "local": pa.array([dt.datetime(2024, 1, 2, 3, 4, 5, 120000), dt.datetime(2024, 1, 2, 3, 4, 5, 1), None,
+                           dt.datetime(1970, 1, 1)] + [dt.datetime(2000, 1, 1) + dt.timedelta(milliseconds=rnd.getrandbits(40))
+                                                       for _ in range(n - 4)], pa.timestamp("us")),
+    })
+    typed = ["i8", "i16", "i32", "i64", "flag", "day", "price", "tiny", "whole", "at", "local"]
+    _arrow_vs_spark(spark, table, [[c] for c in typed] + [["name", "i64"], ["day", "name", "flag"],
+                                                          ["price", "tiny", "name"], ["at", "local"]], typed)
+    # a zone-aware source column is the same instant, whatever zone Arrow carries it in
+    tokyo = table.set_column(table.column_names.index("at"), "at", table.column("at").cast(pa.timestamp("us", "Asia/Tokyo")))
+    assert record_keys(tokyo, ["at"]).equals(record_keys(table, ["at"]))

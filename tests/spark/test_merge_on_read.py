@@ -1,11 +1,16 @@
 """Merge-on-read tables: upserts append logs instead of rewriting bases, every reader merges
 them (Arrow, Spark, time travel, validate, global_simple tagging), and data compaction folds
 them -- scheduled and executed apart, beside upserts, after a crash -- without changing what
-readers see."""
+readers see.
+
+Compaction executes in Spark tasks, so its tests are here; their upserts (setup, not the
+subject) run on the Arrow engine. A log writer killed before its commit point runs on Arrow
+in tests/unit/test_arrow_merge_on_read.py (with ``compact``'s bad input, which needs no
+engine); here, once, killed inside a Spark task.
+"""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -13,8 +18,10 @@ import sys
 
 import pytest
 
-from spark_jobs.jobs.compact import run_compact
+from spark_jobs.arrow_engine.upsert import run_upsert as arrow_upsert
+from spark_jobs.arrow_engine.validate import run_validate as arrow_validate
 from spark_jobs.jobs import read as read_module
+from spark_jobs.jobs.compact import run_compact
 from spark_jobs.jobs.read import read_table
 from spark_jobs.jobs.upsert import UpsertOptions, run_upsert
 from spark_jobs.jobs.validate import run_validate
@@ -22,19 +29,28 @@ from spark_jobs.table.action.compact import CompactionPolicy
 from spark_jobs.table.reader import read_arrow
 from spark_jobs.table.table import Table
 from tests.oracle import reduce_batches, rows_by_identity
-from tests.spark.conftest import tree_digest, write_batch
+from tests.spark.conftest import write_batch
 from tests.spark.test_upsert_oracle import _dedupe_ties, make_batches
+from tests.unit.test_arrow_merge_on_read import (
+    killed_log_writer_leaves_old_snapshot_and_next_run_repairs,
+)
 
 pytestmark = pytest.mark.spark
 
 EVERY_GROUP = CompactionPolicy(min_logs=1)
 
 
-def _upsert(spark, uri, src, i, index="record", **kw):  # type: ignore[no-untyped-def]
-    return run_upsert(spark, UpsertOptions(
+def _options(uri, src, i, index="record", **kw):  # type: ignore[no-untyped-def]
+    return UpsertOptions(
         table=uri, source=src, record_key=["id"], precombine_field="ts", partition_field="region", index=index,
         num_buckets=4, delete_field="is_deleted", batch_id=f"b{i}", target_file_rows=60,
-        table_type="merge_on_read", **kw))
+        table_type="merge_on_read", **kw)
+
+
+def _upsert(spark, uri, src, i, index="record", **kw):  # type: ignore[no-untyped-def]
+    """A Spark writer, or the Arrow engine's with ``spark`` None."""
+    opts = _options(uri, src, i, index, **kw)
+    return arrow_upsert(opts) if spark is None else run_upsert(spark, opts)
 
 
 def _spark_rows(spark, uri, as_of=None):  # type: ignore[no-untyped-def]
@@ -106,18 +122,19 @@ def test_logs_not_rewrites_and_every_reader_merges_them(spark, tmp_path, monkeyp
 
 
 def test_compaction_beside_upserts_folds_only_its_plan(spark, tmp_path):
+    """Upserts on Arrow; the plan executed by Spark."""
     batches = make_batches(seed=21, n_batches=3)
     _dedupe_ties(batches, False)
     uri = str(tmp_path / "t")
     srcs = [write_batch(tmp_path / f"b{i}.parquet", rows) for i, rows in enumerate(batches)]
-    _upsert(spark, uri, srcs[0], 0)
-    _upsert(spark, uri, srcs[1], 1)
+    _upsert(None, uri, srcs[0], 0)
+    _upsert(None, uri, srcs[1], 1)
     planned = run_compact(None, uri, policy=EVERY_GROUP, schedule_only=True)
     assert planned["scheduled"] and not planned["executed"]
     # a second schedule finds every due group already planned: nothing written
     assert run_compact(None, uri, policy=EVERY_GROUP, schedule_only=True)["instant"] is None
     # an upsert runs while the plan waits: not blocked, not rolled back, its logs stay on top
-    third = _upsert(spark, uri, srcs[2], 2)
+    third = _upsert(None, uri, srcs[2], 2)
     t = Table.load(uri)
     assert [i.timestamp for i in t.timeline.pending()] == [planned["instant"]]
     (w,) = t.describe()["writers"]  # `show` lists the plan as scheduled, not as an abandoned write
@@ -134,7 +151,7 @@ def test_compaction_beside_upserts_folds_only_its_plan(spark, tmp_path):
     left = {lf.path for s in view.file_groups.values() for lf in s.logs}
     assert left == third_logs  # exactly the logs committed after the plan
     assert rows_by_identity(read_arrow(uri).to_pylist()) == reduce_batches(batches)
-    assert run_validate(spark, uri)["ok"]
+    assert arrow_validate(uri)["ok"]
     again = run_compact(spark, uri, instant=planned["instant"])
     assert again["noop"] and not again["executed"]
 
@@ -147,11 +164,12 @@ def _crash_compaction(uri: str, instant: str, spark_args: list[str]) -> subproce
 
 
 def test_killed_compaction_leaves_the_snapshot_and_resumes(spark, spark_cli_args, tmp_path):
+    """Killed inside a Spark compaction task (a Python worker); resumed by Spark."""
     batches = make_batches(seed=31, n_batches=2)
     _dedupe_ties(batches, False)
     uri = str(tmp_path / "t")
     for i, rows in enumerate(batches):
-        _upsert(spark, uri, write_batch(tmp_path / f"b{i}.parquet", rows), i)
+        _upsert(None, uri, write_batch(tmp_path / f"b{i}.parquet", rows), i)
     before = read_arrow(uri).to_pylist()
     planned = run_compact(None, uri, policy=EVERY_GROUP, schedule_only=True)["instant"]
 
@@ -172,7 +190,7 @@ def test_killed_compaction_leaves_the_snapshot_and_resumes(spark, spark_cli_args
     t = Table.load(uri)
     assert t.timeline.pending() == [] and not t.marked_files(planned)
     assert rows_by_identity(read_arrow(uri).to_pylist()) == reduce_batches(batches)
-    assert run_validate(spark, uri)["ok"]
+    assert arrow_validate(uri)["ok"]
     # the crashed attempt's base is gone: every file on disk is referenced by a completed action
     referenced = set()
     for inst in t.timeline.completed():
@@ -182,60 +200,10 @@ def test_killed_compaction_leaves_the_snapshot_and_resumes(spark, spark_cli_args
     assert on_disk <= referenced
 
 
-def test_compaction_bad_input_is_one_line_and_writes_nothing(spark, tmp_path):
-    uri = str(tmp_path / "t")
-    src = write_batch(tmp_path / "b.parquet", make_batches(seed=41, n_batches=1)[0])
-    run_upsert(spark, UpsertOptions(table=uri, source=src, record_key=["id"], precombine_field="ts",
-                                    delete_field="is_deleted", num_buckets=2))  # copy-on-write
-    before = tree_digest(tmp_path / "t")
-    for args, needle in (
-        (["--only", "data"], "copy_on_write table with the record index: it has no logs to compact"),
-        (["--execute", "20990101000000000"], "no scheduled compaction 20990101000000000"),
-        (["--min-logs", "0"], "--min-logs must be at least 1"),
-        (["--execute", "20990101000000000", "--min-logs", "2"], "apply when scheduling"),
-    ):
-        p = subprocess.run([sys.executable, "-m", "spark_jobs.cli", "compact", uri, *args],
-                           capture_output=True, text=True, timeout=120)
-        assert p.returncode == 2, (args, p.stderr)
-        assert p.stderr.strip().count("\n") == 0 and needle in p.stderr, (args, p.stderr)
-        assert tree_digest(tmp_path / "t") == before
-    # nothing due on a merge-on-read table: no instant, and the command says so
-    mor = str(tmp_path / "m")
-    _upsert(spark, mor, src, 0)
-    p = subprocess.run([sys.executable, "-m", "spark_jobs.cli", "compact", mor, "--schedule-only"],
-                       capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0 and p.stdout.strip().splitlines()[-1] == "nothing to compact: no file group or index bucket is due"
-    assert json.loads(p.stdout.splitlines()[0])["instant"] is None
-    assert Table.load(mor).timeline.pending() == []
-
-
 @pytest.mark.parametrize("point", ["after_data_file", "before_complete"])
-def test_killed_log_writer_leaves_old_snapshot_and_next_run_repairs(spark, spark_cli_args, tmp_path, point):
-    """Killed after its first log (the others unwritten) and after every log and index delta,
-    before its commit point. The batch updates and deletes keys in place, so it writes logs only."""
-    from tests.spark.test_retry_and_crash import B1, _crash_upsert
-
-    B2 = [{**r, "ts": 1000 + i, "amount": -1.0, "is_deleted": i % 7 == 0} for i, r in enumerate(B1[:70])]
-
-    uri = str(tmp_path / "t")
-    run_upsert(spark, UpsertOptions(table=uri, source=write_batch(tmp_path / "b1.parquet", B1), record_key=["id"],
-                                    precombine_field="ts", partition_field="region", delete_field="is_deleted",
-                                    batch_id="batch-1", target_file_rows=50, table_type="merge_on_read"))
-    before = read_arrow(uri).to_pylist()
-    src2 = write_batch(tmp_path / "b2.parquet", B2)
-    p = _crash_upsert(uri, src2, "record", point, spark_cli_args)
-    assert p.returncode == -signal.SIGKILL, (p.returncode, p.stderr[-2000:])
-    t = Table.load(uri)
-    (pending,) = t.timeline.pending()
-    marked = t.marked_files(pending.timestamp)
-    data = [f for f in marked if not f.startswith(".bucketindex")]
-    assert data and all(f.endswith(".log.parquet") for f in data), marked
-    assert read_arrow(uri).to_pylist() == before
-    opts = UpsertOptions(table=uri, source=src2, record_key=["id"], precombine_field="ts", partition_field="region",
-                         delete_field="is_deleted", batch_id="batch-2")
-    res = run_upsert(spark, opts)
-    assert not res["noop"]
-    assert run_upsert(spark, opts)["noop"]  # a retry of the same batch id applies nothing twice
-    assert rows_by_identity(read_arrow(uri).to_pylist()) == reduce_batches([B1, B2])
-    assert run_validate(spark, uri)["ok"]
-    assert len(Table.load(uri).timeline.completed(["commit"])) == 2
+def test_killed_log_writer_leaves_old_snapshot_and_next_run_repairs(spark_cli_args, tmp_path, point):
+    """Killed after its first log (written in a Spark task; the others unwritten) and, in the
+    extended tier, after every log and index delta, before its commit point. The table before
+    and the repair are written on Arrow: the subject is the Spark writer's crash."""
+    killed_log_writer_leaves_old_snapshot_and_next_run_repairs(arrow_upsert, arrow_validate, spark_cli_args, tmp_path,
+                                                               point)

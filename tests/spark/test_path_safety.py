@@ -70,6 +70,9 @@ def _assert_matches_oracle(spark, uri: str, expected: dict, partition: str | Non
     assert rows_by_identity(read_arrow(uri).to_pylist(), partition=partition) == expected
     report = run_validate(spark, uri)
     assert report["ok"] and report["rows"] == len(expected), report
+    from spark_jobs.arrow_engine.validate import run_validate as run_in_process
+
+    assert run_in_process(uri) == report  # the in-process engine: the same report
     if spark_read:
         via_spark = rows_by_identity([r.asDict() for r in read_table(spark, uri).collect()], partition=partition)
         assert via_spark == expected

@@ -6,6 +6,10 @@ index entry sits in bucket ``hash(key) mod M``; ``validate`` passes; a read as o
 instant before a rehash still sees the old layout. Then: a split has no shuffle stage,
 bad counts leave the table untouched, a SIGKILL anywhere leaves the old or the new layout
 and the next run finishes, and an upsert racing a rehash re-plans under the new count.
+
+Rehash (on Spark) is the subject: the upserts that feed and race it, and ``validate``, run on the
+in-process Arrow engine. The bad-count checks need no Spark at all:
+tests/unit/test_arrow_oracle_rehash.py.
 """
 
 from __future__ import annotations
@@ -20,45 +24,23 @@ from pathlib import Path
 
 import pytest
 
-from spark_jobs.cli import main
+from spark_jobs.arrow_engine.validate import run_validate
 from spark_jobs.index.hashing import buckets_of, fingerprints
 from spark_jobs.index.record_index import merge_entries
 from spark_jobs.jobs.compact import run_compact
 from spark_jobs.jobs.rehash import run_rehash
-from spark_jobs.jobs.upsert import UpsertOptions, run_upsert
-from spark_jobs.jobs.validate import run_validate
-from spark_jobs.table.action import Transaction
 from spark_jobs.table.action.compact import CompactionPolicy
 from spark_jobs.table.reader import read_arrow, read_slice
 from spark_jobs.table.table import Table
-from spark_jobs.table.timeline import Action
 from spark_jobs.table.view import FileSystemView
 from tests.oracle import reduce_batches, rows_by_identity
-from tests.spark.conftest import tree_digest, write_batch
-from tests.spark.test_upsert_oracle import _dedupe_ties, make_batches
+from tests.spark.conftest import write_batch
+from tests.unit.test_arrow_oracle_rehash import ODD_REGIONS, _batches, _upsert  # noqa: F401
 
 pytestmark = pytest.mark.spark
 
-#: partition values as users have them: spaces, '/', '%', '+', non-ASCII
-ODD_REGIONS = {"eu": "eu west/1", "us": "us %2F+east", "ap": "亚太 ap"}
 #: (new count, batches upserted after it)
 STEPS = [(8, 1), (16, 1), (4, 1)]
-
-
-def _batches(seed: int, per_partition: bool) -> list[list[dict]]:
-    batches = make_batches(seed=seed, n_batches=5, pool=160, size=90)
-    for rows in batches:
-        for r in rows:
-            r["region"] = ODD_REGIONS[r["region"]]
-            r["id"] = r["id"] + (" /%+ключ" if int(r["id"][-2:]) % 5 == 0 else "")  # odd keys too
-    _dedupe_ties(batches, per_partition)
-    return batches
-
-
-def _upsert(spark, uri: str, tmp_path: Path, batches: list, i: int, **kw):
-    return run_upsert(spark, UpsertOptions(
-        table=uri, source=write_batch(tmp_path / f"b{i}.parquet", batches[i]), record_key=["id"],
-        precombine_field="ts", partition_field="region", delete_field="is_deleted", batch_id=f"b{i}", **kw))
 
 
 def assert_layout(uri: str, num_buckets: int) -> None:
@@ -102,8 +84,8 @@ def test_rehash_by_multiples_and_divisors_matches_the_oracle(spark, tmp_path, in
         assert rows_by_identity(read_arrow(uri).to_pylist(), partition=ident) == expect(n)
         assert_layout(uri, buckets)
 
-    _upsert(spark, uri, tmp_path, batches, 0, index=index, num_buckets=2, table_type=table_type)
-    _upsert(spark, uri, tmp_path, batches, 1)
+    _upsert(uri, tmp_path, batches, 0, index=index, num_buckets=2, table_type=table_type)
+    _upsert(uri, tmp_path, batches, 1)
     check(2, 2)
     n, history = 2, []
     for m, after in STEPS:
@@ -112,11 +94,11 @@ def test_rehash_by_multiples_and_divisors_matches_the_oracle(spark, tmp_path, in
         assert not res["noop"] and res["num_buckets"] == m
         check(n, m)
         for _ in range(after):
-            _upsert(spark, uri, tmp_path, batches, n)
+            _upsert(uri, tmp_path, batches, n)
             n += 1
             check(n, m)
     assert n == len(batches)
-    report = run_validate(spark, uri)
+    report = run_validate(uri)
     assert report["ok"], report
     # time travel: as of an instant before each rehash, the old layout and the old rows
     for instant, state, buckets in history:
@@ -136,7 +118,7 @@ def _stages_of_group(spark, group: str) -> list:
 def test_split_of_bucket_index_has_no_shuffle(spark, tmp_path):
     batches = _batches(seed=5, per_partition=True)
     uri = str(tmp_path / "t")
-    _upsert(spark, uri, tmp_path, batches, 0, index="bucket", num_buckets=4)
+    _upsert(uri, tmp_path, batches, 0, index="bucket", num_buckets=4)
     groups = len(Table.load(uri).view().file_groups)
     spark.sparkContext.setJobGroup("rehash-split", "rehash 4 -> 16")
     try:
@@ -151,45 +133,6 @@ def test_split_of_bucket_index_has_no_shuffle(spark, tmp_path):
     assert_layout(uri, 16)
     assert rows_by_identity(read_arrow(uri).to_pylist(), partition="region") == reduce_batches(
         batches[:1], partition="region")
-
-
-def test_bad_counts_exit_2_and_leave_the_table_untouched(spark, tmp_path, capsys):
-    uri = str(tmp_path / "t")
-    batches = _batches(seed=3, per_partition=False)
-    _upsert(spark, uri, tmp_path, batches, 0, index="record", num_buckets=8)
-    gs = str(tmp_path / "gs")
-    _upsert(spark, gs, tmp_path, batches, 0, index="global_simple")
-    before = tree_digest(tmp_path)
-    cases = {
-        "12": "neither a multiple nor a divisor of the table's 8 buckets",
-        "0": "at least 1",
-        "131072": "above the maximum of 65536",
-    }
-    for count, message in cases.items():
-        assert main(["rehash", uri, "--num-buckets", count]) == 2
-        err = capsys.readouterr().err.strip()
-        assert len(err.splitlines()) == 1 and message in err, err
-    assert main(["rehash", gs, "--num-buckets", "32"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert "global_simple index, which has no buckets" in err and len(err.splitlines()) == 1
-    assert main(["rehash", str(tmp_path / "nothing"), "--num-buckets", "16"]) == 2
-    capsys.readouterr()
-    # a rehash already running (a live writer) refuses a second one
-    table = Table.load(uri)
-    running = Transaction(table, Action.REHASH, {"num_buckets": 16}).begin()
-    try:
-        mid = tree_digest(tmp_path)
-        assert main(["rehash", uri, "--num-buckets", "16"]) == 2
-        err = capsys.readouterr().err
-        assert "a rehash is already running" in err and running.ts in err
-        assert tree_digest(tmp_path) == mid
-    finally:
-        running.abort()
-    assert tree_digest(tmp_path) == before
-    # the same count: nothing to do, exit 0, nothing written
-    assert main(["rehash", uri, "--num-buckets", "8"]) == 0
-    assert "already has 8 buckets" in capsys.readouterr().out
-    assert tree_digest(tmp_path) == before
 
 
 def _cli(args: list[str], env: dict | None = None, **kw) -> subprocess.Popen:
@@ -208,9 +151,9 @@ def test_killed_rehash_leaves_old_or_new_layout_and_next_run_finishes(spark, spa
     ident = "region" if per_partition else None
     batches = _batches(seed=21, per_partition=per_partition)
     uri = str(tmp_path / "t")
-    _upsert(spark, uri, tmp_path, batches, 0, index=index, num_buckets=2,
+    _upsert(uri, tmp_path, batches, 0, index=index, num_buckets=2,
             table_type="merge_on_read" if per_partition else "copy_on_write")
-    _upsert(spark, uri, tmp_path, batches, 1)
+    _upsert(uri, tmp_path, batches, 1)
     expected = reduce_batches(batches[:2], partition=ident)
 
     p = _cli(["rehash", uri, "--num-buckets", "8", *spark_cli_args], {"BUCKETINDEX_FAULT": point})
@@ -231,7 +174,7 @@ def test_killed_rehash_leaves_old_or_new_layout_and_next_run_finishes(spark, spa
     assert not table.timeline.pending()
     assert rows_by_identity(read_arrow(uri).to_pylist(), partition=ident) == expected
     assert_layout(uri, 8)
-    report = run_validate(spark, uri)
+    report = run_validate(uri)
     assert report["ok"], report
     # nothing the dead attempt wrote is left on disk outside the snapshots
     assert not table.io.list_names(table.layout.markers)
@@ -249,11 +192,11 @@ def test_upsert_racing_a_rehash_replans_under_the_new_count(spark, spark_cli_arg
     to 8 commits; it then conflicts, re-tags and writes under 8 buckets, never the old layout."""
     batches = _batches(seed=9, per_partition=True)
     uri = str(tmp_path / "t")
-    _upsert(spark, uri, tmp_path, batches, 0, index="bucket", num_buckets=2, table_type="merge_on_read")
+    _upsert(uri, tmp_path, batches, 0, index="bucket", num_buckets=2, table_type="merge_on_read")
     signals = tmp_path / "signals"
     src = write_batch(tmp_path / "b1.parquet", batches[1])
     writer = _cli(["upsert", uri, src, "--record-key", "id", "--precombine-field", "ts", "--partition-field", "region",
-                   "--delete-field", "is_deleted", "--batch-id", "b1", "--num-buckets", "2", *spark_cli_args],
+                   "--delete-field", "is_deleted", "--batch-id", "b1", "--num-buckets", "2", "--engine", "arrow"],
                   {"BUCKETINDEX_PAUSE": "before_complete=12", "BUCKETINDEX_PAUSE_SIGNAL": str(signals)})
     try:
         deadline = time.time() + 240
@@ -276,14 +219,14 @@ def test_upsert_racing_a_rehash_replans_under_the_new_count(spark, spark_cli_arg
     assert rows_by_identity(read_arrow(uri).to_pylist(), partition="region") == reduce_batches(
         batches[:2], partition="region")
     assert_layout(uri, 8)
-    assert run_validate(spark, uri)["ok"]
+    assert run_validate(uri)["ok"]
 
 
 def test_rehash_cancels_compaction_plans_of_the_old_layout(spark, tmp_path):
     batches = _batches(seed=13, per_partition=False)
     uri = str(tmp_path / "t")
     for i in range(3):
-        _upsert(spark, uri, tmp_path, batches, i, **({"index": "record", "num_buckets": 2} if i == 0 else {}))
+        _upsert(uri, tmp_path, batches, i, **({"index": "record", "num_buckets": 2} if i == 0 else {}))
     planned = run_compact(None, uri, policy=CompactionPolicy(min_deltas=2), schedule_only=True)
     assert planned["instant"]
     res = run_rehash(spark, uri, 4)
@@ -293,4 +236,4 @@ def test_rehash_cancels_compaction_plans_of_the_old_layout(spark, tmp_path):
     out = run_compact(spark, uri, policy=CompactionPolicy(min_deltas=2))
     assert out["noop"] or out["executed"]
     assert rows_by_identity(read_arrow(uri).to_pylist()) == reduce_batches(batches[:3])
-    assert run_validate(spark, uri)["ok"]
+    assert run_validate(uri)["ok"]

@@ -1,58 +1,34 @@
 """Retries are idempotent; a writer killed at any step leaves the previous snapshot visible,
-and the next run (or ``rollback``) repairs the table."""
+and the next run (or ``rollback``) repairs the table -- with Spark writers.
+
+The protocol's cases run on the Arrow engine (tests/unit/test_arrow_engine.py's crash matrix,
+tests/unit/test_arrow_retry_and_crash.py: this data, the remaining points, a rollback killed
+half-way). Spark keeps what only it runs: a crash inside a Spark task during the data write
+(``after_data_file``, in a Python worker) and during the index write (``after_index_file``,
+repaired by an explicit rollback), and the idempotent retry of its own write; the extended
+tier kills Spark writers at the client-side points too. tests/connect runs these bodies over
+Spark Connect.
+"""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-
 import pytest
 
-from spark_jobs.jobs.upsert import UpsertOptions, run_upsert
+from spark_jobs.jobs.upsert import run_upsert
 from spark_jobs.jobs.validate import run_validate
-from spark_jobs.table.reader import read_arrow
-from spark_jobs.table.table import Table
-from tests.oracle import reduce_batches, rows_by_identity
-from tests.spark.conftest import write_batch
+from tests.unit.test_arrow_retry_and_crash import (  # noqa: F401 - B1, B2, options: tests/connect's data
+    B1,
+    B2,
+    killed_writer_leaves_old_snapshot_and_next_run_repairs,
+    options,
+    same_batch_id_twice_is_one_commit,
+)
 
 pytestmark = pytest.mark.spark
 
-#: users' data: keys and partition values with spaces, /, %, + and non-ASCII; the literal
-#: "__NULL__" (a directory of its own since format.md §1 step 2); a CJK address whose
-#: directory name passes 200 bytes (shortened, with hashed markers) -- the crash matrix
-#: covers the names a killed writer leaves behind and a rollback deletes
-KEY = "k{:03d} /%+é"
-B1 = [{"id": KEY.format(i), "region": ["eu west/1", "sã%o+paulo"][i % 2], "ts": i, "amount": float(i),
-       "is_deleted": False} for i in range(120)]
-B2 = ([{"id": KEY.format(i), "region": ["__NULL__", "東京都千代田区千代田一丁目一番一号皇居東御苑内"][i % 2],
-        "ts": 1000 + i, "amount": -1.0, "is_deleted": i % 7 == 0} for i in range(60, 180)])
-
-
-def options(uri: str, src: str, index: str, batch_id: str) -> UpsertOptions:
-    return UpsertOptions(table=uri, source=src, record_key=["id"], precombine_field="ts", partition_field="region",
-                         index=index, num_buckets=4, delete_field="is_deleted", batch_id=batch_id,
-                         target_file_rows=50)
-
 
 def test_same_batch_id_twice_is_one_commit(spark, tmp_path):
-    uri = str(tmp_path / "t")
-    src = write_batch(tmp_path / "b1.parquet", B1)
-    first = run_upsert(spark, options(uri, src, "record", "batch-1"))
-    second = run_upsert(spark, options(uri, src, "record", "batch-1"))
-    assert not first["noop"] and second["noop"]
-    assert second["instant"] == first["instant"]
-    assert len(Table.load(uri).timeline.completed(["commit"])) == 1
-    assert rows_by_identity(read_arrow(uri).to_pylist()) == reduce_batches([B1])
-
-
-def _crash_upsert(uri: str, src: str, index: str, point: str, spark_args: list[str]) -> subprocess.CompletedProcess:
-    env = {**os.environ, "BUCKETINDEX_FAULT": point}
-    cmd = [sys.executable, "-m", "spark_jobs.cli", "upsert", uri, src, "--record-key", "id", "--precombine-field", "ts",
-           "--partition-field", "region", "--delete-field", "is_deleted", "--batch-id", "batch-2", *spark_args]
-    # its own process group, like a job on a node: SIGKILL takes the driver, JVM and Python workers
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, start_new_session=True)
+    same_batch_id_twice_is_one_commit(lambda o: run_upsert(spark, o), tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -67,64 +43,8 @@ def _crash_upsert(uri: str, src: str, index: str, point: str, spark_args: list[s
     ],
 )
 def test_killed_writer_leaves_old_snapshot_and_next_run_repairs(spark, spark_cli_args, tmp_path, index, point, repair):
-    uri = str(tmp_path / "t")
-    run_upsert(spark, options(uri, write_batch(tmp_path / "b1.parquet", B1), index, "batch-1"))
-    before = read_arrow(uri).to_pylist()
-    src2 = write_batch(tmp_path / "b2.parquet", B2)
-
-    p = _crash_upsert(uri, src2, index, point, spark_cli_args)
-    assert p.returncode == -signal.SIGKILL, (p.returncode, p.stderr[-2000:])
-    t = Table.load(uri)
-    pending = t.timeline.pending()
-    assert len(pending) == 1 and pending[0].action == "commit"
-    # readers see the previous snapshot, whatever files the dead writer left behind
-    assert read_arrow(uri).to_pylist() == before
-    if point != "after_requested":
-        assert t.marked_files(pending[0].timestamp), "the writer should have left marked files"
-
-    if repair == "rollback":
-        assert t.rollback() == [pending[0].timestamp]
-        assert read_arrow(uri).to_pylist() == before
-        assert not t.marked_files(pending[0].timestamp)
-    res = run_upsert(spark, options(uri, src2, index, "batch-2"))
-    assert not res["noop"]
-    t = Table.load(uri)
-    assert t.timeline.pending() == []
-    partition = "region" if index == "bucket" else None
-    assert rows_by_identity(read_arrow(uri).to_pylist(), partition=partition) == reduce_batches([B1, B2], partition=partition)
-    assert run_validate(spark, uri)["ok"]
-    # the dead attempt's files are gone: every data file on disk belongs to the snapshot or an older one
-    on_disk = {str(p.relative_to(tmp_path / "t")) for p in (tmp_path / "t").rglob("*.parquet")}
-    referenced = set()
-    for inst in t.timeline.completed(["commit"]):
-        referenced |= {fg["path"] for fg in t.timeline.read_metadata(inst)["file_groups"] if fg["path"]}
-    assert on_disk <= referenced
-
-
-def test_crash_during_rollback_resumes(spark, spark_cli_args, tmp_path):
-    uri = str(tmp_path / "t")
-    run_upsert(spark, options(uri, write_batch(tmp_path / "b1.parquet", B1), "record", "batch-1"))
-    before = read_arrow(uri).to_pylist()
-    src2 = write_batch(tmp_path / "b2.parquet", B2)
-    assert _crash_upsert(uri, src2, "record", "before_complete", spark_cli_args).returncode == -signal.SIGKILL
-    target = Table.load(uri).timeline.pending()[0].timestamp
-    env = {**os.environ, "BUCKETINDEX_FAULT": "rollback_after_delete"}
-    p = subprocess.run([sys.executable, "-m", "spark_jobs.cli", "rollback", uri], env=env, capture_output=True,
-                       text=True, timeout=120, start_new_session=True)
-    assert p.returncode == -signal.SIGKILL, p.stderr
-    t = Table.load(uri)
-    # the rollback decided (its sequence entry aborts the target) and died while deleting
-    assert t.timeline.pending() == []
-    assert [i.timestamp for i in t.timeline.aborted_leftovers()] == [target]
-    assert t.marked_files(target), "the crash should have left marked files to delete"
-    assert read_arrow(uri).to_pylist() == before
-    p = subprocess.run([sys.executable, "-m", "spark_jobs.cli", "rollback", uri], capture_output=True, text=True,
-                       timeout=120)
-    assert p.returncode == 0, p.stderr
-    t = Table.load(uri)
-    assert t.timeline.pending() == [] and t.timeline.aborted_leftovers() == []
-    assert not t.marked_files(target) and not os.path.exists(t.layout.heartbeat_file(target))
-    rb = t.timeline.completed(["rollback"])
-    assert len(rb) == 1 and t.timeline.read_metadata(rb[0])["rolled_back"] == target
-    assert read_arrow(uri).to_pylist() == before
-    assert run_validate(spark, uri)["ok"]
+    """The default tier: ``record-after_data_file`` and ``record-after_index_file`` (the kills
+    inside Spark tasks); the other points are the extended tier's (tests/conftest.py)."""
+    killed_writer_leaves_old_snapshot_and_next_run_repairs(lambda o: run_upsert(spark, o),
+                                                           lambda u: run_validate(spark, u), spark_cli_args, tmp_path,
+                                                           index, point, repair)

@@ -3,6 +3,9 @@ and passes on healthy tables of both index types with odd partition values and k
 
 One record table and one bucket table per module (two upserts each: inserts, then updates and
 a delete); a test that plants a fault works on a copy.
+
+``shadow-compare`` (on Spark) is the subject: the upserts that write the tables run on the
+in-process Arrow engine. Its bad input needs no Spark: tests/unit/test_arrow_oracle_shadow_compare.py.
 """
 
 from __future__ import annotations
@@ -17,41 +20,28 @@ import pytest
 
 from spark_jobs.cli import main
 from spark_jobs.jobs.shadow_compare import run_shadow_compare
-from spark_jobs.jobs.upsert import UpsertOptions, run_upsert
 from spark_jobs.table.shadow import ShadowOptions, fingerprint_label, in_sample
 from spark_jobs.table.table import Table
 from tests.spark.conftest import tree_digest, write_batch
 from tests.spark.test_validate import add_index_delta, bucket_of_key
 
+# the tables' rows and the Arrow upsert that writes them
+from tests.unit.test_arrow_oracle_shadow_compare import (  # noqa: F401
+    DELETED,
+    KEYS,
+    REGION_OF,
+    REGIONS,
+    UPDATED,
+    _rows,
+    _upsert,
+    make_tables,
+)
+
 pytestmark = pytest.mark.spark
 
-REGIONS = ["eu west/1", "us %2F+east", "亚太 ap"]
-KEYS = [f"k{i:02d}" + (" /%+ключ" if i % 7 == 3 else "") for i in range(24)]
-REGION_OF = {k: REGIONS[i % 3] for i, k in enumerate(KEYS)}
-DELETED = KEYS[4]
-UPDATED = KEYS[8:14]
-
-
-def _rows(keys, ts, deleted=()):
-    return [{"id": k, "region": REGION_OF.get(k, REGIONS[0]), "ts": ts, "del": k in deleted} for k in keys]
-
-
-def _upsert(spark, uri, src, index):
-    run_upsert(spark, UpsertOptions(table=uri, source=src, record_key=["id"], precombine_field="ts",
-                                    partition_field="region", index=index, num_buckets=2 if index == "bucket" else 4,
-                                    delete_field="del"))
-
-
 @pytest.fixture(scope="module")
-def tables(spark, tmp_path_factory):
-    base = tmp_path_factory.mktemp("shadow")
-    out = {}
-    for index in ("record", "bucket"):
-        uri = str(base / index)
-        _upsert(spark, uri, write_batch(base / f"{index}-1.parquet", _rows(KEYS, 1)), index)
-        _upsert(spark, uri, write_batch(base / f"{index}-2.parquet", _rows([*UPDATED, DELETED], 2, [DELETED])), index)
-        out[index] = uri
-    return out
+def tables(tmp_path_factory):
+    return make_tables(tmp_path_factory.mktemp("shadow"))
 
 
 @pytest.fixture
@@ -162,7 +152,7 @@ def test_since_compares_only_keys_touched_after_the_instant(spark, record_copy, 
     add_index_delta(t, bucket_of_key(t, key), [key], [None])
     fault = t.timeline.reload().max_instant()
     later = ["new1", "new2 é"]
-    _upsert(spark, t.uri, write_batch(tmp_path / "b3.parquet", _rows(later, 3)), "record")
+    _upsert(t.uri, write_batch(tmp_path / "b3.parquet", _rows(later, 3)), "record")
     r = run_shadow_compare(spark, t.uri, ShadowOptions(since=fault))
     # a copy-on-write commit rewrites whole file groups: their keys are all touched, the others are not
     assert r["ok"] and r["mismatches"] == 0 and r["commits_since"] == 1, r
@@ -192,37 +182,6 @@ def test_sample_fraction_is_deterministic(spark, record_copy):
     expected = sum(in_sample(k, 0.5) for k in KEYS if k != DELETED)
     assert runs[0]["keys_checked"] == expected and 0 < expected < len(KEYS) - 1
     assert runs[0]["missing"] == int(in_sample(key, 0.5)) and runs[0]["ok"]
-
-
-@pytest.mark.parametrize("args, message", [
-    (["--sample-fraction", "0"], "--sample-fraction must be in (0, 1]"),
-    (["--sample-fraction", "1.5"], "--sample-fraction must be in (0, 1]"),
-    (["--max-mismatches", "-1"], "--max-mismatches must be 0 or more"),
-    (["--since", "yesterday"], "--since must be an instant"),
-    (["--against", "bucket", "@bucket"], "compares the index with itself"),
-    (["--against", "nosuch"], "invalid choice"),
-    (["@missing"], "no bucketindex table at"),
-])
-def test_bad_input_exits_2_with_one_line_and_writes_nothing(tables, tmp_path, capsys, args, message):
-    uri = tables["record"]
-    if "@bucket" in args:
-        args, uri = [a for a in args if a != "@bucket"], tables["bucket"]
-    if "@missing" in args:
-        args, uri = [], str(tmp_path / "nothing")
-    digest = tree_digest(tmp_path)
-    before = tree_digest(Path(tables["record"]))
-    if "nosuch" in args:  # argparse's own one-line error
-        with pytest.raises(SystemExit) as e:
-            _cli(uri, *args, "--report", str(tmp_path / "r.json"))
-        rc = e.value.code
-    else:
-        rc = _cli(uri, *args, "--report", str(tmp_path / "r.json"))
-    assert rc == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("bucketindex: error:") and message in err[0], err
-    assert tree_digest(tmp_path) == digest  # no report written
-    assert tree_digest(Path(tables["record"])) == before
-
 
 
 def test_since_after_compaction_and_clean_compares_what_is_left(spark, record_copy, capsys):

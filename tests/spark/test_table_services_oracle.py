@@ -2,7 +2,10 @@
 deletes, re-inserts after delete and partition moves), compaction schedules and executes (a
 plan executed after further upserts), cleans and timeline checkpoints. After every step the
 table equals the batches reduced by key; at the end ``validate`` passes, a read as of every
-retained instant equals the oracle at that instant, and older ones fail clearly."""
+retained instant equals the oracle at that instant, and older ones fail clearly.
+
+The subject is the protocol and the services: the upserts and ``validate`` run on the in-process
+Arrow engine, the compactions (the service's execution) on Spark."""
 
 from __future__ import annotations
 
@@ -10,18 +13,19 @@ import random
 
 import pytest
 
+from spark_jobs.arrow_engine.upsert import run_upsert
+from spark_jobs.arrow_engine.validate import run_validate
 from spark_jobs.exceptions import BadInputError
 from spark_jobs.jobs.compact import run_compact
-from spark_jobs.jobs.upsert import UpsertOptions, run_upsert
-from spark_jobs.jobs.validate import run_validate
 from spark_jobs.table.action.clean import run_clean
 from spark_jobs.table.action.compact import CompactionPolicy
+from spark_jobs.table.action.upsert import UpsertOptions
 from spark_jobs.table.config import TableConfig
 from spark_jobs.table.reader import read_arrow
 from spark_jobs.table.table import Table
 from tests.oracle import reduce_batches, rows_by_identity
 from tests.spark.conftest import write_batch
-from tests.spark.test_upsert_oracle import _dedupe_ties, make_batches
+from tests.unit.test_arrow_oracle_upsert import _dedupe_ties, make_batches
 
 pytestmark = pytest.mark.spark
 
@@ -51,7 +55,7 @@ def test_random_services_beside_upserts_match_the_oracle(spark, tmp_path, seed):
         return reduce_batches(batches[:n])
 
     for i, rows in enumerate(batches):
-        res = run_upsert(spark, UpsertOptions(
+        res = run_upsert(UpsertOptions(
             table=uri, source=write_batch(tmp_path / f"b{i}.parquet", rows), record_key=["id"],
             precombine_field="ts", partition_field="region", delete_field="is_deleted", batch_id=f"b{i}"))
         snapshots.append((res["instant"], expect(i + 1)))
@@ -84,7 +88,7 @@ def test_random_services_beside_upserts_match_the_oracle(spark, tmp_path, seed):
     table = Table.load(uri)
     assert table.timeline.base_seq > 0, "no timeline checkpoint was written"
     assert rows_by_identity(read_arrow(uri).to_pylist()) == expect(len(batches))
-    assert run_validate(spark, uri)["ok"]
+    assert run_validate(uri)["ok"]
     kept = table.retained_from()
     assert kept is not None
     checked = refused = 0

@@ -1,12 +1,17 @@
 """Random batches with updates, inserts, in-batch duplicates, deletes, re-inserts and partition
-moves: afterwards the table equals the batches reduced by key and ``validate`` passes."""
+moves: afterwards the table equals the batches reduced by key and ``validate`` passes.
+
+This is the Spark upsert's own oracle test. The record index runs in the default tier; the same
+test on the in-process Arrow engine, for all three indexes, is
+tests/unit/test_arrow_oracle_upsert.py, and tests/spark/test_engine_equivalence.py holds Spark's
+``bucket`` and ``global_simple`` tagging to Arrow and the oracle (both table types) in the default
+tier, so their Spark cases here are in the extended tier (``-m slow``; over Spark Connect too)."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
+from spark_jobs.arrow_engine.upsert import run_upsert as arrow_upsert
 from spark_jobs.jobs.upsert import UpsertOptions, run_upsert
 from spark_jobs.jobs.validate import run_validate
 from spark_jobs.table.reader import read_arrow
@@ -14,51 +19,14 @@ from spark_jobs.table.table import Table
 from tests.oracle import reduce_batches, rows_by_identity
 from tests.spark.conftest import write_batch
 
+# the batch generators, free of pyspark: other test modules import them from here
+from tests.unit.test_arrow_oracle_upsert import REGIONS, _dedupe_ties, make_batches  # noqa: F401
+
 pytestmark = pytest.mark.spark
 
-REGIONS = ["eu", "us", "ap"]
 
-
-def make_batches(seed: int, n_batches: int = 4, pool: int = 240, size: int = 160) -> list[list[dict]]:
-    rnd = random.Random(seed)
-    region_of = {k: rnd.choice(REGIONS) for k in range(pool)}
-    deleted: set[int] = set()
-    batches = []
-    for b in range(n_batches):
-        rows = []
-        for j in range(size):
-            k = rnd.randrange(pool)
-            if k in deleted and rnd.random() < 0.7:
-                deleted.discard(k)  # re-insert after delete
-            if rnd.random() < 0.15:
-                region_of[k] = rnd.choice(REGIONS)  # partition move
-            is_del = rnd.random() < 0.12
-            if is_del:
-                deleted.add(k)
-            # ts mostly grows across batches; 10% are late events older than what is stored
-            ts = (b * 1000 + j) if rnd.random() > 0.1 else rnd.randrange(0, max(1, b * 1000))
-            rows.append({"id": f"key-{k:04d}", "region": region_of[k], "ts": ts, "amount": rnd.random(),
-                         "note": rnd.choice(["a", "b", "ключ", "鍵"]), "is_deleted": is_del})
-        # in-batch duplicates: repeat some keys with other values
-        for r in rnd.sample(rows, 20):
-            rows.append({**r, "ts": r["ts"] + rnd.choice([-1, 1]) * 5000 - 2500, "amount": -1.0})
-        batches.append(rows)
-    return batches
-
-
-def _dedupe_ties(batches: list[list[dict]], partition: bool) -> None:
-    """The oracle does not model the JSON tie-break; make (identity, ts) unique within a batch."""
-    for rows in batches:
-        seen = set()
-        for r in rows:
-            k = ((r["region"], r["id"]) if partition else r["id"], r["ts"])
-            while k in seen:
-                r["ts"] += 1
-                k = (k[0], r["ts"])
-            seen.add(k)
-
-
-@pytest.mark.parametrize("index", ["record", "bucket", "global_simple"])
+@pytest.mark.parametrize("index", ["record", pytest.param("bucket", marks=pytest.mark.slow),
+                                   pytest.param("global_simple", marks=pytest.mark.slow)])
 def test_random_batches_match_oracle(spark, tmp_path, index):
     per_partition = index == "bucket"
     batches = make_batches(seed={"record": 1, "bucket": 2, "global_simple": 3}[index],
@@ -91,11 +59,11 @@ def test_time_travel_reads_each_snapshot(spark, tmp_path):
     _dedupe_ties(batches, False)
     uri = str(tmp_path / "table")
     instants = []
-    for i, rows in enumerate(batches):
+    for i, rows in enumerate(batches):  # written by the Arrow engine: the subject is the reads as of each instant
         src = write_batch(tmp_path / f"b{i}.parquet", rows)
-        instants.append(run_upsert(spark, UpsertOptions(table=uri, source=src, record_key=["id"], precombine_field="ts",
-                                                        partition_field="region", delete_field="is_deleted",
-                                                        num_buckets=2))["instant"])
+        instants.append(arrow_upsert(UpsertOptions(table=uri, source=src, record_key=["id"], precombine_field="ts",
+                                                   partition_field="region", delete_field="is_deleted",
+                                                   num_buckets=2))["instant"])
     for i, inst in enumerate(instants):
         assert rows_by_identity(read_arrow(uri, as_of=inst).to_pylist()) == reduce_batches(batches[: i + 1])
     from spark_jobs.jobs.read import read_table

@@ -143,7 +143,7 @@ def test_an_unwritable_spark_log_falls_back_to_a_temp_file(tmp_path, monkeypatch
 
     opened = []
     monkeypatch.setenv("BUCKETINDEX_SPARK_LOG", str(tmp_path / "no-such-dir" / "spark.log"))
-    monkeypatch.setattr(session, "get_spark", lambda *a, **k: opened.append(os.readlink(f"/proc/self/fd/2")) or "s")
+    monkeypatch.setattr(session, "get_spark", lambda *a, **k: opened.append(os.readlink("/proc/self/fd/2")) or "s")
     args = argparse.Namespace(remote=None, master="local[1]", driver_memory=None, verbose=False)
     assert cli._spark(args, False) == "s"
     assert opened and opened[0].startswith(os.path.join(cli.tempfile.gettempdir(), "bucketindex-spark-"))

@@ -68,6 +68,7 @@ def test_embedded_default_without_a_connection(ops, monkeypatch, zip_path, spark
         "--name", "bucketindex-upsert",
         SUBMIT,
         "upsert", str(tmp_path / "t"), "/landing/2024-01-01", "--record-key", "id", "--batch-id", "b-1",
+        "--engine", "spark",  # the operator decided: the job does not decide again
     ]  # fmt: skip
     sub = op.hook.spark_submit_hook("upsert", [])
     sub.command(SUBMIT)  # the Spark hook decides the process env while building
@@ -104,6 +105,7 @@ def test_all_upsert_options_in_cli_order(ops, monkeypatch, zip_path, spark_submi
         "--source-format", "json",
         "--delete-field", "is_deleted",
         "--batch-id", "explicit",
+        "--engine", "spark",
     ]  # fmt: skip
 
 
@@ -134,6 +136,7 @@ def test_cluster_master_from_the_connection_with_extra_conf(ops, monkeypatch, zi
         "--name", "nightly-ingest",
         SUBMIT,
         "upsert", str(tmp_path / "t"), "/landing/2024-01-01", "--record-key", "id", "--batch-id", "b",
+        "--engine", "spark",
     ]  # fmt: skip
 
 
@@ -218,12 +221,13 @@ def test_connection_table_defaults_apply_only_to_new_tables(ops, monkeypatch, tm
     assert cmd[cmd.index("upsert") :] == [
         "upsert", table, "/landing/2024-01-01", "--record-key", "id",
         "--index", "bucket", "--num-buckets", "4", "--table-type", "merge_on_read", "--source-format", "json",
-        "--batch-id", "b",
+        "--batch-id", "b", "--engine", "spark",
     ]  # fmt: skip
     Table.open(table).create(TableConfig(record_key_fields=["id"], index_type="record"))
     cmd = op.spark_submit_command("b")
     assert cmd[cmd.index("upsert") :] == [
         "upsert", table, "/landing/2024-01-01", "--record-key", "id", "--source-format", "json", "--batch-id", "b",
+        "--engine", "spark",
     ]  # fmt: skip
     explicit = _upsert(ops, table_uri=table, source_format="parquet")
     assert "parquet" in explicit.spark_submit_command("b")

@@ -47,7 +47,7 @@ def test_a_spark_connect_connection_runs_the_cli_with_remote(ops, monkeypatch, t
     assert cmd == [
         PY, "-m", "spark_jobs.cli",
         "upsert", str(tmp_path / "t"), "/landing/2024-01-01", "--record-key", "id", "--precombine-field", "ts",
-        "--batch-id", "b-1",
+        "--batch-id", "b-1", "--engine", "spark",
         "--remote", "sc://connect.lake.internal:15002/;user_id=etl;use_ssl=True",
     ]  # fmt: skip
     from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
@@ -80,7 +80,7 @@ def test_a_bucketindex_connection_delegating_to_spark_connect_keeps_its_own_extr
     assert op.spark_submit_command("b") == [
         "/opt/py/bin/python", "-m", "spark_jobs.cli",
         "upsert", "/nonexistent/lake/t", "/landing/2024-01-01", "--record-key", "id", "--index", "bucket",
-        "--num-buckets", "4", "--batch-id", "b",
+        "--num-buckets", "4", "--batch-id", "b", "--engine", "spark",
         "--remote", "sc://connect.lake.internal:15002/",
     ]  # fmt: skip
 
@@ -130,7 +130,7 @@ def test_exit_status_maps_as_on_the_classic_path(ops, fake_client, monkeypatch, 
 
     monkeypatch.setenv("FAKE_RC", str(rc))
     monkeypatch.setenv("FAKE_MSG", "source /s does not exist")
-    op = _upsert(ops, table_uri=str(fake_client / "t"), conn_id="spark_connect_lake")
+    op = _upsert(ops, table_uri=str(fake_client / "t"), conn_id="spark_connect_lake", engine="spark")
     with pytest.raises(SparkJobFailed) as failed:
         op.hook.submit("upsert", op.build_args("b", table_exists=False))
     assert failed.value.returncode == rc and failed.value.reason == "bucketindex: error: source /s does not exist"

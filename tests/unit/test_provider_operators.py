@@ -87,14 +87,15 @@ def test_template_fields_are_the_constructor_arguments_verbatim(ops):  # type: i
         partition_field="p", index="bucket", num_buckets="{{ params.n }}", table_type="merge_on_read",
         source_format="json",
         delete_field="del", batch_id="{{ run_id }}", master="spark://m:7077", conf={"k": "{{ ds }}"},
-        name="n", env_vars={"E": "1"},
+        name="n", env_vars={"E": "1"}, engine="{{ params.engine }}", memory_budget="{{ params.budget }}",
     )  # fmt: skip
     op = ops.UpsertWithIndexOperator(task_id="u", **kw)
     assert set(op.template_fields) == set(kw)
     for field in op.template_fields:
         assert getattr(op, field) == kw[field], field
-    v = ops.ValidateTableOperator(task_id="v", table_uri="{{ params.t }}")
-    assert set(v.template_fields) == {"table_uri", "master", "conf", "name", "env_vars"}
+    v = ops.ValidateTableOperator(task_id="v", table_uri="{{ params.t }}", engine="{{ params.e }}")
+    assert set(v.template_fields) == {"table_uri", "engine", "memory_budget", "master", "conf", "name", "env_vars"}
+    assert v.engine == "{{ params.e }}" and v.memory_budget is None
     r = ops.RollbackBatchOperator(task_id="r", table_uri="{{ params.t }}", batch_id="{{ run_id }}")
     assert set(r.template_fields) == {"table_uri", "batch_id", "upsert_task_id", "instant"}
 
@@ -139,7 +140,7 @@ def test_committed_batch_is_not_resubmitted(ops, tmp_path, monkeypatch):  # type
     out = op.execute({"ti": ti})
 
     assert out == {"table_uri": str(tmp_path / "t"), "batch_id": batch, "instant": instant,
-                   "inserted": 7, "updated": 2, "deleted": 1}  # fmt: skip
+                   "inserted": 7, "updated": 2, "deleted": 1, "engine": None}  # fmt: skip
     assert ti.pushed == {"instant": instant, "counts": {"inserted": 7, "updated": 2, "deleted": 1}}
 
 
@@ -164,7 +165,8 @@ def test_upsert_exit_status_maps_to_retryable_or_final_failure(ops, tmp_path, mo
 
     monkeypatch.setattr(bucketindex.BucketIndexHook, "submit", fail)
     monkeypatch.delenv("AIRFLOW_CONN_BUCKETINDEX_DEFAULT", raising=False)
-    op = ops.UpsertWithIndexOperator(task_id="upsert", table_uri=str(tmp_path / "t"), source_uri="/s", record_key="id")
+    op = ops.UpsertWithIndexOperator(task_id="upsert", table_uri=str(tmp_path / "t"), source_uri="/s", record_key="id",
+                                     engine="spark")
     with pytest.raises(AirflowException) as info:
         op.execute({"ti": FakeTI()})
     assert isinstance(info.value, AirflowFailException) is not retryable

@@ -6,6 +6,6 @@ conflict check (:mod:`.conflict`, whose matrix ``docs/format.md`` §4.5 document
 
 from spark_jobs.table.action.conflict import Conflict, WriteSet, find_conflict
 from spark_jobs.table.action.rollback import repair, rollback
-from spark_jobs.table.action.transaction import CommitConflict, Transaction
+from spark_jobs.table.action.transaction import CommitConflict, Committed, Transaction
 
-__all__ = ["CommitConflict", "Conflict", "Transaction", "WriteSet", "find_conflict", "repair", "rollback"]
+__all__ = ["CommitConflict", "Committed", "Conflict", "Transaction", "WriteSet", "find_conflict", "repair", "rollback"]

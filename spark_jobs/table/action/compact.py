@@ -4,30 +4,39 @@ Two kinds of files grow with every upsert and slow what reads them: a merge-on-r
 group's logs (every read merges them) and a record-index bucket's deltas (every lookup
 consults them, RFC-08). One ``compaction`` action folds both: a due file group's base and
 logs into a new base, a due index bucket's base and deltas into a new base with tombstones
-dropped (``spark_jobs.jobs.compact`` does the Spark part). The plan names the exact files:
-logs and deltas committed after it stay on top of the new bases and keep winning
-(format.md §5.2, §6.1), so compaction never blocks or conflicts with upserts.
+dropped. The plan names the exact files: logs and deltas committed after it stay on top of
+the new bases and keep winning (format.md §5.2, §6.1), so compaction never blocks or
+conflicts with upserts.
+
+What is due, the plan, the check that a plan still holds when it runs, which file a retried
+task's duplicate loses to, what the commit records, and the order of a run (waiting plans,
+then a new one: :func:`run`) live here. An engine only writes a plan's new bases: Spark
+(``spark_jobs.jobs.compact``) or in-process on Arrow (``spark_jobs.arrow_engine.compact``),
+both through the task functions of ``spark_jobs.jobs.tasks``.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from spark_jobs.exceptions import BadInputError
 from spark_jobs.index.record_index import is_sealed_base
 from spark_jobs.table.action.rollback import is_writer_alive
-from spark_jobs.table.action.service import pending_plans, schedule
+from spark_jobs.table.action.service import execute, execute_waiting, pending_plans, schedule
 from spark_jobs.table.config import INDEX_RECORD
 from spark_jobs.table.timeline import Action
 from spark_jobs.table.view import FileSlice, FileSystemView, is_index_delta
 
 if TYPE_CHECKING:
+    from spark_jobs.table.action.engine import EngineChoice
+    from spark_jobs.table.action.transaction import Transaction
     from spark_jobs.table.table import Table
 
 __all__ = ["CompactionPolicy", "plan_compaction", "schedule_compaction", "compaction_metadata", "compactable",
-           "DEFAULT_INDEX_BASE_CAP"]
+           "DEFAULT_INDEX_BASE_CAP", "check_plan", "plan_index_base_cap", "execute_plan", "run", "Write", "Pick"]
 
 log = logging.getLogger("bucketindex.compact")
 
@@ -249,3 +258,127 @@ def compaction_metadata(instant: str, plan: dict[str, Any], written: list[dict[s
                    "index_entries": sum(a["entries"] for a in added),
                    "index_bases_sealed": sum(1 for a in added if a["sealed"])},
     }
+
+
+# -- execution: the rules every engine follows ---------------------------------------------
+
+#: an engine's part of executing a plan: write the new bases the plan asks for under ``txn``'s
+#: markers (files named with ``txn.attempt``) and return what it wrote -- one row per file group
+#: (``part, fid, path, num_rows, size``) and one per index bucket (``bucket, path, entries,
+#: size, sealed``), as :data:`spark_jobs.jobs.tasks.COMPACT_OUTPUT` / ``COMPACT_INDEX_OUTPUT``
+Write = Callable[["Table", "Transaction"], tuple[list[dict[str, Any]], list[dict[str, Any]]]]
+#: ``pick(table, plan)``: the engine that executes one plan and the choice to record (None: none)
+Pick = Callable[["Table", dict[str, Any]], tuple[Write, "EngineChoice | None"]]
+
+
+def check_plan(txn: "Transaction") -> None:
+    """A plan only folds what is still there: each planned group's base is still its base, and
+    each planned index bucket still starts with exactly the files the plan folds (a rehash
+    would have conflicted). BadInputError otherwise (a retry cannot help: cancel it)."""
+    plan, view = txn.plan, txn.view
+    assert view is not None
+    for g in plan.get("file_groups", []):
+        s = view.file_groups.get((g["partition"], g["file_id"]))
+        if s is None or s.path != g["base"]:
+            raise BadInputError(f"compaction {txn.ts}: file group {g['partition']}/{g['file_id']} changed "
+                                f"since it was planned; cancel it (`bucketindex rollback {txn.ts}`) and schedule again")
+    for b in plan.get("index_buckets", []):
+        # its sealed bases, then exactly the files it folds (open base, oldest deltas)
+        below = [*b.get("sealed", []), *b["files"]]
+        if view.index_files.get(int(b["bucket"]), [])[: len(below)] != below:
+            raise BadInputError(f"compaction {txn.ts}: index bucket {b['bucket']} changed since it was planned; "
+                                f"cancel it (`bucketindex rollback {txn.ts}`) and schedule again")
+
+
+def plan_index_base_cap(plan: dict[str, Any]) -> int:
+    """The cap past which the plan's new index bases are sealed (a plan scheduled before the cap
+    existed seals at the default)."""
+    return int(plan.get("index_base_cap") or DEFAULT_INDEX_BASE_CAP)
+
+
+def execute_plan(table: "Table", txn: "Transaction", write: Write, choice: "EngineChoice | None" = None
+                 ) -> dict[str, Any]:
+    """Execute the resumed plan ``txn`` with an engine's ``write``; returns the commit's metadata.
+
+    A retried task (Spark) may have written a group's or bucket's base twice: one file per
+    group and bucket is kept, the last by path (the commit's marker cleanup deletes the other).
+    """
+    t0 = time.perf_counter()
+    assert txn.view is not None and txn.view.schema is not None and table.config is not None and txn.attempt
+    check_plan(txn)
+    written, index_written = write(table, txn)
+    one = {(w["part"], w["fid"]): w for w in sorted(written, key=lambda w: w["path"])}
+    index_one = {int(w["bucket"]): w for w in sorted(index_written, key=lambda w: w["path"])}
+    if one:
+        log.info("compaction %s: %d file groups folded into new bases", txn.ts, len(one))
+    if index_one:
+        log.info("compaction %s: %d index buckets folded into new bases (%d deltas, %d sealed)", txn.ts,
+                 len(index_one), sum(int(b["deltas"]) for b in txn.plan.get("index_buckets", [])),
+                 sum(1 for w in index_one.values() if w["sealed"]))
+    meta = compaction_metadata(txn.ts, txn.plan, list(one.values()), list(index_one.values()))
+    if choice is not None:
+        meta["engine"] = choice.as_metadata()
+    meta["timings_ms"] = {"compact_ms": int((time.perf_counter() - t0) * 1000)}
+    log.info("compaction %s done in %d ms%s", txn.ts, meta["timings_ms"]["compact_ms"],
+             f" on {choice.engine}" if choice is not None else "")
+    return meta
+
+
+def run(uri: str, pick: Pick, *, policy: CompactionPolicy | None = None, schedule_only: bool = False,
+        instant: str | None = None, heartbeat_timeout_s: float | None = None) -> dict[str, Any]:
+    """Schedule a compaction (``schedule_only``), execute a scheduled one (``instant``), or both.
+
+    Both (neither ``schedule_only`` nor ``instant``) first executes, oldest first, the
+    scheduled plans no live process is executing -- a plan whose scheduler died before it
+    could report the instant, or one ``--schedule-only`` left -- since the buckets and file
+    groups they hold are left out of every new plan until they run; then it schedules and
+    executes what is still due. Executing a plan is idempotent (a completed one is a no-op),
+    so a plan picked up here and by its own ``--execute`` is folded once.
+
+    ``pick(table, plan)`` names the engine of each plan executed (called only when a plan
+    runs, so scheduling starts no engine). Returns ``{"instant": ts or None, "scheduled":
+    bool, "executed": bool, "noop": bool, "resumed": [...], "engine": {...}, ...}``;
+    ``instant`` None means nothing was due and nothing was written.
+    """
+    from spark_jobs.table.table import Table
+
+    table = Table.load(uri)
+    started = time.perf_counter()
+    out: dict[str, Any] = {"instant": instant, "scheduled": False, "executed": False, "noop": False}
+    engines: dict[str, dict[str, str]] = {}
+
+    def work(txn: "Transaction") -> dict[str, Any]:
+        write, choice = pick(table, txn.plan)
+        if choice is not None:
+            engines[txn.ts] = choice.as_metadata()
+        return execute_plan(table, txn, write, choice)
+
+    if instant is None and not schedule_only:
+        out["resumed"] = [{"instant": d.instant, "noop": d.noop, "counts": d.metadata.get("counts", {}),
+                           **({"engine": engines[d.instant]} if d.instant in engines else {})}
+                          for d in execute_waiting(table, Action.COMPACTION, work,
+                                                   heartbeat_timeout_s=heartbeat_timeout_s)]
+    if instant is None:
+        planned = schedule_compaction(table, policy or CompactionPolicy(), heartbeat_timeout_s=heartbeat_timeout_s)
+        if planned is None:
+            ran = [r for r in out.get("resumed", []) if not r["noop"]]
+            if ran:  # nothing new was due, but waiting plans ran
+                out.update(instant=ran[-1]["instant"], executed=True, counts=ran[-1]["counts"],
+                           total_ms=int((time.perf_counter() - started) * 1000))
+                if "engine" in ran[-1]:
+                    out["engine"] = ran[-1]["engine"]
+                return out
+            out["noop"] = True
+            return out
+        instant = out["instant"] = planned["instant"]
+        out.update(scheduled=True, file_groups=planned["file_groups"], index_buckets=planned["index_buckets"])
+        if schedule_only:
+            return out
+
+    done = execute(table, instant, Action.COMPACTION, work, heartbeat_timeout_s=heartbeat_timeout_s)
+    out.update(executed=not done.noop, noop=done.noop, counts=done.metadata.get("counts", {}),
+               total_ms=int((time.perf_counter() - started) * 1000))
+    engine = engines.get(instant) or done.metadata.get("engine")
+    if engine:
+        out["engine"] = engine
+    return out

@@ -22,8 +22,8 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from spark_jobs.exceptions import BadInputError, ConflictError, RetryableError, WriterAliveError
-from spark_jobs.table.action.transaction import CommitConflict, Transaction
+from spark_jobs.exceptions import BadInputError, ConflictError, InstantRolledBackError, WriterAliveError
+from spark_jobs.table.action.transaction import Transaction
 from spark_jobs.table.heartbeat import owner_info
 from spark_jobs.table.timeline import Action, Instant, InstantConflictError, State
 from spark_jobs.testing.faults import maybe_crash
@@ -106,27 +106,23 @@ def execute(table: "Table", instant: str, action: str, run: Callable[[Transactio
         log.info("%s %s: resuming after a failed or crashed attempt", action, instant)
     txn = Transaction.resume(table, inst)
     try:
-        metadata = run(txn)
-        try:
-            txn.commit(metadata)
-        except InstantConflictError:  # a concurrent attempt committed the same plan first
-            txn.abort()
-            done = table.timeline.reload().find(instant)
-            assert done is not None
-            return Executed(instant, True, table.timeline.read_metadata(done))
-        except CommitConflict as c:
-            txn.abort()
-            table.rollback(instant, force=True)
-            raise ConflictError(f"conflict: {c.conflict}; {action} {instant} was cancelled, schedule a new one") from None
-    except BaseException as e:
-        txn.abort()
-        if isinstance(e, Exception) and not isinstance(e, (RetryableError, BadInputError)) \
-                and instant in table.timeline.reload().aborted:
-            # cancelled while it ran (a rehash's commit, a `rollback --force`): its tasks
-            # stopped with InstantRolledBackError inside an engine's exception -- a conflict
-            raise ConflictError(f"conflict: {action} {instant} was cancelled (rolled back, e.g. by a concurrent "
-                                f"rehash) while it ran; nothing was written, schedule a new one") from e
-        raise
+        # a plan is fixed: no retry on a new snapshot can help it
+        metadata = txn.run(lambda view, retries: run(txn), max_retries=0, what=f"{action} {instant}").metadata
+    except InstantConflictError:  # a concurrent attempt committed the same plan first (run() aborted ours)
+        done = table.timeline.reload().find(instant)
+        assert done is not None
+        return Executed(instant, True, table.timeline.read_metadata(done))
+    except ConflictError:
+        if not txn.conflicts:  # not the commit's conflict
+            raise
+        table.rollback(instant, force=True)
+        raise ConflictError(f"conflict: {txn.conflicts[-1]}; {action} {instant} was cancelled, schedule a new one") \
+            from None
+    except InstantRolledBackError as e:
+        # cancelled while it ran (a rehash's commit, a `rollback --force`): its tasks stopped
+        # with InstantRolledBackError inside an engine's exception, or the commit found it
+        raise ConflictError(f"conflict: {action} {instant} was cancelled (rolled back, e.g. by a concurrent "
+                            f"rehash) while it ran; nothing was written, schedule a new one") from e
     return Executed(instant, False, metadata)
 
 

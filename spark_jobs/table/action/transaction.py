@@ -10,6 +10,11 @@ attempts and stops the heartbeat. On a conflict the job calls :meth:`rebase` and
 again on the new snapshot under the same instant; on failure :meth:`abort` removes every
 trace. As pyiceberg's ``Transaction`` and delta-rs's commit builder, it keeps the protocol
 out of the jobs.
+
+:meth:`run` is that loop, the retry policy of every action: the job passes a function that
+writes one attempt on a snapshot and returns its metadata; ``run`` begins, commits, rebases
+and retries on a conflict, gives up (:class:`ConflictError`, exit 3) after ``max_retries``,
+and aborts on any failure. Every way a commit can lose ends retryable.
 """
 
 from __future__ import annotations
@@ -19,9 +24,10 @@ import logging
 import posixpath
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
 
-from spark_jobs.exceptions import InstantRolledBackError, RetryableError
+from spark_jobs.exceptions import ConflictError, InstantRolledBackError, RetryableError
 from spark_jobs.table.action.checkpoint import maybe_checkpoint
 from spark_jobs.table.action.conflict import Conflict, WriteSet, find_conflict
 from spark_jobs.table.action.rollback import referenced_files
@@ -33,7 +39,7 @@ from spark_jobs.testing.faults import maybe_crash
 if TYPE_CHECKING:
     from spark_jobs.table.table import Table
 
-__all__ = ["Transaction", "CommitConflict"]
+__all__ = ["Transaction", "CommitConflict", "Committed"]
 
 log = logging.getLogger("bucketindex.transaction")
 
@@ -47,6 +53,20 @@ class CommitConflict(Exception):
     def __init__(self, conflict: Conflict) -> None:
         self.conflict = conflict
         super().__init__(str(conflict))
+
+
+@dataclass
+class Committed:
+    """What :meth:`Transaction.run` committed."""
+
+    #: the completed instant; None when a concurrent writer already applied the batch
+    instant: Instant | None
+    #: what was committed ({} when already applied)
+    metadata: dict[str, Any]
+    #: one per conflict: ``{"attempt": n, "with": ts, "with_action": action, "reason": text}``
+    retries: list[dict[str, Any]]
+    #: the concurrent instant that already applied this batch (an ``already_applied`` conflict)
+    applied_by: str | None = None
 
 
 class Transaction:
@@ -167,6 +187,68 @@ class Transaction:
         maybe_checkpoint(self.table)
         return done
 
+    def run(self, attempt: Callable[[FileSystemView, list[dict[str, Any]]], dict[str, Any]], *,
+            max_retries: int, batch_id: str | None = None, what: str = "the write") -> Committed:
+        """The retry policy: write an attempt, commit it, and on a conflict rebase and write again.
+
+        ``attempt(view, retries)`` writes one attempt's files (under this instant's markers)
+        on the snapshot ``view`` and returns the metadata to commit; ``retries`` holds one
+        record per conflict so far (``{"attempt", "with", "with_action", "reason"}``), which
+        it may record itself (as ``"conflicts"``). :meth:`begin` is called first unless the
+        instant exists (a resumed table service).
+
+        * a conflict with a concurrent commit of the same batch: the instant is aborted and
+          the result has ``instant`` None and ``applied_by`` that commit;
+        * any other conflict: :meth:`rebase` and try again, up to ``max_retries`` times; then
+          a conflict note for ``show`` (:meth:`record_give_up`) and :class:`ConflictError`;
+        * any failure (the callback's, the commit's, the give-up): :meth:`abort`, and when
+          another process rolled the instant back meanwhile, :class:`InstantRolledBackError`
+          in its place. A resumed service keeps its plan (:meth:`abort`).
+
+        ``batch_id`` goes into the conflict note and the give-up message; ``what`` names the
+        action in the log and in the message when there is no batch id.
+        """
+        retries: list[dict[str, Any]] = []
+        try:
+            if self.instant is None:
+                self.begin()
+            while True:
+                assert self.view is not None
+                metadata = attempt(self.view, retries)
+                try:
+                    done = self.commit(metadata)
+                except CommitConflict as c:
+                    conflict = c.conflict
+                    if conflict.already_applied:
+                        log.info("%s: batch %s was committed by a concurrent writer (%s): nothing to do", self.ts,
+                                 batch_id, conflict.instant)
+                        self.abort()
+                        return Committed(None, {}, retries, applied_by=conflict.instant)
+                    retries.append({"attempt": len(retries) + 1, "with": conflict.instant,
+                                    "with_action": conflict.action, "reason": conflict.reason})
+                    if len(retries) > max_retries:
+                        self.record_give_up(batch_id, len(retries))
+                        again = "retry with the same batch id" if batch_id is not None else f"run {what} again"
+                        raise ConflictError(
+                            f"conflict: {conflict}; gave up after {len(retries)} attempts (--max-retries "
+                            f"{max_retries}); nothing was written, {again}"
+                        ) from None
+                    log.warning("%s: attempt %d of %s conflicts with %s: %s; writing again on the new snapshot",
+                                self.ts, len(retries), what, conflict.instant, conflict.reason)
+                    self.rebase()
+                    continue
+                return Committed(done, metadata, retries)
+        except BaseException as e:
+            rolled_back = self.was_rolled_back()
+            ts = self.instant.timestamp if self.instant is not None else None
+            self.abort()
+            if rolled_back and not isinstance(e, InstantRolledBackError):
+                raise InstantRolledBackError(
+                    f"conflict: instant {ts} was rolled back by another process while it was writing; "
+                    f"nothing was written"
+                ) from e
+            raise
+
     def abort(self) -> None:
         """Remove every trace of an instant that will not complete.
 
@@ -180,12 +262,9 @@ class Transaction:
         tl = self.table.timeline.reload()
         if tl.is_completed(self.ts):
             return
-        if self.attempt is not None:  # a table service: the plan stays for the next attempt
-            for rel in self.table.marked_files(self.ts):
-                if self.attempt in posixpath.basename(rel):
-                    self.table.delete_file(rel)
-            return
         self._delete_own_files()
+        if self.attempt is not None:  # a table service: the plan stays for the next attempt
+            return
         tl.delete_pending(self.instant)
 
     def was_rolled_back(self) -> bool:
@@ -202,7 +281,13 @@ class Transaction:
 
     # -- helpers ---------------------------------------------------------------------
     def _delete_own_files(self) -> None:
-        self.table.delete_marked(self.ts)
+        if self.attempt is None:
+            self.table.delete_marked(self.ts)
+            return
+        # a resumed service: only this attempt's files (a concurrent attempt's may be the ones that win)
+        for rel in self.table.marked_files(self.ts):
+            if self.attempt in posixpath.basename(rel):
+                self.table.delete_file(rel)
 
     def _stop_heartbeat(self) -> None:
         if self._heartbeat is not None:

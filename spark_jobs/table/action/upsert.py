@@ -46,8 +46,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 
-from spark_jobs.exceptions import BadInputError, ConfigConflictError, ConflictError, InstantRolledBackError
-from spark_jobs.table.action.transaction import CommitConflict, Transaction
+from spark_jobs.exceptions import BadInputError, ConfigConflictError
+from spark_jobs.table.action.transaction import Transaction
 from spark_jobs.table.config import (
     DEFAULT_NUM_BUCKETS,
     INDEX_BUCKET,
@@ -74,6 +74,7 @@ __all__ = [
     "check_shadow_index",
     "check_source_columns",
     "plan_new_file_groups",
+    "new_file_id",
     "file_group_entry",
     "run",
     "SHADOW_INDEXES",
@@ -140,6 +141,12 @@ class UpsertOptions:
         # makes them first) and before any file is written
         check_field_names(record_key=list(self.record_key), partition_field=self.partition_field,
                           precombine_field=self.precombine_field, delete_field=self.delete_field)
+        if self.num_buckets is not None and self.num_buckets < 1:
+            raise BadInputError(f"--num-buckets must be at least 1, got {self.num_buckets}")
+        if self.max_retries < 0:
+            raise BadInputError(f"--max-retries must be 0 or more, got {self.max_retries}")
+        if self.heartbeat_timeout_s is not None and self.heartbeat_timeout_s <= 0:
+            raise BadInputError(f"--heartbeat-timeout must be positive, got {self.heartbeat_timeout_s}")
 
 
 class Phases:
@@ -190,6 +197,8 @@ class Attempt:
     #: the sequence position the writer planned on (a rollback of the instant decides after it)
     planned_seq: int
     shadow_index: str | None
+    #: the batch's id (new file ids derive from it: :func:`new_file_id`)
+    batch_id: str = ""
     #: 1 for the first attempt, then one more per conflict: names the attempt's files
     number: int = 1
 
@@ -307,7 +316,8 @@ def check_schema(view: FileSystemView, data_schema: pa.Schema) -> None:
 GroupRange = tuple[str, str, int, int, int]
 
 
-def plan_new_file_groups(cfg: TableConfig, view: FileSystemView, counts: dict[str, int]) -> list[GroupRange]:
+def plan_new_file_groups(cfg: TableConfig, view: FileSystemView, counts: dict[str, int], *,
+                         batch_id: str) -> list[GroupRange]:
     """Where rows entering each partition go: fill small groups up to the target, then new ones.
 
     Each partition's ``n`` entering rows are spread over slots ``0..n-1`` by
@@ -317,7 +327,9 @@ def plan_new_file_groups(cfg: TableConfig, view: FileSystemView, counts: dict[st
     target give or take a fraction of a percent.
 
     ``counts`` (rows entering each partition) come from the tag phase; they may overcount (a
-    stale mover dropped later), which only leaves part of a planned range unused.
+    stale mover dropped later), which only leaves part of a planned range unused. New file
+    ids are derived (:func:`new_file_id`), so the plan is a function of the snapshot and the
+    batch: both engines, and a retry on the same snapshot, plan the same groups.
     """
     target = cfg.target_file_rows
     ranges: list[GroupRange] = []
@@ -330,10 +342,25 @@ def plan_new_file_groups(cfg: TableConfig, view: FileSystemView, counts: dict[st
             if room > 0:
                 ranges.append((part, s.file_id, start, start + room, n))
                 start += room
+        ordinal = 0
         while start < n:
-            ranges.append((part, uuid.uuid4().hex, start, start + target, n))
+            ranges.append((part, new_file_id(batch_id=batch_id, snapshot_seq=view.seq, partition=part,
+                                             ordinal=ordinal), start, start + target, n))
             start += target
+            ordinal += 1
     return ranges
+
+
+#: the namespace of derived file ids (any fixed UUID: it only separates them from other uuid5s)
+_FILE_ID_NAMESPACE = uuid.UUID("5b0c6f3e-8d1f-4b2a-9a57-3f1e2d4c6b80")
+
+
+def new_file_id(*, batch_id: str, snapshot_seq: int, partition: str, ordinal: int) -> str:
+    """The id of a new file group an upsert opens: 32 hex digits, a name-based UUID of the batch,
+    the snapshot it was planned on, the partition and the group's ordinal there. Unique as long
+    as (batch id, snapshot) is: a batch id commits once, and any later snapshot has another
+    sequence number, so a batch id reapplied after its commit was archived still gets new ids."""
+    return uuid.uuid5(_FILE_ID_NAMESPACE, f"{batch_id}\x00{snapshot_seq}\x00{partition}\x00{ordinal}").hex
 
 
 def file_group_entry(f: dict[str, Any]) -> dict[str, Any]:
@@ -386,64 +413,40 @@ def _commit(engine: UpsertEngine, opts: UpsertOptions, table: "Table", cfg: Tabl
     txn = Transaction(table, opts.action, plan, view=view).begin()
     ts = txn.ts
     log.info("instant %s: upserting %s into %s (snapshot at commit %d)", ts, opts.source, opts.table, view.seq)
-    retries: list[dict[str, Any]] = []
     planned_seq = view.seq  # a rollback of this instant can only decide after this position
-    try:
-        while True:
-            view = txn.view
-            assert view is not None
-            check_schema(view, batch.data_schema)
-            num_buckets = table.num_buckets(view)
-            result = engine.write(Attempt(table=table, cfg=cfg, view=view, num_buckets=num_buckets, batch=batch,
-                                          instant=ts, phases=phases, planned_seq=planned_seq,
-                                          shadow_index=opts.shadow_index, number=len(retries) + 1))
-            metadata = {
-                **opts.extra_metadata,
-                "action": opts.action,
-                "instant": ts,
-                "batch_id": batch_id,
-                "operation": opts.operation,
-                "index_type": cfg.index_type,
-                "schema": encode_schema(batch.data_schema),
-                "snapshot_seq": view.seq,
-                "conflicts": retries,
-                **({"engine": choice.as_metadata()} if choice is not None else {}),
-                **result,
-            }
-            session_ms = engine.session_start_ms()
-            if session_ms is not None:  # JVM and session start, apart from the phases
-                metadata["session_start_ms"] = session_ms
-            maybe_crash("before_complete")
-            metadata["timings_ms"] = {**phases.timings, "total_ms": int((time.perf_counter() - started) * 1000)}
-            try:
-                txn.commit(metadata)
-                break
-            except CommitConflict as c:
-                if c.conflict.already_applied:
-                    log.info("batch %s was committed by a concurrent writer (%s): nothing to do", batch_id,
-                             c.conflict.instant)
-                    txn.abort()
-                    return _noop_result(table, table.timeline.find(c.conflict.instant), batch_id)
-                retries.append({"attempt": len(retries) + 1, "with": c.conflict.instant,
-                                "with_action": c.conflict.action, "reason": c.conflict.reason})
-                if len(retries) > opts.max_retries:
-                    txn.record_give_up(batch_id, len(retries))
-                    raise ConflictError(
-                        f"conflict: {c.conflict}; gave up after {len(retries)} attempts (--max-retries "
-                        f"{opts.max_retries}); nothing was written, retry with the same batch id"
-                    ) from None
-                log.warning("attempt %d conflicts with %s: %s; re-tagging on the new snapshot", len(retries),
-                            c.conflict.instant, c.conflict.reason)
-                txn.rebase()
-        phases.done("commit", f"check {txn.check_ms} ms")
-    except BaseException as e:
-        rolled_back = txn.was_rolled_back()
-        txn.abort()
-        if rolled_back and not isinstance(e, InstantRolledBackError):
-            raise InstantRolledBackError(
-                f"conflict: instant {ts} was rolled back by another process while it was writing; nothing was written"
-            ) from e
-        raise
+
+    def attempt(view: FileSystemView, retries: list[dict[str, Any]]) -> dict[str, Any]:
+        check_schema(view, batch.data_schema)
+        num_buckets = table.num_buckets(view)
+        result = engine.write(Attempt(table=table, cfg=cfg, view=view, num_buckets=num_buckets, batch=batch,
+                                      instant=ts, phases=phases, planned_seq=planned_seq,
+                                      shadow_index=opts.shadow_index, batch_id=batch_id,
+                                      number=len(retries) + 1))
+        metadata = {
+            **opts.extra_metadata,
+            "action": opts.action,
+            "instant": ts,
+            "batch_id": batch_id,
+            "operation": opts.operation,
+            "index_type": cfg.index_type,
+            "schema": encode_schema(batch.data_schema),
+            "snapshot_seq": view.seq,
+            "conflicts": list(retries),
+            **({"engine": choice.as_metadata()} if choice is not None else {}),
+            **result,
+        }
+        session_ms = engine.session_start_ms()
+        if session_ms is not None:  # JVM and session start, apart from the phases
+            metadata["session_start_ms"] = session_ms
+        maybe_crash("before_complete")
+        metadata["timings_ms"] = {**phases.timings, "total_ms": int((time.perf_counter() - started) * 1000)}
+        return metadata
+
+    committed = txn.run(attempt, max_retries=opts.max_retries, batch_id=batch_id, what="the upsert")
+    if committed.instant is None:  # a concurrent writer applied this batch
+        return _noop_result(table, table.timeline.find(committed.applied_by), batch_id)
+    metadata, retries = committed.metadata, committed.retries
+    phases.done("commit", f"check {txn.check_ms} ms")
     counts = metadata["counts"]
     log.info("committed %s: %d inserted, %d updated, %d deleted%s", ts, counts["inserted"], counts["updated"],
              counts["deleted"], f" after {len(retries)} conflict(s)" if retries else "")

@@ -162,6 +162,10 @@ class _RecordingHook(BucketIndexHook):
 
 
 class RecordingValidate(ValidateTableOperator):
+    def __init__(self, **kwargs):  # type: ignore[no-untyped-def]
+        kwargs.setdefault("engine", "spark")  # the spark-submit command is what these tasks record
+        super().__init__(**kwargs)
+
     @cached_property
     def hook(self) -> BucketIndexHook:
         return _RecordingHook(conn_id=self.conn_id, conf=self.conf)
@@ -207,6 +211,7 @@ with DAG(
             table_uri="{{ params.table_uri }}",
             source_uri=source_uri,
             others=others,
+            engine="spark",  # the fault kills spark-submit's session; in the task it would kill the task
             record_key="id",
             precombine_field="ts",
             delete_field="is_deleted",

@@ -1,0 +1,624 @@
+"""Reading and casting an incoming batch with pyarrow, as the Spark path would.
+
+The twin of :mod:`spark_jobs.jobs.source` and of the Spark upsert's validation
+(``_validated_batch``: a ``try_cast`` of every source column to the table's type, ANSI mode,
+session time zone UTC). A batch read here must hold the very values Spark would have read and
+cast, or the two engines would write different snapshots from one batch. So every rule below
+was checked against Spark 4.2 (``tests/spark/test_arrow_source.py``), and whatever Spark
+decides in a way this module does not reproduce exactly -- a lenient parser, an inference
+rule, a rounding -- raises :class:`EngineUnsupportedError` instead of guessing: ``--engine
+auto`` then runs the batch on Spark, which decides (and words any error) itself.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import decimal
+import io as _io
+import json
+import posixpath
+import re
+from collections.abc import Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.fs as pafs
+import pyarrow.json as pajson
+import pyarrow.parquet as pq
+
+from spark_jobs.exceptions import BadInputError, EngineUnsupportedError
+from spark_jobs.io.filesystem import FileIO, resolve
+from spark_jobs.table.schema import STORED_TZ, check_timestamp_units
+
+__all__ = ["SOURCE_FORMATS", "cast_to_table", "read_source", "spark_schema", "spark_type", "spark_type_name"]
+
+#: as :data:`spark_jobs.jobs.source.SOURCE_FORMATS` (not imported: that module imports pyspark)
+SOURCE_FORMATS = ("parquet", "json", "csv")
+
+_USE_SPARK = "use the Spark engine"
+
+
+# -- Spark's view of Arrow types -----------------------------------------------------------
+
+def spark_type(t: pa.DataType, *, name: str = "?") -> pa.DataType:
+    """The Arrow type a column of type ``t`` has once Spark read it from Parquet and handed it
+    back (``to_arrow_schema(..., timezone="UTC")``): unsigned ints widened to the next signed
+    type (uint64 to ``decimal(20,0)``), strings, binaries and lists to their plain forms,
+    dictionaries decoded, dates to date32, timestamps to microseconds -- zone-aware ones in UTC
+    (Spark keeps the instant, not the zone), naive ones naive (``timestamp_ntz``) -- and an
+    all-null column to int32. Types Spark cannot read (time, float16, decimals over 38 digits)
+    or that it reads differently from their Arrow meaning (durations) raise
+    :class:`EngineUnsupportedError`."""
+    if pa.types.is_dictionary(t):
+        return spark_type(t.value_type, name=name)
+    if pa.types.is_null(t):
+        return pa.int32()  # Parquet's UNKNOWN logical type: Spark reads it as a null int
+    if pa.types.is_boolean(t) or pa.types.is_signed_integer(t) or t in (pa.float32(), pa.float64()):
+        return t
+    if pa.types.is_unsigned_integer(t):
+        return {8: pa.int16(), 16: pa.int32(), 32: pa.int64()}.get(t.bit_width, pa.decimal128(20, 0))
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return pa.string()
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t) \
+            or pa.types.is_binary_view(t):
+        return pa.binary()
+    if pa.types.is_date(t):
+        return pa.date32()
+    if pa.types.is_timestamp(t):
+        return pa.timestamp("us", tz=STORED_TZ if t.tz is not None else None)
+    if pa.types.is_decimal(t):
+        if t.precision > 38:
+            raise EngineUnsupportedError(f"column {name!r}: decimal precision {t.precision} exceeds Spark's 38")
+        return pa.decimal128(t.precision, t.scale)
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t) \
+            or pa.types.is_list_view(t) or pa.types.is_large_list_view(t):
+        return pa.list_(pa.field("element", spark_type(t.value_type, name=name), t.value_field.nullable))
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(t.field(i).name, spark_type(t.field(i).type, name=name), t.field(i).nullable)
+                          for i in range(t.num_fields)])
+    if pa.types.is_map(t):
+        return pa.map_(pa.field("key", spark_type(t.key_type, name=name), False),
+                       pa.field("value", spark_type(t.item_type, name=name), t.item_field.nullable))
+    raise EngineUnsupportedError(f"column {name!r} of type {t} is not read by Spark as Arrow types it: {_USE_SPARK}")
+
+
+def spark_schema(schema: pa.Schema) -> pa.Schema:
+    """``schema`` as Spark reads it (see :func:`spark_type`): what a new table's data schema
+    becomes on the Spark path. Every top-level column is nullable (Spark's file reader makes
+    them so); no metadata. Nanosecond timestamps are refused as the Spark path refuses them
+    (:func:`spark_jobs.table.schema.check_timestamp_units`, BadInputError)."""
+    check_timestamp_units(schema, source="the source")
+    return pa.schema([pa.field(f.name, spark_type(f.type, name=f.name), True) for f in schema])
+
+
+def spark_type_name(t: pa.DataType) -> str:
+    """Spark's ``simpleString`` of the Spark type that Arrow type ``t`` stands for (after
+    :func:`spark_type`): the words the Spark path's errors use."""
+    if pa.types.is_dictionary(t):
+        return spark_type_name(t.value_type)
+    names = {pa.int8(): "tinyint", pa.int16(): "smallint", pa.int32(): "int", pa.int64(): "bigint",
+             pa.float32(): "float", pa.float64(): "double", pa.bool_(): "boolean", pa.date32(): "date",
+             pa.date64(): "date", pa.null(): "void"}
+    if t in names:
+        return names[t]
+    if pa.types.is_unsigned_integer(t):
+        return spark_type_name(spark_type(t))
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return "string"
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+        return "binary"
+    if pa.types.is_timestamp(t):
+        return "timestamp" if t.tz is not None else "timestamp_ntz"
+    if pa.types.is_decimal(t):
+        return f"decimal({t.precision},{t.scale})"
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return f"array<{spark_type_name(t.value_type)}>"
+    if pa.types.is_struct(t):
+        return "struct<" + ",".join(f"{t.field(i).name}:{spark_type_name(t.field(i).type)}"
+                                    for i in range(t.num_fields)) + ">"
+    if pa.types.is_map(t):
+        return f"map<{spark_type_name(t.key_type)},{spark_type_name(t.item_type)}>"
+    return str(t)
+
+
+# -- reading ---------------------------------------------------------------------------------
+
+def _spark_path(uri: str, fs_path: str) -> str:
+    """The path Spark names in its errors for the file pyarrow knows as ``fs_path``."""
+    if "://" not in uri or uri.startswith("file:"):
+        return fs_path
+    scheme = uri.split("://", 1)[0]
+    return f"{'s3a' if scheme == 's3' else scheme}://{fs_path}"
+
+
+def _corrupt(uri: str, fs_path: str) -> BadInputError:
+    return BadInputError(f"source file {_spark_path(uri, fs_path)} is corrupt or not Parquet "
+                         f"(no valid Parquet footer): remove or replace it")
+
+
+def _hidden(name: str) -> bool:
+    # Spark's InMemoryFileIndex skips these (_SUCCESS, .crc files, _temporary, ._COPYING_ uploads)
+    return (name.startswith("_") and "=" not in name) or name.startswith(".") or name.endswith("._COPYING_")
+
+
+def _source_files(io: FileIO, path: str, uri: str, fmt: str) -> list[pafs.FileInfo]:
+    """The data files Spark reads for ``path``: the file itself, or a flat directory's
+    visible files, by name. Subdirectories (a Hive-partitioned layout adds columns from
+    their names; other ones Spark reads its own way) are left to Spark."""
+    info = io.fs.get_file_info(path)
+    if info.type == pafs.FileType.File:
+        return [info]
+    entries = io.fs.get_file_info(pafs.FileSelector(path, recursive=False))
+    visible = [e for e in entries if not _hidden(posixpath.basename(e.path))]
+    subdirs = [posixpath.basename(e.path) for e in visible if e.type == pafs.FileType.Directory]
+    if subdirs:
+        raise EngineUnsupportedError(f"source {uri} has subdirectories ({', '.join(sorted(subdirs)[:3])}): "
+                                     f"a partitioned layout the Arrow engine does not read; {_USE_SPARK}")
+    files = sorted((e for e in visible if e.type == pafs.FileType.File), key=lambda e: e.path)
+    if not files:
+        if fmt == "parquet":
+            raise BadInputError(f"cannot read parquet source {uri}: [UNABLE_TO_INFER_SCHEMA] Unable to infer "
+                                f"schema for Parquet. It must be specified manually. SQLSTATE: 42KD9")
+        raise EngineUnsupportedError(f"source {uri} holds no {fmt} file: {_USE_SPARK}")
+    return files
+
+
+def read_source(uri: str, fmt: str, *, table_schema: pa.Schema | None) -> pa.Table:
+    """The batch at ``uri`` as Spark's :func:`spark_jobs.jobs.source.read_source` reads it,
+    in Spark's types (:func:`spark_type`): Parquet (a file, or a flat directory of them),
+    JSON lines, or CSV with a header row.
+
+    Errors Spark words the same way are raised with its words (a missing source, an unknown
+    format, a file that is not Parquet, malformed JSON). JSON and CSV are read only for an
+    existing table (``table_schema``): their columns' types are Spark's inference, which
+    this module reproduces only for the plain cases (see :func:`_read_json`,
+    :func:`_read_csv`); a new table's schema would be that inference's alone.
+    """
+    if fmt not in SOURCE_FORMATS:
+        raise BadInputError(f"unknown source format {fmt!r}; expected one of {', '.join(SOURCE_FORMATS)}")
+    io, path = resolve(uri)
+    if not io.exists(path):
+        raise BadInputError(f"source {uri} does not exist")
+    if any(ch in path for ch in "*?[{"):  # Spark reads such a path as a glob
+        raise EngineUnsupportedError(f"source {uri} is a glob pattern for Spark: {_USE_SPARK}")
+    files = _source_files(io, path, uri, fmt)
+    if fmt == "parquet":
+        return _read_parquet(io, files, uri)
+    if table_schema is None:
+        raise EngineUnsupportedError(f"a new table's schema from a {fmt} source is Spark's type inference: "
+                                     f"{_USE_SPARK} for the first batch")
+    data = [io.read_bytes(f.path) for f in files]
+    return _read_json(data, uri) if fmt == "json" else _read_csv(data, uri)
+
+
+def _read_parquet(io: FileIO, files: list[pafs.FileInfo], uri: str) -> pa.Table:
+    tables: list[pa.Table] = []
+    schema: pa.Schema | None = None
+    for f in files:
+        try:
+            with io.fs.open_input_file(f.path) as fh:
+                pf = pq.ParquetFile(fh)
+                if any(pf.schema.column(i).physical_type == "INT96" for i in range(len(pf.schema))):
+                    raise EngineUnsupportedError(f"source file {f.path} holds INT96 timestamps: {_USE_SPARK}")
+                try:
+                    t = pf.read()
+                except (pa.ArrowException, OSError) as e:
+                    first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+                    raise BadInputError(f"cannot read parquet source {uri}: {first}") from e
+        except (pa.ArrowInvalid, OSError) as e:  # no footer: junk, empty or truncated
+            raise _corrupt(uri, f.path) from e
+        s = t.schema.remove_metadata()
+        if schema is None:
+            schema = s
+        elif not s.equals(schema):  # Spark takes one file's schema and reads the others with it
+            raise EngineUnsupportedError(f"the files of source {uri} have different schemas: {_USE_SPARK}")
+        tables.append(t)
+    table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+    if len({n.lower() for n in table.column_names}) != table.num_columns:  # Spark resolves names ignoring case
+        raise EngineUnsupportedError(f"source {uri} has columns whose names differ only in case: {_USE_SPARK}")
+    target = spark_schema(table.schema)
+    return pa.table([_to_spark(table.column(i), target.field(i).type) for i in range(table.num_columns)],
+                    schema=target)
+
+
+def _to_spark(col: pa.ChunkedArray | pa.Array, t: pa.DataType) -> pa.Array:
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if pa.types.is_null(arr.type):
+        return pa.nulls(len(arr), t)
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_decode()
+    return arr if arr.type.equals(t) else pc.cast(arr, t)
+
+
+#: a JSON integer Spark reads as a decimal (beyond a long); pyarrow as a double
+_BIG_INT = re.compile(rb"(?<![\w.\"])-?\d{19,}(?![\w.])")
+
+
+def _read_json(data: list[bytes], uri: str) -> pa.Table:
+    """JSON lines as Spark infers them (FAILFAST): integers bigint, other numbers double,
+    booleans, strings (Spark infers no timestamps from JSON; pyarrow would), an all-null
+    column string, columns sorted by name. Nested values, integers beyond a long, a column
+    mixing kinds, and records pyarrow cannot parse but Spark's Jackson might (single quotes,
+    ``INF``, an array of records on a line) are left to Spark."""
+    body = b"\n".join(d.rstrip(b"\n") for d in data if d.strip())
+    if not body.strip():
+        return pa.table({})
+    if _BIG_INT.search(body):
+        raise EngineUnsupportedError(f"source {uri} holds integers beyond a long: {_USE_SPARK}")
+    try:
+        table = pajson.read_json(_io.BytesIO(body), read_options=_json_block(body))
+    except pa.ArrowInvalid as e:
+        _raise_malformed(body, uri)
+        raise EngineUnsupportedError(f"source {uri}: the Arrow engine cannot read these JSON records "
+                                     f"({str(e).splitlines()[0][:200]}): {_USE_SPARK}") from e
+    as_text = [f.name for f in table.schema if pa.types.is_timestamp(f.type) or pa.types.is_date(f.type)]
+    if as_text:  # pyarrow inferred a timestamp from text: Spark keeps the text
+        explicit = pa.schema([pa.field(f.name, pa.string()) if f.name in as_text else f for f in table.schema])
+        table = pajson.read_json(_io.BytesIO(body), read_options=_json_block(body),
+                                 parse_options=pajson.ParseOptions(explicit_schema=explicit))
+    cols: dict[str, pa.Array] = {}
+    for f in table.schema:
+        t = f.type
+        if pa.types.is_null(t):
+            t = pa.string()
+        elif not (t in (pa.int64(), pa.float64(), pa.bool_()) or pa.types.is_string(t)):
+            raise EngineUnsupportedError(f"source {uri}: JSON column {f.name!r} holds {t} values, which Spark "
+                                         f"infers its own way: {_USE_SPARK}")
+        cols[f.name] = _to_spark(table.column(f.name), t)
+    if len({n.lower() for n in cols}) != len(cols):
+        raise EngineUnsupportedError(f"source {uri} has JSON fields differing only in case: {_USE_SPARK}")
+    return pa.table({n: cols[n] for n in sorted(cols)})
+
+
+def _json_block(body: bytes) -> pajson.ReadOptions:
+    # one block for the batch: a record longer than pyarrow's 1 MiB default block would fail
+    return pajson.ReadOptions(block_size=max(1 << 20, min(len(body) + 1, 1 << 30)))
+
+
+def _raise_malformed(body: bytes, uri: str) -> None:
+    """BadInputError when a line is not JSON for Spark either: Python's parser rejects it and
+    it uses none of the extensions Spark's Jackson allows (single quotes, INF)."""
+    for line in body.split(b"\n"):
+        if not line.strip():
+            continue
+        try:
+            json.loads(line)
+        except ValueError:
+            if b"'" in line or b"INF" in line.upper():
+                return
+            raise BadInputError(f"source {uri} has malformed JSON records") from None
+
+
+#: a value that Spark's CSV inference can only type as string: its first character (after the
+#: characters Java's trim drops) starts no number, date, timestamp, boolean, NaN or infinity
+_CSV_NUMERIC_START = set("+-.")
+_CSV_WORDS = ("nan", "inf", "true", "false")
+_TRIM = "".join(chr(i) for i in range(33))
+_INT = re.compile(r"[+-]?[0-9]+")
+
+
+def _surely_string(v: str) -> bool:
+    s = v.strip(_TRIM).strip()
+    if not s:
+        return bool(v)  # blanks: no parser takes them (an empty field is null)
+    c = s[0]
+    if c.isdigit() or c.isdecimal() or c in _CSV_NUMERIC_START:
+        return False
+    return not s.lower().startswith(_CSV_WORDS)
+
+
+def _read_csv(data: list[bytes], uri: str) -> pa.Table:
+    """CSV with a header as Spark infers it (``inferSchema``): one file; a column is string
+    when some value can only be text, int or bigint when every value is a plain integer,
+    boolean when every value is ``true``/``false``; an empty field (quoted or not) is null.
+    Other columns (doubles, dates, timestamps, decimals, mixtures), quoted line breaks,
+    backslash escapes and repeated or empty header names are left to Spark."""
+    if len(data) != 1:
+        raise EngineUnsupportedError(f"source {uri} holds several CSV files: {_USE_SPARK}")
+    body = data[0]
+    if body.startswith(b"\xef\xbb\xbf") or b"\\" in body or re.search(rb'[^,\r\n]""|""[^,\r\n]', body) \
+            or any(line.count(b'"') % 2 for line in body.splitlines()):
+        raise EngineUnsupportedError(f"source {uri} uses CSV quoting the Arrow engine does not read like "
+                                     f"Spark: {_USE_SPARK}")
+    lines = body.splitlines()
+    header = next((ln for ln in lines if ln.strip()), b"")
+    names = next(iter(csv.reader([header.decode("utf-8")])), [])
+    if not names or any(not n for n in names) or len(set(names)) != len(names):
+        raise EngineUnsupportedError(f"source {uri} has empty or repeated CSV header names: {_USE_SPARK}")
+    try:
+        table = pacsv.read_csv(
+            _io.BytesIO(body),
+            read_options=pacsv.ReadOptions(block_size=max(1 << 20, min(len(body) + 1, 1 << 30))),
+            convert_options=pacsv.ConvertOptions(column_types={n: pa.string() for n in names}, null_values=[""],
+                                                 strings_can_be_null=True, quoted_strings_can_be_null=True),
+        )
+    except pa.ArrowInvalid as e:
+        raise EngineUnsupportedError(f"source {uri}: the Arrow engine cannot read this CSV like Spark "
+                                     f"({str(e).splitlines()[0][:200]}): {_USE_SPARK}") from e
+    cols: dict[str, pa.Array] = {}
+    for name in names:
+        arr = table.column(name).combine_chunks()
+        values = [v for v in arr.to_pylist() if v is not None]
+        if not values or any(_surely_string(v) for v in values):
+            cols[name] = arr
+        elif all(_INT.fullmatch(v) for v in values):  # Java's parseInt: "+7", "007", "-0"
+            ints = [None if v is None else int(v) for v in arr.to_pylist()]
+            live = [i for i in ints if i is not None]
+            if all(-2**31 <= i < 2**31 for i in live):
+                cols[name] = pa.array(ints, pa.int32())
+            elif all(-2**63 <= i < 2**63 for i in live):
+                cols[name] = pa.array(ints, pa.int64())
+            else:
+                raise EngineUnsupportedError(f"source {uri}: CSV column {name!r} holds integers beyond a long: "
+                                             f"{_USE_SPARK}")
+        elif all(v.lower() in ("true", "false") for v in values):
+            cols[name] = pc.equal(pc.utf8_lower(arr), "true")
+        else:
+            raise EngineUnsupportedError(f"source {uri}: CSV column {name!r} holds values whose type Spark "
+                                         f"infers its own way (numbers, dates, times): {_USE_SPARK}")
+    return pa.table(cols)
+
+
+# -- try_cast ----------------------------------------------------------------------------------
+
+_INT_BOUNDS = {8: (-2**7, 2**7 - 1), 16: (-2**15, 2**15 - 1), 32: (-2**31, 2**31 - 1), 64: (-2**63, 2**63 - 1)}
+_EPOCH = dt.date(1970, 1, 1)
+_US_PER_DAY = 86_400_000_000
+#: the plain ISO forms, ASCII digits only (Python's \d would take other scripts' digits);
+#: Spark's parsers take more (one-digit months, "T03:04", zone names): those are left to it
+_DATE = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})(?:[T ].*)?", re.DOTALL)
+_TS = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})(?:[T ]([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]{1,9}))?"
+                 r"(Z|[+-][0-9]{2}:[0-9]{2})?)?")
+_TRUE = {"t", "true", "y", "yes", "1"}
+_FALSE = {"f", "false", "n", "no", "0"}
+
+
+class _Unsupported(Exception):
+    """A value whose cast only Spark decides (converted to EngineUnsupportedError with the column)."""
+
+
+#: marks a value whose try_cast is null (a failed cast, counted)
+_BAD = object()
+
+
+def _from_values(values: list, t: pa.DataType) -> tuple[pa.Array, int]:
+    """(array of ``values`` with null for each :data:`_BAD`, the number of them)."""
+    bad = sum(1 for v in values if v is _BAD)
+    return pa.array([None if v is _BAD else v for v in values], type=t), bad
+
+
+def _per_value(arr: pa.Array, t: pa.DataType, fn: Callable[[object], object]) -> tuple[pa.Array, int]:
+    return _from_values([None if v is None else fn(v) for v in arr.to_pylist()], t)
+
+
+def _java_trim(s: str) -> str:
+    # Spark trims characters up to U+0020 around a number or boolean it parses (checked:
+    # \x00, \x0b, \r, \t, \n, space), and not U+00A0; U+007F..U+009F are not checked
+    t = s.strip(_TRIM)
+    if t and (t[0] in _C1 or t[-1] in _C1):
+        raise _Unsupported("a control character around the value")
+    return t
+
+
+_C1 = {chr(i) for i in range(0x7F, 0xA0)}
+
+
+def _int_range(arr: pa.Array, lo: int, hi: int, t: pa.DataType) -> tuple[pa.Array, int]:
+    ok = pc.and_(pc.greater_equal(arr, lo), pc.less_equal(arr, hi))
+    bad = int(pc.sum(pc.invert(ok)).as_py() or 0)
+    if not bad:
+        return pc.cast(arr, t), 0
+    kept = pc.if_else(ok, arr, pa.scalar(None, arr.type))
+    return pc.cast(kept, t, safe=False), bad
+
+
+def _float_to_int(arr: pa.Array, t: pa.DataType) -> tuple[pa.Array, int]:
+    # Spark (ANSI try_cast): truncate toward zero when floor(x) <= MAX and ceil(x) >= MIN,
+    # else null; for a long the bounds compare as doubles, so 2^63 saturates to Long.MAX
+    x = pc.cast(arr, pa.float64())
+    lo, hi = _INT_BOUNDS[t.bit_width]
+    if t.bit_width == 64:
+        ok = pc.and_(pc.greater_equal(x, float(lo)), pc.less_equal(x, float(2**63)))
+    else:
+        ok = pc.and_(pc.greater(x, float(lo - 1)), pc.less(x, float(hi + 1)))
+    ok = pc.fill_null(pc.and_(ok, pc.invert(pc.is_nan(x))), True)
+    bad = int(pc.sum(pc.and_(pc.invert(ok), pc.is_valid(x))).as_py() or 0)
+    kept = pc.if_else(ok, pc.trunc(x), pa.scalar(None, pa.float64()))
+    if t.bit_width == 64:
+        top = pc.fill_null(pc.greater_equal(kept, float(2**63)), False)
+        ints = pc.cast(pc.if_else(top, 0.0, kept), pa.int64(), safe=False)
+        return pc.if_else(top, pa.scalar(hi, pa.int64()), ints), bad
+    return pc.cast(kept, t, safe=False), bad
+
+
+def _str_to_int(s: str, lo: int, hi: int) -> object:
+    t = _java_trim(s)
+    if not _INT.fullmatch(t):
+        return _BAD  # ANSI try_cast: no fraction, exponent, hex or non-ASCII digits (checked)
+    v = int(t)
+    return v if lo <= v <= hi else _BAD
+
+
+def _str_to_bool(s: str) -> object:
+    t = _java_trim(s).lower()
+    return True if t in _TRUE else False if t in _FALSE else _BAD
+
+
+def _str_to_date(s: str) -> object:
+    m = _DATE.fullmatch(s.strip(_TRIM))
+    if not m:
+        raise _Unsupported("a date Spark's lenient parser decides")
+    try:
+        return dt.date(int(m[1]), int(m[2]), int(m[3]))
+    except ValueError:
+        raise _Unsupported("an invalid date") from None
+
+
+def _str_to_micros(s: str, *, zoned: bool) -> object:
+    m = _TS.fullmatch(s.strip(_TRIM))
+    if not m:
+        raise _Unsupported("a timestamp Spark's lenient parser decides")
+    try:
+        day = dt.date(int(m[1]), int(m[2]), int(m[3]))
+        hh, mm, ss = (int(m[i]) if m[i] else 0 for i in (4, 5, 6))
+        dt.time(hh, mm, ss)
+    except ValueError:
+        raise _Unsupported("an invalid date or time") from None
+    frac = int((m[7] or "").ljust(6, "0")[:6] or 0)  # Spark truncates past microseconds
+    us = (day - _EPOCH).days * _US_PER_DAY + ((hh * 60 + mm) * 60 + ss) * 1_000_000 + frac
+    zone = m[8]
+    if zone and zone != "Z":
+        oh, om = int(zone[1:3]), int(zone[4:6])
+        if oh > 18 or om > 59:
+            raise _Unsupported("an offset Spark decides")
+        if zoned:  # the wall clock at that offset; a naive target ignores the zone (checked)
+            us -= (1 if zone[0] == "+" else -1) * (oh * 60 + om) * 60_000_000
+    return us
+
+
+def _dec_round(d: decimal.Decimal, p: int, s: int) -> object:
+    q = d.quantize(decimal.Decimal(1).scaleb(-s), rounding=decimal.ROUND_HALF_UP,
+                   context=decimal.Context(prec=80))
+    return q if abs(q) < decimal.Decimal(10) ** (p - s) else _BAD  # else it overflows decimal(p,s)
+
+
+def _try_cast(arr: pa.Array, dst: pa.DataType) -> tuple[pa.Array, int]:
+    """Spark's ``try_cast(arr as dst)`` under ANSI mode and time zone UTC: the values and the
+    number of non-null values that became null. Both types are Spark's (:func:`spark_type`).
+    Raises :class:`_Unsupported` for a pair (or a value) whose cast this does not reproduce."""
+    src = arr.type
+    n = len(arr)
+    if src.equals(dst):
+        return arr, 0
+    if arr.null_count == n:
+        return pa.nulls(n, dst), 0
+    if _relaxed(src).equals(_relaxed(dst)):  # nested types differing in nullability or list field names
+        if _narrows(src, dst):  # Spark's analyzer refuses to cast nullable elements to non-null ones
+            raise _Unsupported("nullable nested values into non-null ones")
+        return arr.cast(dst), 0
+    if pa.types.is_integer(src):
+        if pa.types.is_integer(dst):
+            lo, hi = _INT_BOUNDS[dst.bit_width]
+            return _int_range(arr, lo, hi, dst)
+        if pa.types.is_floating(dst):
+            return pc.cast(arr, dst, safe=False), 0  # Java's (double)/(float): round to nearest
+        if pa.types.is_decimal(dst):  # null when the integer part has more than p - s digits
+            limit = 10 ** (dst.precision - dst.scale)
+            return _per_value(arr, dst, lambda v: decimal.Decimal(v) if abs(v) < limit else _BAD)
+        if pa.types.is_string(dst):
+            return pc.cast(arr, dst), 0
+        if pa.types.is_boolean(dst):
+            return pc.not_equal(arr, 0), 0
+    if pa.types.is_boolean(src) and (pa.types.is_integer(dst) or pa.types.is_floating(dst)
+                                     or pa.types.is_string(dst)):
+        return pc.cast(arr, dst), 0
+    if pa.types.is_floating(src):
+        if pa.types.is_integer(dst):
+            return _float_to_int(arr, dst)
+        if pa.types.is_floating(dst):
+            return pc.cast(arr, dst, safe=False), 0  # widening exact; narrowing rounds, overflows to inf
+    if pa.types.is_decimal(src):
+        if pa.types.is_decimal(dst):
+            return _per_value(arr, dst, lambda d: _dec_round(d, dst.precision, dst.scale))
+        if pa.types.is_integer(dst):
+            lo, hi = _INT_BOUNDS[dst.bit_width]
+            return _per_value(arr, dst, lambda d: int(d) if lo <= int(d) <= hi else _BAD)
+    if pa.types.is_string(src):
+        if pa.types.is_integer(dst):
+            lo, hi = _INT_BOUNDS[dst.bit_width]
+            return _per_value(arr, dst, lambda s: _str_to_int(s, lo, hi))
+        if pa.types.is_boolean(dst):
+            return _per_value(arr, dst, _str_to_bool)
+        if pa.types.is_date32(dst):
+            return _per_value(arr, dst, _str_to_date)
+        if pa.types.is_timestamp(dst):
+            zoned = dst.tz is not None
+            vals, bad = _per_value(arr, pa.int64(), lambda s: _str_to_micros(s, zoned=zoned))
+            return vals.cast(dst), bad
+    if pa.types.is_date32(src):
+        if pa.types.is_timestamp(dst):  # midnight in the session zone, UTC
+            us = pc.multiply(pc.cast(pc.cast(arr, pa.int32()), pa.int64()), _US_PER_DAY)
+            return us.cast(dst), 0
+        if pa.types.is_string(dst):
+            return _spark_text(arr), 0
+    if (pa.types.is_timestamp(src) or pa.types.is_decimal(src)) and pa.types.is_string(dst):
+        return _spark_text(arr), 0
+    if pa.types.is_timestamp(src):
+        us = pc.cast(arr, pa.int64())
+        if pa.types.is_timestamp(dst):  # zone-aware <-> naive: the same wall clock in UTC
+            return us.cast(dst), 0
+        if pa.types.is_date32(dst):  # the UTC day, floored (1969-12-31 23:59:59.5 is 1969-12-31)
+            days = np.floor_divide(us.fill_null(0).to_numpy(), _US_PER_DAY).astype(np.int32)
+            return pa.array(days, type=pa.int32(), mask=us.is_null().to_numpy(zero_copy_only=False)).cast(
+                pa.date32()), 0
+    raise _Unsupported(f"{spark_type_name(src)} to {spark_type_name(dst)}")
+
+
+def _relaxed(t: pa.DataType) -> pa.DataType:
+    """``t`` with every nested field nullable and list fields named alike: what Spark's cast
+    ignores (names of struct fields are kept: Spark casts structs by position)."""
+    if pa.types.is_list(t):
+        return pa.list_(pa.field("element", _relaxed(t.value_type)))
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(t.field(i).name, _relaxed(t.field(i).type)) for i in range(t.num_fields)])
+    if pa.types.is_map(t):
+        return pa.map_(_relaxed(t.key_type), _relaxed(t.item_type))
+    return t
+
+
+def _narrows(src: pa.DataType, dst: pa.DataType) -> bool:
+    """Whether a nested field of ``dst`` is non-null where ``src``'s is nullable (same shapes)."""
+    pairs: list[tuple[pa.Field, pa.Field]] = []
+    if pa.types.is_list(src):
+        pairs = [(src.value_field, dst.value_field)]
+    elif pa.types.is_struct(src):
+        pairs = [(src.field(i), dst.field(i)) for i in range(src.num_fields)]
+    elif pa.types.is_map(src):
+        pairs = [(src.item_field, dst.item_field)]
+    return any((a.nullable and not b.nullable) or _narrows(a.type, b.type) for a, b in pairs)
+
+
+def _spark_text(arr: pa.Array) -> pa.Array:
+    """Spark's ``cast(... as string)``: the one rule keys use too (:func:`keys.key_text`)."""
+    from spark_jobs.arrow_engine.keys import key_text
+
+    try:
+        return key_text(arr, name="?")
+    except EngineUnsupportedError as e:
+        raise _Unsupported(str(e).split(": use the Spark engine")[0].replace("column '?' ", "")) from None
+
+
+def cast_to_table(batch: pa.Table, schema: pa.Schema) -> pa.Table:
+    """The batch's columns cast to the table's ``schema`` as the Spark path's ``try_cast``
+    does, in ``schema``'s column order; a column the batch lacks is all null (only a batch
+    of deletes gets here: the caller checks). Columns ``schema`` lacks (the delete field) are
+    left out: the caller appends them.
+
+    Raises BadInputError with the Spark path's words (``raise_uncastable``) for the first
+    column, in table order, holding values that cannot be cast, and EngineUnsupportedError
+    for a type pair (or a value) whose cast only Spark decides -- e.g. a double to a decimal
+    (Spark rounds Java's ``Double.toString``), text to a double, lenient date formats.
+    """
+    cols: list[pa.Array] = []
+    for field in schema:
+        if field.name not in batch.column_names:
+            cols.append(pa.nulls(batch.num_rows, field.type))
+            continue
+        col = batch.column(field.name)
+        src_type = spark_type(col.type, name=field.name)
+        dst_type = spark_type(field.type, name=field.name)
+        arr = _to_spark(col, src_type)
+        try:
+            out, bad = _try_cast(arr, dst_type)
+        except _Unsupported as e:
+            raise EngineUnsupportedError(f"column {field.name!r}: the cast of {spark_type_name(src_type)} to the "
+                                         f"table's {spark_type_name(dst_type)} ({e}) is decided by Spark alone: "
+                                         f"{_USE_SPARK}") from None
+        if bad:  # Spark names the first such column in table order, whatever the later ones hold
+            raise BadInputError(f"column {field.name!r}: {bad} value(s) of type {spark_type_name(src_type)} "
+                                f"cannot be cast to the table's {spark_type_name(dst_type)}")
+        cols.append(out if out.type.equals(field.type) else pc.cast(out, field.type))
+    return pa.table(cols, schema=pa.schema([pa.field(f.name, f.type, f.nullable) for f in schema]))

@@ -1,0 +1,111 @@
+"""Run an action on the engine chosen for it (``--engine auto|spark|arrow``).
+
+The one entry point the CLI, the Airflow hook and the operators share: it sizes the work,
+asks :func:`spark_jobs.table.action.engine.choose_engine`, and runs the in-process Arrow
+engine or Spark. A Spark session is only made (``spark()``) when Spark runs, so an Arrow run
+starts no JVM and imports no ``pyspark``. When the Arrow engine finds, before writing
+anything, that it cannot reproduce Spark's rules for this batch (``EngineUnsupportedError``),
+``auto`` runs Spark instead and says why; ``--engine arrow`` fails with that line (exit 2).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+from spark_jobs.exceptions import EngineUnsupportedError
+from spark_jobs.table.action.engine import (
+    ARROW,
+    AUTO,
+    IN_MEMORY_EXPANSION,
+    SPARK,
+    EngineChoice,
+    choose_engine,
+    memory_budget,
+)
+from spark_jobs.table.action.upsert import UpsertOptions
+from spark_jobs.table.config import INDEX_GLOBAL_SIMPLE, INDEX_RECORD
+
+__all__ = ["upsert", "upsert_footprint", "precheck_upsert"]
+
+log = logging.getLogger("bucketindex.engine")
+
+#: in-memory bytes per live key a global_simple tag holds (key text, partition, file id)
+KEY_BYTES = 96
+#: in-memory bytes per record-index entry a lookup holds (fingerprints, location codes)
+INDEX_ENTRY_BYTES = 64
+
+
+def precheck_upsert(opts: UpsertOptions) -> None:
+    """What can be told of a batch before any engine starts (the CLI, the Airflow operator): the
+    source exists, and its columns against the table's, from the Parquet footers (the
+    validation checks again); BadInputError (exit 2) otherwise."""
+    from spark_jobs.exceptions import BadInputError
+    from spark_jobs.io.filesystem import resolve
+    from spark_jobs.table.schema import precheck_batch
+
+    io, path = resolve(opts.source)
+    if not io.exists(path):
+        raise BadInputError(f"source {opts.source} does not exist")
+    precheck_batch(table_uri=opts.table, source=opts.source, source_format=opts.source_format,
+                   record_key=opts.record_key, delete_field=opts.delete_field)
+
+
+def upsert_footprint(opts: UpsertOptions) -> int:
+    """Bytes the Arrow engine would hold at its peak for this upsert: the batch, plus the largest
+    file group it may rewrite and the largest index bucket it may read (the engine merges and
+    looks up a few at a time), or every key of the table for ``global_simple``."""
+    from spark_jobs.io.filesystem import resolve
+    from spark_jobs.table.table import Table
+
+    io, path = resolve(opts.source)
+    try:
+        batch = io.total_size(path) * IN_MEMORY_EXPANSION
+    except (OSError, ValueError):
+        batch = 0
+    table = Table.open(opts.table)
+    if table.config is None:
+        return batch
+    view = table.view()
+    groups = max((s.total_size for s in view.file_groups.values()), default=0) * IN_MEMORY_EXPANSION
+    cfg = table.config
+    if cfg.index_type == INDEX_GLOBAL_SIMPLE:
+        tag = view.num_rows * KEY_BYTES
+    elif cfg.index_type == INDEX_RECORD:
+        tag = view.num_rows // max(1, table.num_buckets(view)) * INDEX_ENTRY_BYTES
+    else:
+        tag = 0
+    return batch + groups + tag
+
+
+def upsert(opts: UpsertOptions, *, spark: Callable[[], Any] | None = None,
+           spark_requested: str | None = None) -> dict[str, Any]:
+    """Upsert one batch on the engine ``opts.engine`` asks for (default auto).
+
+    :param spark: makes (or returns) the Spark session, called only when Spark runs
+    :param spark_requested: why Spark is implied (``--master yarn``), if it is
+    """
+    requested = opts.engine or AUTO
+    needed = upsert_footprint(opts) if requested == AUTO and not spark_requested else 0
+    budget = memory_budget(opts.memory_budget)
+    choice = choose_engine(requested=requested, needed_bytes=needed, spark_requested=spark_requested,
+                           budget=budget)
+    if choice.engine == ARROW:
+        from spark_jobs.arrow_engine.upsert import run_upsert as run_arrow
+
+        try:
+            return run_arrow(opts, choice=choice)
+        except EngineUnsupportedError as e:  # raised before anything is written
+            if requested != AUTO:
+                raise EngineUnsupportedError(f"--engine arrow cannot run this batch: {e}; use --engine spark") from e
+            choice = EngineChoice(SPARK, f"the arrow engine cannot run this batch ({e})")
+            log.info("engine: %s (%s)", choice.engine, choice.reason)
+    if spark is None:
+        from spark_jobs.jobs.session import get_spark
+
+        def spark() -> Any:  # the Python API outside spark-submit: a local session
+            return get_spark("local[*]", ui=False)
+
+    from spark_jobs.jobs.upsert import run_upsert as run_spark
+
+    return run_spark(spark(), opts, choice=choice)
