@@ -72,13 +72,16 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _spark_requested(args: argparse.Namespace, submitted: bool) -> str | None:
-    """Why Spark is implied for this run, if it is: under spark-submit, or a master or Connect server given."""
+    """Why Spark is implied for this run, if it is: under spark-submit, or a master, a Connect server
+    or the driver's heap given."""
     if submitted:
         return "spark-submit"
     if getattr(args, "master", None):
         return f"--master {args.master}"
     if getattr(args, "remote", None):
         return f"--remote {args.remote}"
+    if getattr(args, "driver_memory", None):
+        return f"--driver-memory {args.driver_memory}"
     if os.environ.get("SPARK_REMOTE"):
         return "$SPARK_REMOTE"
     return None

@@ -53,8 +53,9 @@ def precheck_upsert(opts: UpsertOptions) -> None:
 
 def upsert_footprint(opts: UpsertOptions) -> int:
     """Bytes the Arrow engine would hold at its peak for this upsert: the batch, plus the largest
-    file group it may rewrite and the largest index bucket it may read (the engine merges and
-    looks up a few at a time), or every key of the table for ``global_simple``."""
+    file groups it may rewrite at once (one per merge thread) and an index bucket it may read,
+    or every key of the table for ``global_simple``: an upper bound, so a batch ``auto`` runs
+    in-process fits."""
     from spark_jobs.io.filesystem import resolve
     from spark_jobs.table.table import Table
 
@@ -67,7 +68,11 @@ def upsert_footprint(opts: UpsertOptions) -> int:
     if table.config is None:
         return batch
     view = table.view()
-    groups = max((s.total_size for s in view.file_groups.values()), default=0) * IN_MEMORY_EXPANSION
+    from spark_jobs.arrow_engine.upsert import THREADS
+
+    # the engine merges up to THREADS file groups at once: the largest ones, at worst
+    largest = sorted((s.total_size for s in view.file_groups.values()), reverse=True)[:THREADS]
+    groups = sum(largest) * IN_MEMORY_EXPANSION
     cfg = table.config
     if cfg.index_type == INDEX_GLOBAL_SIMPLE:
         tag = view.num_rows * KEY_BYTES
@@ -89,7 +94,7 @@ def upsert(opts: UpsertOptions, *, spark: Callable[[], Any] | None = None,
     needed = upsert_footprint(opts) if requested == AUTO and not spark_requested else 0
     budget = memory_budget(opts.memory_budget)
     choice = choose_engine(requested=requested, needed_bytes=needed, spark_requested=spark_requested,
-                           budget=budget)
+                           budget=budget, announce=False)  # the action logs it with its first phase
     if choice.engine == ARROW:
         from spark_jobs.arrow_engine.upsert import run_upsert as run_arrow
 
@@ -99,7 +104,6 @@ def upsert(opts: UpsertOptions, *, spark: Callable[[], Any] | None = None,
             if requested != AUTO:
                 raise EngineUnsupportedError(f"--engine arrow cannot run this batch: {e}; use --engine spark") from e
             choice = EngineChoice(SPARK, f"the arrow engine cannot run this batch ({e})")
-            log.info("engine: %s (%s)", choice.engine, choice.reason)
     if spark is None:
         from spark_jobs.jobs.session import get_spark
 

@@ -251,7 +251,7 @@ class ArrowUpsertEngine:
         if cfg.index_type == INDEX_BUCKET:
             buckets = bucket_ids(tagged.column(KEY).combine_chunks(), num_buckets)
             return (tagged.append_column(TPART, tagged.column(PART))
-                    .append_column(TFID, pa.array([f"{b:08d}" for b in buckets.tolist()], pa.string()))
+                    .append_column(TFID, pc.utf8_lpad(pa.array(buckets).cast(pa.string()), 8, "0"))
                     .append_column(OP, pc.if_else(is_del, DELETE, UPSERT))
                     .append_column(FOUND, pa.nulls(tagged.num_rows, pa.bool_())))
         exists = pc.is_valid(tagged.column(OLD_FID))
@@ -417,16 +417,13 @@ def _tag_stats(tagged: pa.Table) -> dict[str, dict[str, int]]:
     """Per partition: keys found in the table, keys moving in, rows entering."""
     exists = pc.is_valid(tagged.column(OLD_FID)).to_numpy(zero_copy_only=False)
     moved = _as_numpy(_moved(tagged))
-    is_del = _as_numpy(tagged.column(DEL))
-    entering = moved | (~exists & ~is_del)
-    parts = tagged.column(PART).to_pylist()
-    out: dict[str, dict[str, int]] = {}
-    for p, e, m, n in zip(parts, exists.tolist(), moved.tolist(), entering.tolist()):
-        s = out.setdefault(p, {"found": 0, "moved": 0, "entering": 0})
-        s["found"] += e
-        s["moved"] += m
-        s["entering"] += n
-    return out
+    entering = moved | (~exists & ~_as_numpy(tagged.column(DEL)))
+    encoded = tagged.column(PART).combine_chunks().dictionary_encode()
+    codes = encoded.indices.to_numpy(zero_copy_only=False)
+    parts = encoded.dictionary.to_pylist()
+    sums = {name: np.bincount(codes, weights=v, minlength=len(parts)).astype(np.int64).tolist()
+            for name, v in (("found", exists), ("moved", moved), ("entering", entering))}
+    return {p: {k: sums[k][i] for k in sums} for i, p in enumerate(parts)}
 
 
 def _as_numpy(a: Any) -> np.ndarray:
@@ -479,18 +476,22 @@ def _assign_new_file_groups(cfg: TableConfig, view: FileSystemView, rows: pa.Tab
 
 def _groups(t: pa.Table, by: list[str]) -> list[tuple[tuple, pa.Table]]:
     """``t`` split by the values of ``by``, in sorted order of those values (a deterministic plan)."""
-    if t.num_rows == 0:
+    n = t.num_rows
+    if n == 0:
         return []
-    idx = pc.sort_indices(t, sort_keys=[(c, "ascending") for c in by])
-    s = t.take(idx)
-    cols = [s.column(c).to_pylist() for c in by]
-    out: list[tuple[tuple, pa.Table]] = []
-    start = 0
-    for i in range(1, s.num_rows + 1):
-        if i == s.num_rows or any(c[i] != c[start] for c in cols):
-            out.append((tuple(c[start] for c in cols), s.slice(start, i - start)))
-            start = i
-    return out
+    s = t.take(pc.sort_indices(t, sort_keys=[(c, "ascending") for c in by]))
+    starts = np.zeros(n, dtype=bool)
+    starts[0] = True
+    for c in by:  # a group starts where any key column differs from the row before (null equals null)
+        col = s.column(c).combine_chunks()
+        if n > 1:
+            prev, cur = col.slice(0, n - 1), col.slice(1)
+            nulls_differ = pc.not_equal(pc.is_null(prev), pc.is_null(cur))
+            differ = pc.or_(pc.fill_null(pc.not_equal(prev, cur), False), nulls_differ)
+            starts[1:] |= differ.to_numpy(zero_copy_only=False)
+    bounds = [*np.nonzero(starts)[0].tolist(), n]
+    cols = [s.column(c) for c in by]
+    return [(tuple(col[lo].as_py() for col in cols), s.slice(lo, hi - lo)) for lo, hi in zip(bounds, bounds[1:])]
 
 
 def _parallel(fn: Callable[[int, Any], pa.Table], items: Iterable[Any]) -> list[pa.Table]:

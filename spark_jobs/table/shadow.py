@@ -75,6 +75,7 @@ import numpy as np
 import pyarrow as pa
 
 from spark_jobs.exceptions import BadInputError
+from spark_jobs.table.commit import parse as parse_commit
 from spark_jobs.table.config import INDEX_BUCKET, INDEX_GLOBAL_SIMPLE, INDEX_RECORD
 from spark_jobs.table.table import Table
 from spark_jobs.table.timeline import Action, Instant, State
@@ -244,22 +245,22 @@ def touched_since(table: Table, since: str) -> Touched:
         e = tl.entry(seq)
         if e["action"] not in Action.WRITES:
             continue
-        meta = e["metadata"]
+        meta = parse_commit(e["metadata"])
         if seq in hit:
             out.actions += 1
-            for fg in meta.get("file_groups", []):
-                old = view.file_groups.get((fg["partition"], fg["file_id"]))
-                if fg.get("log"):
-                    data.setdefault(fg["log"]["path"], int(fg["log"].get("num_rows", 0)))
+            for fg in meta.groups:
+                old = view.file_groups.get(fg.key)
+                if fg.log is not None:
+                    data.setdefault(fg.log.path, int(fg.log.num_rows or 0))
                     continue
-                if not fg.get("removed"):
-                    data.setdefault(fg["path"], int(fg.get("num_rows", 0)))
-                if old is not None and old.path != fg.get("path"):
+                if not fg.removed:
+                    data.setdefault(fg.path, int(fg.num_rows or 0))  # type: ignore[arg-type]
+                if old is not None and old.path != fg.path:
                     data.setdefault(old.path, old.num_rows)
                     for lf in old.logs:
                         data.setdefault(lf.path, lf.num_rows)
-            for f in meta.get("index", {}).get("added", []):
-                out.index_files.append((int(f["bucket"]), f["path"]))
+            for f in meta.added:
+                out.index_files.append((int(f.bucket), f.path))
         view.apply(Instant(e["instant"], e["action"], State.COMPLETED, seq), meta)
     # ``view`` is now the current snapshot, whose files clean keeps; any other file the actions
     # wrote or replaced -- a replaced version, a log or an index delta a compaction folded --

@@ -147,6 +147,6 @@ def find_commit(uri: str, *, batch_id: str | None = None, after_instant: str | N
                       if i.timestamp > after_instant), None)
     if found is None:
         return None
-    meta = tl.read_metadata(found)
+    meta = tl.read_commit(found)
     return {"instant": found.timestamp, "action": found.action, "seq": found.seq,
-            "batch_id": meta.get("batch_id"), "counts": meta.get("counts") or {}}
+            "batch_id": meta.batch_id, "counts": dict(meta.counts or {})}

@@ -239,24 +239,24 @@ class Table:
         view = FileSystemView.build(tl)
         commits, conflicts = [], []
         for inst in tl.recent(recent):
-            meta = tl.read_metadata(inst)
+            meta = tl.read_commit(inst)
             commits.append(
                 {
                     "seq": inst.seq,
                     "instant": inst.timestamp,
                     "action": inst.action,
-                    "batch_id": meta.get("batch_id"),
+                    "batch_id": meta.batch_id,
                     "rolled_back": meta.get("rolled_back"),
-                    "counts": meta.get("counts", {}),
-                    "timings_ms": meta.get("timings_ms", {}),
+                    "counts": dict(meta.counts or {}),
+                    "timings_ms": dict(meta.timings_ms or {}),
                     "session_start_ms": meta.get("session_start_ms"),
-                    "engine": meta.get("engine"),
-                    **({"shadow": meta["shadow"]} if meta.get("shadow") else {}),  # upsert --shadow-index
-                    **({"bootstrap": meta["bootstrap"]} if meta.get("bootstrap") else {}),
+                    "engine": meta.engine.to_json() if meta.engine is not None else meta.get("engine"),
+                    **({"shadow": dict(meta.shadow)} if meta.shadow else {}),  # upsert --shadow-index
+                    **({"bootstrap": meta.get("bootstrap")} if meta.get("bootstrap") else {}),
                 }
             )
-            for c in meta.get("conflicts", []):
-                conflicts.append({"instant": inst.timestamp, "batch_id": meta.get("batch_id"), "outcome": "retried",
+            for c in meta.conflicts or ():
+                conflicts.append({"instant": inst.timestamp, "batch_id": meta.batch_id, "outcome": "retried",
                                   **c})
         for name in self.io.list_names(self.layout.conflicts):
             if name.endswith(".json") and not name.startswith("."):

@@ -35,6 +35,7 @@ import pendulum
 
 from spark_jobs.exceptions import BadInputError, TableCorruptError
 from spark_jobs.io.filesystem import FileIO, InstantExistsError
+from spark_jobs.table.commit import CommitMetadata
 from spark_jobs.table.layout import TableLayout
 
 __all__ = [
@@ -465,6 +466,10 @@ class Timeline:
         if seq is None:
             raise ValueError(f"{instant} is not completed; only completed instants have metadata")
         return self._entry(seq)["metadata"]
+
+    def read_commit(self, instant: Instant) -> CommitMetadata:
+        """The completed ``instant``'s metadata, typed (:mod:`spark_jobs.table.commit`)."""
+        return CommitMetadata.from_json(self.read_metadata(instant))
 
     # -- transitions -----------------------------------------------------------------
     def new_instant_time(self) -> str:

@@ -11,11 +11,20 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Mapping
 
 import pyarrow as pa
 
-from spark_jobs.table.timeline import Action, Instant, State, Timeline, checkpoint_seqs, read_checkpoint
+from spark_jobs.table.commit import CommitMetadata
+from spark_jobs.table.commit import parse as parse_commit
+from spark_jobs.table.timeline import (
+    Action,
+    Instant,
+    State,
+    Timeline,
+    checkpoint_seqs,
+    read_checkpoint,
+)
 
 __all__ = ["FileSlice", "LogFile", "FileSystemView", "encode_schema", "decode_schema"]
 
@@ -134,33 +143,33 @@ class FileSystemView:
         out.update(f for files in self.index_files.values() for f in files)
         return out
 
-    def apply(self, inst: Instant, meta: dict[str, Any]) -> None:
+    def apply(self, inst: Instant, meta: "Mapping[str, Any] | CommitMetadata") -> None:
+        """Replay one completed entry's metadata (parsed by :func:`spark_jobs.table.commit.parse`)."""
         self.instants.append(inst)
-        for fg in meta.get("file_groups", []):
-            key = (fg["partition"], fg["file_id"])
+        commit = parse_commit(meta)
+        for fg in commit.groups:
+            key = fg.key
             old = self.file_groups.get(key)
-            if fg.get("removed"):
+            if fg.removed:
                 self.file_groups.pop(key, None)
-            elif fg.get("log"):  # merge-on-read: one more log on the group's base
-                lf = fg["log"]
+            elif fg.log is not None:  # merge-on-read: one more log on the group's base
+                lf = fg.log
                 assert old is not None, f"a log for file group {key} without a base"
                 self.file_groups[key] = replace(
-                    old, num_rows=old.num_rows + int(fg.get("row_delta", 0)),
-                    logs=(*old.logs, LogFile(lf["path"], inst.timestamp, int(lf.get("num_rows", 0)),
-                                            int(lf.get("size", 0)))))
-            elif "compacted_logs" in fg and old is not None:
+                    old, num_rows=old.num_rows + int(fg.row_delta or 0),
+                    logs=(*old.logs, LogFile(lf.path, inst.timestamp, int(lf.num_rows or 0), int(lf.size or 0))))
+            elif fg.compacted_logs is not None and old is not None:
                 # data compaction: a new base for the logs it folded; logs committed after its
                 # plan stay on top, and the live row count does not change
-                folded = set(fg["compacted_logs"])
+                folded = set(fg.compacted_logs)
                 self.file_groups[key] = replace(
-                    old, path=fg["path"], instant=inst.timestamp, size=fg.get("size", 0),
+                    old, path=fg.path, instant=inst.timestamp, size=fg.size or 0,
                     logs=tuple(lf for lf in old.logs if lf.path not in folded))
             else:
                 self.file_groups[key] = FileSlice(
-                    fg["partition"], fg["file_id"], fg["path"], inst.timestamp, fg.get("num_rows", 0), fg.get("size", 0)
+                    fg.partition, fg.file_id, fg.path, inst.timestamp, fg.num_rows or 0, fg.size or 0
                 )
-        index = meta.get("index", {})
-        for rel in index.get("removed", []):
+        for rel in commit.removed_index_files:
             for files in self.index_files.values():
                 if rel in files:
                     files.remove(rel)
@@ -168,15 +177,15 @@ class FileSystemView:
         # removes every file of the old ones above the new count)
         for b in [b for b, files in self.index_files.items() if not files]:
             del self.index_files[b]
-        for f in index.get("added", []):
-            files = self.index_files.setdefault(int(f["bucket"]), [])
-            files.append(f["path"])
+        for f in commit.added:
+            files = self.index_files.setdefault(int(f.bucket), [])
+            files.append(f.path)
             # a base first, then deltas in commit order (a stable sort keeps that order)
             files.sort(key=is_index_delta)
-        if meta.get("schema"):
-            self.schema = decode_schema(meta["schema"])
-        if meta.get("num_buckets"):
-            self.num_buckets = int(meta["num_buckets"])
+        if commit.schema:
+            self.schema = decode_schema(commit.schema)
+        if commit.num_buckets:
+            self.num_buckets = int(commit.num_buckets)
 
     # -- queries ---------------------------------------------------------------------
     def slices(self, partition: str | None = None) -> list[FileSlice]:

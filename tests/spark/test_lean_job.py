@@ -92,8 +92,9 @@ def test_cold_cli_merge_of_an_unpartitioned_table_runs_in_several_tasks(spark, t
     upd = [ids[i] for i in rng.choice(n, 2000, replace=False)]
     batch = tmp_path / "batch.parquet"
     pq.write_table(_wide_rows(rng, upd + [f"new {i}" for i in range(500)], 2), batch)
-    p = subprocess.run([sys.executable, "-m", "spark_jobs.cli", "upsert", uri, str(batch), "--record-key", "id"],
-                       capture_output=True, text=True, timeout=600)
+    # the subject is Spark's merge plan: --engine spark (auto would run 2,500 rows in-process)
+    p = subprocess.run([sys.executable, "-m", "spark_jobs.cli", "upsert", uri, str(batch), "--record-key", "id",
+                        "--engine", "spark"], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     result = json.loads(p.stdout.strip().splitlines()[-1])
     assert result["counts"]["updated"] == 2000 and result["counts"]["inserted"] == 500
@@ -116,7 +117,7 @@ def test_resource_failure_is_one_line_exit_1(tmp_path, monkeypatch, capsys):
 
     src = write_batch(tmp_path / "b.parquet", _rows(0, 5, 1))
 
-    def oom(spark, opts):  # type: ignore[no-untyped-def]
+    def oom(spark, opts, **_):  # type: ignore[no-untyped-def]
         raise RuntimeError("An error occurred while calling o93.count.\n: java.lang.OutOfMemoryError: Java heap space\n\tat ...")
 
     monkeypatch.setattr(upsert, "run_upsert", oom)

@@ -156,10 +156,10 @@ def test_crash_during_rollback_resumes(tmp_path):
     assert arrow_validate(uri)["ok"]
 
 
-def test_killed_after_its_commit_point_the_batch_is_in_and_rollback_clears_what_it_left(tmp_path):
+def test_killed_after_its_commit_point_the_batch_is_in_and_the_rerun_clears_what_it_left(tmp_path):
     """``after_complete``: the crash matrix's last upsert point. The commit point was claimed, so
     readers see the new snapshot and a rerun is a no-op; the markers and heartbeat the writer
-    could not clean are cleared by ``rollback``, which rolls nothing back."""
+    could not clean are cleared by the rerun (and ``rollback`` then rolls nothing back)."""
     uri = str(tmp_path / "t")
     arrow_upsert(options(uri, write_batch(tmp_path / "b1.parquet", B1), "record", "batch-1"))
     src2 = write_batch(tmp_path / "b2.parquet", B2)
@@ -175,6 +175,9 @@ def test_killed_after_its_commit_point_the_batch_is_in_and_rollback_clears_what_
     assert arrow_validate(uri)["ok"]
     again = arrow_upsert(options(uri, src2, "record", "batch-2"))
     assert again["noop"] and again["instant"] == done.timestamp
+    # the rerun repaired what the killed writer left (markers, heartbeat); rollback finds nothing
+    t = Table.load(uri)
+    assert not t.marked_files(done.timestamp) and not os.path.exists(t.layout.heartbeat_file(done.timestamp))
     rb = subprocess.run([sys.executable, "-m", "spark_jobs.cli", "rollback", uri], capture_output=True, text=True,
                         timeout=120)
     assert rb.returncode == 0, rb.stderr

@@ -24,12 +24,14 @@ Write-set rules for two writes (``commit`` / ``bootstrap``), in order:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
 from spark_jobs.index.record_index import IndexEntries, IndexFile
 from spark_jobs.io.filesystem import FileIO
+from spark_jobs.table.commit import CommitMetadata
+from spark_jobs.table.commit import parse as parse_commit
 from spark_jobs.table.layout import TableLayout
 from spark_jobs.table.timeline import Action
 
@@ -87,18 +89,17 @@ class WriteSet:
     index_removed: frozenset[str] = frozenset()
 
     @classmethod
-    def of(cls, action: str, meta: dict[str, Any]) -> "WriteSet":
-        index = meta.get("index") or {}
-        counts = meta.get("counts") or {}
+    def of(cls, action: str, meta: "Mapping[str, Any] | CommitMetadata") -> "WriteSet":
+        commit = parse_commit(meta)
         return cls(
             action=action,
-            batch_id=meta.get("batch_id"),
-            file_groups=frozenset((fg["partition"], fg["file_id"]) for fg in meta.get("file_groups", [])),
-            index_deltas={int(f["bucket"]): f["path"] for f in index.get("added", []) if f.get("kind") == "delta"},
-            num_buckets=meta.get("num_buckets"),
-            index_type=meta.get("index_type"),
-            adds_keys=bool(counts.get("inserted") or counts.get("moved")),
-            index_removed=frozenset(index.get("removed", [])),
+            batch_id=commit.batch_id,
+            file_groups=commit.group_keys(),
+            index_deltas=commit.index_deltas(),
+            num_buckets=commit.num_buckets,
+            index_type=commit.index_type,
+            adds_keys=bool(commit.count("inserted") or commit.count("moved")),
+            index_removed=frozenset(commit.removed_index_files),
         )
 
 

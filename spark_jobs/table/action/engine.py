@@ -81,13 +81,15 @@ def _human(n: float) -> str:
 
 
 def choose_engine(*, requested: str | None, needed_bytes: int, spark_requested: str | None = None,
-                  unsupported: str | None = None, budget: int | None = None) -> EngineChoice:
+                  unsupported: str | None = None, budget: int | None = None, announce: bool = True) -> EngineChoice:
     """The engine for one action.
 
     :param requested: ``auto`` (None means auto), ``spark`` or ``arrow``
     :param needed_bytes: the in-memory size the Arrow engine would hold (already expanded)
     :param spark_requested: why Spark is implied (``"--master yarn"``), if it is
     :param unsupported: why the Arrow engine cannot run this work, if it cannot
+    :param announce: log the choice now; an upsert logs it with its first phase instead, so a bad
+        batch still prints exactly one line (the error)
     """
     requested = requested or AUTO
     if requested not in ENGINES:
@@ -113,5 +115,5 @@ def choose_engine(*, requested: str | None, needed_bytes: int, spark_requested: 
     else:
         choice = EngineChoice(ARROW, f"needs about {_human(needed_bytes)} in memory, within the "
                                      f"{_human(budget)} budget")
-    log.info("engine: %s (%s)", choice.engine, choice.reason)
+    log.log(logging.INFO if announce else logging.DEBUG, "engine: %s (%s)", choice.engine, choice.reason)
     return choice

@@ -11,9 +11,11 @@ a crash at any step leaves work that :func:`repair` finishes (every step is idem
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from spark_jobs.exceptions import BadInputError, WriterAliveError
+from spark_jobs.table.commit import CommitMetadata
+from spark_jobs.table.commit import parse as parse_commit
 from spark_jobs.table.heartbeat import is_alive
 from spark_jobs.table.timeline import Action, Instant, SequenceTakenError, State
 from spark_jobs.testing.faults import maybe_crash
@@ -115,7 +117,7 @@ def repair(table: "Table") -> None:
         if state == "completed":  # crashed after its commit point, before cleanup
             inst = tl.find(ts)
             assert inst is not None
-            table.finalize_markers(ts, referenced_files(tl.read_metadata(inst)))
+            table.finalize_markers(ts, tl.read_commit(inst).referenced_files())
         elif state == "aborted":  # files a rolled-back writer wrote after the rollback's cleanup
             table.delete_marked(ts)
     for ts in beats:
@@ -123,11 +125,9 @@ def repair(table: "Table") -> None:
             table.io.delete(table.layout.heartbeat_file(ts))
 
 
-def referenced_files(meta: dict[str, Any]) -> set[str]:
+def referenced_files(meta: "Mapping[str, Any] | CommitMetadata") -> set[str]:
     """Every data and index file a completed action's metadata names."""
-    return ({fg["path"] for fg in meta.get("file_groups", []) if fg.get("path")}
-            | {fg["log"]["path"] for fg in meta.get("file_groups", []) if fg.get("log")}
-            | {f["path"] for f in (meta.get("index") or {}).get("added", [])})
+    return parse_commit(meta).referenced_files()
 
 
 def _decide_and_clean(table: "Table", rb: Instant, plan: dict[str, Any]) -> bool:

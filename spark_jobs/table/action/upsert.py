@@ -48,6 +48,7 @@ import pyarrow as pa
 
 from spark_jobs.exceptions import BadInputError, ConfigConflictError
 from spark_jobs.table.action.transaction import Transaction
+from spark_jobs.table.commit import FileGroupChange, LogChange
 from spark_jobs.table.config import (
     DEFAULT_NUM_BUCKETS,
     INDEX_BUCKET,
@@ -157,6 +158,10 @@ class Phases:
         self._t = time.perf_counter()
         self._deferred: list[tuple[str, str]] = []
 
+    def note(self, line: str) -> None:
+        """A line logged with the next phase that is not deferred (or never, if the batch is bad)."""
+        self._deferred.append(("", line))
+
     def done(self, name: str, detail: str = "", *, defer: bool = False) -> None:
         """Record a phase; ``defer`` holds its log line back until the next phase (a batch
         that turns out bad must print exactly one line: the error)."""
@@ -166,7 +171,10 @@ class Phases:
         self._deferred.append((name, detail))
         if not defer:
             for n, d in self._deferred:
-                log.info("phase %-8s %6d ms %s", n, self.timings[f"{n}_ms"], d)
+                if n:
+                    log.info("phase %-8s %6d ms %s", n, self.timings[f"{n}_ms"], d)
+                else:
+                    log.info("%s", d)
             self._deferred.clear()
 
 
@@ -366,10 +374,12 @@ def new_file_id(*, batch_id: str, snapshot_seq: int, partition: str, ordinal: in
 def file_group_entry(f: dict[str, Any]) -> dict[str, Any]:
     """The commit metadata of one merge task's output (format.md §3.3)."""
     if f["log"]:
-        return {"partition": f["part"], "file_id": f["fid"], "row_delta": f["row_delta"],
-                "log": {"path": f["path"], "num_rows": f["num_rows"], "size": f["size"]}}
-    return {"partition": f["part"], "file_id": f["fid"], "path": f["path"], "num_rows": f["num_rows"],
-            "size": f["size"], "removed": f["path"] is None}
+        change = FileGroupChange(partition=f["part"], file_id=f["fid"], row_delta=f["row_delta"],
+                                 log=LogChange(path=f["path"], num_rows=f["num_rows"], size=f["size"]))
+    else:
+        change = FileGroupChange(partition=f["part"], file_id=f["fid"], path=f["path"], num_rows=f["num_rows"],
+                                 size=f["size"], removed=f["path"] is None)
+    return change.to_json()
 
 
 def run(engine: UpsertEngine, opts: UpsertOptions, *, choice: "EngineChoice | None" = None) -> dict[str, Any]:
@@ -381,6 +391,8 @@ def run(engine: UpsertEngine, opts: UpsertOptions, *, choice: "EngineChoice | No
     from spark_jobs.table.table import Table
 
     phases = Phases()
+    if choice is not None:
+        phases.note(f"engine: {choice.engine} ({choice.reason})")
     started = time.perf_counter()
     table = Table.open(opts.table)
     cfg, view = resolve_config(opts, table)
@@ -389,6 +401,10 @@ def run(engine: UpsertEngine, opts: UpsertOptions, *, choice: "EngineChoice | No
         done = table.commit_for_batch(batch_id)
         if done is not None:
             log.info("batch %s is already committed as instant %s: nothing to do", batch_id, done.timestamp)
+            # a writer killed past its commit point left markers and a heartbeat: the rerun repairs
+            from spark_jobs.table.action.rollback import repair
+
+            repair(table)
             return _noop_result(table, done, batch_id)
     batch = engine.prepare(opts, cfg, view, phases)
     try:

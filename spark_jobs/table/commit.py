@@ -1,0 +1,312 @@
+"""Typed commit metadata (format.md §3.3-3.4, §5.2-5.3), with one JSON round trip.
+
+Every completed timeline entry's ``metadata`` is a JSON object; :meth:`CommitMetadata.from_json`
+parses it into the dataclasses below and :meth:`CommitMetadata.to_json` gives the same object
+back: ``CommitMetadata.from_json(m).to_json() == m`` for every metadata the product writes.
+Keys absent stay absent (a log entry has no ``path``/``removed``, a plain entry no ``log``), and
+keys the types do not name -- or known keys holding ``null`` where a value is expected -- are
+kept verbatim in ``extra`` and written back, so nothing is lost.
+
+Readers (the file-system view, the conflict check, rollback, ``show``) parse here, in one place.
+No pyspark, no airflow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+def _take(d: Mapping[str, Any], known: tuple[str, ...], nullable: tuple[str, ...] = ()
+          ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split ``d`` into the known keys holding a value and everything else (kept verbatim).
+
+    A known key holding ``null`` goes to the extras unless it is ``nullable`` (None = absent)."""
+    vals: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    for k, v in d.items():
+        if k in known and (v is not None or k in nullable):
+            vals[k] = v
+        else:
+            extra[k] = v
+    return vals, extra
+
+
+def _put(out: dict[str, Any], **kv: Any) -> dict[str, Any]:
+    for k, v in kv.items():
+        if v is not None:
+            out[k] = v
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class LogChange:
+    """One merge-on-read log a commit put on a file group's base: ``{"path", "num_rows", "size"}``."""
+
+    path: str
+    num_rows: int | None = None
+    size: int | None = None
+    extra: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> LogChange:
+        vals, extra = _take(d, ("path", "num_rows", "size"))
+        if "path" not in vals:
+            raise ValueError(f"a log entry without a path: {dict(d)!r}")
+        return cls(**vals, extra=MappingProxyType(extra) if extra else _EMPTY)
+
+    def to_json(self) -> dict[str, Any]:
+        return _put({"path": self.path}, num_rows=self.num_rows, size=self.size) | dict(self.extra)
+
+
+#: the name the view uses for a log of a slice is different (view.LogFile); this is the change
+LogFile = LogChange
+
+
+@dataclass(frozen=True, kw_only=True)
+class FileGroupChange:
+    """One file group a commit touched (``file_groups[*]``).
+
+    Shapes (format.md): a new base ``{partition, file_id, path, num_rows, size, removed}``
+    (``removed: true, path: null`` when the group became empty); a merge-on-read log
+    ``{partition, file_id, row_delta, log}``; a data compaction ``{partition, file_id, path,
+    base_rows, size, compacted_logs}``; a bootstrap base adds ``reference: true`` or
+    ``replaces``; a rehash removal ``{partition, file_id, path: null, removed: true}``.
+    ``path`` is written exactly when ``log`` is None; every other None field is absent.
+    """
+
+    partition: str
+    file_id: str
+    path: str | None = None
+    num_rows: int | None = None
+    size: int | None = None
+    removed: bool | None = None
+    log: LogChange | None = None
+    row_delta: int | None = None
+    base_rows: int | None = None
+    compacted_logs: tuple[str, ...] | None = None
+    reference: bool | None = None
+    replaces: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+
+    _KNOWN = ("partition", "file_id", "path", "num_rows", "size", "removed", "log", "row_delta",
+              "base_rows", "compacted_logs", "reference", "replaces")
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> FileGroupChange:
+        vals, extra = _take(d, cls._KNOWN, nullable=("path",))
+        if "partition" not in vals or "file_id" not in vals:
+            raise ValueError(f"a file group entry without partition and file_id: {dict(d)!r}")
+        if "log" in vals:
+            vals["log"] = LogChange.from_json(vals["log"])
+            if "path" in vals:  # a log entry names no base: keep an odd one verbatim
+                extra["path"] = vals.pop("path")
+        elif "path" not in vals:
+            raise ValueError(f"a file group entry with neither a path nor a log: {dict(d)!r}")
+        if "compacted_logs" in vals:
+            vals["compacted_logs"] = tuple(vals["compacted_logs"])
+        return cls(**vals, extra=MappingProxyType(extra) if extra else _EMPTY)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"partition": self.partition, "file_id": self.file_id}
+        if self.log is None:
+            out["path"] = self.path
+        _put(out, num_rows=self.num_rows, size=self.size, removed=self.removed, row_delta=self.row_delta,
+             log=self.log.to_json() if self.log is not None else None, base_rows=self.base_rows,
+             compacted_logs=list(self.compacted_logs) if self.compacted_logs is not None else None,
+             reference=self.reference, replaces=self.replaces)
+        return out | dict(self.extra)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.partition, self.file_id)
+
+    @property
+    def is_removed(self) -> bool:
+        return bool(self.removed)
+
+    @property
+    def is_compaction(self) -> bool:
+        return self.compacted_logs is not None
+
+    def files(self) -> set[str]:
+        """The data files this change wrote (its new base or its log)."""
+        out = {self.path} if self.path else set()
+        if self.log is not None:
+            out.add(self.log.path)
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class IndexFileChange:
+    """One record-index file a commit wrote (``index.added[*]``)."""
+
+    bucket: int
+    path: str
+    entries: int | None = None
+    size: int | None = None
+    kind: str | None = None  # "delta" | "base"
+    sealed: bool | None = None
+    extra: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> IndexFileChange:
+        vals, extra = _take(d, ("bucket", "path", "entries", "size", "kind", "sealed"))
+        if "bucket" not in vals or "path" not in vals:
+            raise ValueError(f"an index entry without bucket and path: {dict(d)!r}")
+        return cls(**vals, extra=MappingProxyType(extra) if extra else _EMPTY)
+
+    def to_json(self) -> dict[str, Any]:
+        return _put({"bucket": self.bucket, "path": self.path}, entries=self.entries, size=self.size,
+                    kind=self.kind, sealed=self.sealed) | dict(self.extra)
+
+    @property
+    def is_delta(self) -> bool:
+        return self.kind == "delta"
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineInfo:
+    """Which engine wrote a commit and why (``engine``)."""
+
+    name: str | None = None
+    reason: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> EngineInfo:
+        vals, extra = _take(d, ("name", "reason"))
+        return cls(**vals, extra=MappingProxyType(extra) if extra else _EMPTY)
+
+    def to_json(self) -> dict[str, Any]:
+        return _put({}, name=self.name, reason=self.reason) | dict(self.extra)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommitMetadata:
+    """A completed timeline entry's ``metadata`` (every action: commit, compaction, rehash,
+    bootstrap, clean, rollback). Fields that are None (or ``file_groups``/``index_*`` None)
+    were absent; every key the type does not name is in ``extra``
+    (``bootstrap``, ``rolled_back``, ``previous_num_buckets``, plan fields, ...)."""
+
+    action: str | None = None
+    instant: str | None = None
+    batch_id: str | None = None
+    operation: str | None = None
+    index_type: str | None = None
+    num_buckets: int | None = None
+    snapshot_seq: int | None = None
+    schema: str | None = None
+    file_groups: tuple[FileGroupChange, ...] | None = None
+    index_added: tuple[IndexFileChange, ...] | None = None
+    index_removed: tuple[str, ...] | None = None
+    #: keys of ``index`` other than added/removed (None: none; {} an ``index`` with neither)
+    index_extra: Mapping[str, Any] | None = None
+    counts: Mapping[str, Any] | None = None
+    conflicts: tuple[Mapping[str, Any], ...] | None = None
+    timings_ms: Mapping[str, Any] | None = None
+    engine: EngineInfo | None = None
+    shadow: Mapping[str, Any] | None = None
+    extra: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+
+    _KNOWN = ("action", "instant", "batch_id", "operation", "index_type", "num_buckets", "snapshot_seq",
+              "schema", "file_groups", "index", "counts", "conflicts", "timings_ms", "engine", "shadow")
+
+    # -- the JSON round trip -----------------------------------------------------------
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> CommitMetadata:
+        vals, extra = _take(d, cls._KNOWN)
+        for k, typ in (("file_groups", list), ("conflicts", list), ("index", dict), ("engine", dict),
+                       ("counts", dict), ("timings_ms", dict), ("shadow", dict)):
+            if k in vals and not isinstance(vals[k], typ):  # not the documented shape: keep verbatim
+                extra[k] = vals.pop(k)
+        if "file_groups" in vals:
+            vals["file_groups"] = tuple(FileGroupChange.from_json(g) for g in vals["file_groups"])
+        if "conflicts" in vals:
+            if all(isinstance(c, dict) for c in vals["conflicts"]):
+                vals["conflicts"] = tuple(MappingProxyType(dict(c)) for c in vals["conflicts"])
+            else:
+                extra["conflicts"] = vals.pop("conflicts")
+        if "engine" in vals:
+            vals["engine"] = EngineInfo.from_json(vals["engine"])
+        for k in ("counts", "timings_ms", "shadow"):
+            if k in vals:
+                vals[k] = MappingProxyType(dict(vals[k]))
+        if "index" in vals:
+            index = vals.pop("index")
+            ivals, iextra = _take(index, ("added", "removed"))
+            for k in ("added", "removed"):
+                if k in ivals and not isinstance(ivals[k], list):
+                    iextra[k] = ivals.pop(k)
+            if "added" in ivals:
+                vals["index_added"] = tuple(IndexFileChange.from_json(f) for f in ivals["added"])
+            if "removed" in ivals:
+                vals["index_removed"] = tuple(ivals["removed"])
+            if iextra or not ivals:
+                vals["index_extra"] = MappingProxyType(iextra)
+        return cls(**vals, extra=MappingProxyType(dict(extra)) if extra else _EMPTY)
+
+    def to_json(self) -> dict[str, Any]:
+        out = _put({}, action=self.action, instant=self.instant, batch_id=self.batch_id, operation=self.operation,
+                   index_type=self.index_type, num_buckets=self.num_buckets, snapshot_seq=self.snapshot_seq,
+                   schema=self.schema)
+        if self.file_groups is not None:
+            out["file_groups"] = [g.to_json() for g in self.file_groups]
+        if self.index_added is not None or self.index_removed is not None or self.index_extra is not None:
+            index = _put({}, added=[f.to_json() for f in self.index_added] if self.index_added is not None else None,
+                         removed=list(self.index_removed) if self.index_removed is not None else None)
+            out["index"] = index | dict(self.index_extra or {})
+        _put(out, counts=dict(self.counts) if self.counts is not None else None,
+             conflicts=[dict(c) for c in self.conflicts] if self.conflicts is not None else None,
+             timings_ms=dict(self.timings_ms) if self.timings_ms is not None else None,
+             engine=self.engine.to_json() if self.engine is not None else None,
+             shadow=dict(self.shadow) if self.shadow is not None else None)
+        return out | dict(self.extra)
+
+    # -- what readers ask ----------------------------------------------------------------
+    @property
+    def groups(self) -> tuple[FileGroupChange, ...]:
+        """``file_groups``, empty when absent."""
+        return self.file_groups or ()
+
+    @property
+    def added(self) -> tuple[IndexFileChange, ...]:
+        """``index.added``, empty when absent."""
+        return self.index_added or ()
+
+    @property
+    def removed_index_files(self) -> tuple[str, ...]:
+        """``index.removed``, empty when absent."""
+        return self.index_removed or ()
+
+    def group_keys(self) -> frozenset[tuple[str, str]]:
+        """Every (partition, file id) the commit touched."""
+        return frozenset(g.key for g in self.groups)
+
+    def index_deltas(self) -> dict[int, str]:
+        """Index bucket -> the delta file this commit wrote there."""
+        return {int(f.bucket): f.path for f in self.added if f.is_delta}
+
+    def count(self, name: str) -> Any:
+        return (self.counts or {}).get(name)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """An ``extra`` key (``rolled_back``, ``bootstrap``, ``session_start_ms``, ...)."""
+        return self.extra.get(key, default)
+
+    def referenced_files(self) -> set[str]:
+        """Every data and index file the metadata names (new bases, logs, added index files)."""
+        out: set[str] = set()
+        for g in self.groups:
+            out |= g.files()
+        out.update(f.path for f in self.added)
+        return out
+
+
+def parse(meta: Mapping[str, Any]) -> CommitMetadata:
+    """The one place commit metadata is parsed (see :meth:`CommitMetadata.from_json`)."""
+    return meta if isinstance(meta, CommitMetadata) else CommitMetadata.from_json(meta)
