@@ -20,12 +20,13 @@ import logging
 import os
 import re
 import sys
-import tempfile
+import tempfile  # noqa: F401 - the Spark log's last resort (spark_jobs.home) is tempfile.gettempdir()
 from typing import TYPE_CHECKING, Callable
 
 from spark_jobs.exceptions import BadInputError, RetryableError, TableCorruptError
 from spark_jobs.table.config import INDEX_TYPES, TABLE_TYPES
-from spark_jobs.table.timeline import check_instant
+from spark_jobs.table.timeline import AS_OF_FORMS, check_instant, parse_as_of, resolve_as_of
+from spark_jobs.text import plural
 
 if TYPE_CHECKING:
     from spark_jobs.io.filesystem import FileIO
@@ -47,6 +48,9 @@ _DRIVER_MEMORY_HELP = ("JVM heap for a local master, e.g. 8g (default: about a t
 def _csv(text: str) -> list[str]:
     return [p.strip() for p in text.split(",") if p.strip()]
 
+
+#: the positional TABLE of the verbs that work on an existing table
+TABLE_HELP = "the table: a local directory or a URI (file://, s3://, hdfs://, ...)"
 
 REMOTE_HELP = "run on this Spark Connect server instead of a Spark of our own (default: $SPARK_REMOTE unless --master)"
 
@@ -93,21 +97,54 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = p.add_subparsers(dest="verb", required=True, parser_class=_Parser)
 
-    up = sub.add_parser("upsert", help="upsert (and delete) a batch into a table, data + index in one commit")
-    up.add_argument("table")
-    up.add_argument("source")
-    up.add_argument("--record-key", required=True, type=_csv, help="key field(s), comma-separated")
-    up.add_argument("--precombine-field", help="highest value wins among rows with the same key")
-    up.add_argument("--partition-field")
-    up.add_argument("--index", choices=INDEX_TYPES, help="index type (fixed at table creation; default record)")
-    up.add_argument("--num-buckets", type=int, help="index buckets (record) or buckets per partition (bucket)")
+    up = sub.add_parser("upsert", help="upsert (and delete) a batch into a table, data + index in one commit",
+                        description="Upsert (and delete) the rows of SOURCE into the table at TABLE: data files and "
+                                    "index in one commit. The first upsert creates the table and fixes its record "
+                                    "key, partition field, precombine field, index, bucket count and table type; "
+                                    "later upserts read them from the table's table.json, so those options may be "
+                                    "left out, and a given one that contradicts the table is refused (exit 2) "
+                                    "before any engine starts.")
+    up.add_argument("table", help="the table's directory or URI (file://, s3://, hdfs://); created by the first "
+                                  "upsert")
+    up.add_argument("source", help="the batch: a file, a directory of files (Hive-style partition directories "
+                                   "included) or a glob, in --source-format")
+    up.add_argument("--record-key", type=_csv, metavar="FIELD[,FIELD...]",
+                    help="key field(s), comma-separated; required to create the table, read from the table after")
+    up.add_argument("--precombine-field", metavar="FIELD",
+                    help="among rows with the same key, in the batch and against the stored row, the highest value "
+                         "wins (fixed at table creation; default none: the newest batch wins)")
+    up.add_argument("--partition-field", metavar="FIELD",
+                    help="partition the table by this column, one directory per value (fixed at table creation; "
+                         "default unpartitioned)")
+    up.add_argument("--index", choices=INDEX_TYPES,
+                    help="record: a record-level index (a key lives in one partition); bucket: hash(key) %% N per "
+                         "partition; global_simple: a scan of every key (fixed at table creation; default record)")
+    up.add_argument("--num-buckets", type=int, metavar="N",
+                    help="index buckets (record) or buckets per partition (bucket) of a new table (default 16, "
+                         "bucket 8); an existing table's count in force must match (change it with `rehash`)")
     up.add_argument("--table-type", choices=TABLE_TYPES,
                     help="copy_on_write rewrites touched file groups; merge_on_read appends a log to them "
                          "(fixed at table creation; default copy_on_write)")
-    up.add_argument("--source-format", default="parquet", choices=("parquet", "json", "csv"))
-    up.add_argument("--delete-field", help="boolean column: rows where it is true are deletes")
-    up.add_argument("--batch-id", help="idempotence key: a batch id already committed makes the run a no-op")
-    up.add_argument("--target-file-rows", type=int, help="rows per data file before a new file group opens")
+    up.add_argument("--source-format", default="parquet", choices=("parquet", "json", "csv"),
+                    help="how SOURCE is read (default parquet); a JSON or CSV batch's values are cast to the "
+                         "table's column types")
+    up.add_argument("--delete-field", metavar="FIELD",
+                    help="the column that marks deletes (not stored): a boolean, true deletes; an integer, non-zero "
+                         "deletes; or a string, true/t/yes/y/1 deletes and false/f/no/n/0 does not (any case, "
+                         "spaces around ignored; any other string is refused); null never deletes")
+    up.add_argument("--partial-update", action="store_true",
+                    help="the batch may lack table columns: updated rows keep their stored values of those, "
+                         "inserted rows get nulls, a key moving partitions takes its stored values along (the "
+                         "record key, partition and precombine fields are still required); without it a "
+                         "missing column is refused")
+    up.add_argument("--batch-id", help="idempotence key: a batch id already committed makes the run a no-op "
+                                       "(default: auto-<20 hex digits> derived from the table, SOURCE's files -- "
+                                       "names, sizes, modification times -- and --source-format, --delete-field, "
+                                       "--partial-update and --schema-evolution, so rerunning the same command on "
+                                       "unchanged files is a no-op; name the batch to apply the same files again)")
+    up.add_argument("--target-file-rows", type=int, metavar="N",
+                    help="rows per data file before a new file group opens (fixed at table creation; default "
+                         "100000)")
     up.add_argument("--max-retries", type=int, default=3,
                     help="re-tag and re-write a batch this often when concurrent commits conflict (default 3)")
     up.add_argument("--heartbeat-timeout", type=float,
@@ -116,6 +153,12 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
                     help="tee: also tag the batch with this index, computed on the fly, and record where it "
                          "disagrees with the table's index in the commit metadata (`show` prints it); "
                          "what is written does not change")
+    up.add_argument("--schema-evolution", metavar="MODE[,MODE]", default="none",
+                    help="what the batch may change of the table's schema: none (default: a column the table "
+                         "lacks is refused, a wider type is cast back); add-columns (such columns are added, "
+                         "nullable); widen (a column widens to the batch's type: tinyint->smallint->int->bigint, "
+                         "float->double, decimal precision up at the same scale, date->timestamp_ntz); all (both). "
+                         "Never narrows, changes a kind or drops a column; older snapshots keep their schema")
     _add_spark_options(up)
     _add_engine_options(up)
 
@@ -126,15 +169,18 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
                                     "ones, until they hold --limit rows -- fit the memory budget as decoded "
                                     "(their bytes x6), and on Spark otherwise; --master, --remote or $SPARK_REMOTE "
                                     "mean Spark.")
-    rd.add_argument("table")
-    rd.add_argument("--as-of", help="instant (time travel)")
+    rd.add_argument("table", help=TABLE_HELP)
+    rd.add_argument("--as-of", metavar="INSTANT|TIME",
+                    help=f"time travel: the snapshot right after the last commit whose instant is at or before "
+                         f"INSTANT, or the one a reader saw at TIME (commits that completed after it are left "
+                         f"out). Accepts {AS_OF_FORMS}")
     rd.add_argument("--output", help="write the snapshot as one Parquet file")
     rd.add_argument("--limit", type=int, default=20, help="rows to print without --output")
     _add_spark_options(rd)
     _add_engine_options(rd)
 
     sh = sub.add_parser("show", help="timeline, file groups, index buckets, pending work")
-    sh.add_argument("table")
+    sh.add_argument("table", help=TABLE_HELP)
     sh.add_argument("--json", action="store_true", help="machine-readable output")
     sh.add_argument("--plot", metavar="FILE.png",
                     help="draw the histogram of bucket sizes into FILE.png (needs matplotlib: the plot extra)")
@@ -147,7 +193,7 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
                                     "(a quarter of their bytes, x6 decoded) plus about 320 bytes per live row, "
                                     "twice that with the record index's entries -- and on Spark otherwise; "
                                     "--master, --remote or $SPARK_REMOTE mean Spark.")
-    va.add_argument("table")
+    va.add_argument("table", help=TABLE_HELP)
     _add_spark_options(va)
     _add_engine_options(va)
 
@@ -161,11 +207,14 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
                                     "bytes each, twice with the record index's entries) plus the largest file "
                                     "slice and index bucket read; without it, what validate holds -- and on Spark "
                                     "otherwise; --master, --remote or $SPARK_REMOTE mean Spark.")
-    sc.add_argument("table")
+    sc.add_argument("table", help=TABLE_HELP)
     sc.add_argument("--against", default="scan", choices=("scan", "global_simple", "bucket"),
                     help="the truth: a key scan of the data (default), or another index type computed on the fly")
-    sc.add_argument("--since", metavar="INSTANT", help="only keys touched by write actions after INSTANT "
-                                                      "(the previous report's instant)")
+    sc.add_argument("--since", metavar="INSTANT|TIME",
+                    help="only keys touched by write actions after INSTANT (the previous report's instant; "
+                         "leading digits of one also work), or not yet completed at TIME (an ISO-8601 time: "
+                         "2026-11-25T09:24:00, 2026-11-25 09:24, 2026-11-25T09:24:00+01:00, ...Z, or a date; "
+                         "no zone means UTC)")
     sc.add_argument("--sample-fraction", type=float, default=1.0, metavar="F",
                     help="compare a deterministic sample of about F of the keys, 0 < F <= 1 (default 1)")
     sc.add_argument("--max-mismatches", type=int, default=0, metavar="N",
@@ -175,15 +224,16 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
     _add_engine_options(sc)
 
     rb = sub.add_parser("rollback", help="roll back pending instants (all abandoned ones, or INSTANT)")
-    rb.add_argument("table")
-    rb.add_argument("instant", nargs="?")
+    rb.add_argument("table", help=TABLE_HELP)
+    rb.add_argument("instant", nargs="?", help="the pending instant to roll back (17 digits, as `show` lists it; "
+                                                "default: every abandoned one)")
     rb.add_argument("--force", action="store_true",
                     help="even if its writer looks alive (that writer then fails at its commit point, nothing visible)")
     rb.add_argument("--heartbeat-timeout", type=float,
                     help="seconds without a heartbeat before a pending write counts as abandoned (default 60)")
     co = sub.add_parser("compact", help="fold merge-on-read logs and record-index deltas into new base files "
                                         "(schedule, execute, or both)")
-    co.add_argument("table")
+    co.add_argument("table", help=TABLE_HELP)
     mode = co.add_mutually_exclusive_group()
     mode.add_argument("--schedule-only", action="store_true",
                       help="only write the plan; its instant is the last line printed (pass it to --execute)")
@@ -207,7 +257,7 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
     _add_spark_options(co)
     _add_engine_options(co)  # auto: arrow when the slices and index buckets a plan folds at once fit the budget
     cl = sub.add_parser("clean", help="delete file versions no retained snapshot reads (from a plan on the timeline)")
-    cl.add_argument("table")
+    cl.add_argument("table", help=TABLE_HELP)
     keep = cl.add_mutually_exclusive_group()
     keep.add_argument("--retain-commits", type=int, metavar="N",
                       help="keep the snapshots of the last N commits (default: the table's clean_retain_commits, 24)")
@@ -215,9 +265,29 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
     cl.add_argument("--dry-run", action="store_true", help="print what would be deleted; write nothing")
     cl.add_argument("--heartbeat-timeout", type=float,
                     help="seconds without a heartbeat before a pending write no longer holds clean back (default 60)")
+    al = sub.add_parser("alter", help="add columns or widen column types: one commit recording the new schema, "
+                                      "no data file rewritten",
+                        description="Change the table's schema as a timeline action: added columns are nullable "
+                                    "(files written before read them as null), a widened column reads older files' "
+                                    "values widened. TYPE is a Spark simple type name: tinyint, smallint, int, "
+                                    "bigint, float, double, decimal(P,S), string, boolean, binary, date, timestamp "
+                                    "(zone-aware, stored in UTC), timestamp_ntz. Widening: tinyint->smallint->int->"
+                                    "bigint, float->double, decimal(P,S)->decimal(Q,S) with Q>P, date->"
+                                    "timestamp_ntz; anything else is refused (exit 2). Running the same alter again "
+                                    "is a no-op. No JVM.")
+    al.add_argument("table", help="the table's directory or URI")
+    al.add_argument("--add-column", action="append", default=[], metavar="NAME:TYPE",
+                    help="add a nullable column (repeat for several), e.g. --add-column discount:decimal(10,2)")
+    al.add_argument("--widen-column", action="append", default=[], metavar="NAME:TYPE",
+                    help="widen a column to TYPE (repeat for several), e.g. --widen-column qty:bigint")
+    al.add_argument("--max-retries", type=int, default=3,
+                    help="validate and commit again this often when a concurrent schema change conflicts "
+                         "(default 3)")
+    al.add_argument("--heartbeat-timeout", type=float,
+                    help="seconds without a heartbeat before a pending write counts as abandoned (default 60)")
     rh = sub.add_parser("rehash", help="change the bucket count by a multiple (each bucket splits, no shuffle) "
                                        "or a divisor (buckets merge)")
-    rh.add_argument("table")
+    rh.add_argument("table", help=TABLE_HELP)
     rh.add_argument("--num-buckets", type=int, required=True, metavar="M",
                     help="the new count: a multiple or a divisor of the count in force (`show` suggests one)")
     rh.add_argument("--heartbeat-timeout", type=float,
@@ -225,7 +295,7 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
     _add_spark_options(rh)
     bs = sub.add_parser("bootstrap", help="make a table of an existing Parquet dataset (Hive-style partition "
                                           "directories or flat): its files in place, or rewritten")
-    bs.add_argument("table")
+    bs.add_argument("table", help="the new table's directory or URI (it must not hold a table yet)")
     bs.add_argument("source", help="the dataset's root directory")
     bs.add_argument("--record-key", required=True, type=_csv, help="key field(s), comma-separated")
     bs.add_argument("--partition-field", help="the table's partition field (reference mode: a Hive directory field)")
@@ -267,15 +337,11 @@ def _spark(args: argparse.Namespace, submitted: bool):  # type: ignore[no-untype
         return get_spark(args.master or "local[*]", driver_memory=memory, ui=False)
     # The JVM writes its start-up chatter and log4j output to stderr; send it to a log file
     # so the terminal shows our progress lines and, on bad input, exactly one error line.
-    log_path = os.environ.get("BUCKETINDEX_SPARK_LOG") or os.path.join(
-        tempfile.gettempdir(), f"bucketindex-spark-{os.getpid()}.log"
-    )
-    try:
-        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    except OSError as e:  # e.g. $BUCKETINDEX_SPARK_LOG owned by another user: not the table's problem
-        fd, fresh = tempfile.mkstemp(prefix="bucketindex-spark-", suffix=".log")
-        log.warning("cannot write Spark's log to %s (%s); writing it to %s", log_path, e.strerror, fresh)
-        log_path = fresh
+    # Where: spark_jobs.home (deleted when the run succeeds, kept when it fails, see main).
+    from spark_jobs.home import open_spark_log
+
+    fd, log_path, owned = open_spark_log()
+    _SPARK_LOG.append((log_path, owned))
     saved = os.dup(2)
     try:
         os.dup2(fd, 2)  # inherited by the JVM that get_spark launches
@@ -299,7 +365,8 @@ def cmd_upsert(args: argparse.Namespace, submitted: bool) -> int:
         source_format=args.source_format, delete_field=args.delete_field, batch_id=args.batch_id,
         target_file_rows=args.target_file_rows, max_retries=args.max_retries,
         heartbeat_timeout_s=args.heartbeat_timeout, shadow_index=args.shadow_index,
-        engine=args.engine, memory_budget=args.memory_budget,
+        engine=args.engine, memory_budget=args.memory_budget, partial_update=args.partial_update,
+        schema_evolution=args.schema_evolution,
     )
     precheck_upsert(opts)  # before a JVM starts
     result = upsert(opts, spark=lambda: _spark(args, submitted), spark_requested=_spark_requested(args, submitted))
@@ -312,8 +379,12 @@ def cmd_read(args: argparse.Namespace, submitted: bool) -> int:
     from spark_jobs.table.reader import read_arrow
 
     if args.as_of is not None:  # before a JVM starts: `--as-of yesterday` must not read the latest snapshot
-        check_instant(args.as_of, option="--as-of")
+        parse_as_of(args.as_of, option="--as-of")
     io, out = _output_path(args.output) if args.output else (None, None)  # bad --output: exit 2, nothing read
+    if args.as_of is not None:  # a time before the first commit: one line naming it, still no JVM
+        from spark_jobs.table.table import Table
+
+        resolve_as_of(Table.load(args.table).timeline, args.as_of)
     spark_requested = _spark_requested(args, submitted)
     needed = 0
     if args.engine == AUTO and not spark_requested:
@@ -339,14 +410,14 @@ def cmd_read(args: argparse.Namespace, submitted: bool) -> int:
         except BaseException:
             io.delete(out)  # a torn output (a full disk) must not look like a snapshot
             raise
-        print(f"wrote {t.num_rows} rows to {args.output}")
+        print(f"wrote {plural(t.num_rows, 'row')} to {args.output}")
         return 0
     if args.output:  # written beside the output and moved into place: never torn
         from spark_jobs.jobs.read import read_table, write_one_parquet
 
         spark = _spark(args, submitted)
         n = write_one_parquet(spark, read_table(spark, args.table, args.as_of), args.output)
-        print(f"wrote {n} rows to {args.output}")
+        print(f"wrote {plural(n, 'row')} to {args.output}")
         return 0
     from spark_jobs.jobs.read import read_table
 
@@ -391,21 +462,23 @@ def cmd_show(args: argparse.Namespace, submitted: bool) -> int:
         return 0
     c = d["config"]
     print(f"table      {d['uri']}")
-    print(f"index      {c['index_type']} ({c['num_buckets']} buckets), key {','.join(c['record_key_fields'])}"
+    print(f"index      {c['index_type']} ({plural(c['num_buckets'], 'bucket')}), key {','.join(c['record_key_fields'])}"
           + (f", partitioned by {','.join(c['partition_fields'])}" if c["partition_fields"] else "")
           + (f", precombine {c['precombine_field']}" if c["precombine_field"] else ""))
     print(f"type       {c['table_type']}")
-    print(f"snapshot   {d['rows']} rows in {d['file_groups']} file groups, {len(d['partitions'])} partitions, "
+    print(f"snapshot   {plural(d['rows'], 'row')} in {plural(d['file_groups'], 'file group')}, "
+          f"{plural(len(d['partitions']), 'partition')}, "
           f"{_human_bytes(d['data_bytes'])} of base files")
     lg = d["logs"]
     if lg["files"] or c["table_type"] == "merge_on_read":
-        print(f"logs       {lg['files']} log files, {_human_bytes(lg['bytes'])}, in {lg['file_groups_with_logs']} "
-              f"file groups (at most {lg['max_per_group']} per group)")
+        print(f"logs       {plural(lg['files'], 'log file')}, {_human_bytes(lg['bytes'])}, in "
+              f"{plural(lg['file_groups_with_logs'], 'file group')} (at most {lg['max_per_group']} per group)")
         for g in lg["largest"]:
             where = f"{g['partition']}/{g['file_id']}" if g["partition"] else g["file_id"]
-            print(f"  {where}: {g['logs']} logs, {_human_bytes(g['log_bytes'])} on a "
-                  f"{_human_bytes(g['base_bytes'])} base, {g['rows']} rows")
-    print(f"index      {len(d['index_buckets'])} buckets with files, {sum(d['index_buckets'].values())} index files")
+            print(f"  {where}: {plural(g['logs'], 'log')}, {_human_bytes(g['log_bytes'])} on a "
+                  f"{_human_bytes(g['base_bytes'])} base, {plural(g['rows'], 'row')}")
+    print(f"index      {plural(len(d['index_buckets']), 'bucket')} with files, "
+          f"{plural(sum(d['index_buckets'].values()), 'index file')}")
     idx = d["index_deltas"]
     if idx["total"]:
         print(f"  deltas: {idx['total']} ({_human_bytes(idx['bytes'])}), at most {idx['max_per_bucket']} per bucket "
@@ -413,13 +486,14 @@ def cmd_show(args: argparse.Namespace, submitted: bool) -> int:
         most = sorted(idx["buckets"].items(), key=lambda kv: (-kv[1]["deltas"], int(kv[0])))[:SHOW_BUCKETS]
         for b, v in most:
             if v["deltas"]:
-                print(f"    bucket {int(b):05d}: {v['deltas']} deltas ({_human_bytes(v['delta_bytes'])}) "
-                      f"on {v['bases']} base(s)")
+                print(f"    bucket {int(b):05d}: {plural(v['deltas'], 'delta')} ({_human_bytes(v['delta_bytes'])}) "
+                      f"on {plural(v['bases'], 'base')}")
         if len(idx["buckets"]) > SHOW_BUCKETS:
-            print(f"    ... {len(idx['buckets']) - SHOW_BUCKETS} more buckets (`show --json` lists every one)")
+            print(f"    ... {plural(len(idx['buckets']) - SHOW_BUCKETS, 'more bucket')} (`show --json` lists every one)")
     for p in d["compaction_plans"]:
-        print(f"  compaction {p['instant']} {p['state']}: {p['index_buckets']} index buckets ({p['index_deltas']} deltas), "
-              f"{p['file_groups']} file groups ({p['logs']} logs) -- `compact --execute {p['instant']}`")
+        print(f"  compaction {p['instant']} {p['state']}: {plural(p['index_buckets'], 'index bucket')} "
+              f"({plural(p['index_deltas'], 'delta')}), {plural(p['file_groups'], 'file group')} "
+              f"({plural(p['logs'], 'log')}) -- `compact --execute {p['instant']}`")
     from spark_jobs.table.skew import format_bucket_sizes
 
     for line in format_bucket_sizes(d["bucket_sizes"], d["uri"]):
@@ -429,12 +503,12 @@ def cmd_show(args: argparse.Namespace, submitted: bool) -> int:
     cl = d["clean"]
     print(f"clean      retained from {cl.get('retained_from') or 'the first commit'}"
           + (f" (last clean {cl['last_clean']})" if cl.get("last_clean") else "")
-          + f"; a clean now ({cl.get('policy')}) would delete {cl.get('would_delete_files', 0)} files "
+          + f"; a clean now ({cl.get('policy')}) would delete {plural(cl.get('would_delete_files', 0), 'file')} "
             f"({_human_bytes(cl.get('would_delete_bytes', 0))})")
     ck = d["checkpoints"]
-    print(f"history    {d['completed_instants']} completed instants; checkpoint every {ck['interval']}: "
+    print(f"history    {plural(d['completed_instants'], 'completed instant')}; checkpoint every {ck['interval']}: "
           + (f"latest at entry {ck['latest']} ({ck['entries_since']} since), " if ck["latest"] else "none yet, ")
-          + f"{ck['archived_entries']} entries archived in {ck['archive_files']} files, "
+          + f"{plural(ck['archived_entries'], 'entry')} archived in {plural(ck['archive_files'], 'file')}, "
             f"{ck['listed_entries']} listed")
     print(f"pending    {', '.join(d['pending']) or 'none'}")
     if d["writers"]:
@@ -458,19 +532,24 @@ def cmd_show(args: argparse.Namespace, submitted: bool) -> int:
         if c["action"] == "rollback":
             print(f"  {c['instant']} rollback   of {c['rolled_back']}")
             continue
+        if c.get("alter") is not None:  # bucketindex alter: a schema change, no data
+            print(f"  {c['instant']} alter      {'; '.join(c['alter'].get('changes') or []) or 'no change'}")
+            continue
         if c["action"] == "clean":
-            print(f"  {c['instant']} clean      {counts.get('files', 0)} files, {_human_bytes(counts.get('bytes', 0))}")
+            print(f"  {c['instant']} clean      {plural(counts.get('files', 0), 'file')}, "
+                  f"{_human_bytes(counts.get('bytes', 0))}")
             continue
         if c["action"] == "rehash":
             print(f"  {c['instant']} rehash     {counts.get('previous_num_buckets')} -> {counts.get('num_buckets')} "
-                  f"buckets, {counts.get('file_groups_written', 0)} file groups, "
-                  f"{counts.get('index_buckets', 0)} index buckets written" + (f"  [{phases}]" if t else ""))
+                  f"buckets, {plural(counts.get('file_groups_written', 0), 'file group')}, "
+                  f"{plural(counts.get('index_buckets', 0), 'index bucket')} written" + (f"  [{phases}]" if t else ""))
             continue
         if c["action"] == "compaction":
             engine = c.get("engine") or {}
-            print(f"  {c['instant']} compaction {counts.get('file_groups', 0)} file groups, "
-                  f"{counts.get('logs_folded', 0)} logs folded, {counts.get('index_buckets', 0)} index buckets, "
-                  f"{counts.get('index_deltas_folded', 0)} deltas folded"
+            print(f"  {c['instant']} compaction {plural(counts.get('file_groups', 0), 'file group')}, "
+                  f"{plural(counts.get('logs_folded', 0), 'log')} folded, "
+                  f"{plural(counts.get('index_buckets', 0), 'index bucket')}, "
+                  f"{plural(counts.get('index_deltas_folded', 0), 'delta')} folded"
                   + (f"  [{phases}]" if t else "")
                   + (f"  engine={engine['name']} ({engine.get('reason', '')})" if engine.get("name") else ""))
             continue
@@ -484,9 +563,9 @@ def cmd_show(args: argparse.Namespace, submitted: bool) -> int:
         if c.get("bootstrap"):
             b = c["bootstrap"]
             bc = b.get("counts", {})
-            print(f"  {'':<17} {b.get('mode')} bootstrap of {b.get('source')}: {bc.get('files_referenced', 0)} files "
-                  f"referenced in place, {bc.get('files_rewritten', 0)} rewritten, {bc.get('duplicate_keys', 0)} "
-                  f"duplicated keys resolved")
+            print(f"  {'':<17} {b.get('mode')} bootstrap of {b.get('source')}: "
+                  f"{plural(bc.get('files_referenced', 0), 'file')} referenced in place, {bc.get('files_rewritten', 0)} "
+                  f"rewritten, {plural(bc.get('duplicate_keys', 0), 'duplicated key')} resolved")
     return 0
 
 
@@ -496,7 +575,7 @@ def _shadow_line(sh: dict) -> str:
     d = dict(sorted(sh.get("disagreements", {}).items(), key=lambda kv: (kv[0] not in order, order.index(kv[0])
                                                                           if kv[0] in order else 0, kv[0])))
     total = sum(d.values())
-    line = (f"shadow {sh.get('shadow_index')}: {sh.get('keys_compared', 0)} keys compared, "
+    line = (f"shadow {sh.get('shadow_index')}: {plural(sh.get('keys_compared', 0), 'key')} compared, "
             + (", ".join(f"{v} {k}" for k, v in d.items()) if total else "no disagreements"))
     samples = [f"{k} {', '.join(repr(x) for x in sh.get('samples', {}).get(k, []))}" for k in d
                if sh.get("samples", {}).get(k)]
@@ -578,7 +657,7 @@ def cmd_shadow_compare(args: argparse.Namespace, submitted: bool) -> int:
         write_report(report, args.report)
     if not report["ok"]:
         kinds = ", ".join(f"{k} {report[k]}" for k in ("missing", "wrong_location", "extra", "duplicated") if report[k])
-        print(f"bucketindex: shadow-compare found {report['mismatches']} mismatches "
+        print(f"bucketindex: shadow-compare found {plural(report['mismatches'], 'mismatch')} "
               f"(more than {report['max_mismatches']}): {kinds}", file=sys.stderr)
         return 1
     return 0
@@ -677,10 +756,28 @@ def cmd_clean(args: argparse.Namespace, submitted: bool) -> int:
     print(json.dumps(result, sort_keys=True))
     verb = "would delete" if args.dry_run else "deleted"
     if result["files"]:
-        print(f"{verb} {result['files']} files ({_human_bytes(result['bytes'] or 0)}); snapshots from instant "
+        print(f"{verb} {plural(result['files'], 'file')} ({_human_bytes(result['bytes'] or 0)}); snapshots from instant "
               f"{result['earliest_retained']} on are retained ({result['policy']})")
     else:
         print(f"nothing to clean ({result['policy']})")
+    return 0
+
+
+def cmd_alter(args: argparse.Namespace, submitted: bool) -> int:
+    from spark_jobs.table.action.alter import run_alter
+
+    if args.heartbeat_timeout is not None and args.heartbeat_timeout <= 0:
+        raise BadInputError(f"--heartbeat-timeout must be positive, got {args.heartbeat_timeout}")
+    if args.max_retries < 0:
+        raise BadInputError(f"--max-retries must be 0 or more, got {args.max_retries}")
+    result = run_alter(args.table, add_columns=args.add_column, widen_columns=args.widen_column,
+                       max_retries=args.max_retries, heartbeat_timeout_s=args.heartbeat_timeout)
+    print(json.dumps(result, sort_keys=True))
+    if result["noop"]:
+        print("the table already has this schema: nothing to do")
+    else:
+        print(f"altered the schema at instant {result['instant']}: "
+              f"{'; '.join(result['changes']) or 'no change (a concurrent alter made it)'}")
     return 0
 
 
@@ -693,11 +790,12 @@ def cmd_rehash(args: argparse.Namespace, submitted: bool) -> int:
                         heartbeat_timeout_s=args.heartbeat_timeout)
     print(json.dumps(result, sort_keys=True))
     if result["noop"]:
-        print(f"the table already has {args.num_buckets} buckets: nothing to do")
+        print(f"the table already has {plural(args.num_buckets, 'bucket')}: nothing to do")
     else:
         c = result["counts"]
         print(f"rehashed {result['previous_num_buckets']} -> {result['num_buckets']} buckets at instant "
-              f"{result['instant']}: {c['file_groups_written']} file groups, {c['index_buckets']} index buckets written")
+              f"{result['instant']}: {plural(c['file_groups_written'], 'file group')}, "
+              f"{plural(c['index_buckets'], 'index bucket')} written")
     return 0
 
 
@@ -728,6 +826,7 @@ def cmd_bootstrap(args: argparse.Namespace, submitted: bool) -> int:
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace, bool], int]] = {
+    "alter": cmd_alter,
     "bootstrap": cmd_bootstrap,
     "clean": cmd_clean,
     "compact": cmd_compact,
@@ -741,8 +840,32 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, bool], int]] = {
 }
 
 
+#: the Spark log files this process opened (path, ours to delete): see :func:`main`
+_SPARK_LOG: list[tuple[str, bool]] = []
+
+
 def main(argv: list[str] | None = None, *, submitted: bool = False,
          extra_verbs: dict[str, str] | None = None) -> int:
+    """Run one verb; exit status as the module doc says. The Spark log a run opened
+    (:mod:`spark_jobs.home`) is deleted when the run succeeds and kept, and named, when it fails."""
+    status = 1
+    try:
+        status = _main(argv, submitted=submitted, extra_verbs=extra_verbs)
+        return status
+    finally:
+        while _SPARK_LOG:
+            from spark_jobs.home import finish_spark_log
+
+            path, owned = _SPARK_LOG.pop()
+            if finish_spark_log(path, ok=status == 0, owned=owned) and status != 0:
+                if sys.exc_info()[0] not in (None, SystemExit):  # a traceback follows: say where the JVM's side is
+                    print(f"bucketindex: Spark's log of this run: {path}", file=sys.stderr)
+                else:  # a handled failure stays one line; -v (no log file then) or the logs folder tell more
+                    log.debug("Spark's log of this run: %s", path)
+
+
+def _main(argv: list[str] | None = None, *, submitted: bool = False,
+          extra_verbs: dict[str, str] | None = None) -> int:
     args = build_parser(extra_verbs).parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

@@ -37,18 +37,48 @@ INDEX_ENTRY_BYTES = 64
 
 
 def precheck_upsert(opts: UpsertOptions) -> None:
-    """What can be told of a batch before any engine starts (the CLI, the Airflow operator): the
-    source exists, and its columns against the table's, from the Parquet footers (the
-    validation checks again); BadInputError (exit 2) otherwise."""
+    """Every check of an upsert that needs only metadata, before any engine (or JVM) starts -- the
+    CLI, the Airflow operator: a bad option or batch costs a second, not a Spark session's start.
+    BadInputError (exit 2) for a source that does not exist; options against ``table.json`` and
+    the buckets in force, or a new table without a record key (the driver's own
+    :func:`~spark_jobs.table.action.upsert.resolve_config`, so the two cannot disagree); and,
+    from the Parquet footers of a flat source, the named fields missing from it, a reserved column
+    name and the batch's columns against the table's (the engines' own column rules; the
+    validation checks again)."""
     from spark_jobs.exceptions import BadInputError
     from spark_jobs.io.filesystem import resolve
+    from spark_jobs.table.action.upsert import resolve_config
     from spark_jobs.table.schema import precheck_batch
+    from spark_jobs.table.table import Table
 
     io, path = resolve(opts.source)
     if not io.exists(path):
         raise BadInputError(f"source {opts.source} does not exist")
+    cfg, _ = resolve_config(opts, Table.open(opts.table))
+    _precheck_named_fields(opts, cfg)
     precheck_batch(table_uri=opts.table, source=opts.source, source_format=opts.source_format,
-                   record_key=opts.record_key, delete_field=opts.delete_field)
+                   record_key=cfg.record_key_fields, delete_field=opts.delete_field,
+                   partial_update=opts.partial_update, schema_evolution=opts.schema_evolution)
+
+
+def _precheck_named_fields(opts: UpsertOptions, cfg: Any) -> None:
+    """The column rules that need no row (:func:`~spark_jobs.table.action.upsert.check_source_columns`:
+    key, precombine, partition and delete fields present, no reserved name) from the footers of a
+    flat Parquet source; anything not cheap and sure (other formats, Hive directories, globs) is
+    left to the engine's validation, which applies the same function."""
+    from spark_jobs.table.action.upsert import check_source_columns
+    from spark_jobs.table.schema import _source_schema
+
+    if opts.source_format != "parquet" or opts.source_df is not None:
+        return
+    try:
+        schema = _source_schema(opts.source)
+    except Exception:  # noqa: BLE001 - a pre-check never fails a run the validation would judge
+        return
+    if schema is None:
+        return
+    # the delete field's type needs Spark's name for it: passed as acceptable here, checked by the engine
+    check_source_columns(cfg=cfg, delete_field=opts.delete_field, columns=schema.names, delete_type="boolean")
 
 
 def upsert_footprint(opts: UpsertOptions) -> int:

@@ -17,7 +17,11 @@
    the engine that wrote each), rows, index buckets, what compaction and clean did, and
    per-phase timings.
 
-Airflow and Spark output goes to ``<workdir>/demo.log``; the terminal gets the summary.
+Airflow and Spark output goes to ``<workdir>/demo.log``; the terminal gets the summary. The
+work folder is a new one under ``$BUCKETINDEX_HOME/demo`` (:mod:`spark_jobs.home`), removed
+when the demo succeeds (``--keep`` keeps it) and kept, and named, when it fails; a folder
+given with ``--workdir`` is the user's and never removed. Each DAG run is named after its
+logical date (``manual__2024-01-01T00:00:00+00:00``), so its batch ids name the data they carry.
 Airflow reads its configuration when first imported, so this module imports it only
 after the environment is set; if Airflow is already imported in this process the demo
 re-runs itself in a fresh interpreter.
@@ -35,6 +39,8 @@ import time
 from datetime import date, datetime, timedelta, timezone
 from typing import Any, Iterator
 
+from spark_jobs.text import plural
+
 __all__ = ["main"]
 
 DAG_ID = "bucketindex_ingest"
@@ -48,10 +54,16 @@ FIRST_DATE = date(2024, 1, 1)
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bucketindex demo", description=__doc__.splitlines()[0])
-    p.add_argument("--workdir", help="folder for landing data, table and Airflow home (default: a new temp folder)")
+    p.add_argument("--workdir", help="folder for landing data, table and Airflow home (default: a new folder under "
+                                     "$BUCKETINDEX_HOME/demo, by default ~/.cache/bucketindex/demo, removed when the "
+                                     "demo succeeds unless --keep; a folder you name is never removed)")
+    p.add_argument("--keep", action="store_true",
+                   help="keep the work folder (table, landing data, Airflow home, demo.log) after a successful demo; "
+                        "a failed demo always keeps it")
     p.add_argument("--batches", type=int, default=3, help="number of batches / DAG runs (default 3)")
     p.add_argument("--rows", type=int, default=200, help="rows in the first batch (default 200)")
-    p.add_argument("--index", choices=("record", "bucket", "global_simple"), default="record")
+    p.add_argument("--index", choices=("record", "bucket", "global_simple"), default="record",
+                   help="the demo table's index type (default record)")
     p.add_argument("--num-buckets", type=int, default=None, help="index buckets (default: the index type's)")
     p.add_argument("--master", default="local[2]", help="Spark master for the demo connection (default local[2])")
     p.add_argument("--spark-runs", type=int, default=1, metavar="N",
@@ -111,8 +123,14 @@ def main(argv: list[str] | None = None) -> int:
 
     t_start = time.perf_counter()
     clock = _Clock()
-    workdir = os.path.abspath(args.workdir or tempfile.mkdtemp(prefix="bucketindex-demo-"))
-    os.makedirs(workdir, exist_ok=True)
+    if args.workdir:
+        workdir = os.path.abspath(args.workdir)
+        os.makedirs(workdir, exist_ok=True)
+    else:
+        from spark_jobs.home import demo_dir
+
+        os.makedirs(demo_dir(), exist_ok=True)
+        workdir = tempfile.mkdtemp(prefix=time.strftime("run-%Y%m%dT%H%M%S-", time.gmtime()), dir=demo_dir())
     landing = os.path.join(workdir, "landing")
     table_uri = os.path.join(workdir, "table")
     log_file = os.path.join(workdir, "demo.log")
@@ -125,8 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         dates = [FIRST_DATE + timedelta(days=i) for i in range(args.batches)]
         for d, b in zip(dates, batches):
             sample_data.write_batch(b, os.path.join(landing, d.isoformat()))
-        ph["note"] = f"{len(batches)} batches, {sum(b.num_rows for b in batches)} rows"
-    _say(f"  generated {len(batches)} batches in {landing}")
+        ph["note"] = f"{plural(len(batches), 'batch')}, {plural(sum(b.num_rows for b in batches), 'row')}"
+    _say(f"  generated {plural(len(batches), 'batch')} in {landing}")
 
     # 2. private Airflow ---------------------------------------------------------------
     with clock.phase("airflow setup (db migrate)"):
@@ -159,12 +177,13 @@ def main(argv: list[str] | None = None) -> int:
     for d in dates:
         engine = "spark" if d in forced else "auto"
         conf = {"table_uri": table_uri, "landing_uri": landing, "index": args.index, "num_buckets": args.num_buckets}
-        _say(f"  DAG run for {d}: upsert (engine={engine}) -> validate (engine=auto) ...")
+        logical = datetime(d.year, d.month, d.day, tzinfo=timezone.utc)
+        _say(f"  DAG run {_run_id(logical)} (the batch of {d}): upsert (engine={engine}) -> validate (engine=auto) ...")
         with clock.phase(f"DAG run {d}") as ph:
             upsert_task.engine = engine  # one task forced to Spark; the DAG's `engine` param would force both
             try:
                 with _output_to(log_file, quiet):
-                    run = sandbox.run_dag(dag, datetime(d.year, d.month, d.day, tzinfo=timezone.utc), conf)
+                    run = sandbox.run_dag(dag, logical, conf, named_after_date=True)
             finally:
                 upsert_task.engine = templated_engine
             runs.append(run)
@@ -185,11 +204,11 @@ def main(argv: list[str] | None = None) -> int:
         night = dates[-1] + timedelta(days=1)
         nightly_conf = {"table_uri": table_uri, "min_deltas": min(NIGHTLY_MIN_DELTAS, len(dates)),
                         "retain_commits": NIGHTLY_RETAIN_COMMITS}
-        _say(f"  nightly run {night}: compaction_due -> schedule -> execute -> clean -> validate ...")
+        night_at = datetime(night.year, night.month, night.day, tzinfo=timezone.utc)
+        _say(f"  nightly run {_run_id(night_at)}: compaction_due -> schedule -> execute -> clean -> validate ...")
         with clock.phase("nightly compaction run") as ph:
             with _output_to(log_file, quiet):
-                nightly = sandbox.run_dag(ndag, datetime(night.year, night.month, night.day, tzinfo=timezone.utc),
-                                          nightly_conf)
+                nightly = sandbox.run_dag(ndag, night_at, nightly_conf, named_after_date=True)
             ph["note"] = ", ".join(_task_note(nightly, t, i) for t, i in nightly.tasks.items())
         _say(f"    {nightly.state}: {ph['note']}")
         ok = nightly.state == "success"
@@ -202,12 +221,26 @@ def main(argv: list[str] | None = None) -> int:
     _print_summary(workdir, table_uri, runs, problems if ok else None, clock, time.perf_counter() - t_start, log_file,
                    nightly, nightly_conf)
     if not ok:
-        _say(f"demo FAILED: a DAG run did not succeed; see {log_file}")
+        _say(f"demo FAILED: a DAG run did not succeed; see {log_file} (the work folder {workdir} is kept)")
         return 1
     if problems:
-        _say(f"demo FAILED: the table differs from the oracle ({len(problems)} differences)")
+        _say(f"demo FAILED: the table differs from the oracle ({len(problems)} differences); "
+             f"the work folder {workdir} is kept")
         return 1
+    if args.workdir or args.keep:
+        _say(f"work folder kept: {workdir}")
+    else:
+        import shutil
+
+        shutil.rmtree(workdir, ignore_errors=True)
+        _say(f"work folder {workdir} removed (--keep keeps it)")
     return 0
+
+
+def _run_id(logical: datetime) -> str:
+    """The id ``dag.test`` gives a run named after its logical date (``sandbox.run_dag``'s
+    ``named_after_date``): what the batch ids of its tasks contain."""
+    return f"manual__{logical.isoformat()}"
 
 
 #: the upsert's phases in the order they run (``spark_jobs.table.action.upsert``)
@@ -255,7 +288,7 @@ def _print_summary(
         d = t.describe()
         c = d["config"]
         _say(f"table          {table_uri}")
-        _say(f"               {c['index_type']} index, {c['num_buckets']} buckets, key {','.join(c['record_key_fields'])}")
+        _say(f"               {c['index_type']} index, {plural(c['num_buckets'], 'bucket')}, key {','.join(c['record_key_fields'])}")
         commits = [x for x in d["timeline"] if x["action"] == "commit"]
         _say(f"commits        {len(commits)}")
         _say(f"  {'instant':<18} {'inserted':>8} {'updated':>8} {'deleted':>8}  {'engine':<6}  batch id")
@@ -267,12 +300,12 @@ def _print_summary(
                 f"  {x['instant']:<18} {n.get('inserted', 0):>8} {n.get('updated', 0):>8} {n.get('deleted', 0):>8}"
                 f"  {name:<6}  {x['batch_id']}"
             )
-        _say(f"rows           {d['rows']} live rows in {d['file_groups']} file groups")
+        _say(f"rows           {plural(d['rows'], 'live row')} in {plural(d['file_groups'], 'file group')}")
         check = "not run" if problems is None else ("OK, equals the batches reduced by key" if not problems else
                                                     f"{len(problems)} differences, e.g. {problems[:3]}")
         _say(f"oracle check   {check}")
         files = sum(d["index_buckets"].values())
-        _say(f"index buckets  {len(d['index_buckets'])} of {c['num_buckets']} hold index files ({files} files)")
+        _say(f"index buckets  {len(d['index_buckets'])} of {c['num_buckets']} hold index files ({plural(files, 'file')})")
         _say(f"pending        {', '.join(d['pending']) or 'none'}")
         _print_nightly(nightly, nightly_conf or {})
         phases: dict[str, dict[str, int]] = {}  # engine -> phase -> ms
@@ -316,7 +349,7 @@ def _print_nightly(run: Any, conf: dict[str, Any]) -> None:
         _say(f"nightly        {NIGHTLY_DAG_ID} not run (an ingest run failed)")
         return
     _say(f"nightly        {NIGHTLY_DAG_ID}: {run.state} (min_deltas {conf.get('min_deltas')}, "
-         f"clean retains {conf.get('retain_commits')} commit)")
+         f"clean retains {plural(conf.get('retain_commits') or 0, 'commit')})")
     planned = run.xcom("schedule_compaction") if run.task_state("schedule_compaction") == "success" else None
     if planned is None:
         due = run.xcom("compaction_due") or {}
@@ -324,17 +357,17 @@ def _print_nightly(run: Any, conf: dict[str, Any]) -> None:
     else:
         executed = run.xcom("execute_compaction") or {}
         counts = executed.get("counts") or {}
-        entries = f" ({counts['index_entries']} entries)" if "index_entries" in counts else ""
-        _say(f"  compaction   {planned['instant']}: {planned['deltas']} index deltas folded into "
-             f"{planned['index_buckets']} bucket bases{entries}, {planned['logs']} logs into "
-             f"{planned['file_groups']} file group bases (execute {run.task_state('execute_compaction')})")
+        entries = f" ({plural(counts['index_entries'], 'entry')})" if "index_entries" in counts else ""
+        _say(f"  compaction   {planned['instant']}: {plural(planned['deltas'], 'index delta')} folded into "
+             f"{plural(planned['index_buckets'], 'bucket base')}{entries}, {plural(planned['logs'], 'log')} into "
+             f"{plural(planned['file_groups'], 'file group base')} (execute {run.task_state('execute_compaction')})")
     cleaned = run.xcom("clean") if run.task_state("clean") == "success" else None
     if cleaned is None:
         _say(f"  clean        {run.task_state('clean')}")
     elif cleaned["noop"]:
         _say(f"  clean        nothing to delete (earliest retained {cleaned['earliest_retained']})")
     else:
-        _say(f"  clean        {cleaned['instant']}: deleted {cleaned['files']} files, {cleaned['bytes']:,} bytes "
+        _say(f"  clean        {cleaned['instant']}: deleted {plural(cleaned['files'], 'file')}, {cleaned['bytes']:,} bytes "
              f"(earliest retained {cleaned['earliest_retained']})")
     _say(f"  validate     {run.task_state('validate')}")
 

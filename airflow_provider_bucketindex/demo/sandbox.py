@@ -283,10 +283,21 @@ def demo_dags_folder(path: str) -> str:
     return path
 
 
-def run_dag(dag: Any, logical_date: Any = None, conf: dict[str, Any] | None = None) -> RunReport:
+def run_dag(dag: Any, logical_date: Any = None, conf: dict[str, Any] | None = None, *,
+            named_after_date: bool = False) -> RunReport:
     """``dag.test()`` one run and report its state and task instances (``dag.test`` itself
-    swallows task failures: look at :attr:`RunReport.state`)."""
-    dr = dag.test(logical_date=logical_date, run_conf=conf)
+    swallows task failures: look at :attr:`RunReport.state`).
+
+    ``named_after_date``: the run's id (``manual__<logical date>``, hence its batch ids) names
+    the data it processes rather than the wall-clock time it ran (``dag.test`` names a run after
+    ``run_after``, default now), as a scheduled run's would; a rerun of the same date then has
+    the same batch ids, so its upserts are no-ops. Off by default: tests that run one date twice
+    on purpose need two runs.
+    """
+    if named_after_date and logical_date is not None:
+        dr = dag.test(run_after=logical_date, logical_date=logical_date, run_conf=conf)
+    else:
+        dr = dag.test(logical_date=logical_date, run_conf=conf)
     return run_report(dr)
 
 

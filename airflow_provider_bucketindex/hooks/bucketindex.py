@@ -195,7 +195,7 @@ def upsert_args(
     table_uri: str,
     source_uri: str,
     *,
-    record_key: str | Sequence[str],
+    record_key: str | Sequence[str] | None = None,
     precombine_field: str | None = None,
     partition_field: str | None = None,
     index: str | None = None,
@@ -205,12 +205,16 @@ def upsert_args(
     delete_field: str | None = None,
     batch_id: str | None = None,
     engine: str | None = None,
+    partial_update: bool = False,
+    schema_evolution: str | None = None,
 ) -> list[str]:
     """The arguments of ``bucketindex upsert``, exactly as the CLI takes them (``engine``: the
-    submitted job's ``--engine``; the operators pass ``spark`` so the job does not decide again)."""
-    key = record_key if isinstance(record_key, str) else ",".join(str(k) for k in record_key)
-    args = [str(table_uri), str(source_uri), "--record-key", key]
+    submitted job's ``--engine``; the operators pass ``spark`` so the job does not decide again;
+    ``record_key`` None or empty: the table's, as the CLI reads it from an existing table)."""
+    key = record_key if record_key is None or isinstance(record_key, str) else ",".join(str(k) for k in record_key)
+    args = [str(table_uri), str(source_uri)]
     for flag, value in (
+        ("--record-key", key),
         ("--precombine-field", precombine_field),
         ("--partition-field", partition_field),
         ("--index", index),
@@ -220,9 +224,12 @@ def upsert_args(
         ("--delete-field", delete_field),
         ("--batch-id", batch_id),
         ("--engine", engine),
+        ("--schema-evolution", schema_evolution),
     ):
         if value is not None and value != "":
             args += [flag, str(value)]
+    if partial_update:
+        args.append("--partial-update")
     return args
 
 

@@ -45,9 +45,9 @@ DEFAULT_SUBJECT = (
 DEFAULT_MESSAGE = (
     "{% set s = shadow_compare %}"
     "{% if s.status == 'mismatch' %}"
-    "shadow-compare of {{ s.table_uri }} found {{ s.mismatches }} mismatches (allowed: {{ s.max_mismatches }}): "
+    "shadow-compare of {{ s.table_uri }} found {{ s.mismatches }} mismatch{{ '' if s.mismatches == 1 else 'es' }} (allowed: {{ s.max_mismatches }}): "
     "missing {{ s.missing }}, wrong_location {{ s.wrong_location }}, extra {{ s.extra }}, "
-    "duplicated {{ s.duplicated }}; {{ s.keys_checked }} keys checked against {{ s.against }} "
+    "duplicated {{ s.duplicated }}; {{ s.keys_checked }} key{{ '' if s.keys_checked == 1 else 's' }} checked against {{ s.against }} "
     "at instant {{ s.instant }}{% if s.since %} (commits since {{ s.since }}){% endif %}."
     "{% for kind, keys in (s.samples or {}).items() %} Sample {{ kind }}: {{ keys | join(', ') }}.{% endfor %}"
     "{% else %}"

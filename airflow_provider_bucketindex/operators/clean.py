@@ -8,6 +8,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_bucketindex.operators.base import BucketIndexTableMixin
+from spark_jobs.text import plural
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -103,8 +104,9 @@ class CleanTableOperator(BucketIndexTableMixin, BaseOperator):
         if result["noop"]:
             self.log.info("clean %s: nothing to delete (earliest retained %s)", table_uri, result["earliest_retained"])
         else:
-            self.log.info("clean %s %s: %s %d files, %d bytes (earliest retained %s)", table_uri, result["instant"],
-                          "would delete" if result["dry_run"] else "deleted", result["files"], result["bytes"],
+            self.log.info("clean %s %s: %s %s, %d bytes (earliest retained %s)", table_uri, result["instant"],
+                          "would delete" if result["dry_run"] else "deleted", plural(result["files"], "file"),
+                          result["bytes"],
                           result["earliest_retained"])
         return result
 

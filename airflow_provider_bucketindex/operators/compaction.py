@@ -8,6 +8,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from airflow_provider_bucketindex.hooks.bucketindex import EXIT_BAD_INPUT, SparkJobFailed
 from airflow_provider_bucketindex.operators.base import BucketIndexSparkOperator
+from spark_jobs.text import plural
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -88,9 +89,9 @@ class AsyncIndexCompactionOperator(BucketIndexSparkOperator):
             planned = self._schedule(table_uri)
             if planned is None:
                 raise AirflowSkipException(f"nothing is due for compaction in {table_uri}")
-            self.log.info("compaction %s scheduled: %d index buckets (%d deltas), %d file groups (%d logs)",
-                          planned["instant"], planned["index_buckets"], planned["deltas"], planned["file_groups"],
-                          planned["logs"])
+            self.log.info("compaction %s scheduled: %s (%s), %s (%s)", planned["instant"],
+                          plural(planned["index_buckets"], "index bucket"), plural(planned["deltas"], "delta"),
+                          plural(planned["file_groups"], "file group"), plural(planned["logs"], "log"))
             result.update(planned)
             if self.mode == "schedule":
                 self.set_lineage(inputs=[table_uri])  # a plan: metadata read, no data written

@@ -8,6 +8,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_provider_bucketindex.hooks.bucketindex import EXIT_BAD_INPUT, SparkJobFailed
 from airflow_provider_bucketindex.operators.base import BucketIndexSparkOperator
+from spark_jobs.text import plural
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -69,11 +70,11 @@ class RehashOperator(BucketIndexSparkOperator):
                                   "previous_num_buckets": check["previous_num_buckets"], "noop": check["noop"],
                                   "instant": None, "counts": {}}
         if check["noop"]:
-            self.log.info("%s already has %d buckets: nothing to do", table_uri, count)
+            self.log.info("%s already has %s: nothing to do", table_uri, plural(count, "bucket"))
             self.set_lineage(inputs=[table_uri])
             return result
-        self.log.info("rehashing %s (%s index, %d rows): %d -> %d buckets", table_uri, check["index_type"],
-                      check["rows"], check["previous_num_buckets"], count)
+        self.log.info("rehashing %s (%s index, %s): %d -> %s", table_uri, check["index_type"],
+                      plural(check["rows"], "row"), check["previous_num_buckets"], plural(count, "bucket"))
         try:
             self.submit_job(context, "rehash", self._args(table_uri, count))
         except SparkJobFailed as e:

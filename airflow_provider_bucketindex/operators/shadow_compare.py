@@ -12,6 +12,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_provider_bucketindex.hooks.bucketindex import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, SparkJobFailed
 from airflow_provider_bucketindex.operators.base import BucketIndexSparkOperator
+from spark_jobs.text import plural
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -44,7 +45,7 @@ class IndexMismatchError(AirflowFailException):
         self.counts = {k: int(summary.get(k) or 0) for k in MISMATCH_KINDS}
         kinds = ", ".join(f"{k} {v}" for k, v in self.counts.items() if v) or "none"
         super().__init__(
-            f"shadow-compare of {self.table_uri} found {self.mismatches} mismatches "
+            f"shadow-compare of {self.table_uri} found {plural(self.mismatches, 'mismatch')} "
             f"(more than {summary.get('max_mismatches')}): {kinds}; report: {self.report_uri}")
 
     def __reduce__(self) -> tuple[Any, ...]:  # pickles (and copies) with its summary, not its message
@@ -89,9 +90,11 @@ class IndexShadowCompareOperator(BucketIndexSparkOperator):
     (a location or absent) against a scan of the data (or another index type computed on the fly).
 
     :param table_uri: the table (templated).
-    :param since: compare only the keys touched by write actions after this instant (templated;
-        empty or None: every key). Pass the ``instant`` of the previous successful run's summary
-        to compare the commits since then, as ``dags/bucketindex_shadow_compare.py`` does.
+    :param since: compare only the keys touched by write actions after this instant, or not yet
+        completed at this ISO-8601 time (``"{{ data_interval_start }}"``; no zone means UTC:
+        ``spark_jobs.table.timeline.resolve_as_of``) (templated; empty or None: every key). Pass
+        the ``instant`` of the previous successful run's summary to compare the commits since
+        then, as ``dags/bucketindex_shadow_compare.py`` does.
     :param sample_fraction: compare a deterministic sample of the keys, ``0 < F <= 1``
         (templated; a rendered string is accepted; None or empty: all keys).
     :param against: ``scan`` (default), ``global_simple`` or ``bucket`` (templated).
@@ -197,8 +200,8 @@ class IndexShadowCompareOperator(BucketIndexSparkOperator):
                 raise failure
             raise SparkJobFailed("shadow-compare", 0, f"the job ended but wrote no report to {report_uri}")
         summary = summarize(report, table_uri, report_uri)
-        self.log.info("shadow-compare of %s: %s keys, %s mismatches (%s)", table_uri, summary["keys_checked"],
-                      summary["mismatches"], ", ".join(f"{k} {summary[k]}" for k in MISMATCH_KINDS))
+        self.log.info("shadow-compare of %s: %s, %s (%s)", table_uri, plural(summary["keys_checked"], "key"),
+                      plural(summary["mismatches"], "mismatch"), ", ".join(f"{k} {summary[k]}" for k in MISMATCH_KINDS))
         if not report.get("ok"):
             self.push_xcom(context, **{SUMMARY_XCOM_KEY: summary})
             raise IndexMismatchError(summary)

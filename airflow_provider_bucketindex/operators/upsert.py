@@ -43,7 +43,9 @@ class UpsertWithIndexOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
     :param table_uri: the table (local path, ``file://``, ``s3://``, ``hdfs://``); created
         by the first upsert (templated).
     :param source_uri: a file or folder of source rows (templated).
-    :param record_key: key field, or fields (list or comma-separated) (templated).
+    :param record_key: key field, or fields (list or comma-separated) (templated); needed only
+        when the upsert creates the table: an existing table's key is read from its ``table.json``
+        (given, it must match).
     :param precombine_field: when a key occurs more than once, the row with the largest
         value wins (templated).
     :param partition_field: partition the table by this field (templated).
@@ -53,6 +55,11 @@ class UpsertWithIndexOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
         ``bucketindex compact`` folds later), fixed when the table is created (templated).
     :param source_format: ``parquet``, ``json`` or ``csv`` (templated).
     :param delete_field: rows whose field is true delete their key (templated).
+    :param partial_update: the batch may lack table columns: updated rows keep their stored
+        values of those, inserted rows get nulls (``--partial-update``; format.md §8).
+    :param schema_evolution: what the batch may change of the table's schema
+        (``--schema-evolution``): ``none`` (default), ``add-columns``, ``widen``, ``all`` or a
+        comma list; format.md "Schema evolution".
     :param batch_id: the batch's id; a batch id that is already committed makes the upsert
         a no-op (templated). Default ``<dag_id>/<run_id>/<task_id>``: the same for every
         try of the task, so a retry never applies the batch twice.
@@ -126,7 +133,7 @@ class UpsertWithIndexOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
         *,
         table_uri: str,
         source_uri: str,
-        record_key: str | list[str],
+        record_key: str | list[str] | None = None,
         precombine_field: str | None = None,
         partition_field: str | None = None,
         index: str | None = None,
@@ -138,6 +145,8 @@ class UpsertWithIndexOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
         skip_committed_batches: bool = True,
         engine: str | None = None,
         memory_budget: str | None = None,
+        partial_update: bool = False,
+        schema_evolution: str | None = None,
         **kwargs: Any,
     ) -> None:
         self.default_outlets(kwargs)
@@ -156,6 +165,8 @@ class UpsertWithIndexOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
         self.skip_committed_batches = skip_committed_batches
         self.engine = engine
         self.memory_budget = memory_budget
+        self.partial_update = bool(partial_update)
+        self.schema_evolution = schema_evolution
 
     def _table_options(self, table_exists: bool) -> dict[str, Any]:
         """index, num_buckets, table_type and source_format: the task's, else the connection's
@@ -181,6 +192,8 @@ class UpsertWithIndexOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
             delete_field=self.delete_field,
             batch_id=batch_id,
             engine=SPARK,
+            partial_update=self.partial_update,
+            schema_evolution=self.schema_evolution or None,
             **self._table_options(table_exists),
         )
 
@@ -211,10 +224,12 @@ class UpsertWithIndexOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
                 raise BadInputError(f"num_buckets must be a whole number, got {num_buckets!r}") from None
             if num_buckets < 1:
                 raise BadInputError(f"--num-buckets must be at least 1, got {num_buckets}")
-        key = self.record_key if isinstance(self.record_key, str) else ",".join(str(k) for k in self.record_key)
-        keys = [k.strip() for k in str(key).split(",") if k.strip()]
-        if not keys:
-            raise BadInputError(f"record_key names no field: {self.record_key!r}")
+        keys: list[str] | None = None
+        if self.record_key not in (None, "", []):  # None: the table's key (a new table refuses it, exit 2)
+            key = self.record_key if isinstance(self.record_key, str) else ",".join(str(k) for k in self.record_key)
+            keys = [k.strip() for k in str(key).split(",") if k.strip()]
+            if not keys:
+                raise BadInputError(f"record_key names no field: {self.record_key!r}")
 
         def text(value: Any) -> str | None:
             return None if value is None or value == "" else str(value)
@@ -233,6 +248,8 @@ class UpsertWithIndexOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
             batch_id=batch_id,
             engine=ARROW,
             memory_budget=memory_budget,
+            partial_update=self.partial_update,
+            schema_evolution=text(self.schema_evolution),
         )
 
     def execute(self, context: Context) -> dict[str, Any]:
@@ -318,6 +335,7 @@ class UpsertWithIndexOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
         return ARROW
 
     def _submit(self, context: Context, batch_id: str, *, table_exists: bool) -> None:
+        self._check_options(batch_id, table_exists=table_exists)
         args = self.build_args(batch_id, table_exists=table_exists)
         try:
             self.submit_job(context, "upsert", args)
@@ -330,6 +348,20 @@ class UpsertWithIndexOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
                     f"apply it under the same batch id"
                 ) from e
             raise
+
+    def _check_options(self, batch_id: str, *, table_exists: bool) -> None:
+        """The options against the table's ``table.json`` (and a record key for a new table), as
+        the job would check them, before spark-submit starts a JVM: a contradicting option fails
+        the task in a second. Only the table is read -- the worker reads it anyway; the source may
+        be reachable only from the job's environment (``env_vars``), so its checks stay the job's."""
+        from spark_jobs.exceptions import BadInputError
+        from spark_jobs.table.action.upsert import resolve_config
+        from spark_jobs.table.table import Table
+
+        try:
+            resolve_config(self.upsert_options(batch_id, table_exists=table_exists), Table.open(str(self.table_uri)))
+        except BadInputError as e:  # bad input: nothing was written, a retry cannot help
+            raise AirflowFailException(f"bucketindex upsert failed: {one_line(e)}") from e
 
     def _publish(self, context: Context, summary: dict[str, Any]) -> dict[str, Any]:
         counts = {k: summary[k] for k in ("inserted", "updated", "deleted")}

@@ -35,6 +35,7 @@ from spark_jobs.table.config import INDEX_RECORD
 from spark_jobs.table.shadow import ShadowOptions, Touched
 from spark_jobs.table.table import Table
 from spark_jobs.table.view import FileSystemView
+from spark_jobs.text import plural
 
 __all__ = ["needed_bytes", "run_shadow_compare"]
 
@@ -100,8 +101,8 @@ def run_shadow_compare(uri: str, opts: ShadowOptions | None = None, *,
     report = shadow.build_report(table=table, index_type=table.config.index_type, instant=instant, opts=opts,
                                  keys_checked=keys_checked, found=found, touched=touched,
                                  elapsed_ms=int((time.monotonic() - start) * 1000))
-    log.info("shadow-compare %s against %s: %d keys, %d mismatches (in-process)", uri, opts.against,
-             keys_checked, report["mismatches"])
+    log.info("shadow-compare %s against %s: %s, %s (in-process)", uri, opts.against,
+             plural(keys_checked, "key"), plural(report["mismatches"], "mismatch"))
     return report
 
 

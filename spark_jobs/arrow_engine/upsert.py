@@ -56,8 +56,10 @@ from spark_jobs.table.action.upsert import (
 from spark_jobs.table.config import INDEX_BUCKET, INDEX_RECORD, TableConfig
 from spark_jobs.table.layout import legacy_partition_aliases
 from spark_jobs.table.reader import read_slice
-from spark_jobs.table.schema import check_batch_columns, refuse_missing_columns
+from spark_jobs.table.schema import evolve, text_fixed_columns
+from spark_jobs.table.schema import carried_columns, check_batch_columns, refuse_missing_columns
 from spark_jobs.table.view import FileSystemView
+from spark_jobs.text import plural
 
 __all__ = ["ArrowUpsertEngine", "run_upsert"]
 
@@ -100,11 +102,16 @@ class ArrowUpsertEngine:
                                          delete_type=delete_type)
         missing: list[str] = []
         if table_schema is not None:
-            missing = check_batch_columns(table_columns=[n for n in table_schema.names if n != KEY],
+            # the schema the batch writes: the table's, evolved as --schema-evolution allows (the rule
+            # is schema.evolve's, which the Spark engine and the pre-check apply too)
+            data_schema = evolve(table_schema, spark_schema(raw.select(data_cols).schema), modes=opts.evolution_modes,
+                                 delete_field=opts.delete_field, text_fixed=text_fixed_columns(cfg))
+            missing = check_batch_columns(table_columns=[n for n in data_schema.names if n != KEY],
                                           batch_columns=cols, delete_field=opts.delete_field)
+            missing = [c for c in missing if c not in opts.absent_columns]  # added concurrently: null
             if missing and not opts.delete_field:
-                refuse_missing_columns(missing=missing, non_delete_rows=1)  # every row writes values
-            data_schema = table_schema
+                # every row writes values
+                refuse_missing_columns(missing=missing, non_delete_rows=1, partial_update=opts.partial_update)
         else:
             data_schema = spark_schema(raw.select(data_cols).schema).append(pa.field(KEY, pa.string()))
         # the row checks, in the Spark engine's order: empty, bad keys, missing columns, casts
@@ -115,7 +122,8 @@ class ArrowUpsertEngine:
             raise BadInputError(f"{bad} row(s) have a null or empty record key ({','.join(cfg.record_key_fields)})")
         deletes = _delete_flags(raw, opts.delete_field)
         if missing:
-            refuse_missing_columns(missing=missing, non_delete_rows=int(raw.num_rows - np.count_nonzero(deletes)))
+            refuse_missing_columns(missing=missing, non_delete_rows=int(raw.num_rows - np.count_nonzero(deletes)),
+                                   partial_update=opts.partial_update)
         user = pa.schema([f for f in data_schema if f.name != KEY])
         cast = cast_to_table(raw.select([c for c in data_cols if c in user.names]), user)
         keys = record_keys(cast, cfg.record_key_fields)
@@ -137,8 +145,13 @@ class ArrowUpsertEngine:
         frame = _keep_legacy_dirs(frame, cfg, view)
         n = frame.num_rows
         upserts = int(n - np.count_nonzero(frame.column(DEL).to_numpy(zero_copy_only=False)))
-        phases.done("dedupe", f"{n} distinct keys")
-        return PreparedBatch(frame=frame, n=n, upserts=upserts, data_schema=data_schema)
+        phases.done("dedupe", plural(n, "distinct key"))
+        # the columns the batch holds (a column added concurrently, which it lacks, is not carried either)
+        carried = carried_columns(table_columns=[n for n in data_schema.names if n != KEY],
+                                  missing=[n for n in data_schema.names if n != KEY and n not in cols],
+                                  partial_update=opts.partial_update)
+        return PreparedBatch(frame=frame, n=n, upserts=upserts, data_schema=data_schema, rows=raw.num_rows,
+                             carried=carried, base_schema=table_schema)
 
     # -- tag, route, write, index ----------------------------------------------------
     def write(self, attempt: Attempt) -> dict[str, Any]:
@@ -154,8 +167,9 @@ class ArrowUpsertEngine:
         stats = _tag_stats(tagged) if cfg.index_type != INDEX_BUCKET else {}
         found = sum(s["found"] for s in stats.values())
         a.phases.done("tag", "routed by hash (bucket index: nothing to look up)" if cfg.index_type == INDEX_BUCKET
-                      else f"{found} keys found in the table")
-        actions = self._route(table, cfg, view, a.num_buckets, tagged, stats, batch_id=a.batch_id)
+                      else f"{plural(found, 'key')} found in the table")
+        actions = self._route(table, cfg, view, a.num_buckets, tagged, stats, batch_id=a.batch_id,
+                              carried=a.batch.carried)
         names = a.batch.data_schema.names
         actions = actions.select([*names, OP, FOUND, TPART, TFID])
         ctx = tasks.MergeContext(
@@ -167,6 +181,7 @@ class ArrowUpsertEngine:
             emit_index=cfg.index_type == INDEX_RECORD,
             snapshot_seq=a.planned_seq,
             log_files={f"{p}\x00{f}": [lf.path for lf in s.logs] for (p, f), s in view.file_groups.items() if s.logs},
+            carried=a.batch.carried,
         )
         task = tasks.append_log if cfg.merge_on_read else tasks.merge_file_group
         groups = _groups(actions, [TPART, TFID])
@@ -181,8 +196,8 @@ class ArrowUpsertEngine:
         is_file = pc.equal(merged.column("kind"), "file")
         files = merged.filter(is_file).to_pylist()
         logs = sum(1 for f in files if f["path"] and f["log"])
-        a.phases.done("write", f"{sum(1 for f in files if f['path'] and not f['log'])} data files"
-                      + (f", {logs} logs" if cfg.merge_on_read else ""))
+        a.phases.done("write", plural(sum(1 for f in files if f['path'] and not f['log']), "data file")
+                      + (f", {plural(logs, 'log')}" if cfg.merge_on_read else ""))
         index_added: list[dict[str, Any]] = []
         if cfg.index_type == INDEX_RECORD:
             entries = merged.filter(pc.invert(is_file)).select(["key", "part", "fid", "tomb"])
@@ -197,9 +212,8 @@ class ArrowUpsertEngine:
             written = _parallel(lambda _, g: delta(g), _groups(entries, ["bucket"]))
             index_added = [{"bucket": r["bucket"], "path": r["path"], "entries": r["entries"], "size": r["size"],
                             "kind": "delta"} for w in written for r in w.to_pylist()]
-            a.phases.done("index", f"{len(index_added)} index deltas")
+            a.phases.done("index", plural(len(index_added), "index delta"))
         counts = {k: sum(int(f[k] or 0) for f in files) for k in ("inserted", "updated", "deleted")}
-        counts["rows_in_batch"] = a.batch.n
         counts["moved"] = sum(s["moved"] for s in stats.values())
         return {
             "file_groups": [file_group_entry(f) for f in files if f["path"] or not f["log"]],
@@ -245,8 +259,10 @@ class ArrowUpsertEngine:
                 pc.take(where.column(OLD_FID), pos).combine_chunks())
 
     def _route(self, table: Any, cfg: TableConfig, view: FileSystemView, num_buckets: int, tagged: pa.Table,
-               stats: dict[str, dict[str, int]], *, batch_id: str) -> pa.Table:
-        """One row per action with its target file group (TPART, TFID), OP and FOUND."""
+               stats: dict[str, dict[str, int]], *, batch_id: str, carried: list[str] | None = None) -> pa.Table:
+        """One row per action with its target file group (TPART, TFID), OP and FOUND. A key of a
+        ``--partial-update`` batch (``carried``) moving partitions takes the stored values of the
+        columns the batch lacks from its old file group (format.md §8)."""
         is_del = tagged.column(DEL)
         if cfg.index_type == INDEX_BUCKET:
             buckets = bucket_ids(tagged.column(KEY).combine_chunks(), num_buckets)
@@ -260,6 +276,8 @@ class ArrowUpsertEngine:
             tagged, moved = _drop_stale_moves(table, cfg, view, tagged, moved)
             exists = pc.is_valid(tagged.column(OLD_FID))
             is_del = tagged.column(DEL)
+        if carried is not None and pc.any(moved).as_py():
+            tagged = _fetch_moved(table, cfg, view, tagged, moved, carried)
         in_place = tagged.filter(pc.and_(exists, pc.invert(moved)))
         in_place = (in_place.append_column(OP, pc.if_else(in_place.column(DEL), DELETE, UPSERT))
                     .append_column(TPART, in_place.column(OLD_PART)).append_column(TFID, in_place.column(OLD_FID))
@@ -316,6 +334,7 @@ def _delete_flags(raw: pa.Table, field: str | None) -> np.ndarray:
     if pa.types.is_integer(col.type):
         return pc.fill_null(pc.not_equal(col, 0), False).to_numpy(zero_copy_only=False)
     out = np.zeros(raw.num_rows, dtype=bool)
+    bad = []
     for i, v in enumerate(col.to_pylist()):
         if v is None:
             continue
@@ -323,8 +342,9 @@ def _delete_flags(raw: pa.Table, field: str | None) -> np.ndarray:
         if text in _TRUE:
             out[i] = True
         elif text not in _FALSE:
-            raise BadInputError(f"delete field {field!r} holds {v!r}, which is not a boolean "
-                                f"(true/false, t/f, yes/no, y/n, 1/0)")
+            bad.append(v)
+    if bad:
+        raise action.not_a_delete_flag(field, min(bad))
     return out
 
 
@@ -452,6 +472,29 @@ def _drop_stale_moves(table: Any, cfg: TableConfig, view: FileSystemView, tagged
                                                                                              False)))
     keep = pc.invert(pc.fill_null(stale, False))
     return tagged.filter(keep), pc.filter(moved, keep)
+
+
+def _fetch_moved(table: Any, cfg: TableConfig, view: FileSystemView, tagged: pa.Table, moved: Any,
+                 carried: list[str]) -> pa.Table:
+    """Keys of a partial batch moving partitions, with the stored values of the columns the batch
+    lacks (read from the slices holding them): the row entering the new partition is whole."""
+    assert view.schema is not None
+    movers = tagged.filter(moved)
+    holders = set(zip(movers.column(OLD_PART).to_pylist(), movers.column(OLD_FID).to_pylist()))
+    slices = [view.file_groups[h] for h in sorted(holders) if h in view.file_groups]
+    lacking = [n for n in view.schema.names if n != KEY and n not in carried]
+    if not slices or not lacking:
+        return tagged
+    stored = pa.concat_tables([
+        read_slice(table, s.path, [lf.path for lf in s.logs], columns=[KEY, *lacking], precombine=cfg.precombine_field,
+                   schema=view.schema).select([KEY, *lacking])
+        for s in slices])
+    pos = pc.index_in(tagged.column(KEY), value_set=stored.column(KEY).combine_chunks())
+    for name in lacking:
+        i = tagged.column_names.index(name)
+        fetched = pc.if_else(moved, pc.take(stored.column(name), pos), tagged.column(name))
+        tagged = tagged.set_column(i, tagged.schema.field(name), fetched)
+    return tagged
 
 
 def _assign_new_file_groups(cfg: TableConfig, view: FileSystemView, rows: pa.Table,

@@ -49,6 +49,7 @@ from spark_jobs.table.action.bootstrap import (
 )
 from spark_jobs.table.config import (
     DEFAULT_NUM_BUCKETS,
+    EVOLVING_FORMAT_VERSION,
     INDEX_RECORD,
     REFERENCE_FORMAT_VERSION,
     TableConfig,
@@ -61,6 +62,7 @@ from spark_jobs.table.table import Table
 from spark_jobs.table.timeline import Action
 from spark_jobs.table.view import FileSystemView, encode_schema
 from spark_jobs.testing.faults import maybe_crash
+from spark_jobs.text import plural
 
 __all__ = ["BootstrapOptions", "run_bootstrap"]
 
@@ -112,8 +114,8 @@ def run_bootstrap(spark: SparkSession | Callable[[], SparkSession], opts: Bootst
         return {"instant": done.timestamp, "batch_id": batch_id, "noop": True, "mode": mode,
                 "index_type": meta.get("index_type"), "counts": (meta.get("bootstrap") or {}).get("counts", {}),
                 "timings_ms": {}}
-    log.info("bootstrapping %s from %s (%s mode, %d files, %s index)", opts.table, opts.source, mode,
-             len(source.files), opts.index)
+    log.info("bootstrapping %s from %s (%s mode, %s, %s index)", opts.table, opts.source, mode,
+             plural(len(source.files), "file"), opts.index)
     if callable(spark):
         spark = spark()
     if mode == MODE_REFERENCE:
@@ -331,8 +333,8 @@ def _reference_scanned(spark: SparkSession, table: Table, source: SourceDataset,
     if drops:
         losers = spark.createDataFrame([(f, r) for f, rows in drops.items() for r in rows], "fno int, row long")
     timings["scan_ms"] = int((time.perf_counter() - t0) * 1000)
-    log.info("phase scan     %6d ms %d rows, %d files, %d duplicated keys", timings["scan_ms"], n_rows,
-             len(source.files), n_dup)
+    log.info("phase scan     %6d ms %s, %s, %s", timings["scan_ms"], plural(n_rows, "row"),
+             plural(len(source.files), "file"), plural(n_dup, "duplicated key"))
 
     cfg = TableConfig(
         record_key_fields=list(opts.record_key), index_type=INDEX_RECORD,
@@ -346,7 +348,8 @@ def _reference_scanned(spark: SparkSession, table: Table, source: SourceDataset,
                    "path_columns": {c: str(source.schema.field(c).type) for c in source.path_columns}},
     )
     existing = table.create(cfg)  # a rerun after a crash finds it: the options must agree
-    if existing.reference != cfg.reference or existing.format_version != cfg.format_version:
+    if existing.reference != cfg.reference or existing.format_version not in (cfg.format_version,
+                                                                             EVOLVING_FORMAT_VERSION):
         raise BadInputError(f"{opts.table} was created by a bootstrap of {(existing.reference or {}).get('source')} "
                             f"with other options; remove it (it holds no data) or bootstrap that dataset")
     table = Table.load(opts.table)
@@ -417,7 +420,8 @@ def _reference_scanned(spark: SparkSession, table: Table, source: SourceDataset,
             "index_type": INDEX_RECORD, "schema": encode_schema(data_schema), "snapshot_seq": view.seq,
             "num_buckets": num_buckets, "file_groups": groups,
             "index": {"added": index_added, "removed": []},
-            "counts": {"inserted": live_total, "updated": 0, "deleted": 0, "moved": 0, "rows_in_batch": n_rows},
+            "counts": {"inserted": live_total, "updated": 0, "deleted": 0, "moved": 0, "rows_in_batch": n_rows,
+                       "keys_in_batch": live_total},
             "bootstrap": summary, "conflicts": retries,
         }
         maybe_crash("before_complete")
@@ -440,8 +444,9 @@ def _reference_scanned(spark: SparkSession, table: Table, source: SourceDataset,
                 "timings_ms": dict(timings)}
     metadata = done.metadata
     summary = metadata["bootstrap"]
-    log.info("committed %s: %d rows in %d file groups (%d referenced in place, %d rewritten)", ts,
-             summary["counts"]["rows"], len(metadata["file_groups"]), summary["counts"]["files_referenced"],
+    log.info("committed %s: %s in %s (%d referenced in place, %d rewritten)", ts,
+             plural(summary["counts"]["rows"], "row"), plural(len(metadata["file_groups"]), "file group"),
+             summary["counts"]["files_referenced"],
              summary["counts"]["files_rewritten"])
     return {"instant": ts, "batch_id": batch_id, "noop": False, "mode": MODE_REFERENCE, "index_type": INDEX_RECORD,
             "counts": summary["counts"], "timings_ms": dict(timings)}

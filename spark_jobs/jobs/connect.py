@@ -379,11 +379,15 @@ def start_server(port: int = DEFAULT_PORT, *, host: str = "127.0.0.1", master: s
 
     Its Python workers run ``python`` (default: this interpreter, which has pyarrow, numpy
     and xxhash); the jobs' own code arrives per session as an artifact. The server's output
-    goes to ``log_path`` (default ``<tmp>/bucketindex-connect-<port>.log``).
+    goes to ``log_path`` (default ``$BUCKETINDEX_HOME/logs/connect-<port>.log``, :mod:`spark_jobs.home`).
     """
     if port == 0:
         port = free_port(host)
-    log_path = log_path or os.path.join(tempfile.gettempdir(), f"bucketindex-connect-{port}.log")
+    if not log_path:
+        from spark_jobs.home import logs_dir
+
+        os.makedirs(logs_dir(), exist_ok=True)
+        log_path = os.path.join(logs_dir(), f"connect-{port}.log")
     home = _pyspark_home()
     env = {**os.environ, "SPARK_HOME": home, "PYSPARK_PYTHON": python or sys.executable}
     for k in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "PYSPARK_DRIVER_PYTHON", "PYTHONPATH"):
@@ -445,7 +449,8 @@ def serve(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--master", default="local[*]", help="the server's Spark master (default local[*])")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                    help="a Spark property for the server (repeatable), e.g. spark.driver.memory=4g")
-    p.add_argument("--log", help="server log file (default <tmp>/bucketindex-connect-<port>.log)")
+    p.add_argument("--log", help="server log file (default $BUCKETINDEX_HOME/logs/connect-<port>.log, "
+                                 "~/.cache/bucketindex/logs/... unless set)")
     args = p.parse_args(argv)
     conf = {}
     for item in args.conf:

@@ -153,6 +153,9 @@ def _merged_natively(spark: SparkSession, table: Table, slices: list[FileSlice],
     """Every live row of ``slices``: one scan of their bases and logs by Spark's Parquet
     reader, minus the rows the merges of ``merged`` drop.
 
+    A slice holding a partial log is dropped whole from the scan and read merged by
+    ``tasks.read_partial_slices`` instead.
+
     Only keys (with precombine values and ops) cross into Python: ``tasks.slice_drops``
     plans each slice's merge in one task, and names the rows it drops -- base rows that were
     replaced, log rows that are not live -- by (file name hash, row index in the file). They
@@ -162,8 +165,13 @@ def _merged_natively(spark: SparkSession, table: Table, slices: list[FileSlice],
     """
     scan = spark.read.schema(schema).parquet(*[file_uri(table, rel) for rel in _files(slices)]).select(
         "*", F.xxhash64(F.col("_metadata.file_name")).alias("_bi_f"), F.col("_metadata.row_index").alias("_bi_r"))
-    drops = _file_list(spark, merged).mapInArrow(tasks.bind_batches(tasks.slice_drops, **args), tasks.DROPS_SCHEMA)
-    return scan.join(F.broadcast(drops), ["_bi_f", "_bi_r"], "left_anti").drop("_bi_f", "_bi_r")
+    listing = _file_list(spark, merged)
+    drops = listing.mapInArrow(tasks.bind_batches(tasks.slice_drops, **args), tasks.DROPS_SCHEMA)
+    rows = scan.join(F.broadcast(drops), ["_bi_f", "_bi_r"], "left_anti").drop("_bi_f", "_bi_r")
+    # a slice with a partial log (format.md §5.1) overlays columns, which no plan of whole rows
+    # expresses: slice_drops drops all its rows and this reads it merged whole, in Arrow
+    partial = listing.mapInArrow(tasks.bind_batches(tasks.read_partial_slices, **args), schema)
+    return rows.unionByName(partial)
 
 
 def read_table(spark: SparkSession, uri: str, as_of: str | None = None, *, with_meta: bool = False) -> DataFrame:

@@ -45,6 +45,7 @@ from spark_jobs.table.table import Table
 from spark_jobs.table.timeline import Action
 from spark_jobs.table.view import FileSystemView
 from spark_jobs.testing.faults import maybe_crash
+from spark_jobs.text import plural
 
 __all__ = ["run_rehash"]
 
@@ -69,7 +70,7 @@ def run_rehash(spark: SparkSession | Callable[[], SparkSession], uri: str, num_b
     # its commit point cleaned, as every writer does -- also when there is nothing else to do
     repaired = table.rollback(timeout_s=heartbeat_timeout_s)
     if plan is None:
-        log.info("%s already has %d buckets: nothing to do", uri, num_buckets)
+        log.info("%s already has %s: nothing to do", uri, plural(num_buckets, "bucket"))
         return {"instant": None, "noop": True, "num_buckets": int(num_buckets),
                 "previous_num_buckets": int(num_buckets)}
     if repaired:
@@ -79,9 +80,9 @@ def run_rehash(spark: SparkSession | Callable[[], SparkSession], uri: str, num_b
         assert plan is not None
     session = spark() if callable(spark) else spark
     txn = Transaction(table, Action.REHASH, plan.to_json(), view=view).begin()
-    log.info("rehash %s: %s index %d -> %d buckets (%s by %d), %d rows in %d file groups", txn.ts, plan.index_type,
-             plan.old, plan.new, "split" if plan.split else "merge", plan.factor, view.num_rows,
-             len(view.file_groups))
+    log.info("rehash %s: %s index %d -> %s (%s by %d), %s in %s", txn.ts, plan.index_type,
+             plan.old, plural(plan.new, "bucket"), "split" if plan.split else "merge", plan.factor,
+             plural(view.num_rows, "row"), plural(len(view.file_groups), "file group"))
 
     def attempt(view: FileSystemView, retries: list[dict[str, Any]]) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -106,7 +107,7 @@ def run_rehash(spark: SparkSession | Callable[[], SparkSession], uri: str, num_b
         raise ConflictError(f"conflict: {txn.conflicts[-1]}; the rehash was not committed and the table keeps "
                             f"{plan.old} buckets; run it again") from None
     cancelled = cancel_stale_plans(table)
-    log.info("rehash %s committed: %d buckets in force (%d ms)%s", txn.ts, plan.new, meta["timings_ms"]["rehash_ms"],
+    log.info("rehash %s committed: %s in force (%d ms)%s", txn.ts, plural(plan.new, "bucket"), meta["timings_ms"]["rehash_ms"],
              f"; cancelled compaction plans {', '.join(cancelled)}" if cancelled else "")
     return {"instant": txn.ts, "noop": False, **plan.to_json(), "counts": meta["counts"],
             "cancelled_plans": cancelled,
@@ -153,8 +154,8 @@ def _rehash_data(spark: SparkSession, table: Table, instant: str, plan: RehashPl
                             precombine=table.config.precombine_field, snapshot_seq=view.seq)
     written = [r.asDict() for r in task_range(spark, len(slots)).mapInArrow(fn, rehash_tasks.GROUPS_OUTPUT).collect()]
     out = _one_per(written, lambda w: (w["part"], w["fid"]))
-    log.info("rehash %s: %d Spark tasks read %d file groups and wrote %d", instant, len(slots), len(view.file_groups),
-             len(out))
+    log.info("rehash %s: %s read %s and wrote %d", instant, plural(len(slots), "Spark task"),
+             plural(len(view.file_groups), "file group"), len(out))
     return out
 
 
@@ -202,6 +203,6 @@ def _split_index(spark: SparkSession, table: Table, instant: str, plan: RehashPl
             f"an entry, {totals['extra']} entries without a key, {totals['misplaced']} entries pointing elsewhere, "
             f"{totals['duplicated']} keys stored twice); nothing was rehashed: run `bucketindex validate` first")
     out = _one_per([w for w in written if w["path"]], lambda w: int(w["bucket"]))
-    log.info("rehash %s: %d old index buckets split into %d (%d entries)", instant, len(files), len(out),
-             sum(int(w["entries"]) for w in out))
+    log.info("rehash %s: %s split into %d (%s)", instant, plural(len(files), "old index bucket"), len(out),
+             plural(sum(int(w["entries"]) for w in out), "entry"))
     return out

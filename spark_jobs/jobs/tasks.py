@@ -26,7 +26,7 @@ from spark_jobs.index.record_index import (
     write_index_file,
 )
 from spark_jobs.table.layout import data_file_name, is_reference, log_file_name
-from spark_jobs.table.merge import LOG_DELETE, LOG_MOVE_OUT, LOG_OP, LOG_UPSERT
+from spark_jobs.table.merge import LOG_DELETE, LOG_MOVE_OUT, LOG_OP, LOG_UPSERT, log_columns, partial_log_metadata
 from spark_jobs.table.reader import read_data_file, read_slice, read_slice_plan
 from spark_jobs.table.table import Table
 from spark_jobs.testing import faults
@@ -48,6 +48,7 @@ __all__ = [
     "read_file_keys",
     "read_slices",
     "slice_drops",
+    "read_partial_slices",
     "DROPS_SCHEMA",
     "compact_slices",
     "COMPACT_INPUT",
@@ -176,6 +177,9 @@ class MergeContext:
     #: the token in the names of the files this task writes; None: the Spark task attempt's
     #: (:func:`task_token`). The in-process engine names each group and attempt itself.
     write_token: str | None = None
+    #: ``--partial-update``: the user columns the batch carries (None: all). Copy-on-write keeps
+    #: an updated row's stored values of the others; merge-on-read writes a partial log
+    carried: list[str] | None = None
 
 
 def _stale(incoming: pa.Array, stored: pa.Array) -> pa.Array:
@@ -196,7 +200,9 @@ def merge_file_group(key: tuple, incoming: pa.Table, *, ctx: MergeContext) -> pa
     names = ctx.schema.names
     base_rel = ctx.base_files.get(f"{part}\x00{fid}")
     if base_rel:
-        base = read_data_file(t, base_rel).select(names).cast(ctx.schema)
+        # in the schema this commit writes: a base from before a column was added or widened
+        # reads it as null or widened (schema.conform), and the new base is written in it
+        base = read_data_file(t, base_rel, names, schema=ctx.schema)
     else:
         base = ctx.schema.empty_table()
     ops = incoming.column(OP)
@@ -216,6 +222,9 @@ def merge_file_group(key: tuple, incoming: pa.Table, *, ctx: MergeContext) -> pa
     removed_keys = pc.filter(in_keys, removes)
     keep = pc.invert(pc.is_in(base.column(KEY), value_set=removed_keys))
     new_rows = incoming.filter(upserts).select(names).cast(ctx.schema)
+    if ctx.carried is not None:  # partial update: the columns the batch lacks keep the stored row's values
+        new_rows = _keep_stored(new_rows, base, pc.filter(pos, upserts), pc.filter(pc.equal(ops, UPSERT), upserts),
+                                carried=ctx.carried, schema=ctx.schema)
     result = pa.concat_tables([base.filter(keep), new_rows])
 
     op_is = lambda v: pc.equal(ops, v)  # noqa: E731
@@ -239,6 +248,19 @@ def merge_file_group(key: tuple, incoming: pa.Table, *, ctx: MergeContext) -> pa
     if not ctx.emit_index:
         return file_row
     return pa.concat_tables([file_row, _index_rows(part, fid, in_keys, pc.and_(upserts, pc.invert(in_base)), deleted)])
+
+
+def _keep_stored(rows: pa.Table, stored: pa.Table, at: Any, update: Any, *, carried: list[str],
+                 schema: pa.Schema) -> pa.Table:
+    """``rows`` with the stored values (``stored`` row ``at``) of the columns a partial batch
+    lacks, where ``update`` (an in-place upsert of a stored key). An insert keeps its nulls; a
+    key moving in keeps the values the engine fetched from its old file group."""
+    where = pc.fill_null(pc.and_(update, pc.is_valid(at)), False)
+    for i, name in enumerate(rows.column_names):
+        if name != KEY and name in schema.names and name not in carried:
+            kept = pc.if_else(where, pc.take(stored.column(name), at), rows.column(name))
+            rows = rows.set_column(i, schema.field(name), kept)
+    return rows
 
 
 def write_marked_parquet(t: Table, instant: str, rel: str, rows: pa.Table, *, snapshot_seq: int) -> int:
@@ -319,6 +341,20 @@ def append_log(key: tuple, incoming: pa.Table, *, ctx: MergeContext) -> pa.Table
     keep = pc.or_(pc.or_(upserts, deleted), moved_out)
     log_op = pc.if_else(deleted, LOG_DELETE, pc.if_else(moved_out, LOG_MOVE_OUT, LOG_UPSERT))
     rows = incoming.select(names).cast(ctx.schema).append_column(LOG_OP, log_op).filter(keep)
+    carried = ctx.carried
+    if carried is not None and bool(pc.any(pc.equal(ops, MOVE_IN)).as_py()):
+        # keys moving in carry every column (the engine fetched the lacking ones from their old
+        # group): the log must be full, so this group's updates take their stored values here
+        lacking = [n for n in names if n != KEY and n not in carried]
+        stored = read_slice(t, base_rel, ctx.log_files.get(slice_key, []), columns=[KEY, *lacking],
+                            precombine=ctx.precombine, schema=ctx.schema)
+        at = pc.filter(pc.index_in(in_keys, value_set=stored.column(KEY)), keep)
+        rows = _keep_stored(rows, stored, at, pc.filter(pc.equal(ops, UPSERT), keep), carried=carried,
+                            schema=ctx.schema)
+        carried = None
+    if carried is not None:  # a partial log: the batch's columns only, named in its metadata (format.md §5.1)
+        rows = rows.select([n for n in names if n == KEY or n in carried] + [LOG_OP])
+        rows = rows.replace_schema_metadata(partial_log_metadata(carried))
 
     op_is = lambda v: pc.equal(ops, v)  # noqa: E731
     new_in_group = pc.and_(upserts, pc.invert(in_base))
@@ -444,12 +480,38 @@ def slice_drops(files: Iterable[pa.RecordBatch], *, table_uri: str, schema: pa.S
                 t = Table.open(table_uri)
             logs = logs or []
             plan, read = read_slice_plan(t, rel, logs, precombine=precombine, schema=schema)
+            # a slice with a partial log drops every row here (plan.partial): read_partial_slices reads it
             if len(plan.dropped):
                 yield named(rel, plan.dropped)
             for log_rel, log, live in zip(logs, read, plan.live):
                 dead = np.setdiff1d(np.arange(log.num_rows), live, assume_unique=True)
                 if len(dead):
                     yield named(log_rel, dead)
+
+
+def read_partial_slices(files: Iterable[pa.RecordBatch], *, table_uri: str, schema: pa.Schema,
+                        precombine: str | None) -> Iterator[pa.RecordBatch]:
+    """mapInArrow over ``FILE_LIST_SCHEMA`` rows: every live row of each slice holding a partial
+    log, merged whole (``merge.merge_slice``) -- the rows :func:`slice_drops` drops entirely,
+    since a positional plan cannot overlay columns. A slice without one yields nothing; which
+    is which shows in the logs' footers, read here on the executors rather than by the driver."""
+    t: Table | None = None
+    for b in files:
+        for rel, logs in zip(b.column("path").to_pylist(), b.column("logs").to_pylist()):
+            if not logs:
+                continue
+            if t is None:
+                t = Table.open(table_uri)
+            if not any(_is_partial_log(t, lg) for lg in logs):
+                continue
+            merged = read_slice(t, rel, logs, precombine=precombine, schema=schema)
+            yield from merged.select(schema.names).cast(schema).to_batches(max_chunksize=READ_BATCH_ROWS)
+
+
+def _is_partial_log(t: Table, rel: str) -> bool:
+    """Whether a log is partial (``merge.LOG_COLUMNS_KEY`` in its footer's schema metadata)."""
+    with t.io.open_input_file(t.abs(rel)) as f:
+        return log_columns(pq.ParquetFile(f).schema_arrow.empty_table()) is not None
 
 
 def _keys_of_file(t: Table, rel: str, part: str, fid: str, *, names: list[str]) -> Iterator[pa.RecordBatch]:

@@ -74,10 +74,12 @@ from spark_jobs.table.action.upsert import (
 )
 from spark_jobs.table.config import INDEX_BUCKET, INDEX_RECORD, TableConfig
 from spark_jobs.table.layout import legacy_partition_aliases
-from spark_jobs.table.schema import STORED_TZ, check_batch_columns, refuse_missing_columns
+from spark_jobs.table.schema import evolve, text_fixed_columns
+from spark_jobs.table.schema import STORED_TZ, carried_columns, check_batch_columns, refuse_missing_columns
 from spark_jobs.table.shadow import SAMPLES
 from spark_jobs.table.table import Table
 from spark_jobs.table.view import FileSystemView
+from spark_jobs.text import plural
 
 __all__ = ["UpsertOptions", "run_upsert", "SparkUpsertEngine", "check_shadow_index"]
 
@@ -98,13 +100,20 @@ def _validated_batch(
     delete_type = raw.schema[opts.delete_field].dataType.simpleString() if opts.delete_field in cols else None
     data_cols = check_source_columns(cfg=cfg, delete_field=opts.delete_field, columns=cols, delete_type=delete_type)
     target, cast_checks, missing = None, [], []
+    evolved = None
     if view is not None and view.schema is not None:
-        # the column rules (spark_jobs.table.schema): no new column; a missing one only if every row deletes
-        missing = check_batch_columns(table_columns=[n for n in view.schema.names if n != KEY], batch_columns=cols,
+        # the column rules (spark_jobs.table.schema): a new column or a wider type only as
+        # --schema-evolution allows (schema.evolve, as the Arrow engine and the pre-check);
+        # a missing one only if every row deletes
+        evolved = evolve(view.schema, _stored_schema(raw, data_cols, view.schema), modes=opts.evolution_modes,
+                         delete_field=opts.delete_field, text_fixed=text_fixed_columns(cfg))
+        missing = check_batch_columns(table_columns=[n for n in evolved.names if n != KEY], batch_columns=cols,
                                       delete_field=opts.delete_field)
+        missing = [c for c in missing if c not in opts.absent_columns]  # added concurrently: null
         if missing and not opts.delete_field:
-            refuse_missing_columns(missing=missing, non_delete_rows=1)  # every row writes values
-        target = from_arrow_schema(view.schema)
+            # every row writes values
+            refuse_missing_columns(missing=missing, non_delete_rows=1, partial_update=opts.partial_update)
+        target = from_arrow_schema(evolved)
         cast_checks = castability_checks(raw, target)
     # The row-level checks (empty batch, null keys, values that cannot be cast) run as
     # observed metrics of the dedupe query instead of a query of their own: one pass over
@@ -120,24 +129,51 @@ def _validated_batch(
         # rows that write values, counted only when the batch lacks columns (a batch of deletes may)
         *([F.coalesce(F.sum((~_is_delete(opts.delete_field)).cast("long")), F.lit(0)).alias("non_delete")]
           if missing else []),
+        # a string delete field: the smallest value that is not a boolean (the arrow engine names the same)
+        *([F.min(F.when(F.col(opts.delete_field).isNotNull() & F.col(opts.delete_field).try_cast("boolean").isNull(),
+                        F.col(opts.delete_field))).alias("bad_delete")] if delete_type == "string" else []),
     )
     if target is not None:
         # try_cast: a value that cannot be cast fails the observed checks, whose error names
         # the column; an ANSI cast error would end the query with a stack trace instead. A
-        # column the batch lacks is null: only a batch of deletes gets here, and writes no values
+        # column the batch lacks is null: only a batch of deletes gets here, and writes no values, or
+        # a --partial-update batch, whose write keeps the stored values instead (tasks.MergeContext.carried)
         df = df.select(
             *[(F.col(f.name).try_cast(f.dataType) if f.name in cols else F.lit(None).cast(f.dataType)).alias(f.name)
               for f in target.fields if f.name != KEY],
             *([F.col(opts.delete_field)] if opts.delete_field else []),
         )
-        data_schema = view.schema
+        data_schema = evolved
     else:
         data_schema = None
     checks = _BatchChecks(observation, raw, target, [name for name, _ in cast_checks], cfg.record_key_fields,
-                          opts.source, missing)
+                          opts.source, missing, partial_update=opts.partial_update, delete_field=opts.delete_field,
+                          # the columns the batch holds (one added concurrently, which it lacks, is not carried)
+                          carried=carried_columns(table_columns=[n for n in evolved.names if n != KEY],
+                                                  missing=[n for n in evolved.names if n != KEY and n not in cols],
+                                                  partial_update=opts.partial_update)
+                          if evolved is not None else None)
     if data_schema is None:
         data_schema = to_arrow_schema(raw.select(*data_cols, key.alias(KEY)).schema, timezone=STORED_TZ)
     return df, data_schema, checks
+
+
+def _stored_schema(raw: DataFrame, data_cols: list[str], table_schema: Any) -> Any:
+    """The batch's data columns as Arrow types (Spark's, zone-aware timestamps in UTC): what
+    ``schema.evolve`` compares with the table's. A type Arrow cannot hold keeps the table's
+    type for a column the table has (the cast then decides), and is bad input for a new one."""
+    import pyarrow as pa
+
+    fields = []
+    for name in data_cols:
+        f = raw.schema[name]
+        try:
+            fields.append(to_arrow_schema(T.StructType([f]), timezone=STORED_TZ).field(0))
+        except Exception:  # noqa: BLE001 - pyspark raises several kinds for types Arrow lacks
+            if name not in table_schema.names:
+                raise BadInputError(f"column {name!r} of type {f.dataType.simpleString()} cannot be stored") from None
+            fields.append(table_schema.field(name))
+    return pa.schema(fields)
 
 
 @dataclass
@@ -150,8 +186,13 @@ class _BatchChecks:
     cast_columns: list[str]
     key_fields: list[str]
     source: str
-    #: the table's columns the batch lacks (allowed only when every row is a delete)
+    #: the table's columns the batch lacks (allowed only when every row is a delete, or partial_update)
     missing: list[str] = field(default_factory=list)
+    partial_update: bool = False
+    #: ``--partial-update``: the user columns the batch carries (None: all)
+    carried: list[str] | None = None
+    #: the delete field (named by its observed check)
+    delete_field: str | None = None
 
     def raise_if_bad(self) -> None:
         stats = self.observation.get
@@ -159,8 +200,11 @@ class _BatchChecks:
             raise BadInputError(f"the batch at {self.source} is empty")
         if stats.get("bad_keys"):
             raise BadInputError(f"{stats['bad_keys']} row(s) have a null or empty record key ({','.join(self.key_fields)})")
+        if stats.get("bad_delete") is not None:
+            raise action.not_a_delete_flag(str(self.delete_field), stats["bad_delete"])
         if self.missing:
-            refuse_missing_columns(missing=self.missing, non_delete_rows=int(stats.get("non_delete") or 0))
+            refuse_missing_columns(missing=self.missing, non_delete_rows=int(stats.get("non_delete") or 0),
+                                   partial_update=self.partial_update)
         if self.cast_columns:
             raise_uncastable(self.raw, self.target, stats, self.cast_columns)
 
@@ -204,20 +248,23 @@ class SparkUpsertEngine:
                 n = batch.count()
             checks.raise_if_bad()
             upserts = int(deduped.get.get("upserts") or 0)
+            rows = int(checks.observation.get.get("n") or 0)  # read from the source, before dedupe
         except BaseException as e:
             _unpersist(batch)
             corrupt = corrupt_file_message(e) if isinstance(e, Exception) else None
             if corrupt is not None:  # a directory's junk file surfaces here, at the batch's first scan of it
                 raise BadInputError(f"{corrupt}; nothing was written") from e
             raise
-        phases.done("dedupe", f"{n} distinct keys")
-        return PreparedBatch(frame=batch, n=n, upserts=upserts, data_schema=data_schema)
+        phases.done("dedupe", plural(n, "distinct key"))
+        return PreparedBatch(frame=batch, n=n, upserts=upserts, data_schema=data_schema, rows=rows,
+                             carried=checks.carried, base_schema=view.schema if view is not None else None)
 
     def write(self, attempt: Attempt) -> dict[str, Any]:
         b = attempt.batch
         return _write(self.spark, attempt.table, attempt.cfg, attempt.view, attempt.num_buckets, b.frame, b.n,
                       b.upserts, b.data_schema, attempt.instant, attempt.phases, self.cores,
-                      planned_seq=attempt.planned_seq, shadow_index=attempt.shadow_index, batch_id=attempt.batch_id)
+                      planned_seq=attempt.planned_seq, shadow_index=attempt.shadow_index, batch_id=attempt.batch_id,
+                      carried=b.carried)
 
     def release(self, batch: PreparedBatch | None) -> None:
         if batch is not None:
@@ -283,7 +330,9 @@ def _unpersist(df: DataFrame) -> None:
 
 def _is_delete(delete_field: str | None) -> Column:
     """Whether a source row deletes its key (null counts as no): the one reading of the delete field."""
-    return F.coalesce(F.col(delete_field).cast("boolean"), F.lit(False)) if delete_field else F.lit(False)
+    # try_cast: a string that is not a boolean is refused by the observed checks (``bad_delete``),
+    # not by an ANSI cast error mid-query
+    return F.coalesce(F.col(delete_field).try_cast("boolean"), F.lit(False)) if delete_field else F.lit(False)
 
 
 def _dedupe(df: DataFrame, cfg: TableConfig, delete_field: str | None) -> DataFrame:
@@ -406,8 +455,11 @@ def _tag_stats(tagged: DataFrame) -> dict[str, dict[str, int]]:
 
 
 def _route(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystemView, num_buckets: int,
-           tagged: DataFrame, stats: dict[str, dict[str, int]], *, batch_id: str) -> tuple[DataFrame, int]:
-    """One row per action with its target file group (TPART, TFID) and OP, and how many file groups it targets."""
+           tagged: DataFrame, stats: dict[str, dict[str, int]], *, batch_id: str,
+           carried: list[str] | None = None) -> tuple[DataFrame, int]:
+    """One row per action with its target file group (TPART, TFID) and OP, and how many file groups it targets.
+    A key of a ``--partial-update`` batch (``carried``) moving partitions takes the stored values of the
+    columns the batch lacks from its old file group (format.md §8)."""
     if cfg.index_type == INDEX_BUCKET:
         routed = (
             tagged.withColumn(TPART, F.col(PART))
@@ -420,6 +472,8 @@ def _route(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystem
     tagged = tagged.withColumn("_bi_moved", _moved())
     if cfg.precombine_field and any(s["moved"] for s in stats.values()):
         tagged = _drop_stale_moves(spark, table, cfg, view, tagged)
+    if carried is not None and any(s["moved"] for s in stats.values()):
+        tagged = _fetch_moved(spark, table, view, tagged, carried)
     in_place = (
         tagged.filter(exists & ~F.col("_bi_moved"))
         .withColumn(OP, F.when(is_del, F.lit(tasks.DELETE)).otherwise(F.lit(tasks.UPSERT)))
@@ -459,6 +513,25 @@ def _drop_stale_moves(spark: SparkSession, table: Table, cfg: TableConfig, view:
     return joined.filter(~F.coalesce(stale, F.lit(False))).drop("_bi_stored")
 
 
+def _fetch_moved(spark: SparkSession, table: Table, view: FileSystemView, tagged: DataFrame,
+                 carried: list[str]) -> DataFrame:
+    """Keys of a partial batch moving partitions, with the stored values of the columns the batch
+    lacks, read from the slices holding them: the row entering the new partition is whole."""
+    assert view.schema is not None
+    holders = {(r[OLD_PART], r[OLD_FID]) for r in
+               tagged.filter("_bi_moved").select(OLD_PART, OLD_FID).distinct().collect()}
+    slices = [view.file_groups[h] for h in sorted(holders) if h in view.file_groups]
+    lacking = [n for n in view.schema.names if n != KEY and n not in carried]
+    if not slices or not lacking:
+        return tagged
+    stored = read_slices(spark, table, view, slices).select(
+        F.col(KEY), *[F.col(c).alias(f"_bi_stored{i}") for i, c in enumerate(lacking)])
+    joined = tagged.join(stored, KEY, "left")
+    for i, c in enumerate(lacking):
+        joined = joined.withColumn(c, F.when(F.col("_bi_moved"), F.col(f"_bi_stored{i}")).otherwise(F.col(c)))
+    return joined.drop(*[f"_bi_stored{i}" for i in range(len(lacking))])
+
+
 #: bytes of a key and its location in a shuffle, to size global_simple's join with every key
 KEY_BYTES = 48
 #: global_simple broadcasts the table's keys up to this size (Spark's autoBroadcastJoinThreshold default)
@@ -469,8 +542,10 @@ LOG_TASK_ROWS = 250_000
 
 def _write(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystemView, num_buckets: int,
            batch: DataFrame, n: int, upserts: int, data_schema: Any, ts: str, phases: Phases, cores: int,
-           *, planned_seq: int, shadow_index: str | None = None, batch_id: str) -> dict[str, Any]:
-    """Tag, route, merge and index one attempt on ``view``; returns the commit's write set and counts."""
+           *, planned_seq: int, shadow_index: str | None = None, batch_id: str,
+           carried: list[str] | None = None) -> dict[str, Any]:
+    """Tag, route, merge and index one attempt on ``view``; returns the commit's write set and counts.
+    ``carried``: a ``--partial-update`` batch's columns (None: all)."""
     # Each persist below happens inside the settings its plan needs: a cached plan keeps the
     # shuffle partitions it was planned with, and every later stage over it runs that many tasks
     if cfg.index_type == INDEX_RECORD:
@@ -491,16 +566,17 @@ def _write(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystem
             stats = _tag_stats(tagged)  # the stats job runs the lookups
     found = sum(s["found"] for s in stats.values())
     phases.done("tag", "routed by hash (bucket index: nothing to look up)" if cfg.index_type == INDEX_BUCKET
-                else f"{found} keys found in the table")
+                else f"{plural(found, 'key')} found in the table")
     shadow = None
     if shadow_index is not None:
         # the scan's join, sized as a global_simple table's tag phase sizes it
         with job_conf(spark, **{"spark.sql.shuffle.partitions": shuffle_partitions(view.num_rows * KEY_BYTES, cores)}):
             shadow = _shadow(spark, table, cfg, view, num_buckets, tagged, n, shadow_index)
         d = shadow["disagreements"]
-        phases.done("shadow", f"{shadow_index}: {shadow['keys_compared']} keys compared, "
+        phases.done("shadow", f"{shadow_index}: {plural(shadow['keys_compared'], 'key')} compared, "
                     + ", ".join(f"{d[k]} {k}" for k in TEE_KINDS))
-    actions, groups = _route(spark, table, cfg, view, num_buckets, tagged, stats, batch_id=batch_id)
+    actions, groups = _route(spark, table, cfg, view, num_buckets, tagged, stats, batch_id=batch_id,
+                             carried=carried)
     names = data_schema.names
     actions = actions.select(*[F.col(c) for c in names], F.col(OP), F.col(tasks.FOUND), F.col(TPART), F.col(TFID))
     ctx = tasks.MergeContext(
@@ -512,6 +588,7 @@ def _write(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystem
         emit_index=cfg.index_type == INDEX_RECORD,
         snapshot_seq=planned_seq,
         log_files={f"{p}\x00{f}": [lf.path for lf in s.logs] for (p, f), s in view.file_groups.items() if s.logs},
+        carried=carried,
     )
     # copy-on-write rewrites each touched file group; merge-on-read appends a log to it
     task = tasks.append_log if cfg.merge_on_read else tasks.merge_file_group
@@ -530,8 +607,8 @@ def _write(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystem
         merged = merged.persist(StorageLevel.MEMORY_AND_DISK)
         files = [r.asDict() for r in merged.filter("kind = 'file'").collect()]
     logs = sum(1 for f in files if f["path"] and f["log"])
-    phases.done("write", f"{sum(1 for f in files if f['path'] and not f['log'])} data files"
-                + (f", {logs} logs" if cfg.merge_on_read else ""))
+    phases.done("write", plural(sum(1 for f in files if f['path'] and not f['log']), "data file")
+                + (f", {plural(logs, 'log')}" if cfg.merge_on_read else ""))
     index_added: list[dict[str, Any]] = []
     if cfg.index_type == INDEX_RECORD:
         entries = merged.filter("kind = 'index'").select("key", "part", "fid", "tomb").withColumn(
@@ -543,11 +620,10 @@ def _write(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystem
             ).collect()
         index_added = [{"bucket": r["bucket"], "path": r["path"], "entries": r["entries"], "size": r["size"],
                         "kind": "delta"} for r in written]
-        phases.done("index", f"{len(index_added)} index deltas")
+        phases.done("index", plural(len(index_added), "index delta"))
     merged.unpersist()
     tagged.unpersist()
     counts = {k: sum(int(f[k] or 0) for f in files) for k in ("inserted", "updated", "deleted")}
-    counts["rows_in_batch"] = n
     counts["moved"] = sum(s["moved"] for s in stats.values())  # keys entering another partition (at most)
     return {
         "file_groups": [file_group_entry(f) for f in files if f["path"] or not f["log"]],

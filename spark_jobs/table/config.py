@@ -19,6 +19,7 @@ from spark_jobs.io.filesystem import FileIO, InstantExistsError
 __all__ = [
     "FORMAT_VERSION",
     "REFERENCE_FORMAT_VERSION",
+    "EVOLVING_FORMAT_VERSION",
     "INDEX_TYPES",
     "TABLE_TYPES",
     "MAX_NUM_BUCKETS",
@@ -35,7 +36,13 @@ FORMAT_VERSION = 2
 #: a table made by a reference bootstrap (format.md §5.3): version 2 plus reference files,
 #: which a release that only knows version 2 would read without their key column
 REFERENCE_FORMAT_VERSION = 3
-SUPPORTED_FORMAT_VERSIONS = (FORMAT_VERSION, REFERENCE_FORMAT_VERSION)
+#: a table whose history holds a schema change (format.md §5.4) or a partial log (§5.1),
+#: with or without reference files: a release that knows only 2 and 3 would read an evolved
+#: schema's old files without their new columns, and a partial log's absent columns as nulls.
+#: A table is upgraded to it by the first writer that needs it (:meth:`TableConfig.upgraded`),
+#: so tables that never use these features stay readable by older releases.
+EVOLVING_FORMAT_VERSION = 4
+SUPPORTED_FORMAT_VERSIONS = (FORMAT_VERSION, REFERENCE_FORMAT_VERSION, EVOLVING_FORMAT_VERSION)
 INDEX_RECORD = "record"
 INDEX_BUCKET = "bucket"
 INDEX_GLOBAL_SIMPLE = "global_simple"
@@ -146,13 +153,20 @@ class TableConfig:
                 f"table format version {self.format_version} is not supported by this release "
                 f"(supports {', '.join(map(str, SUPPORTED_FORMAT_VERSIONS))})"
             )
-        if (self.reference is not None) != (self.format_version == REFERENCE_FORMAT_VERSION):
+        if self.format_version != EVOLVING_FORMAT_VERSION and (
+                (self.reference is not None) != (self.format_version == REFERENCE_FORMAT_VERSION)):
             raise BadInputError(f"table format version {self.format_version} "
                                 f"{'needs' if self.reference is None else 'cannot have'} reference files")
 
     @property
     def merge_on_read(self) -> bool:
         return self.table_type == MERGE_ON_READ
+
+    def upgraded(self, version: int) -> "TableConfig":
+        """This config at format ``version`` (itself when already there or later)."""
+        if self.format_version >= version:
+            return self
+        return dataclasses.replace(self, format_version=version)
 
     # -- (de)serialisation ---------------------------------------------------------------
     def to_json(self) -> bytes:

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 
 from spark_jobs.exceptions import TableCorruptError
 from spark_jobs.table.layout import is_reference
+from spark_jobs.table.schema import conform
 from spark_jobs.table.merge import LOG_OP, SlicePlan, merge_slice, plan_slice
 from spark_jobs.table.table import Table
 
@@ -36,10 +37,11 @@ def read_slice(table: Table, base: str, logs: Sequence[str] = (), *, columns: Se
     """
     cols = list(columns) if columns is not None else None
     if not logs:
-        return _cast(_read(table, base, cols), schema)
+        return _cast(_read(table, base, cols), schema, cols if cols is not None or schema is None else schema.names)
     need = None if cols is None else list(dict.fromkeys([*cols, KEY_COLUMN] + ([precombine] if precombine else [])))
-    b = _cast(_read(table, base, need), schema)
-    ls = [_cast(_read(table, rel, None if need is None else [*need, LOG_OP]), schema) for rel in logs]
+    b = _cast(_read(table, base, need), schema, need if need is not None or schema is None else schema.names)
+    ls = [_cast(_read(table, rel, None if need is None else [*need, LOG_OP]), schema,
+                None if need is None else [*need, LOG_OP]) for rel in logs]
     return merge_slice(b, ls, key=KEY_COLUMN, precombine=precombine, columns=cols or b.column_names)
 
 
@@ -51,8 +53,8 @@ def read_slice_plan(table: Table, base: str, logs: Sequence[str], *, precombine:
     reader that applies the plan by position reads the rows themselves some other way.
     """
     merge_cols = [KEY_COLUMN] + ([precombine] if precombine else [])
-    b = _cast(_read(table, base, merge_cols), schema)
-    ls = [_cast(_read(table, rel, [*merge_cols, LOG_OP]), schema) for rel in logs]
+    b = _cast(_read(table, base, merge_cols), schema, merge_cols)
+    ls = [_cast(_read(table, rel, [*merge_cols, LOG_OP]), schema, [*merge_cols, LOG_OP]) for rel in logs]
     return plan_slice(b, ls, key=KEY_COLUMN, precombine=precombine), ls
 
 
@@ -60,10 +62,17 @@ def _read(table: Table, rel: str, cols: list[str] | None) -> pa.Table:
     return read_data_file(table, rel, cols)
 
 
-def read_data_file(table: Table, rel: str, columns: Sequence[str] | None = None) -> pa.Table:
+def read_data_file(table: Table, rel: str, columns: Sequence[str] | None = None, *,
+                   schema: pa.Schema | None = None) -> pa.Table:
     """One data file (relative path) as stored, ``columns`` only (default all): every reader
     of data files goes through here, so a *reference* file (format.md §5.3) reads as a file
-    the table wrote -- its Hive path columns and the key column ``_bi_key`` added."""
+    the table wrote -- its Hive path columns and the key column ``_bi_key`` added.
+
+    With ``schema`` (the snapshot's), the file is read in it (:func:`~spark_jobs.table.schema.conform`):
+    a file written before a column was added or widened gets the column as null, or widened.
+    Only columns the file holds are asked of Parquet."""
+    if schema is not None:
+        return _cast(read_data_file(table, rel, columns), schema, columns)
     cols = list(columns) if columns is not None else None
     try:
         f = table.io.open_input_file(table.abs(rel))
@@ -71,7 +80,16 @@ def read_data_file(table: Table, rel: str, columns: Sequence[str] | None = None)
         raise missing_file_error(table.abs(rel)) from e
     with f:
         if not is_reference(rel):
-            return pq.read_table(f, columns=cols)
+            try:
+                return pq.read_table(f, columns=cols)
+            except pa.ArrowInvalid:
+                if cols is None:
+                    raise
+                # a partial log (format.md §5.1) holds only some columns: read those it has
+                f.seek(0)
+                have = set(pq.ParquetFile(f).schema_arrow.names)
+                f.seek(0)
+                return pq.read_table(f, columns=[c for c in cols if c in have])
         pf = pq.ParquetFile(f)
         stored = pf.schema_arrow.names
         assert table.config is not None and table.config.reference is not None, f"{rel}: not a reference table"
@@ -95,7 +113,7 @@ def _adopt(table: Table, rel: str, data: pa.Table, want: list[str]) -> pa.Table:
     assert table.config is not None and table.config.reference is not None
     path_types = table.config.reference["path_columns"]
     values = hive_values(rel)
-    out = []
+    out, names = [], []
     for name in want:
         if name == KEY_COLUMN:
             out.append(canonical_keys([_column(table, rel, data, values, k) for k in table.config.record_key_fields]))
@@ -104,8 +122,9 @@ def _adopt(table: Table, rel: str, data: pa.Table, want: list[str]) -> pa.Table:
         elif name in path_types:
             out.append(_column(table, rel, data, values, name))
         else:
-            raise KeyError(f"column {name!r} is neither in reference file {rel} nor in its path")
-    return pa.table(out, names=want)
+            continue  # a column added to the table since (schema evolution): the reader fills it
+        names.append(name)
+    return pa.table(out, names=names)
 
 
 def _column(table: Table, rel: str, data: pa.Table, values: dict[str, str | None], name: str) -> pa.Array:
@@ -141,15 +160,18 @@ def canonical_keys(columns: Sequence[pa.Array | pa.ChunkedArray]) -> pa.Array:
     return out.combine_chunks() if isinstance(out, pa.ChunkedArray) else out
 
 
-def _cast(t: pa.Table, schema: pa.Schema | None) -> pa.Table:
+def _cast(t: pa.Table, schema: pa.Schema | None, columns: Sequence[str] | None = None) -> pa.Table:
+    """``t`` (a file's rows) in the snapshot's ``schema``: columns added since filled with null,
+    widened ones cast (``schema.conform``, which keeps a partial log's metadata: merge.log_columns);
+    ``columns`` the ones asked for (default: the schema's, then the file's others, e.g. ``_bi_op``)."""
     if schema is None:
         return t
-    fields = [schema.field(n) if n in schema.names else t.schema.field(n) for n in t.column_names]
-    return t.cast(pa.schema(fields))
+    return conform(t, schema, columns)
 
 
 def read_arrow(uri: str, as_of: str | None = None, *, with_meta: bool = False, limit: int | None = None) -> pa.Table:
-    """The table as of ``as_of`` (default: latest) as one Arrow table; with ``limit``, its
+    """The table as of ``as_of`` -- an instant or an ISO-8601 time, no zone meaning UTC
+    (:func:`~spark_jobs.table.timeline.resolve_as_of`); default: latest -- as one Arrow table; with ``limit``, its
     first ``limit`` rows, reading file slices (in the view's order) only until they hold them."""
     table = Table.load(uri)
     view = table.view(as_of)

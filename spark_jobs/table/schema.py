@@ -16,7 +16,9 @@ import pyarrow as pa
 from spark_jobs.exceptions import BadInputError
 
 __all__ = ["STORED_TZ", "stored_type", "stored_schema", "check_timestamp_units", "check_batch_columns",
-           "refuse_missing_columns", "missing_columns_message", "precheck_batch"]
+           "refuse_missing_columns", "missing_columns_message", "carried_columns", "refuse_missing_fields",
+           "precheck_batch", "SCHEMA_EVOLUTION_CHOICES", "parse_schema_evolution", "parse_type_name", "type_name",
+           "widens", "widening_problem", "evolve", "schema_changes", "conform"]
 
 #: the time zone of every zone-aware timestamp a table stores (format.md §5). Spark holds a
 #: zone-aware timestamp as a UTC instant and forgets the zone it came in, so storing instants in
@@ -85,30 +87,62 @@ def check_batch_columns(*, table_columns: Sequence[str], batch_columns: Sequence
     Both directions are refused until schema evolution and partial updates exist: a new
     column would be dropped, and a missing one would overwrite every updated row's value with
     null -- silently losing data. A missing column is only fine on rows that delete (they
-    write no values): the caller applies :func:`refuse_missing_columns` once it knows whether
+    write no values) and in a ``--partial-update`` batch (updated rows keep the stored
+    values): the caller applies :func:`refuse_missing_columns` once it knows whether
     the batch holds any other row. ``table_columns`` are the user columns (no ``_bi_key``).
     """
     data = [c for c in batch_columns if c != delete_field]
     extra = [c for c in data if c not in table_columns]
     if extra:
-        raise BadInputError(f"source columns {', '.join(extra)} are not in the table schema "
-                            f"(schema evolution is not supported in format v1)")
+        raise BadInputError(f"source columns {', '.join(extra)} are not in the table schema; add them with "
+                            f"--schema-evolution add-columns, or first with `bucketindex alter TABLE "
+                            f"--add-column NAME:TYPE`")
     return [c for c in table_columns if c != _KEY_COLUMN and c not in batch_columns]
 
 
 def missing_columns_message(missing: Sequence[str]) -> str:
-    return (f"the batch lacks columns {', '.join(missing)} that the table has; send them (null where unknown) "
-            f"-- partial updates are not supported yet (a batch of deletes alone may omit them)")
+    return (f"the batch lacks columns {', '.join(missing)} that the table has; send them (null where unknown), "
+            f"or pass --partial-update to keep their stored values on updated rows (null on inserted ones); "
+            f"a batch of deletes alone may omit them")
 
 
-def refuse_missing_columns(*, missing: Sequence[str], non_delete_rows: int) -> None:
-    """BadInputError when the batch lacks table columns and holds a row that is not a delete."""
-    if missing and non_delete_rows > 0:
+def refuse_missing_columns(*, missing: Sequence[str], non_delete_rows: int, partial_update: bool = False) -> None:
+    """BadInputError when the batch lacks table columns and holds a row that is not a delete.
+
+    With ``partial_update`` a missing column is the point (format.md §8): updated rows keep
+    its stored value. The fields every row needs whatever it carries -- the record key, the
+    partition and the precombine field -- are refused by the source-column check before this.
+    """
+    if missing and non_delete_rows > 0 and not partial_update:
         raise BadInputError(missing_columns_message(missing))
 
 
+def carried_columns(*, table_columns: Sequence[str], missing: Sequence[str],
+                    partial_update: bool) -> list[str] | None:
+    """The user columns a ``--partial-update`` batch carries, in table order, or None when it
+    carries them all (a full batch: its rows replace stored rows whole, and a merge-on-read
+    log of it is a full log that readers merge on the fast path)."""
+    if not partial_update or not missing:
+        return None
+    return [c for c in table_columns if c != _KEY_COLUMN and c not in missing]
+
+
+def refuse_missing_fields(*, columns: Sequence[str], record_key: Sequence[str], partition_fields: Sequence[str],
+                          precombine_field: str | None) -> None:
+    """BadInputError for a batch lacking the record key, partition or precombine field, in the
+    words of the source-column check (``action.upsert.check_source_columns``): a partial batch
+    still needs them, to find the stored row, to route it, and to order it against it."""
+    for f in record_key:
+        if f not in columns:
+            raise BadInputError(f"record key field {f!r} is not in the source (columns: {', '.join(columns)})")
+    for label, f in (("precombine", precombine_field), ("partition", (list(partition_fields) or [None])[0])):
+        if f and f not in columns:
+            raise BadInputError(f"{label} field {f!r} is not in the source (columns: {', '.join(columns)})")
+
+
 def precheck_batch(*, table_uri: str, source: str, source_format: str, record_key: Sequence[str],
-                   delete_field: str | None) -> None:
+                   delete_field: str | None, partial_update: bool = False,
+                   schema_evolution: "str | Sequence[str] | None" = None) -> None:
     """The column rules of :func:`check_batch_columns` (and :func:`check_timestamp_units`)
     from Parquet footers alone, before a JVM starts: a bad batch costs a second, not a Spark session.
 
@@ -137,8 +171,16 @@ def precheck_batch(*, table_uri: str, source: str, source_format: str, record_ke
     if schema is None or table.config is None:
         return
     names = batch.names
+    if partial_update:  # a partial batch still needs these; the validation would say so after a JVM start
+        refuse_missing_fields(columns=names, record_key=table.config.record_key_fields,
+                              partition_fields=table.config.partition_fields,
+                              precombine_field=table.config.precombine_field)
     if any(k not in names for k in record_key) or any(c.startswith("_bi_") for c in names):
         return  # the validation names the key column, or the reserved prefix
+    stored = _stored_batch_schema(batch)
+    if stored is not None:  # the engines' evolution rule (:func:`evolve`): extra columns, widenings
+        schema = evolve(schema, stored, modes=parse_schema_evolution(schema_evolution), delete_field=delete_field,
+                        text_fixed=text_fixed_columns(table.config))
     if delete_field:
         return  # a batch of deletes alone may omit columns: that needs the rows (or the field is absent)
     missing = check_batch_columns(table_columns=[n for n in schema.names if n != _KEY_COLUMN],
@@ -146,7 +188,7 @@ def precheck_batch(*, table_uri: str, source: str, source_format: str, record_ke
     special = {*table.config.record_key_fields, *table.config.partition_fields, table.config.precombine_field}
     if any(c in special for c in missing):
         return  # those have messages of their own (the validation's)
-    refuse_missing_columns(missing=missing, non_delete_rows=1)
+    refuse_missing_columns(missing=missing, non_delete_rows=1, partial_update=partial_update)
 
 
 #: a flat source directory with more files than this is not pre-checked (a footer read per file)
@@ -182,3 +224,271 @@ def _source_schema(source: str) -> pa.Schema | None:
             for fld in pq.ParquetFile(fh).schema_arrow:
                 fields.setdefault(fld.name, fld)
     return pa.schema(list(fields.values()))
+
+
+# -- schema evolution (format.md "Schema evolution") -----------------------------------------
+
+#: ``--schema-evolution`` values: ``none`` (default) refuses a batch column the table lacks and
+#: casts a wider batch type back to the table's; ``add-columns`` adds such columns, nullable;
+#: ``widen`` widens a column to the batch's type where :func:`widens` allows; ``all`` both.
+#: A comma list (``add-columns,widen``) is the union.
+SCHEMA_EVOLUTION_CHOICES = ("none", "add-columns", "widen", "all")
+ADD_COLUMNS, WIDEN = "add-columns", "widen"
+
+_INT_ORDER = {8: 0, 16: 1, 32: 2, 64: 3}
+#: Spark's widest decimal: a wider one cannot be read by Spark
+MAX_DECIMAL_PRECISION = 38
+
+
+def parse_schema_evolution(value: "str | Sequence[str] | None") -> frozenset[str]:
+    """The evolution modes a ``--schema-evolution`` value allows (a subset of ``{add-columns, widen}``).
+
+    ``None``/``none`` allow nothing; ``all`` both; a comma list its members. Anything else is
+    BadInputError (exit 2) naming the accepted words."""
+    if value is None:
+        return frozenset()
+    words = [w.strip() for w in (value.split(",") if isinstance(value, str) else value) if w and w.strip()]
+    bad = [w for w in words if w not in SCHEMA_EVOLUTION_CHOICES]
+    if bad or not words:
+        raise BadInputError(f"--schema-evolution takes {', '.join(SCHEMA_EVOLUTION_CHOICES)} or a comma list of "
+                            f"them, got {value if isinstance(value, str) else ','.join(value)!r}")
+    out: set[str] = set()
+    for w in words:
+        out |= {"none": set(), "all": {ADD_COLUMNS, WIDEN}}.get(w, {w})
+    return frozenset(out)
+
+
+def type_name(t: pa.DataType) -> str:
+    """Spark's simple name of a stored type (the words of errors and of ``alter``'s TYPE)."""
+    names = {pa.int8(): "tinyint", pa.int16(): "smallint", pa.int32(): "int", pa.int64(): "bigint",
+             pa.float32(): "float", pa.float64(): "double", pa.bool_(): "boolean", pa.string(): "string",
+             pa.large_string(): "string", pa.binary(): "binary", pa.date32(): "date"}
+    if t in names:
+        return names[t]
+    if pa.types.is_decimal(t):
+        return f"decimal({t.precision},{t.scale})"
+    if pa.types.is_timestamp(t):
+        return "timestamp" if t.tz is not None else "timestamp_ntz"
+    return str(t)
+
+
+_TYPE_WORDS = {"tinyint": pa.int8(), "byte": pa.int8(), "smallint": pa.int16(), "short": pa.int16(),
+               "int": pa.int32(), "integer": pa.int32(), "bigint": pa.int64(), "long": pa.int64(),
+               "float": pa.float32(), "real": pa.float32(), "double": pa.float64(), "string": pa.string(),
+               "boolean": pa.bool_(), "binary": pa.binary(), "date": pa.date32(),
+               "timestamp": pa.timestamp("us", tz=STORED_TZ), "timestamp_ltz": pa.timestamp("us", tz=STORED_TZ),
+               "timestamp_ntz": pa.timestamp("us"), "decimal": pa.decimal128(10, 0)}
+
+
+def parse_type_name(text: str) -> pa.DataType:
+    """The stored Arrow type of a Spark simple type name (``int``, ``bigint``, ``decimal(10,2)``,
+    ``timestamp`` -- zone-aware, stored in UTC -- ``timestamp_ntz``, ...); BadInputError naming
+    the accepted names otherwise. Nested types are not accepted: a column added by name is a
+    simple one (send a batch with ``--schema-evolution add-columns`` for a nested column)."""
+    t = text.strip().lower().replace(" ", "")
+    if t.startswith("decimal(") and t.endswith(")"):
+        p, _, s = t[len("decimal("):-1].partition(",")
+        try:
+            precision, scale = int(p), int(s or 0)
+        except ValueError:
+            precision = scale = -1
+        if not (1 <= precision <= MAX_DECIMAL_PRECISION and 0 <= scale <= precision):
+            raise BadInputError(f"type {text!r}: a decimal needs 1 <= precision <= {MAX_DECIMAL_PRECISION} and "
+                                f"0 <= scale <= precision, e.g. decimal(10,2)")
+        return pa.decimal128(precision, scale)
+    if t not in _TYPE_WORDS:
+        raise BadInputError(f"unknown type {text!r}; use one of {', '.join(sorted(_TYPE_WORDS))} or "
+                            f"decimal(P,S)")
+    return _TYPE_WORDS[t]
+
+
+def _kind(t: pa.DataType) -> str:
+    if pa.types.is_integer(t):
+        return "integer"
+    if pa.types.is_floating(t):
+        return "floating point"
+    if pa.types.is_decimal(t):
+        return "decimal"
+    if pa.types.is_date(t) or pa.types.is_timestamp(t):
+        return "date/time"
+    return "other"
+
+
+def widens(old: pa.DataType, new: pa.DataType) -> bool:
+    """Whether a column stored as ``old`` may become ``new`` by schema evolution: every stored
+    value converts exactly, in every engine, and readers can widen old files on the fly.
+
+    tinyint -> smallint -> int -> bigint; float -> double; decimal(p,s) -> decimal(q,s) with
+    p < q <= 38 (the same scale: a stored value keeps its digits); date -> timestamp_ntz (the
+    day's midnight, a wall-clock value: a date has no zone, and Spark's Parquet reader widens
+    a date to ``timestamp_ntz`` but not to a zone-aware timestamp). Nothing else."""
+    if old.equals(new):
+        return False
+    if pa.types.is_signed_integer(old) and pa.types.is_signed_integer(new):
+        return _INT_ORDER[old.bit_width] < _INT_ORDER[new.bit_width]
+    if old == pa.float32() and new == pa.float64():
+        return True
+    if pa.types.is_decimal(old) and pa.types.is_decimal(new):
+        return new.scale == old.scale and old.precision < new.precision <= MAX_DECIMAL_PRECISION
+    if pa.types.is_date32(old) and pa.types.is_timestamp(new):
+        return new.tz is None and new.unit == "us"
+    return False
+
+
+def widening_problem(old: pa.DataType, new: pa.DataType, *, text_fixed: str | None = None) -> str | None:
+    """Why a column stored as ``old`` may not become ``new`` (None: it may, :func:`widens`).
+
+    ``text_fixed`` names the role of a column whose text form is part of the layout (``record
+    key``, ``partition``): its canonical text must not change, so only integer and decimal
+    precision widenings, which print alike, are allowed there."""
+    if old.equals(new):
+        return None
+    if widens(old, new):
+        if text_fixed and not (pa.types.is_integer(old) or pa.types.is_decimal(old)):
+            return (f"it is the {text_fixed} field, whose text form names the record and its place; "
+                    f"{type_name(old)} to {type_name(new)} would change that text")
+        return None
+    if widens(new, old):
+        return "that is narrowing, which would lose or round values the table holds"
+    ko, kn = _kind(old), _kind(new)
+    if pa.types.is_decimal(old) and pa.types.is_decimal(new) and new.scale != old.scale:
+        return "a decimal's scale is fixed: a different scale changes what the stored digits mean"
+    if pa.types.is_decimal(old) and pa.types.is_decimal(new):
+        return f"a decimal holds at most {MAX_DECIMAL_PRECISION} digits in Spark"
+    if pa.types.is_timestamp(old) and pa.types.is_timestamp(new):
+        return ("zone-aware and zone-naive timestamps are different kinds (an instant against a wall-clock "
+                "reading)")
+    if pa.types.is_date32(old) and pa.types.is_timestamp(new):
+        return ("a date widens to timestamp_ntz only (its midnight as a wall-clock value): a zone-aware "
+                "timestamp would need a zone the date does not have")
+    if pa.types.is_floating(old) and pa.types.is_floating(new):
+        return "that is narrowing, which would round values the table holds"
+    if ko == kn and ko != "other":
+        return "that is narrowing, which would lose values the table holds"
+    return (f"a change of kind ({ko if ko != 'other' else type_name(old)} to "
+            f"{kn if kn != 'other' else type_name(new)}) would change stored values or their meaning; "
+            f"only widening within a kind is schema evolution")
+
+
+def _evolvable(t: pa.DataType) -> bool:
+    return _kind(t) != "other"
+
+
+def evolve(table_schema: pa.Schema, batch_schema: pa.Schema, *, modes: "frozenset[str] | set[str]",
+           delete_field: str | None = None, text_fixed: "dict[str, str] | None" = None) -> pa.Schema:
+    """The data schema a batch writes into a table whose data schema is ``table_schema``
+    (user columns and ``_bi_key``): ``table_schema`` itself when the batch changes nothing.
+
+    ``batch_schema`` holds the batch's columns in their stored (Spark) types; the delete field
+    and reserved ``_bi_`` columns are ignored. ``modes`` (:func:`parse_schema_evolution`):
+
+    * a batch column the table lacks is added, nullable, after the table's user columns, with
+      ``add-columns``; without it the batch is refused (BadInputError, one line naming the
+      columns and the two ways to add them);
+    * a batch column whose type :func:`widens` the table's becomes the column's new type with
+      ``widen``; without it the values are cast to the table's type, as before (a value that
+      does not fit is refused by the cast);
+    * a batch type narrower than the table's is cast up (that is no evolution);
+    * with ``widen``, a numeric or date/time batch type that neither widens nor narrows the
+      table's (a change of kind, a decimal's scale, a zone) is refused naming the column, both
+      types and why: evolution never narrows or changes a kind, and casting would silently
+      change values the user asked to keep. Other types (strings, booleans, nested ones) are
+      left to the cast, as without the option: nested types never evolve.
+
+    ``text_fixed`` maps a record key or partition column to its role (see :func:`widening_problem`).
+    Columns are never dropped or renamed: a column the batch lacks stays.
+    """
+    text_fixed = text_fixed or {}
+    fields = {f.name: f for f in table_schema}
+    changed = False
+    added: list[pa.Field] = []
+    extra: list[str] = []
+    for bf in batch_schema:
+        name = bf.name
+        if name == delete_field or name.startswith("_bi_"):
+            continue
+        if name not in fields:
+            extra.append(name)
+            if ADD_COLUMNS in modes:
+                added.append(pa.field(name, stored_type(bf.type), True))
+            continue
+        old, new = fields[name].type, stored_type(bf.type)
+        if old.equals(new) or widens(new, old):
+            continue  # equal, or narrower: cast up
+        if WIDEN not in modes:
+            continue  # the cast decides (a value that does not fit is refused)
+        problem = widening_problem(old, new, text_fixed=text_fixed.get(name))
+        if problem is None:
+            fields[name] = fields[name].with_type(new)
+            changed = True
+        elif widens(old, new) or (_evolvable(old) and _evolvable(new)):
+            raise BadInputError(f"column {name!r}: the table's {type_name(old)} cannot become the batch's "
+                                f"{type_name(new)}: {problem}; nothing was written")
+    if extra and ADD_COLUMNS not in modes:
+        raise BadInputError(f"source columns {', '.join(extra)} are not in the table schema; add them with "
+                            f"--schema-evolution add-columns, or first with `bucketindex alter TABLE "
+                            f"--add-column NAME:TYPE`")
+    if not changed and not added:
+        return table_schema
+    user = [fields[f.name] for f in table_schema if f.name != _KEY_COLUMN]
+    key = [fields[f.name] for f in table_schema if f.name == _KEY_COLUMN]
+    return pa.schema([*user, *added, *key], metadata=table_schema.metadata)
+
+
+def schema_changes(old: pa.Schema, new: pa.Schema) -> list[str]:
+    """What ``new`` changes of ``old``, in words (``added x bigint``, ``widened y int -> bigint``)."""
+    out = []
+    for f in new:
+        if f.name not in old.names:
+            out.append(f"added {f.name} {type_name(f.type)}")
+        elif not old.field(f.name).type.equals(f.type):
+            out.append(f"widened {f.name} {type_name(old.field(f.name).type)} -> {type_name(f.type)}")
+    return out
+
+
+def conform(t: pa.Table, schema: pa.Schema, columns: "Sequence[str] | None" = None) -> pa.Table:
+    """Rows of a data file read in the snapshot's ``schema``: the one rule for reading a file
+    written before the schema changed (format.md "Schema evolution").
+
+    A column of ``schema`` the file lacks (added since) is all null; a column the file holds
+    narrower (widened since) is cast to the schema's type, exactly (:func:`widens`). Output
+    columns are ``columns`` when given, else the schema's then any other column the file holds
+    (a log's ``_bi_op``); a requested column in neither is a KeyError. The file's schema-level
+    key/value metadata is kept: a partial log records the columns it carries there."""
+    names = list(columns) if columns is not None else [
+        *schema.names, *(c for c in t.column_names if c not in schema.names)]
+    have = set(t.column_names)
+    cols, fields = [], []
+    for name in names:
+        target = schema.field(name) if name in schema.names else None
+        if name in have:
+            col = t.column(name)
+            if target is not None and not col.type.equals(target.type):
+                col = col.cast(target.type)
+            cols.append(col)
+            fields.append(target if target is not None else t.schema.field(name))
+        elif target is not None:
+            cols.append(pa.nulls(t.num_rows, target.type))
+            fields.append(target.with_nullable(True))
+        else:
+            raise KeyError(f"column {name!r} is neither in the file nor in the table schema")
+    return pa.Table.from_arrays(cols, schema=pa.schema(fields, metadata=t.schema.metadata))
+
+
+def text_fixed_columns(cfg: object) -> dict[str, str]:
+    """The columns whose text form is part of the layout (``evolve``'s ``text_fixed``): the
+    record key fields (the canonical key) and the partition field (its directory name)."""
+    out = {k: "record key" for k in getattr(cfg, "record_key_fields", None) or []}
+    out.update({p: "partition" for p in getattr(cfg, "partition_fields", None) or []})
+    return out
+
+
+def _stored_batch_schema(batch: pa.Schema) -> pa.Schema | None:
+    """A footer schema in the types the engines read it as (Spark's), or None when only Spark decides."""
+    from spark_jobs.arrow_engine.source import spark_type  # it imports this module
+    from spark_jobs.exceptions import EngineUnsupportedError
+
+    try:
+        return pa.schema([pa.field(f.name, spark_type(f.type, name=f.name)) for f in batch])
+    except EngineUnsupportedError:
+        return None

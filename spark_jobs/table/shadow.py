@@ -130,7 +130,9 @@ def check_options(index_type: str, opts: ShadowOptions) -> None:
     if opts.max_mismatches < 0:
         raise BadInputError(f"--max-mismatches must be 0 or more, got {opts.max_mismatches}")
     if opts.since is not None and not _INSTANT.match(opts.since):
-        raise BadInputError(f"--since must be an instant (up to 17 digits, yyyyMMddHHmmssSSS), got {opts.since!r}")
+        from spark_jobs.table.timeline import parse_as_of
+
+        parse_as_of(opts.since, option="--since", instant_prefix=True)  # a time, or one line naming the forms
     if (index_type, opts.against) in ((INDEX_BUCKET, INDEX_BUCKET), (INDEX_GLOBAL_SIMPLE, INDEX_GLOBAL_SIMPLE)):
         raise BadInputError(f"--against {opts.against} on a {index_type}-index table compares the index with itself; "
                             f"use --against scan")
@@ -234,7 +236,13 @@ def touched_since(table: Table, since: str) -> Touched:
     """
     tl = table.timeline.reload()
     tl.load_history()
-    hits = [i.seq for i in tl.completed(Action.WRITES) if i.timestamp > since]
+    if _INSTANT.match(since):
+        hits = [i.seq for i in tl.completed(Action.WRITES) if i.timestamp > since]
+    else:  # a time: the write actions not in the snapshot a reader at that time saw
+        from spark_jobs.table.timeline import resolve_as_of
+
+        after = resolve_as_of(tl, since, option="--since", allow_empty=True).seq
+        hits = [i.seq for i in tl.completed(Action.WRITES) if i.seq > after]
     out = Touched(since=since)
     if not hits:
         return out

@@ -29,6 +29,7 @@ import numpy as np
 from spark_jobs.exceptions import BadInputError
 from spark_jobs.table.action.compact import DEFAULT_INDEX_BASE_CAP
 from spark_jobs.table.config import INDEX_BUCKET, INDEX_RECORD, MAX_NUM_BUCKETS
+from spark_jobs.text import plural
 
 if TYPE_CHECKING:
     from spark_jobs.table.table import Table
@@ -259,16 +260,18 @@ def format_bucket_sizes(report: dict[str, Any], uri: str) -> list[str]:
     if report["index_type"] == INDEX_BUCKET:
         fg = report["per_file_group"]
         parts = len(fg["partitions"])
-        lines.append(f"buckets    rows per file group ({n} buckets x {parts} partition{'s' * (parts != 1)}): "
+        lines.append(f"buckets    rows per file group ({plural(n, 'bucket')} x {plural(parts, 'partition')}): "
                      f"{_stats_text(fg['stats'])}")
         if parts > 1:
             lines.append(f"  per bucket over all partitions: {_stats_text(report['per_bucket']['stats'])}")
         b = report["busiest_partition"]
         if b is not None:
-            lines.append(f"  busiest partition {b['partition'] or '(unpartitioned)'}: {b['rows']:,} rows, "
+            lines.append(f"  busiest partition {b['partition'] or '(unpartitioned)'}: {b['rows']:,} "
+                         f"row{'s' * (b['rows'] != 1)}, "
                          f"at most {b['max_per_file_group']:,} in a file group")
     else:
-        lines.append(f"buckets    entries per index bucket ({n} buckets): {_stats_text(report['per_bucket']['stats'])}")
+        lines.append(f"buckets    entries per index bucket ({plural(n, 'bucket')}): "
+                     f"{_stats_text(report['per_bucket']['stats'])}")
         lines.append(f"  {report['note']}")
     s = report["suggestion"]
     lines.append(f"  suggested {_buckets(s['num_buckets'])} ({s['action']}): {s['reason']}")

@@ -23,7 +23,7 @@ from spark_jobs.exceptions import (
 from spark_jobs.io.filesystem import FileIO, resolve
 from spark_jobs.table.config import TableConfig
 from spark_jobs.table.layout import META_DIR, TableLayout, is_reference
-from spark_jobs.table.timeline import Action, Instant, State, Timeline, check_instant
+from spark_jobs.table.timeline import Action, Instant, State, Timeline, resolve_as_of
 from spark_jobs.table.view import FileSystemView
 
 __all__ = ["Table", "TableNotFoundError", "WriterAliveError"]
@@ -67,28 +67,47 @@ class Table:
         self.config = config.create(self.io, self.layout.config_file)
         return self.config
 
+    def require_format(self, version: int, *, why: str) -> None:
+        """Raise the table's format version to ``version`` before writing what needs it, so a
+        release that does not know it refuses the table instead of misreading it (format.md §9).
+
+        ``table.json`` is otherwise immutable after creation, so every writer that upgrades it
+        writes the same bytes: concurrent upgrades cannot lose anything, and a crash after the
+        upgrade and before the commit leaves a table that merely claims a feature it may use.
+        """
+        assert self.config is not None, "a table must exist before its format is upgraded"
+        if self.config.format_version >= version:
+            return
+        current = TableConfig.load(self.io, self.layout.config_file)  # another writer may have upgraded it
+        assert current is not None
+        new = current.upgraded(version)
+        if new is not current:
+            self.io.write_atomic(self.layout.config_file, new.to_json())
+            log.info("table %s upgraded to format version %d (%s); releases that do not know version %d "
+                     "refuse it", self.uri, version, why, version)
+        self.config = new
+
     # -- state -----------------------------------------------------------------------
     def view(self, as_of: str | None = None) -> FileSystemView:
-        """The snapshot (latest, or as of an instant), from a fresh listing of the timeline.
+        """The snapshot (latest, or as of an instant or an ISO-8601 time: :func:`resolve_as_of`),
+        from a fresh listing of the timeline.
 
-        BadInputError when nothing had completed by ``as_of``, or when ``as_of`` is older
-        than what ``clean`` retained (its files may be gone).
+        BadInputError when ``as_of`` is neither, when nothing had completed by it, or when it
+        is older than what ``clean`` retained (its files may be gone).
         """
-        if as_of is not None:
-            check_instant(as_of, option="--as-of")
         tl = self.timeline.reload()
         if as_of is None:
             return FileSystemView.build(tl)
-        seq = tl.seq_as_of(as_of)
-        if seq == 0:
-            raise BadInputError(f"no completed instant at or before {as_of}")
+        seq = resolve_as_of(tl, as_of).seq
         kept = self.retained_from()
         if kept is not None and seq < kept["earliest_retained_seq"]:
             raise BadInputError(
                 f"--as-of {as_of} is older than the retained window: clean {kept['instant']} kept the snapshots "
                 f"from instant {kept['earliest_retained_instant']} on (see `bucketindex show`; "
                 f"`clean --retain-commits/--retain-hours` sets the window)")
-        return FileSystemView.build(tl, as_of)
+        view = FileSystemView.at_seq(tl, seq)
+        view.as_of = as_of
+        return view
 
     def missing_files(self, view: FileSystemView, *, references: bool = True) -> list[str]:
         """Absolute paths of the files ``view`` reads (bases and logs) that are not on storage;
@@ -253,6 +272,7 @@ class Table:
                     "engine": meta.engine.to_json() if meta.engine is not None else meta.get("engine"),
                     **({"shadow": dict(meta.shadow)} if meta.shadow else {}),  # upsert --shadow-index
                     **({"bootstrap": meta.get("bootstrap")} if meta.get("bootstrap") else {}),
+                    **({"alter": meta.get("alter")} if meta.get("alter") else {}),  # bucketindex alter
                 }
             )
             for c in meta.conflicts or ():

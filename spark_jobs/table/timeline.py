@@ -28,6 +28,7 @@ import json
 import posixpath
 import re
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from enum import IntEnum
 from typing import Any, Iterable
 
@@ -51,6 +52,12 @@ __all__ = [
     "CHECKPOINT_FORMAT",
     "load_json",
     "check_instant",
+    "AS_OF_FORMS",
+    "AsOf",
+    "parse_as_of",
+    "resolve_as_of",
+    "seq_at_time",
+    "instant_to_iso",
 ]
 
 
@@ -172,6 +179,157 @@ def check_instant(value: str, *, option: str) -> str:
         raise BadInputError(f"{option} {value!r} is not an instant: expected 17 digits yyyyMMddHHmmssSSS "
                             f"(UTC), e.g. 20240101120000000 (`bucketindex show` lists the table's instants)")
     return value
+
+
+#: what ``--as-of`` and ``--since`` accept, for help texts and the one-line refusal
+_INSTANT_FORM = "17 digits yyyyMMddHHmmssSSS, UTC, as `bucketindex show` lists them"
+_TIME_FORMS = ("2026-11-25T09:24:00, 2026-11-25 09:24, 2026-11-25T09:24:00+01:00, 2026-11-25T08:24:00Z, "
+               "or a date 2026-11-25, its midnight; a time without a zone is UTC")
+AS_OF_FORMS = f"an instant ({_INSTANT_FORM}) or an ISO-8601 time ({_TIME_FORMS})"
+
+_ISO_TIME = re.compile(r"^(\d{4})-(\d{2})-(\d{2})(?:[T ](\d{2}):(\d{2})(?::(\d{2})(?:[.,](\d{1,9}))?)?)?"
+                       r"\s*(Z|z|[+-]\d{2}(?::?\d{2})?)?$")
+
+
+def _parse_time(text: str) -> datetime | None:
+    """``text`` as an aware UTC datetime if it is one of the ISO-8601 forms of :data:`AS_OF_FORMS`, else None.
+
+    Parsed by hand rather than with ``datetime.fromisoformat``: that one also takes week dates,
+    ordinal dates and compact forms (``20261125``), and a compact date must never be mistaken
+    for an instant prefix or the other way round.
+    """
+    m = _ISO_TIME.match(text.strip())
+    if not m:
+        return None
+    y, mo, d, h, mi, sec, frac, zone = m.groups()
+    try:
+        if zone is None or zone in ("Z", "z"):
+            tz = timezone.utc
+        else:
+            digits = zone[1:].replace(":", "")
+            hours, minutes = int(digits[:2]), int(digits[2:] or 0)
+            if hours > 23 or minutes > 59:
+                return None
+            sign = -1 if zone[0] == "-" else 1
+            tz = timezone(sign * timedelta(hours=hours, minutes=minutes))
+        micro = int((frac or "0").ljust(6, "0")[:6])
+        t = datetime(int(y), int(mo), int(d), int(h or 0), int(mi or 0), int(sec or 0), micro, tzinfo=tz)
+        return t.astimezone(timezone.utc)
+    except (ValueError, OverflowError):  # 2026-02-30, 25:00, 0001-01-01T00:00+01:00
+        return None
+
+
+def _time_instant(t: datetime) -> str:
+    """A UTC time in the instants' form (yyyyMMddHHmmssSSS), truncated to the millisecond: an
+    instant (a millisecond) is at or before ``t`` exactly when its string is ``<=`` this one."""
+    u = t.astimezone(timezone.utc)  # formatted by hand: strftime's %Y does not pad years before 1000
+    return f"{u.year:04d}{u.month:02d}{u.day:02d}{u.hour:02d}{u.minute:02d}{u.second:02d}{u.microsecond // 1000:03d}"
+
+
+def instant_to_iso(instant: str) -> str:
+    """An instant (or a completion time) as an ISO-8601 UTC time, for messages:
+    ``20261125092400123`` -> ``2026-11-25T09:24:00.123Z``."""
+    i = instant.ljust(17, "0")
+    return f"{i[0:4]}-{i[4:6]}-{i[6:8]}T{i[8:10]}:{i[10:12]}:{i[12:14]}.{i[14:17]}Z"
+
+
+def parse_as_of(text: str, *, option: str = "--as-of", instant_prefix: bool = False) -> str | datetime:
+    """What an ``--as-of`` / ``--since`` value names, before any table is read: an instant
+    (returned as the string) or a time (an aware UTC datetime). BadInputError (exit 2, one line
+    saying what is accepted) for anything else.
+
+    ``instant_prefix``: also take 1 to 16 digits as an instant (``--since``'s leading-digits
+    form, compared as a string). Why refuse rather than guess: instants compare as strings, so a
+    value of another shape would silently select the latest (or no) snapshot.
+    """
+    value = str(text).strip()
+    if re.fullmatch(r"\d+", value):
+        if len(value) == 17:
+            return check_instant(value, option=option)
+        if instant_prefix and len(value) < 17:
+            return value
+    else:
+        t = _parse_time(value)
+        if t is not None:
+            return t
+    raise BadInputError(f"{option} must be an instant or a time: {text!r} is not an instant ({_INSTANT_FORM}) "
+                        f"or an ISO-8601 time ({_TIME_FORMS})")
+
+
+def completion_floors(timeline: "Timeline") -> list[str]:
+    """For each sequence position 1..last (index 0 = entry 1), the earliest time it can have
+    completed, in the instants' form.
+
+    Entries written since completion times are recorded carry ``completed`` (the writer's UTC
+    clock when it claimed the slot, format.md §3.2); older ones only their instant, the time the
+    action was *requested*, which is at or before its completion. Entry ``n`` was claimed after
+    entry ``n - 1`` existed, so the running maximum is a lower bound that also absorbs writers'
+    clock skew: a position whose floor is after ``T`` certainly completed after ``T``.
+    """
+    timeline.load_history()
+    floors: list[str] = []
+    floor = ""
+    for seq in range(1, timeline.last_seq + 1):
+        e = timeline.entry(seq)
+        floor = max(floor, str(e.get("completed") or ""), e["instant"])
+        floors.append(floor)
+    return floors
+
+
+def seq_at_time(timeline: "Timeline", t: datetime) -> int:
+    """The snapshot a reader at time ``t`` could see: the last sequence position that had
+    completed by ``t`` (0: none had). A commit requested before ``t`` and completed after it is
+    not in it (when its entry records its completion; see :func:`completion_floors`)."""
+    cutoff = _time_instant(t)
+    if timeline.last_seq and timeline.max_instant() <= cutoff:
+        done = timeline.entry(timeline.last_seq).get("completed")  # the common case, "as of now":
+        if done and done <= cutoff:                                 # no history read
+            return timeline.last_seq
+    return sum(1 for f in completion_floors(timeline) if f <= cutoff)  # floors ascend: a prefix
+
+
+@dataclass(frozen=True)
+class AsOf:
+    """A resolved ``--as-of``: the snapshot right after sequence entry ``seq`` (0: before any)."""
+
+    text: str
+    seq: int
+    #: the instant of entry ``seq`` ("" when ``seq`` is 0)
+    instant: str
+    #: the time asked for (UTC), None when an instant was given
+    time: datetime | None = None
+
+
+def resolve_as_of(timeline: "Timeline", text: str, *, option: str = "--as-of",
+                  allow_empty: bool = False) -> AsOf:
+    """The snapshot ``text`` names -- the one engine-neutral rule behind ``read --as-of``,
+    ``shadow-compare --since``, :func:`~spark_jobs.table.reader.read_arrow` and ``Table.view``.
+
+    * an instant (17 digits): the snapshot right after the last sequence entry whose instant is
+      at or before it (time travel by commit order, format.md §4.1);
+    * an ISO-8601 time (:data:`AS_OF_FORMS`; no zone means UTC, the instants' clock): the
+      snapshot a reader at that time could see (:func:`seq_at_time`).
+
+    BadInputError (one line) for any other text, and -- unless ``allow_empty`` (``--since``:
+    everything is after a time before the table) -- for a value before the first commit,
+    naming that commit's time.
+    """
+    what = parse_as_of(text, option=option, instant_prefix=allow_empty)
+    if isinstance(what, datetime):
+        seq = seq_at_time(timeline, what)
+    else:
+        seq = timeline.seq_as_of(what)
+    if seq == 0 and not allow_empty:
+        if timeline.last_seq == 0:
+            raise BadInputError(f"{option} {text}: the table has no completed commit yet")
+        floors = completion_floors(timeline)
+        first = timeline.entry(1)
+        raise BadInputError(
+            f"{option} {text}: no completed instant at or before it; the first commit is instant "
+            f"{first['instant']}, completed {'at' if first.get('completed') else 'at or after'} "
+            f"{instant_to_iso(floors[0])}")
+    return AsOf(text=str(text), seq=seq, instant=timeline.entry(seq)["instant"] if seq else "",
+                time=what if isinstance(what, datetime) else None)
 
 
 def _parse(name: str) -> tuple[str, str, State] | None:
@@ -511,7 +669,10 @@ class Timeline:
 
         The caller has checked entries ``< seq``; a taken slot means it must check again.
         """
-        entry = {"seq": seq, "instant": instant.timestamp, "action": instant.action, "metadata": metadata}
+        # "completed": when the slot was claimed (UTC, the instants' form), so that a reader can
+        # travel to a *time* and leave out commits requested before it but completed after it
+        entry = {"seq": seq, "instant": instant.timestamp, "action": instant.action, "metadata": metadata,
+                 "completed": pendulum.now("UTC").format("YYYYMMDDHHmmssSSS")}
         data = json.dumps(entry, indent=1, sort_keys=True, default=str).encode()
         try:
             self.io.create_exclusive(self.layout.sequence_file(seq), data)

@@ -101,5 +101,5 @@ def test_a_planted_fault_since_the_last_run_fails_the_run_and_alerts(lake):  # t
     assert len(alerts) == 1, alerts
     assert alerts[0]["counts"] == f"1/0/0/0 of {summary['keys_checked']} at {summary['report_uri']}"
     text = alerts[0]["text"]
-    assert "found 1 mismatches" in text and "missing 1, wrong_location 0, extra 0, duplicated 0" in text
+    assert "found 1 mismatch (allowed: 0)" in text and "missing 1, wrong_location 0, extra 0, duplicated 0" in text
     assert summary["report_uri"] in text and key in text

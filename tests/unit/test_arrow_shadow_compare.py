@@ -271,7 +271,7 @@ def test_cli_runs_in_process_without_java_or_pyspark(record_copy, tmp_path):
     add_index_delta(t, bucket_of_key(t, key), [key], [None])
     p = _cli(t.uri, "--since", t.timeline.completed()[0].timestamp)  # auto: a small table runs here
     assert p.returncode == 1 and "engine: arrow (needs about" in p.stderr, p.stderr[-3000:]
-    assert p.stderr.strip().splitlines()[-1].endswith("found 1 mismatches (more than 0): missing 1")
+    assert p.stderr.strip().splitlines()[-1].endswith("found 1 mismatch (more than 0): missing 1")
     assert json.loads(p.stdout)["samples"]["missing"] == [key]
     p = _cli(t.uri, "--engine", "arrow", "--master", "local[1]")
     assert p.returncode == 2 and "asks for Spark" in p.stderr

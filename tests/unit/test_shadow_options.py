@@ -26,7 +26,7 @@ def test_pairs_that_compare_nothing_are_refused(index, against):
 
 
 @pytest.mark.parametrize("opts", [ShadowOptions(sample_fraction=0), ShadowOptions(sample_fraction=1.01),
-                                  ShadowOptions(max_mismatches=-1), ShadowOptions(since="2024-01-01"),
+                                  ShadowOptions(max_mismatches=-1), ShadowOptions(since="yesterday"),
                                   ShadowOptions(against="hash")])
 def test_bad_options_are_refused(opts):
     with pytest.raises(BadInputError):

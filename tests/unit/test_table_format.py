@@ -337,7 +337,7 @@ def test_cli_show_json_and_text(tmp_path, capsys):
     assert d["pending"] == [f"{pending}.commit[inflight]"]
     assert main(["show", t.uri]) == 0
     text = capsys.readouterr().out
-    assert "1 rows in 1 file groups" in text and f"{pending}.commit[inflight]" in text
+    assert "1 row in 1 file group" in text and f"{pending}.commit[inflight]" in text
     assert "deltas: 1 (" in text and "at most 1 per bucket" in text
 
 

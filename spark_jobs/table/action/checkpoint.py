@@ -43,6 +43,7 @@ from spark_jobs.table.timeline import (
 )
 from spark_jobs.table.view import FileSystemView
 from spark_jobs.testing.faults import maybe_crash
+from spark_jobs.text import plural
 
 if TYPE_CHECKING:
     from spark_jobs.table.table import Table
@@ -112,8 +113,8 @@ def write_checkpoint(table: "Table", seq: int) -> int:
         "complete": True,  # last: a torn file never parses to a checkpoint that claims completeness
     }
     _create(table, table.layout.checkpoint_file(seq), ckpt)
-    log.info("checkpoint at entry %d (%d file groups, %d index buckets) in %d ms", seq, len(view.file_groups),
-             len(view.index_files), int((time.perf_counter() - started) * 1000))
+    log.info("checkpoint at entry %d (%s, %s) in %d ms", seq, plural(len(view.file_groups), "file group"),
+             plural(len(view.index_files), "index bucket"), int((time.perf_counter() - started) * 1000))
     return seq
 
 

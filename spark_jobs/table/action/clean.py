@@ -39,6 +39,7 @@ from spark_jobs.table.layout import is_reference
 from spark_jobs.table.timeline import Action, checkpoint_seqs
 from spark_jobs.table.view import FileSystemView
 from spark_jobs.testing.faults import maybe_crash
+from spark_jobs.text import plural
 
 if TYPE_CHECKING:
     from spark_jobs.table.table import Table
@@ -78,8 +79,8 @@ class CleanPolicy:
         return {"retain_commits": self.retain_commits, "retain_hours": self.retain_hours}
 
     def __str__(self) -> str:
-        return (f"retain the last {self.retain_commits} commits" if self.retain_commits is not None
-                else f"retain {self.retain_hours:g} hours")
+        return (f"retain the last {plural(self.retain_commits, 'commit')}" if self.retain_commits is not None
+                else f"retain {self.retain_hours:g} hour{'s' * (self.retain_hours != 1)}")
 
 
 def retention(instant: str, fields: dict[str, Any]) -> dict[str, Any]:
@@ -224,10 +225,10 @@ def _deleter(table: "Table"):  # type: ignore[no-untyped-def]
                 if i == 0:
                     maybe_crash("clean_after_delete")  # half of the files gone, the rest not
                     if len(files) >= 1000:
-                        log.info("clean %s: %d of %d files deleted", txn.ts, half, len(files))
+                        log.info("clean %s: %d of %s deleted", txn.ts, half, plural(len(files), "file"))
         ms = int((time.perf_counter() - started) * 1000)
-        log.info("clean %s: deleted %d files (%s bytes) in %d ms; snapshots from instant %s on are retained",
-                 txn.ts, len(files), plan.get("bytes"), ms, plan["earliest_retained_instant"])
+        log.info("clean %s: deleted %s (%s bytes) in %d ms; snapshots from instant %s on are retained",
+                 txn.ts, plural(len(files), "file"), plan.get("bytes"), ms, plan["earliest_retained_instant"])
         return {"action": Action.CLEAN, "instant": txn.ts, "operation": "clean",
                 "earliest_retained_seq": plan["earliest_retained_seq"],
                 "earliest_retained_instant": plan["earliest_retained_instant"],

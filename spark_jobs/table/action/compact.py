@@ -29,6 +29,7 @@ from spark_jobs.table.action.service import execute, execute_waiting, pending_pl
 from spark_jobs.table.config import INDEX_RECORD
 from spark_jobs.table.timeline import Action
 from spark_jobs.table.view import FileSlice, FileSystemView, is_index_delta
+from spark_jobs.text import plural
 
 if TYPE_CHECKING:
     from spark_jobs.table.action.engine import EngineChoice
@@ -154,8 +155,8 @@ def schedule_compaction(table: "Table", policy: CompactionPolicy, *,
            "logs": sum(len(g["logs"]) for g in plan["file_groups"]),
            "index_buckets": len(plan["index_buckets"]),
            "deltas": sum(int(b["deltas"]) for b in plan["index_buckets"])}
-    log.info("compaction %s planned: %d file groups (%d logs), %d index buckets (%d deltas)", inst.timestamp,
-             out["file_groups"], out["logs"], out["index_buckets"], out["deltas"])
+    log.info("compaction %s planned: %s (%s), %s (%s)", inst.timestamp, plural(out["file_groups"], "file group"),
+             plural(out["logs"], "log"), plural(out["index_buckets"], "index bucket"), plural(out["deltas"], "delta"))
     return out
 
 
@@ -310,10 +311,11 @@ def execute_plan(table: "Table", txn: "Transaction", write: Write, choice: "Engi
     one = {(w["part"], w["fid"]): w for w in sorted(written, key=lambda w: w["path"])}
     index_one = {int(w["bucket"]): w for w in sorted(index_written, key=lambda w: w["path"])}
     if one:
-        log.info("compaction %s: %d file groups folded into new bases", txn.ts, len(one))
+        log.info("compaction %s: %s folded into new bases", txn.ts, plural(len(one), "file group"))
     if index_one:
-        log.info("compaction %s: %d index buckets folded into new bases (%d deltas, %d sealed)", txn.ts,
-                 len(index_one), sum(int(b["deltas"]) for b in txn.plan.get("index_buckets", [])),
+        log.info("compaction %s: %s folded into new bases (%s, %d sealed)", txn.ts,
+                 plural(len(index_one), "index bucket"),
+                 plural(sum(int(b["deltas"]) for b in txn.plan.get("index_buckets", [])), "delta"),
                  sum(1 for w in index_one.values() if w["sealed"]))
     meta = compaction_metadata(txn.ts, txn.plan, list(one.values()), list(index_one.values()))
     if choice is not None:

@@ -18,7 +18,10 @@ Write-set rules for two writes (``commit`` / ``bootstrap``), in order:
   but rewrites the key's file group, which the previous rule catches. Together they close
   the hole where two writers insert one new key into two file groups (a duplicate);
 * **new keys** (global_simple, which has no index to compare): both commits added keys.
-  Conservative -- it cannot tell which keys -- but a retry re-tags and then succeeds.
+  Conservative -- it cannot tell which keys -- but a retry re-tags and then succeeds;
+* **schema**: both record a schema (created the table, or changed its schema: an ``alter``
+  or an upsert with ``--schema-evolution``): the later one was validated against a schema
+  the earlier one replaced, and would put it back (format.md "Schema evolution").
 """
 
 from __future__ import annotations
@@ -87,6 +90,9 @@ class WriteSet:
     adds_keys: bool = False
     #: index files this action replaces (compaction)
     index_removed: frozenset[str] = frozenset()
+    #: the action records a schema: it created the table or changed its schema (format.md
+    #: "Schema evolution"); a write that changes nothing of it records none
+    changes_schema: bool = False
 
     @classmethod
     def of(cls, action: str, meta: "Mapping[str, Any] | CommitMetadata") -> "WriteSet":
@@ -100,6 +106,7 @@ class WriteSet:
             index_type=commit.index_type,
             adds_keys=bool(commit.count("inserted") or commit.count("moved")),
             index_removed=frozenset(commit.removed_index_files),
+            changes_schema=commit.schema is not None,
         )
 
 
@@ -135,6 +142,10 @@ def find_conflict(mine: WriteSet, entry: dict[str, Any], io: FileIO, layout: Tab
         return Conflict(inst, action, f"{shared} record key(s) written by both")
     if mine.index_type == theirs.index_type == "global_simple" and mine.adds_keys and theirs.adds_keys:
         return Conflict(inst, action, "both added keys (global_simple cannot tell which: re-tagging)")
+    if mine.changes_schema and theirs.changes_schema:
+        # the later one evolved (or altered) a schema the earlier one replaced: it would put the
+        # old columns back; the retry validates its batch again on the new schema
+        return Conflict(inst, action, "both changed the table schema")
     return None
 
 

@@ -41,7 +41,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
@@ -51,15 +51,18 @@ from spark_jobs.table.action.transaction import Transaction
 from spark_jobs.table.commit import FileGroupChange, LogChange
 from spark_jobs.table.config import (
     DEFAULT_NUM_BUCKETS,
+    EVOLVING_FORMAT_VERSION,
     INDEX_BUCKET,
     INDEX_GLOBAL_SIMPLE,
     INDEX_RECORD,
     TableConfig,
     check_field_names,
 )
+from spark_jobs.table.schema import parse_schema_evolution
 from spark_jobs.table.timeline import Action
 from spark_jobs.table.view import FileSystemView, encode_schema
 from spark_jobs.testing.faults import maybe_crash
+from spark_jobs.text import plural
 
 if TYPE_CHECKING:
     from spark_jobs.table.action.engine import EngineChoice
@@ -102,11 +105,20 @@ FILE_GROUP_SALT = "file-group"
 DELETE_FIELD_TYPES = ("boolean", "string", "int", "bigint", "smallint", "tinyint")
 
 
+def not_a_delete_flag(delete_field: str, value: Any) -> BadInputError:
+    """The refusal of a string delete-field value that is not a boolean as Spark casts one
+    (``true/t/yes/y/1``, ``false/f/no/n/0``, any case, trimmed): both engines name the smallest
+    such value of the batch, so they give the same line whatever the row order."""
+    return BadInputError(f"delete field {delete_field!r} holds {value!r}, which is not a boolean "
+                         f"(true/false, t/f, yes/no, y/n, 1/0)")
+
+
 @dataclass
 class UpsertOptions:
     table: str
     source: str
-    record_key: list[str]
+    #: the key field(s); None: the table's (``table.json``), needed only to create a table
+    record_key: list[str] | None = None
     precombine_field: str | None = None
     partition_field: str | None = None
     index: str | None = None
@@ -136,11 +148,23 @@ class UpsertOptions:
     engine: str | None = None
     #: the in-process engine's memory budget (``4g``); default derived from the machine
     memory_budget: str | None = None
+    #: ``--partial-update``: the batch may lack table columns; updated rows keep their stored
+    #: values of those, inserted rows get nulls (format.md §8)
+    partial_update: bool = False
+    #: ``--schema-evolution``: none (default) | add-columns | widen | all, or a comma list
+    #: (``spark_jobs.table.schema.evolve``: what a batch may change of the table's schema)
+    schema_evolution: str | None = None
+    #: set by the driver, not by users: columns added to the table by a concurrent commit after
+    #: the batch was first validated. Validated again on the new schema, the batch may lack them;
+    #: its rows hold null there, as rows written before the column existed read it
+    absent_columns: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # field names are checked when the options are made: before a JVM starts (the CLI
         # makes them first) and before any file is written
-        check_field_names(record_key=list(self.record_key), partition_field=self.partition_field,
+        if self.record_key is not None and not [k for k in self.record_key if k]:
+            raise BadInputError("--record-key gives an empty field name (omit the option to use the table's key)")
+        check_field_names(record_key=list(self.record_key or []), partition_field=self.partition_field,
                           precombine_field=self.precombine_field, delete_field=self.delete_field)
         if self.num_buckets is not None and self.num_buckets < 1:
             raise BadInputError(f"--num-buckets must be at least 1, got {self.num_buckets}")
@@ -148,6 +172,12 @@ class UpsertOptions:
             raise BadInputError(f"--max-retries must be 0 or more, got {self.max_retries}")
         if self.heartbeat_timeout_s is not None and self.heartbeat_timeout_s <= 0:
             raise BadInputError(f"--heartbeat-timeout must be positive, got {self.heartbeat_timeout_s}")
+        parse_schema_evolution(self.schema_evolution)  # a bad value: one line, exit 2, before anything runs
+
+    @property
+    def evolution_modes(self) -> frozenset[str]:
+        """What the batch may change of the table's schema (``schema.parse_schema_evolution``)."""
+        return parse_schema_evolution(self.schema_evolution)
 
 
 class Phases:
@@ -189,6 +219,16 @@ class PreparedBatch:
     upserts: int
     #: the data files' schema: the table's, or the batch's for a new table (user columns + KEY)
     data_schema: pa.Schema
+    #: rows read from the source, before dedupe (the commit's ``rows_in_batch``; ``n`` is its
+    #: ``keys_in_batch``); None: not counted, taken as ``n``
+    rows: int | None = None
+    #: ``--partial-update``: the user columns the batch carries (``schema.carried_columns``);
+    #: None: every column (the frame holds the others as nulls, which the write does not apply)
+    carried: list[str] | None = None
+    #: the table's data schema the batch was validated against (None: a new table). When the
+    #: snapshot a write attempt runs on has another (a concurrent alter, an evolving upsert, a
+    #: table created meanwhile), the driver validates the batch again on it
+    base_schema: pa.Schema | None = None
 
 
 @dataclass
@@ -236,11 +276,18 @@ class UpsertEngine(Protocol):
 def resolve_config(opts: UpsertOptions, table: "Table") -> tuple[TableConfig, FileSystemView | None]:
     """The table's configuration this write runs under, and its snapshot (None for a new table).
 
-    A new table takes the options (defaults for the rest); an existing one must not be
-    contradicted by them (ConfigConflictError, exit 2).
+    A new table takes the options (defaults for the rest; a record key is required); an
+    existing one fixes its key, partition field, precombine field, index, table type and bucket
+    count, so an option left out means the table's and one given must not contradict it
+    (ConfigConflictError, exit 2). Needs only metadata: :func:`spark_jobs.engines.precheck_upsert`
+    calls it before any engine (or JVM) starts, and :func:`run` again on the snapshot it writes
+    on, so the pre-check and the driver cannot disagree.
     """
     existing = table.config
-    explicit = {"record_key_fields"}
+    if existing is None and not opts.record_key:
+        raise BadInputError(f"--record-key is required: the table {opts.table} does not exist yet and its first "
+                            f"upsert fixes the key (later upserts read it from the table)")
+    explicit = {"record_key_fields"} if opts.record_key else set()
     if opts.index:
         explicit.add("index_type")
     if opts.partition_field is not None:
@@ -251,7 +298,7 @@ def resolve_config(opts: UpsertOptions, table: "Table") -> tuple[TableConfig, Fi
         explicit.add("table_type")
     index = opts.index or (existing.index_type if existing else INDEX_RECORD)
     cfg = TableConfig(
-        record_key_fields=list(opts.record_key),
+        record_key_fields=list(opts.record_key) if opts.record_key else list(existing.record_key_fields),
         index_type=index,
         num_buckets=opts.num_buckets or (existing.num_buckets if existing else DEFAULT_NUM_BUCKETS[index]),
         partition_fields=[opts.partition_field] if opts.partition_field else (
@@ -306,17 +353,20 @@ def check_source_columns(*, cfg: TableConfig, delete_field: str | None, columns:
     if any(c.startswith("_bi_") for c in data_cols):
         raise BadInputError("source columns may not start with '_bi_' (reserved for bucketindex)")
     if delete_field and delete_type not in DELETE_FIELD_TYPES:
-        raise BadInputError(f"delete field {delete_field!r} must be boolean, got {delete_type}")
+        raise BadInputError(f"delete field {delete_field!r} must be a boolean, an integer or a string "
+                            f"(true/false, yes/no, 1/0), got {delete_type}")
     return data_cols
 
 
-def check_schema(view: FileSystemView, data_schema: pa.Schema) -> None:
-    """A table created concurrently by another writer must have the schema this batch was validated for."""
-    if view.schema is not None and not view.schema.equals(data_schema):
-        raise BadInputError(
-            "the table was created concurrently with a different schema than this batch; "
-            "nothing was written (rerun to validate the batch against it)"
-        )
+def check_schema(view: FileSystemView, batch: PreparedBatch) -> bool:
+    """Whether ``batch`` was validated against the schema of ``view`` (the snapshot a write
+    attempt runs on). False when the schema changed since -- a concurrent ``alter`` or
+    evolving upsert committed, or another writer created the table: the driver then validates
+    the batch again on the new snapshot, so it is cast to (and evolves from) the schema in force."""
+    if view.schema is None:
+        return True
+    seen = batch.base_schema if batch.base_schema is not None else batch.data_schema
+    return view.schema.equals(seen)
 
 
 #: one planned file-group range for rows entering a partition:
@@ -396,7 +446,12 @@ def run(engine: UpsertEngine, opts: UpsertOptions, *, choice: "EngineChoice | No
     started = time.perf_counter()
     table = Table.open(opts.table)
     cfg, view = resolve_config(opts, table)
-    batch_id = opts.batch_id or f"adhoc-{uuid.uuid4().hex}"
+    batch_id = opts.batch_id
+    if not batch_id:  # derived from the table, the source's files and the options: a rerun is a no-op
+        from spark_jobs.table.action.batch_id import default_batch_id
+
+        batch_id = default_batch_id(opts)
+        phases.note(f"batch id {batch_id} (derived from the source's files and the options; --batch-id to name it)")
     if table.config is not None:
         done = table.commit_for_batch(batch_id)
         if done is not None:
@@ -406,19 +461,19 @@ def run(engine: UpsertEngine, opts: UpsertOptions, *, choice: "EngineChoice | No
 
             repair(table)
             return _noop_result(table, done, batch_id)
-    batch = engine.prepare(opts, cfg, view, phases)
+    batches = [engine.prepare(opts, cfg, view, phases)]  # one more per re-validation (check_schema)
     try:
-        return _commit(engine, opts, table, cfg, view, batch, batch_id, phases, started, choice)
+        return _commit(engine, opts, table, cfg, view, batches, batch_id, phases, started, choice)
     finally:
-        engine.release(batch)
+        engine.release(batches[-1])
 
 
 def _commit(engine: UpsertEngine, opts: UpsertOptions, table: "Table", cfg: TableConfig,
-            view: FileSystemView | None, batch: PreparedBatch, batch_id: str, phases: Phases, started: float,
-            choice: "EngineChoice | None") -> dict[str, Any]:
+            view: FileSystemView | None, batches: list[PreparedBatch], batch_id: str, phases: Phases,
+            started: float, choice: "EngineChoice | None") -> dict[str, Any]:
     if table.config is None:
         cfg = table.create(cfg)
-        log.info("created table %s (%s index, %d buckets)", opts.table, cfg.index_type, cfg.num_buckets)
+        log.info("created table %s (%s index, %s)", opts.table, cfg.index_type, plural(cfg.num_buckets, "bucket"))
     repaired = table.rollback(timeout_s=opts.heartbeat_timeout_s)  # abandoned instants only; live writers go on
     if repaired:
         log.info("rolled back abandoned instants %s", ", ".join(repaired))
@@ -432,7 +487,21 @@ def _commit(engine: UpsertEngine, opts: UpsertOptions, table: "Table", cfg: Tabl
     planned_seq = view.seq  # a rollback of this instant can only decide after this position
 
     def attempt(view: FileSystemView, retries: list[dict[str, Any]]) -> dict[str, Any]:
-        check_schema(view, batch.data_schema)
+        batch = batches[-1]
+        if not check_schema(view, batch):
+            log.info("instant %s: the table's schema changed since the batch was validated; validating it again", ts)
+            engine.release(batch)
+            first = batches[0]
+            # columns a concurrent commit added since: the batch cannot have known them (a batch
+            # for a table created meanwhile gets no such allowance: it is validated as it is)
+            since = [] if first.base_schema is None else [
+                n for n in view.schema.names if n not in first.data_schema.names]
+            batch = engine.prepare(replace(opts, absent_columns=tuple(since)), cfg, view, phases)
+            batches.append(batch)
+        evolves = view.schema is not None and not view.schema.equals(batch.data_schema)
+        if evolves or (batch.carried is not None and cfg.merge_on_read):
+            # before any file is written: a release that cannot read them refuses the table instead
+            table.require_format(EVOLVING_FORMAT_VERSION, why="a schema change" if evolves else "a partial log")
         num_buckets = table.num_buckets(view)
         result = engine.write(Attempt(table=table, cfg=cfg, view=view, num_buckets=num_buckets, batch=batch,
                                       instant=ts, phases=phases, planned_seq=planned_seq,
@@ -445,12 +514,20 @@ def _commit(engine: UpsertEngine, opts: UpsertOptions, table: "Table", cfg: Tabl
             "batch_id": batch_id,
             "operation": opts.operation,
             "index_type": cfg.index_type,
-            "schema": encode_schema(batch.data_schema),
+            # only a commit that changes the schema records it (the view keeps the previous one):
+            # a writer must not put back the schema a concurrent alter replaced (format.md
+            # "Schema evolution"); two commits that both change it conflict (conflict.py)
+            **({"schema": encode_schema(batch.data_schema)}
+               if view.schema is None or not view.schema.equals(batch.data_schema) else {}),
             "snapshot_seq": view.seq,
             "conflicts": list(retries),
             **({"engine": choice.as_metadata()} if choice is not None else {}),
             **result,
         }
+        # the batch's size, set here once so both engines report the same figures: rows read
+        # (in-batch duplicates included) and distinct identities after dedupe
+        metadata["counts"] = {**result.get("counts", {}), "rows_in_batch": batch.n if batch.rows is None
+                              else batch.rows, "keys_in_batch": batch.n}
         session_ms = engine.session_start_ms()
         if session_ms is not None:  # JVM and session start, apart from the phases
             metadata["session_start_ms"] = session_ms
@@ -465,7 +542,7 @@ def _commit(engine: UpsertEngine, opts: UpsertOptions, table: "Table", cfg: Tabl
     phases.done("commit", f"check {txn.check_ms} ms")
     counts = metadata["counts"]
     log.info("committed %s: %d inserted, %d updated, %d deleted%s", ts, counts["inserted"], counts["updated"],
-             counts["deleted"], f" after {len(retries)} conflict(s)" if retries else "")
+             counts["deleted"], f" after {plural(len(retries), 'conflict')}" if retries else "")
     # the stored total stops at the commit point; the caller's total includes committing
     total = int((time.perf_counter() - started) * 1000)
     return {"instant": ts, "batch_id": batch_id, "noop": False, "counts": counts, "retries": len(retries),
