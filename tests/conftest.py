@@ -43,13 +43,10 @@ EXTENDED = {
     "[rewrite-after_data_file]":
         "a rewrite bootstrap is an upsert recorded as a bootstrap: the upsert crash tests cover its write path, "
         "reference-before_complete the bootstrap's recovery",
-    "tests/spark/test_concurrent_writers.py::test_three_writers_overlapping_then_disjoint[record-copy_on_write]":
-        "bucket-copy_on_write runs the same three processes and retries (the record index's key-level rule "
-        "is also in tests/unit/test_commit_protocol_stress.py); this one takes 140 s",
     "tests/spark/test_concurrent_writers.py::test_three_writers_overlapping_then_disjoint[record-merge_on_read]":
-        "bucket-copy_on_write; merge-on-read writers conflict on the same index deltas",
-    "tests/spark/test_concurrent_writers.py::test_forced_rollback_of_a_live_writer_never_leaves_a_broken_table"
-    "[after_requested-cli]": "after_index_file-operator",
+        "tests/unit/test_arrow_concurrent_writers.py runs the same rounds on Arrow for every index and table "
+        "type, and test_arrow_writer_racing_a_spark_writer_matches_the_oracle has a Spark writer retry over "
+        "an Arrow commit; this is the one case of three Spark writers",
     "tests/spark/test_concurrent_writers.py::test_forced_rollback_of_a_live_writer_never_leaves_a_broken_table"
     "[after_conflict_check-cli]": "after_index_file-operator",
     "tests/spark/test_retry_and_crash.py::test_killed_writer_leaves_old_snapshot_and_next_run_repairs"
