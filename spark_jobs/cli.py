@@ -20,7 +20,6 @@ import logging
 import os
 import re
 import sys
-import tempfile  # noqa: F401 - the Spark log's last resort (spark_jobs.home) is tempfile.gettempdir()
 from typing import TYPE_CHECKING, Callable
 
 from spark_jobs.exceptions import BadInputError, RetryableError, TableCorruptError
@@ -529,6 +528,8 @@ def cmd_show(args: argparse.Namespace, submitted: bool) -> int:
         t = c["timings_ms"]
         phases = " ".join(f"{k[:-3]}={v}" for k, v in t.items() if k != "total_ms")
         cnt = (f" +{counts.get('inserted', 0)} ~{counts.get('updated', 0)} -{counts.get('deleted', 0)}" if counts else "")
+        if "keys_in_batch" in counts:  # rows read (in-batch duplicates included) and distinct keys
+            cnt += f" of {plural(counts.get('rows_in_batch', 0), 'row')}, {plural(counts['keys_in_batch'], 'key')}"
         if c["action"] == "rollback":
             print(f"  {c['instant']} rollback   of {c['rolled_back']}")
             continue

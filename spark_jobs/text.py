@@ -8,6 +8,7 @@ from __future__ import annotations
 
 __all__ = ["plural"]
 
+
 def plural(n: int | float, noun: str, plural_form: str | None = None) -> str:
     """``"1 file group"``, ``"3 file groups"``, ``"0 rows"``: ``n`` and ``noun`` in the form ``n`` takes.
 

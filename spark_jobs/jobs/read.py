@@ -21,6 +21,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from spark_jobs.jobs import tasks
 from spark_jobs.jobs.session import default_parallelism
+from spark_jobs.table.config import EVOLVING_FORMAT_VERSION
 from spark_jobs.table.layout import is_reference
 from spark_jobs.table.reader import META_PREFIX
 from spark_jobs.table.table import Table
@@ -168,6 +169,9 @@ def _merged_natively(spark: SparkSession, table: Table, slices: list[FileSlice],
     listing = _file_list(spark, merged)
     drops = listing.mapInArrow(tasks.bind_batches(tasks.slice_drops, **args), tasks.DROPS_SCHEMA)
     rows = scan.join(F.broadcast(drops), ["_bi_f", "_bi_r"], "left_anti").drop("_bi_f", "_bi_r")
+    assert table.config is not None
+    if table.config.format_version < EVOLVING_FORMAT_VERSION:
+        return rows  # no partial log: the first one upgrades the table before it is written (format.md §9)
     # a slice with a partial log (format.md §5.1) overlays columns, which no plan of whole rows
     # expresses: slice_drops drops all its rows and this reads it merged whole, in Arrow
     partial = listing.mapInArrow(tasks.bind_batches(tasks.read_partial_slices, **args), schema)

@@ -70,7 +70,8 @@ def read_data_file(table: Table, rel: str, columns: Sequence[str] | None = None,
 
     With ``schema`` (the snapshot's), the file is read in it (:func:`~spark_jobs.table.schema.conform`):
     a file written before a column was added or widened gets the column as null, or widened.
-    Only columns the file holds are asked of Parquet."""
+    A requested column the file lacks is left out of what is read (Parquet refuses to project
+    it: the read is retried with the file's own columns) and ``schema`` fills it in."""
     if schema is not None:
         return _cast(read_data_file(table, rel, columns), schema, columns)
     cols = list(columns) if columns is not None else None

@@ -252,6 +252,11 @@ def test_rows_in_batch_counts_rows_and_keys_in_batch_counts_keys(table):
     assert commits(uri)[-1]["counts"] == out["counts"]
     first = commits(uri)[0]["counts"]
     assert first["rows_in_batch"] == first["keys_in_batch"] == 4
+    shown = cli("show", uri)
+    assert shown.returncode == 0, shown.stderr
+    assert f"batch={out['batch_id']}" in shown.stdout
+    line = next(ln for ln in shown.stdout.splitlines() if f"batch={out['batch_id']}" in ln)
+    assert " of 5 rows, 4 keys" in line, line
 
 
 # -- the Airflow upsert operator: record_key optional too ----------------------------------------------

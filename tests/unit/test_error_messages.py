@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -146,5 +147,5 @@ def test_an_unwritable_spark_log_falls_back_to_a_temp_file(tmp_path, monkeypatch
     monkeypatch.setattr(session, "get_spark", lambda *a, **k: opened.append(os.readlink("/proc/self/fd/2")) or "s")
     args = argparse.Namespace(remote=None, master="local[1]", driver_memory=None, verbose=False)
     assert cli._spark(args, False) == "s"
-    assert opened and opened[0].startswith(os.path.join(cli.tempfile.gettempdir(), "bucketindex-spark-"))
+    assert opened and opened[0].startswith(os.path.join(tempfile.gettempdir(), "bucketindex-spark-"))
     os.unlink(opened[0])
