@@ -47,38 +47,28 @@ def precheck_upsert(opts: UpsertOptions) -> None:
     validation checks again)."""
     from spark_jobs.exceptions import BadInputError
     from spark_jobs.io.filesystem import resolve
-    from spark_jobs.table.action.upsert import resolve_config
-    from spark_jobs.table.schema import precheck_batch
+    from spark_jobs.table.action.upsert import check_source_columns, resolve_config
+    from spark_jobs.table.schema import check_batch_schema, check_timestamp_units, footer_schema
     from spark_jobs.table.table import Table
 
     io, path = resolve(opts.source)
     if not io.exists(path):
         raise BadInputError(f"source {opts.source} does not exist")
-    cfg, _ = resolve_config(opts, Table.open(opts.table))
-    _precheck_named_fields(opts, cfg)
-    precheck_batch(table_uri=opts.table, source=opts.source, source_format=opts.source_format,
-                   record_key=cfg.record_key_fields, delete_field=opts.delete_field,
-                   partial_update=opts.partial_update, schema_evolution=opts.schema_evolution)
-
-
-def _precheck_named_fields(opts: UpsertOptions, cfg: Any) -> None:
-    """The column rules that need no row (:func:`~spark_jobs.table.action.upsert.check_source_columns`:
-    key, precombine, partition and delete fields present, no reserved name) from the footers of a
-    flat Parquet source; anything not cheap and sure (other formats, Hive directories, globs) is
-    left to the engine's validation, which applies the same function."""
-    from spark_jobs.table.action.upsert import check_source_columns
-    from spark_jobs.table.schema import _source_schema
-
-    if opts.source_format != "parquet" or opts.source_df is not None:
+    cfg, view = resolve_config(opts, Table.open(opts.table))
+    # from the footers of a flat Parquet source, read once; anything not cheap and sure (other
+    # formats, Hive directories, globs, unreadable files) is left to the engine's validation,
+    # which applies the same functions
+    batch = footer_schema(opts.source) if opts.source_format == "parquet" else None
+    if batch is None:
         return
-    try:
-        schema = _source_schema(opts.source)
-    except Exception:  # noqa: BLE001 - a pre-check never fails a run the validation would judge
-        return
-    if schema is None:
-        return
-    # the delete field's type needs Spark's name for it: passed as acceptable here, checked by the engine
-    check_source_columns(cfg=cfg, delete_field=opts.delete_field, columns=schema.names, delete_type="boolean")
+    if opts.source_df is None:
+        # the delete field's type needs Spark's name for it: passed as acceptable here, checked by the engine
+        check_source_columns(cfg=cfg, delete_field=opts.delete_field, columns=batch.names, delete_type="boolean")
+    check_timestamp_units(batch, source=opts.source)  # Spark's reader would refuse them less helpfully
+    if view is not None and view.schema is not None:
+        check_batch_schema(batch=batch, config=cfg, table_schema=view.schema, record_key=cfg.record_key_fields,
+                           delete_field=opts.delete_field, partial_update=opts.partial_update,
+                           schema_evolution=opts.schema_evolution)
 
 
 def upsert_footprint(opts: UpsertOptions) -> int:

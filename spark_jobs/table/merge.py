@@ -119,11 +119,24 @@ def plan_slice(base: pa.Table | None, logs: Sequence[pa.Table], *, key: str, pre
         none = np.zeros(0, dtype=np.int64)
         everything = np.arange(base.num_rows if base is not None else 0, dtype=np.int64)
         return SlicePlan(dropped=everything, live=[none for _ in logs], partial=True)
+    parts, touched_rows = _candidates(base, logs, key=key, precombine=precombine)
+    winners_pos, winners_row = _winners(parts, key, precombine)
+    base_kept = winners_row[winners_pos == 0]
+    dropped = np.setdiff1d(touched_rows, base_kept, assume_unique=True)
+    live = [np.sort(winners_row[winners_pos == i]) for i in range(1, len(logs) + 1)]
+    return SlicePlan(dropped=dropped, live=live)
+
+
+def _candidates(base: pa.Table | None, logs: Sequence[pa.Table], *, key: str,
+                precombine: str | None) -> tuple[list[pa.Table], np.ndarray]:
+    """The rows a slice's merge decides between, tagged with their position (0: the base) and
+    row: the base rows whose key some log names (most of a base is untouched by its logs: only
+    those take part; returned as the second value) and every log row, with the key, the
+    precombine value and the op. Both merges (the positional plan and the partial fold) start here."""
     need = [key] + ([precombine] if precombine else [])
     parts = []
     touched_rows = np.zeros(0, dtype=np.int64)
     if base is not None and base.num_rows:
-        # most of a base is untouched by its logs: only rows whose key a log names take part
         log_keys = [lg.column(key).combine_chunks() for lg in logs if lg.num_rows]
         ktype = base.schema.field(key).type
         value_set = pa.concat_arrays([k.cast(ktype) for k in log_keys]) if log_keys else pa.array([], ktype)
@@ -134,22 +147,7 @@ def plan_slice(base: pa.Table | None, logs: Sequence[pa.Table], *, key: str, pre
     for i, log in enumerate(logs, start=1):
         if log.num_rows:
             parts.append(_tagged(log.select(need), i, np.arange(log.num_rows), None, log.column(LOG_OP)))
-    winners_pos, winners_row = _winners(parts, key, precombine)
-    base_kept = winners_row[winners_pos == 0]
-    dropped = np.setdiff1d(touched_rows, base_kept, assume_unique=True)
-    live = [np.sort(winners_row[winners_pos == i]) for i in range(1, len(logs) + 1)]
-    return SlicePlan(dropped=dropped, live=live)
-
-
-def _touched(base: pa.Table | None, logs: Sequence[pa.Table], key: str) -> np.ndarray:
-    """Rows of ``base`` whose key some log names (most of a base is untouched by its logs)."""
-    if base is None or not base.num_rows:
-        return np.zeros(0, dtype=np.int64)
-    log_keys = [lg.column(key).combine_chunks() for lg in logs if lg.num_rows]
-    ktype = base.schema.field(key).type
-    value_set = pa.concat_arrays([k.cast(ktype) for k in log_keys]) if log_keys else pa.array([], ktype)
-    touched = pc.is_in(base.column(key), value_set=value_set)
-    return np.flatnonzero(touched.to_numpy(zero_copy_only=False))
+    return parts, touched_rows
 
 
 def _merge_partial(base: pa.Table | None, logs: Sequence[pa.Table], carried: list[frozenset[str] | None], *,
@@ -164,14 +162,7 @@ def _merge_partial(base: pa.Table | None, logs: Sequence[pa.Table], carried: lis
     the last accepted row of each key among the files carrying it. Untouched base rows pass
     through as they are.
     """
-    touched_rows = _touched(base, logs, key)
-    need = [key] + ([precombine] if precombine else [])
-    parts = []
-    if touched_rows.size:
-        parts.append(_tagged(base.select(need).take(pa.array(touched_rows)), 0, touched_rows, LOG_UPSERT))
-    for i, log in enumerate(logs, start=1):
-        if log.num_rows:
-            parts.append(_tagged(log.select(need), i, np.arange(log.num_rows), None, log.column(LOG_OP)))
+    parts, touched_rows = _candidates(base, logs, key=key, precombine=precombine)
     first = base if base is not None else logs[0]
     out_schema = pa.schema([first.schema.field(c) if c in first.column_names else
                             next(lg.schema.field(c) for lg in logs if c in lg.column_names) for c in cols])

@@ -2,22 +2,25 @@
 and what type a zone-aware timestamp is stored as.
 
 Every engine asks here -- the Spark upsert's validation, a rewrite or reference bootstrap,
-and the pyarrow pre-check the CLI runs before a JVM starts (:func:`precheck_batch`) -- so
+and the pyarrow pre-check the CLI runs before a JVM starts (:func:`check_batch_schema`) -- so
 the rules cannot drift apart between them.
 """
 
 from __future__ import annotations
 
 import posixpath
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import pyarrow as pa
 
 from spark_jobs.exceptions import BadInputError
 
+if TYPE_CHECKING:
+    from spark_jobs.table.config import TableConfig
+
 __all__ = ["STORED_TZ", "stored_type", "stored_schema", "check_timestamp_units", "check_batch_columns",
            "refuse_missing_columns", "missing_columns_message", "carried_columns", "refuse_missing_fields",
-           "precheck_batch", "SCHEMA_EVOLUTION_CHOICES", "parse_schema_evolution", "parse_type_name", "type_name",
+           "check_batch_schema", "footer_schema", "SCHEMA_EVOLUTION_CHOICES", "parse_schema_evolution", "parse_type_name", "type_name",
            "widens", "widening_problem", "evolve", "schema_changes", "conform"]
 
 #: the time zone of every zone-aware timestamp a table stores (format.md §5). Spark holds a
@@ -140,55 +143,47 @@ def refuse_missing_fields(*, columns: Sequence[str], record_key: Sequence[str], 
             raise BadInputError(f"{label} field {f!r} is not in the source (columns: {', '.join(columns)})")
 
 
-def precheck_batch(*, table_uri: str, source: str, source_format: str, record_key: Sequence[str],
-                   delete_field: str | None, partial_update: bool = False,
-                   schema_evolution: "str | Sequence[str] | None" = None) -> None:
-    """The column rules of :func:`check_batch_columns` (and :func:`check_timestamp_units`)
-    from Parquet footers alone, before a JVM starts: a bad batch costs a second, not a Spark session.
+def check_batch_schema(*, batch: pa.Schema, config: "TableConfig", table_schema: pa.Schema, record_key: Sequence[str],
+                       delete_field: str | None, partial_update: bool = False,
+                       schema_evolution: "str | Sequence[str] | None" = None) -> None:
+    """The column rules of :func:`check_batch_columns` and :func:`evolve` on a batch's schema
+    from its Parquet footers (``batch``: :func:`footer_schema`) against an existing table
+    (``config``; ``table_schema``, the snapshot's data schema), before a JVM starts: a bad batch
+    costs a second, not a Spark session (``spark_jobs.engines.precheck_upsert``).
 
-    Only what can be told cheaply and surely is refused here: a Parquet file or a flat
-    directory of a few Parquet files, a table that exists, and a batch without a delete
-    column (whether every row deletes needs the rows). Anything else -- other formats,
-    Hive directories, globs, unreadable files, a missing key column -- is left to the Spark
+    Only what can be told surely from schemas is refused here: a batch without a delete column
+    (whether every row deletes needs the rows), with the key columns and no reserved name.
+    Anything else -- a missing key column, the fields' own messages -- is left to the
     validation, which applies the same rules and names the same problems.
     """
-    if source_format != "parquet":
-        return
-    from spark_jobs.table.table import Table  # the table module imports much; only this pre-check needs it
-
-    try:
-        batch = _source_schema(source)
-    except Exception:  # noqa: BLE001 - a pre-check never fails a run the validation would judge
-        return
-    if batch is None:
-        return
-    check_timestamp_units(batch, source=source)  # Spark's reader would refuse them less helpfully
-    try:
-        table = Table.open(table_uri)
-        schema = table.view().schema if table.config is not None else None
-    except Exception:  # noqa: BLE001 - as above: damaged metadata is the job's to report
-        return
-    if schema is None or table.config is None:
-        return
     names = batch.names
     if partial_update:  # a partial batch still needs these; the validation would say so after a JVM start
-        refuse_missing_fields(columns=names, record_key=table.config.record_key_fields,
-                              partition_fields=table.config.partition_fields,
-                              precombine_field=table.config.precombine_field)
+        refuse_missing_fields(columns=names, record_key=config.record_key_fields,
+                              partition_fields=config.partition_fields, precombine_field=config.precombine_field)
     if any(k not in names for k in record_key) or any(c.startswith("_bi_") for c in names):
         return  # the validation names the key column, or the reserved prefix
+    schema = table_schema
     stored = _stored_batch_schema(batch)
     if stored is not None:  # the engines' evolution rule (:func:`evolve`): extra columns, widenings
         schema = evolve(schema, stored, modes=parse_schema_evolution(schema_evolution), delete_field=delete_field,
-                        text_fixed=text_fixed_columns(table.config))
+                        text_fixed=text_fixed_columns(config))
     if delete_field:
         return  # a batch of deletes alone may omit columns: that needs the rows (or the field is absent)
     missing = check_batch_columns(table_columns=[n for n in schema.names if n != _KEY_COLUMN],
                                   batch_columns=names, delete_field=delete_field)
-    special = {*table.config.record_key_fields, *table.config.partition_fields, table.config.precombine_field}
+    special = {*config.record_key_fields, *config.partition_fields, config.precombine_field}
     if any(c in special for c in missing):
         return  # those have messages of their own (the validation's)
     refuse_missing_columns(missing=missing, non_delete_rows=1, partial_update=partial_update)
+
+
+def footer_schema(source: str) -> pa.Schema | None:
+    """:func:`_source_schema`, or None when reading the footers fails: a pre-check never fails a
+    run the validation would judge (it names an unreadable file in its own words)."""
+    try:
+        return _source_schema(source)
+    except Exception:  # noqa: BLE001
+        return None
 
 
 #: a flat source directory with more files than this is not pre-checked (a footer read per file)

@@ -103,7 +103,8 @@ def test_nanosecond_timestamps_are_refused_before_spark(tmp_path):
     """pandas writes nanoseconds; Spark holds microseconds: one line naming the column and the
     fix, before a JVM starts (an upsert's CLI pre-check and a bootstrap alike)."""
     from spark_jobs.exceptions import BadInputError
-    from spark_jobs.table.schema import precheck_batch
+    from spark_jobs.engines import precheck_upsert
+    from spark_jobs.table.action.upsert import UpsertOptions
 
     src = tmp_path / "dataset"
     src.mkdir()
@@ -113,6 +114,6 @@ def test_nanosecond_timestamps_are_refused_before_spark(tmp_path):
         run_bootstrap(lambda: pytest.fail("started Spark"), BootstrapOptions(
             table=str(tmp_path / "t"), source=str(src), record_key=["id"], mode="rewrite"))
     with pytest.raises(BadInputError, match="coerce_timestamps='us'"):
-        precheck_batch(table_uri=str(tmp_path / "t"), source=str(src / "part-0.parquet"), source_format="parquet",
-                       record_key=["id"], delete_field=None)
+        precheck_upsert(UpsertOptions(table=str(tmp_path / "t"), source=str(src / "part-0.parquet"),
+                                      record_key=["id"]))
     assert not (tmp_path / "t").exists()

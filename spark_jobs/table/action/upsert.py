@@ -58,7 +58,7 @@ from spark_jobs.table.config import (
     TableConfig,
     check_field_names,
 )
-from spark_jobs.table.schema import parse_schema_evolution
+from spark_jobs.table.schema import parse_schema_evolution, refuse_missing_fields
 from spark_jobs.table.timeline import Action
 from spark_jobs.table.view import FileSystemView, encode_schema
 from spark_jobs.testing.faults import maybe_crash
@@ -342,13 +342,10 @@ def check_source_columns(*, cfg: TableConfig, delete_field: str | None, columns:
     """The batch's column rules that need no row: the named fields exist, no reserved name, a
     delete field of a readable type (``delete_type``: its Spark simple name). Returns the data
     columns (the source's, without the delete field)."""
-    for f in cfg.record_key_fields:
-        if f not in columns:
-            raise BadInputError(f"record key field {f!r} is not in the source (columns: {', '.join(columns)})")
-    for label, f in (("precombine", cfg.precombine_field), ("partition", (cfg.partition_fields or [None])[0]),
-                     ("delete", delete_field)):
-        if f and f not in columns:
-            raise BadInputError(f"{label} field {f!r} is not in the source (columns: {', '.join(columns)})")
+    refuse_missing_fields(columns=columns, record_key=cfg.record_key_fields, partition_fields=cfg.partition_fields,
+                          precombine_field=cfg.precombine_field)
+    if delete_field and delete_field not in columns:
+        raise BadInputError(f"delete field {delete_field!r} is not in the source (columns: {', '.join(columns)})")
     data_cols = [c for c in columns if c != delete_field]
     if any(c.startswith("_bi_") for c in data_cols):
         raise BadInputError("source columns may not start with '_bi_' (reserved for bucketindex)")
