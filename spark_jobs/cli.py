@@ -312,9 +312,27 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
     bs.add_argument("--heartbeat-timeout", type=float,
                     help="seconds without a heartbeat before a pending write counts as abandoned (default 60)")
     _add_spark_options(bs)
+    for verb in (up, rd, sh, va, sc, rb, co, cl, al, rh, bs):
+        verb.add_argument("--storage-option", action="append", default=[], type=_storage_option,
+                          metavar="KEY=VALUE", help=STORAGE_OPTION_HELP)
     for name, text in (extra_verbs or {}).items():
         sub.add_parser(name, help=text)
     return p
+
+
+STORAGE_OPTION_HELP = ("a setting of the table's (and source's) object store, repeatable: endpoint_url, region, "
+                       "access_key_id, secret_access_key, session_token, profile, addressing_style; over "
+                       "$BUCKETINDEX_STORAGE_OPTIONS and AWS_* variables, under the URI's own query "
+                       "(README, \"Object storage\")")
+
+
+def _storage_option(text: str) -> tuple[str, str]:
+    from spark_jobs.io.storage import parse_option
+
+    try:
+        return parse_option(text)
+    except BadInputError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
 
 
 def _spark(args: argparse.Namespace, submitted: bool):  # type: ignore[no-untyped-def]
@@ -874,6 +892,10 @@ def _main(argv: list[str] | None = None, *, submitted: bool = False,
         stream=sys.stderr,
     )
     logging.getLogger("py4j").setLevel(logging.WARNING)
+    if hasattr(args, "storage_option"):  # this run's settings, carried to Spark tasks by the jobs
+        from spark_jobs.io import storage
+
+        storage.configure(dict(args.storage_option))
     if hasattr(args, "remote"):  # a Spark verb: a Connect server's tasks do not share our working directory
         for name in ("table", "source"):
             if getattr(args, name, None):

@@ -6,6 +6,9 @@ its exit status) maps it to one:
 * :class:`BadInputError` -- fix the input: exit 2, one line, nothing written;
 * :class:`RetryableError` -- try again (a conflict, a live writer): exit 3, nothing written,
   safe to rerun with the same batch id;
+* :class:`StorageUnavailableError` -- the store did not answer (unreachable, throttled, a
+  conditional put left undecided): exit 3, nothing committed, a scheduler retries;
+* :class:`MissingDependencyError` -- install what is named: exit 1, one line;
 * :class:`TableCorruptError` -- repair the table (a damaged or missing file of its own, a path
   recorded outside its root): exit 1, one line naming the file.
 
@@ -27,6 +30,9 @@ __all__ = [
     "InstantRolledBackError",
     "TableCorruptError",
     "PathEscapeError",
+    "UnsupportedStorageError",
+    "StorageUnavailableError",
+    "MissingDependencyError",
 ]
 
 
@@ -52,6 +58,19 @@ class EngineUnsupportedError(BadInputError):
     instead; asked for explicitly, it is bad input (exit 2, nothing written)."""
 
 
+class UnsupportedStorageError(BadInputError):
+    """A table on a store this release cannot commit to safely (no create-if-absent primitive:
+    HDFS through pyarrow, GCS, Azure): refused when the table is opened, before anything is
+    written, never as a ``NotImplementedError`` at the first commit (format.md §10)."""
+
+
+class MissingDependencyError(BucketIndexError, RuntimeError):
+    """A package or connector this run needs is not installed: exit 1, one line naming it.
+
+    Not bad input: the command and the data are fine, and the same command works once the
+    package is installed."""
+
+
 class RetryableError(BucketIndexError, RuntimeError):
     """Nothing was written and the same call may succeed later: exit status 3, a scheduler retries."""
 
@@ -62,6 +81,12 @@ class ConflictError(RetryableError):
 
 class WriterAliveError(RetryableError):
     """A pending instant still has a live writer: the table (or that instant) is busy."""
+
+
+class StorageUnavailableError(RetryableError):
+    """The store did not answer or could not decide (a connection refused, a timeout, a conditional
+    put that kept conflicting): nothing was committed, and the same call may succeed later.
+    Never bad input: the batch is fine."""
 
 
 class InstantRolledBackError(RetryableError):

@@ -1,5 +1,6 @@
 """Test-wide environment: executors must run this interpreter (it has pyarrow); one local
-Spark Connect server per run, started only if a test asks for it; and the extended tier."""
+Spark Connect server and one S3-compatible server per run, each started only if a test asks
+for it; and the extended tier."""
 
 import os
 import sys
@@ -10,6 +11,42 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 # spark-submit from a pip-installed pyspark lives beside this interpreter
 os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+
+
+@pytest.fixture(scope="session")
+def s3_server():  # type: ignore[no-untyped-def]
+    """One counting S3-compatible server (moto, in its own process) on a free loopback port
+    per run (:mod:`spark_jobs.testing.s3_server`)."""
+    from spark_jobs.testing.s3_server import start_server
+
+    server = start_server()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch):  # type: ignore[no-untyped-def]
+    """The server, reachable through this process's ``AWS_*`` environment (and so its children's:
+    CLI subprocesses, Spark's Python workers), with no storage options left by another test."""
+    from spark_jobs.io import storage
+
+    for k, v in s3_server.env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("BUCKETINDEX_STORAGE_OPTIONS", raising=False)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    storage.configure(None)
+    yield s3_server
+    storage.configure(None)
+
+
+@pytest.fixture
+def bucket(s3):  # type: ignore[no-untyped-def]
+    """A new, empty bucket for this test: ``s3://<name>``."""
+    import uuid
+
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    s3.create_bucket(name)
+    return f"s3://{name}"
 
 
 @pytest.fixture(scope="session")

@@ -8,9 +8,10 @@ each backend implements it with what that storage guarantees:
 
 * local disk: write a temp file, then ``os.link`` it to the final name (``link`` fails
   if the name exists, and the content is complete before the name appears);
-* HDFS: write a temp file, then ``rename`` (HDFS rename never overwrites);
 * S3: a conditional ``PutObject`` with ``If-None-Match: *`` through boto3 (pyarrow has no
-  conditional put).
+  conditional put), retried on the same key after a 409;
+* HDFS, GCS, Azure: none this release trusts, so a table there is refused when it is opened
+  (:func:`refuse_uncommittable`); their files are still readable (sources).
 """
 
 from __future__ import annotations
@@ -19,15 +20,22 @@ import copy
 import errno
 import os
 import posixpath
+import random
+import threading
+import time
 import uuid
+from contextlib import contextmanager
+from typing import Any, Callable, Iterable, Iterator
 from urllib.parse import urlparse
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from spark_jobs.exceptions import PathEscapeError
+from spark_jobs.exceptions import BadInputError, PathEscapeError, StorageUnavailableError, UnsupportedStorageError
+from spark_jobs.io.storage import StorageConfig, split_uri_options
 
-__all__ = ["FileIO", "InstantExistsError", "PathEscapeError", "is_inside", "resolve"]
+__all__ = ["FileIO", "InstantExistsError", "PathEscapeError", "is_inside", "resolve", "refuse_uncommittable",
+           "normalise_uri", "scheme_of", "clear_cache"]
 
 #: what a delete treats as "not there": a missing file, a missing or non-directory parent,
 #: and a name too long to exist at all (a write that failed on it created nothing)
@@ -48,6 +56,9 @@ class FileIO:
     """Filesystem operations over one pyarrow filesystem; paths are filesystem paths."""
 
     scheme = "generic"
+    #: whether :meth:`create_exclusive` is a real create-if-absent on this store (a table
+    #: can live here); :func:`refuse_uncommittable` refuses a table where it is not
+    supports_exclusive_create = True
 
     def __init__(self, fs: pafs.FileSystem) -> None:
         self.fs = fs
@@ -134,6 +145,11 @@ class FileIO:
             if not isinstance(e, FileNotFoundError) and e.errno not in _ABSENT_ERRNOS:
                 raise
 
+    def delete_many(self, paths: Iterable[str]) -> None:
+        """Delete files (missing ones are fine); object stores batch them into few requests."""
+        for path in paths:
+            self.delete(path)
+
     def delete_dir(self, path: str) -> None:
         self._guard(path)
         try:
@@ -207,69 +223,219 @@ class LocalFileIO(FileIO):
 
 
 class HadoopFileIO(FileIO):
-    scheme = "hdfs"
+    """HDFS through pyarrow (libhdfs): readable, but no table can be committed to it.
 
-    def write_atomic(self, path: str, data: bytes) -> None:
-        # HDFS rename does not overwrite: the name is briefly absent (never torn); readers
-        # of heartbeats treat an absent file with the plan's start time (heartbeat.is_alive).
-        tmp = self._tmp_name(path)
-        try:
-            self.write_bytes(tmp, data)
-            self.delete(path)
-            self.fs.move(tmp, path)
-        except BaseException:
-            self._delete_quietly(tmp)
-            raise
+    pyarrow's ``move`` replaces an existing destination on HDFS, so a temp file renamed to a
+    commit slot can clobber another writer's commit, and libhdfs offers no create that fails
+    when the file exists. Until one exists here, a table on ``hdfs://`` is refused when it is
+    opened (:func:`refuse_uncommittable`); a source on HDFS is read as any other.
+    """
+
+    scheme = "hdfs"
+    supports_exclusive_create = False
 
     def create_exclusive(self, path: str, data: bytes) -> None:
-        tmp = self._tmp_name(path)
-        try:
-            self.write_bytes(tmp, data)
-        except BaseException:
-            self._delete_quietly(tmp)  # a half-written temp file would stay forever
-            raise
-        if self.exists(path):
-            self.delete(tmp)
-            raise InstantExistsError(f"{path} already exists")
-        try:
-            self.fs.move(tmp, path)  # HDFS rename refuses to overwrite an existing file
-        except OSError as e:
-            self.delete(tmp)
-            raise InstantExistsError(f"{path} already exists") from e
+        raise UnsupportedStorageError(_UNSUPPORTED["hdfs"])
 
 
 class S3FileIO(FileIO):
+    """S3 and S3-compatible stores: pyarrow's S3 filesystem for reads and plain writes, and one
+    boto3 client, built from the same :class:`~spark_jobs.io.storage.StorageConfig`, for the
+    requests pyarrow cannot make: the conditional ``PutObject`` of a commit and batch deletes.
+
+    No directory markers: an object store has no directories, so :meth:`mkdirs` writes nothing
+    (format.md §10, the request budget).
+    """
+
     scheme = "s3"
+    #: a 409 ``ConditionalRequestConflict`` (another conditional put on the same key in flight)
+    #: is retried on the same key this often before the commit gives up as retryable
+    CONFLICT_RETRIES = 8
+    #: keys per ``DeleteObjects`` request (S3's limit)
+    DELETE_BATCH = 1000
+
+    def __init__(self, fs: pafs.FileSystem, config: StorageConfig | None = None) -> None:
+        super().__init__(fs)
+        self.config = config or StorageConfig()
+        # shared by the confined copies of this FileIO: one client per store, built on first use
+        self._clients: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def client(self) -> Any:
+        with self._lock:
+            if "s3" not in self._clients:
+                self._clients["s3"] = self.config.s3_client()
+            return self._clients["s3"]
+
+    def mkdirs(self, path: str) -> None:
+        self._guard(path)  # nothing to create: a key's prefix needs no object
+
+    @staticmethod
+    def _split(path: str) -> tuple[str, str]:
+        bucket, _, key = path.partition("/")
+        return bucket, key
 
     def create_exclusive(self, path: str, data: bytes) -> None:
-        try:
-            import boto3  # optional: only object-store commits need it
-            from botocore.exceptions import ClientError
-        except ImportError as e:  # pragma: no cover - depends on the installation
-            raise RuntimeError(
-                "committing to s3:// needs boto3 (conditional PutObject); pip install boto3"
-            ) from e
+        """One conditional ``PutObject`` with ``If-None-Match: *``: 412 means another writer
+        holds the key (InstantExistsError); 409 ``ConditionalRequestConflict`` means a
+        concurrent conditional put on the key was still undecided, so the same key is tried
+        again (format.md §10)."""
+        from botocore.exceptions import ClientError
+
         self._guard(path)
-        bucket, _, key = path.partition("/")
-        try:
-            boto3.client("s3").put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
-        except ClientError as e:
-            if e.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict"):
-                raise InstantExistsError(f"s3://{path} already exists") from e
-            raise
+        bucket, key = self._split(path)
+        for attempt in range(self.CONFLICT_RETRIES + 1):
+            try:
+                with _store_errors(f"s3://{path}"):
+                    self.client.put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+                return
+            except ClientError as e:
+                code = str(e.response.get("Error", {}).get("Code"))
+                status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+                if code == "PreconditionFailed" or status == 412:
+                    raise InstantExistsError(f"s3://{path} already exists") from e
+                if code == "ConditionalRequestConflict" or status == 409:
+                    time.sleep(min(1.0, 0.02 * 2 ** attempt) * (0.5 + random.random()))
+                    continue
+                raise
+        raise StorageUnavailableError(
+            f"s3://{path}: the store kept answering 409 ConditionalRequestConflict to a conditional put; "
+            f"nothing was committed, safe to retry")
+
+    def delete(self, path: str) -> None:
+        """One ``DeleteObject`` (pyarrow's delete also re-creates the parent's directory marker)."""
+        self._guard(path)
+        bucket, key = self._split(path)
+        with _store_errors(f"s3://{path}"):
+            self.client.delete_object(Bucket=bucket, Key=key)  # a missing key is not an error on S3
+
+    def delete_many(self, paths: Iterable[str]) -> None:
+        """``DeleteObjects``, up to 1,000 keys a request; missing keys are not errors."""
+        by_bucket: dict[str, list[str]] = {}
+        for path in paths:
+            self._guard(path)
+            bucket, key = self._split(path)
+            by_bucket.setdefault(bucket, []).append(key)
+        for bucket, keys in by_bucket.items():
+            for i in range(0, len(keys), self.DELETE_BATCH):
+                chunk = keys[i:i + self.DELETE_BATCH]
+                with _store_errors(f"s3://{bucket}"):
+                    answer = self.client.delete_objects(
+                        Bucket=bucket, Delete={"Objects": [{"Key": k} for k in chunk], "Quiet": True})
+                failed = [e for e in answer.get("Errors", []) if e.get("Code") != "NoSuchKey"]
+                if failed:
+                    first = failed[0]
+                    raise OSError(errno.EIO, f"delete refused: {first.get('Code')} {first.get('Message')}",
+                                  f"s3://{bucket}/{first.get('Key')}")
 
 
-def resolve(uri: str) -> tuple[FileIO, str]:
-    """The FileIO for ``uri`` and the path inside it; a bare path means the local disk."""
+class UncommittableFileIO(FileIO):
+    """A store pyarrow reads but this release cannot commit to (GCS, Azure): see :func:`refuse_uncommittable`."""
+
+    supports_exclusive_create = False
+
+    def __init__(self, fs: pafs.FileSystem, scheme: str) -> None:
+        super().__init__(fs)
+        self.scheme = scheme
+
+    def create_exclusive(self, path: str, data: bytes) -> None:
+        raise UnsupportedStorageError(_UNSUPPORTED.get(self.scheme, _UNSUPPORTED["other"]).format(scheme=self.scheme))
+
+
+#: why a table cannot live on a store, one line each (format.md §10)
+_UNSUPPORTED = {
+    "hdfs": "tables on hdfs:// are not supported yet: pyarrow's HDFS client has no create that fails when the "
+            "file exists and its rename replaces one, so two writers could both take one commit; HDFS sources "
+            "can be read",
+    "gs": "tables on gs:// are not supported yet: committing needs a create-if-absent (a generation-match-0 "
+          "upload) that pyarrow's GCS filesystem does not offer; GCS sources can be read",
+    "abfs": "tables on {scheme}:// are not supported yet: committing needs a create-if-absent (If-None-Match: *) "
+            "that pyarrow's Azure filesystem does not offer; Azure sources can be read",
+    "other": "tables on {scheme}:// are not supported: its store has no create-if-absent this release can use",
+}
+
+#: URI schemes that name the same store as another (Hadoop's S3 connectors' schemes)
+SCHEME_ALIASES = {"s3a": "s3", "s3n": "s3", "gcs": "gs", "abfss": "abfs", "az": "abfs"}
+
+_cache: dict[tuple[str, StorageConfig], FileIO] = {}
+_cache_lock = threading.Lock()
+
+
+def clear_cache() -> None:
+    """Forget the built FileIOs (the run's storage options changed)."""
+    with _cache_lock:
+        _cache.clear()
+
+
+def normalise_uri(uri: str) -> str:
+    """``uri`` with an alias scheme replaced (``s3a://b/t`` -> ``s3://b/t``)."""
+    parsed = urlparse(uri)
+    alias = SCHEME_ALIASES.get(parsed.scheme.lower())
+    if alias is None:
+        return uri
+    return alias + uri[len(parsed.scheme):]
+
+
+def scheme_of(uri: str) -> str:
+    """The store a URI names: ``file`` for a plain path, aliases resolved."""
+    parsed = urlparse(uri)
+    if parsed.scheme == "" or len(parsed.scheme) == 1:
+        return "file"
+    return SCHEME_ALIASES.get(parsed.scheme.lower(), parsed.scheme.lower())
+
+
+def resolve(uri: str, *, options: dict[str, str] | None = None) -> tuple[FileIO, str]:
+    """The FileIO for ``uri`` and the path inside it; a bare path means the local disk.
+
+    One FileIO (and so one pyarrow filesystem and one boto3 client) per store and settings
+    for the process: every table handle and task of a run shares them. ``options`` are the
+    run's storage options (default: :func:`spark_jobs.io.storage.configured`).
+    """
     parsed = urlparse(uri)
     if parsed.scheme == "" or len(parsed.scheme) == 1:  # a plain path (or a Windows drive letter)
-        return LocalFileIO(pafs.LocalFileSystem()), os.path.abspath(uri).rstrip("/") or "/"
+        return _cached("file", StorageConfig(), lambda: LocalFileIO(pafs.LocalFileSystem())), (
+            os.path.abspath(uri).rstrip("/") or "/")
+    uri, uri_options = split_uri_options(normalise_uri(uri))
+    scheme = scheme_of(uri)
+    if scheme == "s3":
+        config = StorageConfig.resolve(uri_options=uri_options, options=options)
+        io = _cached("s3", config, lambda: S3FileIO(config.s3_filesystem(), config))
+        return io, uri.split("://", 1)[1].rstrip("/")
+    if uri_options:
+        raise BadInputError(f"storage options in the URI are read for s3:// only, not {scheme}:// ({uri})")
     fs, path = pafs.FileSystem.from_uri(uri)
     path = path.rstrip("/")
     if isinstance(fs, pafs.LocalFileSystem):
         return LocalFileIO(fs), path
     if isinstance(fs, pafs.HadoopFileSystem):
         return HadoopFileIO(fs), path
-    if isinstance(fs, pafs.S3FileSystem):
-        return S3FileIO(fs), path
-    return FileIO(fs), path
+    return UncommittableFileIO(fs, scheme), path
+
+
+def _cached(scheme: str, config: StorageConfig, build: Callable[[], FileIO]) -> FileIO:
+    with _cache_lock:
+        io = _cache.get((scheme, config))
+        if io is None:
+            io = _cache[(scheme, config)] = build()
+        return io
+
+
+def refuse_uncommittable(io: FileIO, uri: str) -> None:
+    """UnsupportedStorageError (one line, before anything is written) when ``uri``'s store
+    cannot hold a table: its FileIO has no create-if-absent this release trusts."""
+    if not io.supports_exclusive_create:
+        raise UnsupportedStorageError(_UNSUPPORTED.get(io.scheme, _UNSUPPORTED["other"]).format(scheme=io.scheme)
+                                      + f" ({uri})")
+
+
+@contextmanager
+def _store_errors(where: str) -> Iterator[None]:
+    """An endpoint that does not answer is the store's state, not the input's: StorageUnavailableError."""
+    from botocore.exceptions import ConnectTimeoutError, EndpointConnectionError, ReadTimeoutError
+
+    try:
+        yield
+    except (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError) as e:
+        raise StorageUnavailableError(f"the store of {where} did not answer ({e}); nothing was committed, "
+                                      f"safe to retry") from e

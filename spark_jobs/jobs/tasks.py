@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from spark_jobs.io import storage
 from spark_jobs.index.record_index import (
     SEALED_SUFFIX,
     IndexEntries,
@@ -89,13 +90,15 @@ def bind(fn, **kwargs):  # type: ignore[no-untyped-def]
 
     PySpark 4.2's ``applyInArrow`` inspects the function's signature to pick the UDF kind
     and fails on ``functools.partial``; a closure inspects cleanly. The driver's fault
-    injection settings travel with it (see :mod:`spark_jobs.testing.faults`): a Spark
-    Connect server's workers do not inherit the client's environment.
+    injection settings and storage options travel with it (see :mod:`spark_jobs.testing.faults`
+    and :mod:`spark_jobs.io.storage`): executors on a cluster, and a Spark Connect server's
+    workers, do not inherit the client's environment.
     """
-    fault_env = faults.carried()
+    fault_env, storage_options = faults.carried(), storage.carried()
 
     def grouped(key, table):  # type: ignore[no-untyped-def]
         faults.adopt(fault_env)
+        storage.adopt(storage_options)
         return fn(key, table, **kwargs)
 
     return grouped
@@ -104,21 +107,27 @@ def bind(fn, **kwargs):  # type: ignore[no-untyped-def]
 def bind_batches(fn: Callable[..., Iterator[pa.RecordBatch]], **kwargs: Any
                  ) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """``fn`` with keyword arguments bound, as the one-argument function ``mapInArrow`` calls
-    (fault settings carried as in :func:`bind`)."""
-    fault_env = faults.carried()
+    (fault settings and storage options carried as in :func:`bind`)."""
+    fault_env, storage_options = faults.carried(), storage.carried()
 
     def mapped(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         faults.adopt(fault_env)
+        storage.adopt(storage_options)
         return fn(batches, **kwargs)
 
     return mapped
 
 
-@functools.lru_cache(maxsize=8)
 def _table(uri: str) -> Table:
     """The table handle of a Python worker, opened once: a task calls the per-group functions
     once per file group (hundreds of small logs for a merge-on-read upsert), and a handle is
-    immutable here (tasks only read files and write new ones)."""
+    immutable here (tasks only read files and write new ones). Keyed by the storage options
+    too: a reused worker may serve a driver with other ones."""
+    return _open_table(uri, tuple(sorted(storage.configured().items())))
+
+
+@functools.lru_cache(maxsize=8)
+def _open_table(uri: str, _options: tuple[tuple[str, str], ...]) -> Table:
     return Table.open(uri)
 
 

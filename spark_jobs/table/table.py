@@ -20,7 +20,7 @@ from spark_jobs.exceptions import (
     TableNotFoundError,
     WriterAliveError,
 )
-from spark_jobs.io.filesystem import FileIO, resolve
+from spark_jobs.io.filesystem import FileIO, refuse_uncommittable, resolve
 from spark_jobs.table.config import TableConfig
 from spark_jobs.table.layout import META_DIR, TableLayout, is_reference
 from spark_jobs.table.timeline import Action, Instant, State, Timeline, resolve_as_of
@@ -50,6 +50,7 @@ class Table:
     def open(cls, uri: str) -> "Table":
         """A handle on ``uri`` whether or not a table exists there yet (``config`` is None if not)."""
         io, root = resolve(uri)
+        refuse_uncommittable(io, uri)  # before anything is read or written (format.md §10)
         return cls(uri, io, root, TableConfig.load(io, TableLayout(root).config_file))
 
     @classmethod

@@ -13,7 +13,7 @@ import pyarrow.fs as pafs
 import pytest
 
 from spark_jobs import cli
-from spark_jobs.exceptions import BadInputError, TableCorruptError
+from spark_jobs.exceptions import BadInputError, TableCorruptError, UnsupportedStorageError
 from spark_jobs.io.filesystem import HadoopFileIO, LocalFileIO
 from spark_jobs.resources import describe_resource_failure
 from spark_jobs.table.config import TableConfig
@@ -64,20 +64,15 @@ def test_create_exclusive_and_write_atomic_leave_no_temp_file(tmp_path, monkeypa
     assert os.listdir(tmp_path / "timeline") == []
 
 
-def test_hadoop_create_exclusive_leaves_no_temp_file(tmp_path, monkeypatch):
+def test_hadoop_create_exclusive_is_refused_and_writes_nothing(tmp_path):
+    """HDFS has no create-if-absent pyarrow can make (its rename replaces a file): the commit
+    primitive refuses in one line instead of racing (format.md §10), and writes no temp file."""
     io = HadoopFileIO(pafs.LocalFileSystem())  # the HDFS code path over a local filesystem
-    real = io.write_bytes
-
-    def torn(path: str, data: bytes) -> None:
-        real(path, data[:1])
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(io, "write_bytes", torn)
     (tmp_path / "d").mkdir()
-    for op in (io.create_exclusive, io.write_atomic):
-        with pytest.raises(OSError):
-            op(str(tmp_path / "d" / "f.json"), b"{}")
+    with pytest.raises(UnsupportedStorageError, match=r"^tables on hdfs:// are not supported yet: .*create"):
+        io.create_exclusive(str(tmp_path / "d" / "f.json"), b"{}")
     assert os.listdir(tmp_path / "d") == []
+    assert not io.supports_exclusive_create
 
 
 @pytest.mark.parametrize("value", ["yesterday", "2024-01-01", "20240101", "202401011200000000", "20241301000000000"])
