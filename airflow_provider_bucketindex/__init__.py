@@ -172,6 +172,25 @@ def get_provider_info() -> dict[str, Any]:
                         ),
                         "schema": {"type": ["string", "null"]},
                     },
+                    "storage_conn_id": {
+                        "label": "Storage connection",
+                        "description": (
+                            "An Amazon Web Services (aws) connection for s3:// tables and sources: login = access "
+                            "key id, password = secret access key, extras endpoint_url, region_name (empty: the "
+                            "worker's AWS_* environment / instance role)"
+                        ),
+                        "schema": {"type": ["string", "null"]},
+                    },
+                    "storage_options": {
+                        "label": "Storage options (JSON)",
+                        "description": (
+                            'Object-store settings over the storage connection, e.g. {"endpoint_url": '
+                            '"http://minio:9000", "region": "eu-west-1", "addressing_style": "path"}; keys: '
+                            "endpoint_url, region, access_key_id, secret_access_key, session_token, profile, "
+                            "addressing_style (prefer the storage connection for keys)"
+                        ),
+                        "schema": {"type": ["object", "string", "null"]},
+                    },
                 },
             }
         ],

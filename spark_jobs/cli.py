@@ -22,7 +22,7 @@ import re
 import sys
 from typing import TYPE_CHECKING, Callable
 
-from spark_jobs.exceptions import BadInputError, RetryableError, TableCorruptError
+from spark_jobs.exceptions import BadInputError, MissingDependencyError, RetryableError, TableCorruptError
 from spark_jobs.table.config import INDEX_TYPES, TABLE_TYPES
 from spark_jobs.table.timeline import AS_OF_FORMS, check_instant, parse_as_of, resolve_as_of
 from spark_jobs.text import plural
@@ -423,7 +423,7 @@ def cmd_read(args: argparse.Namespace, submitted: bool) -> int:
         assert io is not None and out is not None
         t = read_arrow(args.table, args.as_of)
         try:
-            pq.write_table(t, args.output)
+            pq.write_table(t, out, filesystem=io.fs)  # the store's configured client, not one of pyarrow's
         except BaseException:
             io.delete(out)  # a torn output (a full disk) must not look like a snapshot
             raise
@@ -453,6 +453,8 @@ def _output_path(uri: str) -> "tuple[FileIO, str]":
     io, path = resolve(uri)
     parent = path.rsplit("/", 1)[0] or "/"
     kind = io.fs.get_file_info(parent).type
+    if kind == pafs.FileType.NotFound and io.scheme == "s3":  # an object store has no directories to create
+        kind = pafs.FileType.Directory
     if kind == pafs.FileType.NotFound:
         raise BadInputError(f"--output {uri}: directory {parent} does not exist (create it first)")
     if kind != pafs.FileType.Directory:
@@ -913,6 +915,9 @@ def _main(argv: list[str] | None = None, *, submitted: bool = False,
     except RetryableError as e:
         print(f"bucketindex: {_one_line(e)}", file=sys.stderr)
         return 3
+    except MissingDependencyError as e:  # install what is named; the command and its input are fine
+        print(f"bucketindex: {args.verb} failed: {_one_line(e)}", file=sys.stderr)
+        return 1
     except Exception as e:  # noqa: BLE001 - only resource failures and a lost server are translated, the rest re-raised
         from spark_jobs.jobs.connect import is_connection_error
         from spark_jobs.resources import describe_resource_failure
@@ -946,12 +951,13 @@ def _check_table(args: argparse.Namespace) -> None:
     be read (OSError) fail here in a second with one line, not after a Spark session."""
     import pyarrow.fs as pafs
 
-    from spark_jobs.io.filesystem import resolve
+    from spark_jobs.io.filesystem import refuse_uncommittable_uri, resolve
     from spark_jobs.table.table import Table
 
     uri = getattr(args, "table", None)
     if not uri:
         return
+    refuse_uncommittable_uri(uri)  # an hdfs://, gs:// or abfs:// table: one line, before its filesystem is built
     io, root = resolve(uri)
     try:
         kind = io.fs.get_file_info(root).type
@@ -966,6 +972,8 @@ def _check_table(args: argparse.Namespace) -> None:
 _DENIED = {errno.EACCES, errno.EPERM, errno.EROFS}
 _TEMP_NAME = re.compile(r"/\.[^/]+\.[0-9a-f]{32}\.tmp$")
 _CORRUPT_IN_TASK = re.compile(r"TableCorruptError: ([^\n]+)")
+_UNAVAILABLE_IN_TASK = re.compile(r"StorageUnavailableError: ([^\n]+)")
+_MISSING_DEPENDENCY_IN_TASK = re.compile(r"MissingDependencyError: ([^\n]+)")
 _MISSING = re.compile(r"PATH_NOT_FOUND|FileNotFoundError|No such file or directory")
 
 
@@ -977,6 +985,23 @@ def _told_apart(args: argparse.Namespace, e: BaseException) -> tuple[int, str] |
     m = _CORRUPT_IN_TASK.search(text)
     if m:
         return 1, f"bucketindex: {args.verb} failed: {m.group(1).strip()}" + _nothing_committed(args)
+    m = _UNAVAILABLE_IN_TASK.search(text)
+    if m:  # a task's store stopped answering: retryable, whatever engine error wraps it
+        return 3, f"bucketindex: {m.group(1).strip()}"
+    from spark_jobs.io.filesystem import is_unreachable
+
+    if is_unreachable(e):  # pyarrow's client could not reach the store: retryable, not the input's fault
+        return 3, (f"bucketindex: {args.verb} failed: the store did not answer ({_one_line(e)[:300]}); "
+                   f"nothing was committed, safe to retry")
+    m = _MISSING_DEPENDENCY_IN_TASK.search(text)
+    if m:
+        return 1, f"bucketindex: {args.verb} failed: {m.group(1).strip()}"
+    from spark_jobs.jobs.hadoop_fs import CONNECTOR, is_missing_filesystem  # no pyspark import
+
+    if is_missing_filesystem(text):  # Spark's own reader or writer handed a path on a store it cannot open
+        return 1, (f"bucketindex: {args.verb} failed: Spark cannot open this store's paths: it needs {CONNECTOR} "
+                   f"on its classpath (e.g. --packages org.apache.hadoop:hadoop-aws:<Spark's Hadoop version>)"
+                   + _nothing_committed(args))
     if _MISSING.search(text) and getattr(args, "table", None):
         missing = _missing_files(args.table)
         if missing:

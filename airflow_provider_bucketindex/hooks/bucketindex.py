@@ -27,6 +27,15 @@ line, and is masked in logs. Exit statuses and failures are the same on both pat
 
 Reading table state (timeline, pending instants, the commit of a batch) uses the
 pure-Python core, :class:`spark_jobs.table.Table`: no Spark, no ``pyspark`` import.
+
+**Storage options** (endpoint, region, credentials of an object store;
+:mod:`airflow_provider_bucketindex.storage`): the hook's ``storage_options`` over the
+connection's ``storage_options`` extra over the storage connection (``storage_conn_id``, an
+``aws``-style connection). The hook's own table reads run with them
+(:meth:`BucketIndexHook.storage_scope`); a spark-submit or Spark Connect child gets them as
+JSON in ``$BUCKETINDEX_STORAGE_OPTIONS`` of its environment, never on its command line (the
+Spark provider turns ``env_vars`` into ``--conf`` on YARN and Kubernetes, so they do not go
+through ``env_vars``); their secrets are registered with Airflow's secrets masker.
 """
 
 from __future__ import annotations
@@ -39,15 +48,17 @@ import signal
 import subprocess
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from airflow.sdk import BaseHook
-from airflow.sdk.exceptions import AirflowException, AirflowNotFoundException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowNotFoundException
 
 from airflow_provider_bucketindex import CONN_TYPE, DEFAULT_CONN_ID
 from airflow_provider_bucketindex import packaging
+from airflow_provider_bucketindex import storage as task_storage
 from airflow_provider_bucketindex.hooks.spark_submit_adapter import SparkSubmitAdapter
 
 if TYPE_CHECKING:
@@ -118,6 +129,11 @@ class ConnectionSettings:
     #: as local ``spark_jobs.cli ... --remote`` processes instead of spark-submit
     remote: str | None = None
     remote_token: str | None = field(default=None, repr=False)
+    #: the ``storage_options`` extra as stored (a dict or its JSON text; parsed and checked by the
+    #: hook, so a bad key fails the task that uses it, not every read of the connection)
+    storage_options: Any = field(default=None, repr=False)
+    #: the ``storage_conn_id`` extra: an ``aws``-style connection with the store's keys and endpoint
+    storage_conn_id: str | None = None
 
     @classmethod
     def for_spark_connect(cls, conn_id: str, *, base: "ConnectionSettings | None" = None) -> "ConnectionSettings":
@@ -163,6 +179,8 @@ class ConnectionSettings:
             engine=str(extra["engine"]).strip() if extra.get("engine") not in (None, "") else None,
             memory_budget=(str(extra["memory-budget"]).strip()
                            if extra.get("memory-budget") not in (None, "") else None),
+            storage_options=extra.get("storage_options") or None,
+            storage_conn_id=str(extra["storage_conn_id"]).strip() or None if extra.get("storage_conn_id") else None,
         )
 
 
@@ -239,7 +257,8 @@ class BucketIndexSparkSubmitHook(SparkSubmitAdapter):
     ``spark-submit`` resolved to an absolute path (PATH, or the environment's bin/), and an
     ``on_kill`` that stops the whole process session spark-submit started."""
 
-    def __init__(self, *, settings: ConnectionSettings, master: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, settings: ConnectionSettings, master: str | None = None,
+                 private_env: dict[str, str] | None = None, **kwargs: Any) -> None:
         kwargs.setdefault("deploy_mode", settings.deploy_mode)
         if not settings.spark_conn_id:
             kwargs.setdefault("spark_binary", settings.spark_binary)
@@ -249,6 +268,7 @@ class BucketIndexSparkSubmitHook(SparkSubmitAdapter):
             spark_conn_id=settings.spark_conn_id,
             spark_binary_resolver=packaging.resolve_spark_binary,
             allowed_binaries=packaging.ALLOWED_SPARK_BINARIES,
+            private_env=private_env,
             **kwargs,
         )
 
@@ -310,6 +330,11 @@ class BucketIndexHook(BaseHook):
     :param env_vars: extra environment variables for spark-submit.
     :param driver_memory, executor_memory, executor_cores, total_executor_cores,
         num_executors, verbose: passed to spark-submit as the Spark provider does.
+    :param storage_conn_id: an ``aws``-style connection (login/password: access key id and
+        secret; extras ``endpoint_url``, ``region_name`` ...) for the tables' object store;
+        default: the connection's ``storage_conn_id`` extra.
+    :param storage_options: storage options (:data:`spark_jobs.io.storage.KNOWN_OPTIONS`) over
+        the connection's ``storage_options`` extra and the storage connection.
     """
 
     conn_name_attr = "conn_id"
@@ -331,6 +356,8 @@ class BucketIndexHook(BaseHook):
         total_executor_cores: int | None = None,
         num_executors: int | None = None,
         verbose: bool = False,
+        storage_conn_id: str | None = None,
+        storage_options: dict[str, Any] | str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -345,6 +372,8 @@ class BucketIndexHook(BaseHook):
         self.total_executor_cores = total_executor_cores
         self.num_executors = num_executors
         self.verbose = verbose
+        self.storage_conn_id = storage_conn_id or None
+        self.task_storage_options = storage_options
         self._submit_hook: BucketIndexSparkSubmitHook | None = None
         self._connect_proc: subprocess.Popen | None = None
 
@@ -376,6 +405,55 @@ class BucketIndexHook(BaseHook):
         if settings.spark_conn_id and self.get_connection(settings.spark_conn_id).conn_type == CONNECT_CONN_TYPE:
             return ConnectionSettings.for_spark_connect(settings.spark_conn_id, base=settings)
         return settings
+
+    # -- storage -----------------------------------------------------------------------
+    @cached_property
+    def _storage(self) -> dict[str, str]:
+        s = self.settings
+        try:
+            options = task_storage.combine(
+                conn_options=task_storage.parse_options(
+                    s.storage_options, where=f"connection {s.conn_id!r} extra 'storage_options'"),
+                storage_conn_id=self.storage_conn_id or s.storage_conn_id,
+                task_options=task_storage.parse_options(self.task_storage_options, where="storage_options"),
+                get_connection=self.get_connection,
+                log=self.log,
+            )
+        except task_storage.StorageOptionsError as e:  # bad input: no retry can fix it
+            raise AirflowFailException(" ".join(str(e).split())) from None
+        task_storage.mask(options)
+        if options:
+            from spark_jobs.io.storage import redacted
+
+            self.log.info("Storage options: %s", redacted(options))
+        return options
+
+    def storage_settings(self) -> dict[str, str]:
+        """The merged storage options of this hook's tasks (canonical keys; secrets registered with
+        the masker). An unknown key or a bad value fails the task without retries
+        (``AirflowFailException``), before anything runs."""
+        return dict(self._storage)
+
+    @contextmanager
+    def storage_scope(self) -> Iterator[None]:
+        """Run in-process work (the Arrow engine, table reads, rollback, clean) with this hook's
+        storage options as the process's run options; the previous ones are restored after."""
+        with task_storage.storage_scope(self.storage_settings()):
+            yield
+
+    def _child_storage_env(self) -> dict[str, str]:
+        """What a child process (spark-submit, the Spark Connect client) needs in its environment
+        to reach the store as this task does: ``$BUCKETINDEX_STORAGE_OPTIONS``; empty without options."""
+        from spark_jobs.io.storage import OPTIONS_ENV
+
+        options = self.storage_settings()
+        if not options:
+            return {}  # the child inherits the worker's own environment, as before
+        try:  # the worker's own JSON stays beneath the task's, as it does for the work in the task
+            own = task_storage.parse_options(os.environ.get(OPTIONS_ENV), where=f"${OPTIONS_ENV}")
+        except task_storage.StorageOptionsError as e:
+            raise AirflowFailException(" ".join(str(e).split())) from None
+        return {OPTIONS_ENV: task_storage.env_value(task_storage.merge_levels(own, options))}
 
     def table_defaults(self) -> dict[str, Any]:
         """Options the connection sets for tables an upsert creates."""
@@ -414,7 +492,7 @@ class BucketIndexHook(BaseHook):
         else:
             env.setdefault("PYSPARK_PYTHON", python)
             env.setdefault("PYSPARK_DRIVER_PYTHON", python)
-        return BucketIndexSparkSubmitHook(
+        kwargs: dict[str, Any] = dict(
             settings=s,
             master=self.master,
             conf=conf,
@@ -422,6 +500,7 @@ class BucketIndexHook(BaseHook):
             name=self.name or f"bucketindex-{verb}",
             application_args=[verb, *[str(a) for a in args]],
             env_vars=env,
+            private_env=self._child_storage_env(),
             driver_memory=self.driver_memory or _local_driver_memory(master, conf),
             executor_memory=self.executor_memory,
             executor_cores=self.executor_cores,
@@ -429,6 +508,31 @@ class BucketIndexHook(BaseHook):
             num_executors=self.num_executors,
             verbose=self.verbose,
         )
+        hook = BucketIndexSparkSubmitHook(**kwargs)
+        # the deploy mode is known once the adapter resolved the connection (a delegated Spark
+        # connection may say cluster); a driver on the cluster inherits nothing from spark-submit
+        if kwargs["private_env"] and hook.deploy_mode == "cluster":
+            self._cluster_storage_env(env, standalone=hook.resolved_master.startswith("spark://"))
+            hook = BucketIndexSparkSubmitHook(**{**kwargs, "env_vars": env, "private_env": None})
+        return hook
+
+    def _cluster_storage_env(self, env: dict[str, Any], *, standalone: bool) -> None:
+        """Storage options for a driver that runs on the cluster (deploy mode ``cluster``): it does
+        not inherit spark-submit's environment, and the only way there is Spark configuration on the
+        command line (``spark.yarn.appMasterEnv.*``/``spark.kubernetes.driverEnv.*``, shown in the
+        Spark UI). Options without a secret go that way (through ``env_vars``); secrets are refused
+        (the cluster gets its credentials from its own roles or configuration)."""
+        options = self.storage_settings()
+        if task_storage.has_secrets(options):
+            raise AirflowFailException(
+                "storage credentials from Airflow cannot reach a driver in cluster deploy mode without being "
+                "written into Spark's configuration on the command line; give the cluster its own credentials "
+                "(an instance or pod role) and keep only endpoint_url/region in Airflow, or use client mode")
+        if standalone:
+            raise AirflowFailException(
+                "storage options cannot reach a driver in standalone cluster deploy mode (spark-submit passes it no "
+                "environment); configure the cluster's environment, or use client mode")
+        env.update(self._child_storage_env())
 
     def build_command(self, verb: str, args: Sequence[str], *, extra_conf: dict[str, Any] | None = None) -> list[str]:
         """The exact command :meth:`submit` runs (for logs and tests): spark-submit, or on
@@ -459,7 +563,8 @@ class BucketIndexHook(BaseHook):
 
     def connect_env(self) -> dict[str, str]:
         """The client process's environment: the worker's, ``env_vars``, and the token if any (masked)."""
-        env = {**os.environ, **{str(k): str(v) for k, v in (self.env_vars or {}).items()}}
+        env = {**os.environ, **{str(k): str(v) for k, v in (self.env_vars or {}).items()},
+               **self._child_storage_env()}
         token = self._remote_token()
         if token:
             _mask_secret(token, CONNECT_TOKEN_ENV)
@@ -526,30 +631,36 @@ class BucketIndexHook(BaseHook):
             _signal_session(sid, signal.SIGKILL)
 
     # -- table state (pure Python, no Spark) ---------------------------------------------
-    @staticmethod
-    def open_table(table_uri: str) -> "Table":
+    # Each method runs in storage_scope: a Table keeps the FileIO it was opened with, so a handle
+    # opened here reaches the store with this hook's options even after the scope ends.
+    def open_table(self, table_uri: str) -> "Table":
         """A handle on ``table_uri``; ``.exists`` is False when no table is there yet."""
         from spark_jobs.table import Table
 
-        return Table.open(table_uri)
+        with self.storage_scope():
+            return Table.open(table_uri)
 
-    @staticmethod
-    def load_table(table_uri: str) -> "Table":
+    def load_table(self, table_uri: str) -> "Table":
         """The table at ``table_uri``; raises TableNotFoundError if there is none."""
         from spark_jobs.table import Table
 
-        return Table.load(table_uri)
+        with self.storage_scope():
+            return Table.load(table_uri)
 
+    @task_storage.scoped
     def table_exists(self, table_uri: str) -> bool:
         return self.open_table(table_uri).exists
 
+    @task_storage.scoped
     def timeline(self, table_uri: str) -> "Timeline":
         return self.load_table(table_uri).timeline.reload()
 
+    @task_storage.scoped
     def pending_instants(self, table_uri: str) -> list["Instant"]:
         t = self.open_table(table_uri)
         return t.timeline.reload().pending() if t.exists else []
 
+    @task_storage.scoped
     def last_commit(self, table_uri: str) -> dict[str, Any] | None:
         """The latest completed commit (upsert/bootstrap): instant, batch id, counts."""
         from spark_jobs.table import Action
@@ -560,6 +671,7 @@ class BucketIndexHook(BaseHook):
         inst = t.timeline.reload().last_completed([Action.COMMIT, Action.BOOTSTRAP])
         return None if inst is None else _summary(t, inst)
 
+    @task_storage.scoped
     def commit_for_batch(self, table_uri: str, batch_id: str) -> dict[str, Any] | None:
         """The completed commit that carries ``batch_id`` (instant, counts), or None."""
         t = self.open_table(table_uri)
@@ -568,10 +680,12 @@ class BucketIndexHook(BaseHook):
         inst = t.commit_for_batch(batch_id)
         return None if inst is None else _summary(t, inst)
 
+    @task_storage.scoped
     def pending_for_batch(self, table_uri: str, batch_id: str) -> "Instant | None":
         t = self.open_table(table_uri)
         return t.pending_for_batch(batch_id) if t.exists else None
 
+    @task_storage.scoped
     def pending_batches(self, table_uri: str, match: Callable[[str | None], bool]) -> dict[str, "Instant"]:
         """``{batch_id: pending instant}`` of the pending writes whose batch id ``match`` accepts
         (every instance of a mapped upsert that left one)."""
@@ -590,6 +704,7 @@ class BucketIndexHook(BaseHook):
                 found[batch_id] = inst
         return found
 
+    @task_storage.scoped
     def rollback_batch(self, table_uri: str, batch_id: str, *, force: bool = False) -> str | None:
         """Roll back the pending instant of ``batch_id`` (a failed or killed attempt).
 

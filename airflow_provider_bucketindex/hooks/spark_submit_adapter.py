@@ -130,6 +130,12 @@ class SparkSubmitAdapter(SparkSubmitHook):
         ``conn_id`` as the Spark provider does.
     :param spark_binary_resolver: turns the binary name into the command's first element(s).
     :param allowed_binaries: binary names accepted (the Spark provider's list).
+    :param private_env: variables for spark-submit's own process environment only. Unlike
+        ``env_vars`` -- which the provider writes on the command line as
+        ``--conf spark.yarn.appMasterEnv.K=V`` / ``spark.kubernetes.driverEnv.K=V`` on YARN and
+        Kubernetes, where ``ps`` and the task log show them -- these never reach the command:
+        for values that are secrets (the storage options' credentials). A driver in client
+        mode is spark-submit's child and inherits them.
     Other keyword arguments are ``SparkSubmitHook``'s.
     """
 
@@ -140,6 +146,7 @@ class SparkSubmitAdapter(SparkSubmitHook):
         spark_binary_resolver: Callable[[str], str],
         allowed_binaries: tuple[str, ...] | list[str],
         spark_conn_id: str | None = None,
+        private_env: dict[str, str] | None = None,
         **kwargs: Any,
     ) -> None:
         if type(self) not in _checked:
@@ -153,6 +160,7 @@ class SparkSubmitAdapter(SparkSubmitHook):
         self._bi_conf = dict(kwargs.get("conf") or {})
         self._bi_deploy_mode = kwargs.get("deploy_mode")
         self._bi_binary = kwargs.get("spark_binary")
+        self._bi_private_env = {str(k): str(v) for k, v in (private_env or {}).items()}
         if spark_conn_id:
             kwargs["conn_id"] = spark_conn_id
         super().__init__(**kwargs)
@@ -192,6 +200,15 @@ class SparkSubmitAdapter(SparkSubmitHook):
     def _get_spark_binary_path(self) -> list[str]:
         return [self._bi_resolver(self._connection["spark_binary"])]
 
+    def _build_spark_submit_command(self, application: str) -> list[str]:
+        # The provider decides ``_env`` (spark-submit's process environment) while it builds the
+        # command; ``submit`` then runs Popen with os.environ + ``_env``. The private variables are
+        # added there, after the command exists, so no code path can put them on it.
+        command = super()._build_spark_submit_command(application)
+        if self._bi_private_env:
+            self._env = {**(self._env or {}), **self._bi_private_env}
+        return command
+
     # -- what the bucketindex hook reads ------------------------------------------------------
     def command(self, application: str) -> list[str]:
         """The exact command :meth:`submit` runs for ``application``."""
@@ -200,6 +217,16 @@ class SparkSubmitAdapter(SparkSubmitHook):
     def mask(self, text: str) -> str:
         """``text`` with the values of secret-looking ``key=value`` pairs masked, as the provider logs it."""
         return self._mask_cmd([text])
+
+    @property
+    def deploy_mode(self) -> str | None:
+        """The deploy mode in force (the task's, the connection's, or the delegated Spark connection's)."""
+        return self._connection.get("deploy_mode")
+
+    @property
+    def resolved_master(self) -> str:
+        """The master in force (the task's, the connection's, or the delegated Spark connection's)."""
+        return str(self._connection.get("master") or "")
 
     @property
     def process(self) -> Any:

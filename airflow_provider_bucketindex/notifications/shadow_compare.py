@@ -121,7 +121,7 @@ class IndexMismatchNotifier(BaseNotifier):
         if summary is None:
             summary = self._from_xcom(ctx)
         if summary is None and self.report_uri:
-            summary = self._from_report(str(self.render_template(self.report_uri, ctx)))
+            summary = self._from_report(str(self.render_template(self.report_uri, ctx)), task=ctx.get("task"))
         summary = dict(summary or {})
         mismatch = summary.get("ok") is False
         for kind in ("table_uri", "report_uri", "mismatches", "keys_checked", "instant", *MISMATCH_KINDS):
@@ -142,12 +142,18 @@ class IndexMismatchNotifier(BaseNotifier):
             return None
         return value if isinstance(value, dict) else None
 
-    def _from_report(self, uri: str) -> dict[str, Any] | None:
+    def _from_report(self, uri: str, *, task: Any = None) -> dict[str, Any] | None:
+        """The report file, read with the failed task's storage options when it has them (a report
+        on object storage is reached as the task reached it)."""
+        from contextlib import nullcontext
+
         from spark_jobs.io.filesystem import resolve
 
+        scope = getattr(task, "storage_scope", None)
         try:
-            io, path = resolve(uri)
-            report = json.loads(io.read_bytes(path))
+            with scope() if callable(scope) else nullcontext():
+                io, path = resolve(uri)
+                report = json.loads(io.read_bytes(path))
         except Exception as e:
             self.log.warning("could not read the shadow-compare report %s: %s", uri, e)
             return None

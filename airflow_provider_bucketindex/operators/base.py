@@ -3,18 +3,20 @@ and the OpenLineage parent-job properties the Spark provider's ``SparkSubmitOper
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from airflow.sdk import BaseOperator
 
 from airflow_provider_bucketindex import DEFAULT_CONN_ID
 from airflow_provider_bucketindex.hooks.bucketindex import BucketIndexHook
+from airflow_provider_bucketindex.storage import scoped as storage_scoped
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-__all__ = ["BucketIndexEngineMixin", "BucketIndexSparkOperator", "BucketIndexTableMixin"]
+__all__ = ["BucketIndexEngineMixin", "BucketIndexSparkOperator", "BucketIndexTableMixin", "storage_scoped"]
 
 
 class BucketIndexTableMixin:
@@ -32,10 +34,17 @@ class BucketIndexTableMixin:
       its default outlet is the alias :data:`~airflow_provider_bucketindex.lineage.TABLE_UPDATES`
       and ``execute`` calls :meth:`emit_table_update` after its commit, so DAGs scheduled on
       ``table_asset(uri)`` run, with the instant and batch id in the event's extra.
+    * **Storage**: ``execute`` runs in :meth:`storage_scope` (``@storage_scoped``): what the task
+      reads and writes itself (Arrow engine, rollback, clean, table state) reaches the store with
+      the task's storage options -- ``storage_options`` over its connection's ``storage_options``
+      extra over its storage connection (:mod:`airflow_provider_bucketindex.storage`); a bad
+      option fails the task without retries before any work. A Spark job gets the same options
+      through its environment (:meth:`BucketIndexHook.spark_submit_hook`).
     """
 
     do_xcom_push: bool
     outlets: Any
+    hook: BucketIndexHook
     #: True for operators whose commit changes what readers of the table see (an upsert)
     emits_table_updates: bool = False
 
@@ -52,6 +61,12 @@ class BucketIndexTableMixin:
         if not any(getattr(o, "name", None) == TABLE_UPDATES.name and type(o) is type(TABLE_UPDATES) for o in outlets):
             outlets.append(TABLE_UPDATES)
         kwargs["outlets"] = outlets
+
+    @contextmanager
+    def storage_scope(self) -> Iterator[None]:
+        """The task's storage options as the process's run options for the body (the hook's)."""
+        with self.hook.storage_scope():
+            yield
 
     def push_xcom(self, context: Context, **values: Any) -> None:
         """Push each ``key=value`` to XCom, unless the task says ``do_xcom_push=False``."""
@@ -134,6 +149,15 @@ class BucketIndexSparkOperator(BucketIndexTableMixin, BaseOperator):
         ``[openlineage] spark_inject_parent_job_info`` option, as ``SparkSubmitOperator``.
     :param openlineage_inject_transport_info: likewise the OpenLineage transport
         (``[openlineage] spark_inject_transport_info``).
+    :param storage_conn_id: an ``aws``-style connection holding the object store's keys
+        (login/password) and ``endpoint_url`` / ``region_name`` extras (templated; default: the
+        connection's ``storage_conn_id`` extra).
+    :param storage_options: storage options, e.g. ``{"endpoint_url": ..., "region": ...}``
+        (templated; keys: :data:`spark_jobs.io.storage.KNOWN_OPTIONS` and their aliases), over
+        the connection's ``storage_options`` extra and the storage connection. Secrets are
+        masked in logs; the Spark job gets them in ``$BUCKETINDEX_STORAGE_OPTIONS``, not on its
+        command line. Prefer a connection for credentials: a templated argument is rendered
+        into the task's "Rendered template" view.
 
     Nothing happens in ``__init__``: the hook (and through it the connection) is built
     on first use in ``execute``, after templates are rendered.
@@ -158,6 +182,8 @@ class BucketIndexSparkOperator(BucketIndexTableMixin, BaseOperator):
         verbose: bool = False,
         openlineage_inject_parent_job_info: bool | None = None,
         openlineage_inject_transport_info: bool | None = None,
+        storage_conn_id: str | None = None,
+        storage_options: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -174,6 +200,8 @@ class BucketIndexSparkOperator(BucketIndexTableMixin, BaseOperator):
         self.verbose = verbose
         self.openlineage_inject_parent_job_info = openlineage_inject_parent_job_info
         self.openlineage_inject_transport_info = openlineage_inject_transport_info
+        self.storage_conn_id = storage_conn_id
+        self.storage_options = storage_options
 
     @cached_property
     def hook(self) -> BucketIndexHook:
@@ -189,6 +217,8 @@ class BucketIndexSparkOperator(BucketIndexTableMixin, BaseOperator):
             total_executor_cores=self.total_executor_cores,
             num_executors=self.num_executors,
             verbose=self.verbose,
+            storage_conn_id=_text(self.storage_conn_id),
+            storage_options=self.storage_options or None,
         )
 
     def lineage_spark_conf(self, context: Context) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_bucketindex.hooks.bucketindex import EXIT_BAD_INPUT, EXIT_RETRYABLE, SparkJobFailed
-from airflow_provider_bucketindex.operators.base import BucketIndexSparkOperator
+from airflow_provider_bucketindex.operators.base import BucketIndexSparkOperator, storage_scoped
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -94,6 +94,8 @@ class BootstrapTableOperator(BucketIndexSparkOperator):
         "conf",
         "name",
         "env_vars",
+        "storage_conn_id",
+        "storage_options",
     )
     ui_color = "#e8f0fe"
     emits_table_updates = True
@@ -169,6 +171,7 @@ class BootstrapTableOperator(BucketIndexSparkOperator):
         return self.hook.build_command("bootstrap", self.build_args(batch_id))
 
     # -- running it ----------------------------------------------------------------------------
+    @storage_scoped
     def execute(self, context: Context) -> dict[str, Any]:
         table_uri, source_uri = str(self.table_uri), str(self.source_uri)
         from spark_jobs.table.action.bootstrap import default_batch_id  # pure Python

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Sequence
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from airflow_provider_bucketindex.operators.base import BucketIndexTableMixin
+from airflow_provider_bucketindex import DEFAULT_CONN_ID
+from airflow_provider_bucketindex.hooks.bucketindex import BucketIndexHook
+from airflow_provider_bucketindex.operators.base import BucketIndexTableMixin, storage_scoped
 from spark_jobs.text import plural
 
 if TYPE_CHECKING:
@@ -41,6 +44,13 @@ class CleanTableOperator(BucketIndexTableMixin, BaseOperator):
     :param heartbeat_timeout_s: seconds without a heartbeat after which a pending write
         counts as abandoned (templated; default None: the table's 60 s).
 
+    :param conn_id: the ``bucketindex`` connection whose storage settings (``storage_options`` and
+        ``storage_conn_id`` extras) this task uses (default ``bucketindex_default``; undefined: none).
+    :param storage_conn_id: an ``aws``-style connection with the store's keys and endpoint
+        (templated; default: the connection's ``storage_conn_id`` extra).
+    :param storage_options: storage options over the connection's (templated; see
+        :class:`~airflow_provider_bucketindex.operators.base.BucketIndexSparkOperator`).
+
     Bad input (no table there, both retentions given, a value out of range) fails the task
     **without retries** (``AirflowFailException``); a busy table (``RetryableError``: a
     concurrent clean, a live writer it must wait for) is an ordinary failure, retried per
@@ -49,7 +59,8 @@ class CleanTableOperator(BucketIndexTableMixin, BaseOperator):
     nothing to delete. Nothing happens in ``__init__``.
     """
 
-    template_fields: Sequence[str] = ("table_uri", "retain_commits", "retain_hours", "heartbeat_timeout_s")
+    template_fields: Sequence[str] = ("table_uri", "retain_commits", "retain_hours", "heartbeat_timeout_s",
+                                      "storage_conn_id", "storage_options")
     ui_color = "#f1f3f4"
 
     def __init__(
@@ -60,6 +71,9 @@ class CleanTableOperator(BucketIndexTableMixin, BaseOperator):
         retain_hours: float | str | None = None,
         dry_run: bool = False,
         heartbeat_timeout_s: float | str | None = None,
+        conn_id: str = DEFAULT_CONN_ID,
+        storage_conn_id: str | None = None,
+        storage_options: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -68,6 +82,15 @@ class CleanTableOperator(BucketIndexTableMixin, BaseOperator):
         self.retain_hours = retain_hours
         self.dry_run = dry_run
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.conn_id = conn_id
+        self.storage_conn_id = storage_conn_id
+        self.storage_options = storage_options
+
+    @cached_property
+    def hook(self) -> BucketIndexHook:
+        """Only for the storage options (the connection's extras); clean itself runs no Spark job."""
+        return BucketIndexHook(conn_id=self.conn_id, storage_conn_id=self.storage_conn_id or None,
+                               storage_options=self.storage_options or None)
 
     def clean_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of ``run_clean`` (templates rendered; unset values None)."""
@@ -78,6 +101,7 @@ class CleanTableOperator(BucketIndexTableMixin, BaseOperator):
             "heartbeat_timeout_s": _number(self.heartbeat_timeout_s, float, "heartbeat_timeout_s"),
         }
 
+    @storage_scoped
     def execute(self, context: Context) -> dict[str, Any]:
         table_uri = str(self.table_uri)
         kwargs = self.clean_kwargs()

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from airflow_provider_bucketindex.hooks.bucketindex import EXIT_BAD_INPUT, SparkJobFailed
-from airflow_provider_bucketindex.operators.base import BucketIndexSparkOperator
+from airflow_provider_bucketindex.operators.base import BucketIndexSparkOperator, storage_scoped
 from spark_jobs.text import plural
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ class AsyncIndexCompactionOperator(BucketIndexSparkOperator):
     """
 
     template_fields: Sequence[str] = ("table_uri", "instant", "min_deltas", "delta_ratio", "min_logs", "log_ratio",
-                                      "master", "conf", "name", "env_vars")
+                                      "master", "conf", "name", "env_vars", "storage_conn_id", "storage_options")
     ui_color = "#fef7e0"
 
     def __init__(
@@ -82,6 +82,7 @@ class AsyncIndexCompactionOperator(BucketIndexSparkOperator):
         """The exact spark-submit command the execute step runs (templates rendered)."""
         return self.hook.build_command("compact", [str(self.table_uri), "--execute", str(instant)])
 
+    @storage_scoped
     def execute(self, context: Context) -> dict[str, Any]:
         table_uri = str(self.table_uri)
         result: dict[str, Any] = {"table_uri": table_uri}

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_provider_bucketindex.hooks.bucketindex import EXIT_BAD_INPUT, SparkJobFailed
-from airflow_provider_bucketindex.operators.base import BucketIndexSparkOperator
+from airflow_provider_bucketindex.operators.base import BucketIndexSparkOperator, storage_scoped
 from spark_jobs.text import plural
 
 if TYPE_CHECKING:
@@ -42,7 +42,8 @@ class RehashOperator(BucketIndexSparkOperator):
     "counts"}`` (XCom, when ``do_xcom_push``).
     """
 
-    template_fields: Sequence[str] = ("table_uri", "num_buckets", "master", "conf", "name", "env_vars")
+    template_fields: Sequence[str] = ("table_uri", "num_buckets", "master", "conf", "name", "env_vars",
+                                      "storage_conn_id", "storage_options")
     ui_color = "#e8f0fe"
 
     def __init__(self, *, table_uri: str, num_buckets: int | str, heartbeat_timeout_s: float | None = None,
@@ -56,6 +57,7 @@ class RehashOperator(BucketIndexSparkOperator):
         """The exact spark-submit command this task runs (templates rendered)."""
         return self.hook.build_command("rehash", self._args(str(self.table_uri), self._count()))
 
+    @storage_scoped
     def execute(self, context: Context) -> dict[str, Any]:
         from spark_jobs.exceptions import BadInputError
         from spark_jobs.table.action.rehash import validate_rehash

@@ -11,7 +11,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from airflow_provider_bucketindex import DEFAULT_CONN_ID
 from airflow_provider_bucketindex.batch import upstream_batches
 from airflow_provider_bucketindex.hooks.bucketindex import BucketIndexHook
-from airflow_provider_bucketindex.operators.base import BucketIndexTableMixin
+from airflow_provider_bucketindex.operators.base import BucketIndexTableMixin, storage_scoped
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -47,6 +47,13 @@ class RollbackBatchOperator(BucketIndexTableMixin, BaseOperator):
         writer that still beats (a spark-submit that outlived its task) makes this task fail
         retryably until the heartbeat expires, instead of pulling files from under it.
 
+    :param conn_id: the ``bucketindex`` connection whose storage settings (``storage_options`` and
+        ``storage_conn_id`` extras) this task uses (default ``bucketindex_default``; undefined: none).
+    :param storage_conn_id: an ``aws``-style connection with the store's keys and endpoint
+        (templated; default: the connection's ``storage_conn_id`` extra).
+    :param storage_options: storage options over the connection's (templated; see
+        :class:`~airflow_provider_bucketindex.operators.base.BucketIndexSparkOperator`).
+
     ``trigger_rule`` defaults to ``one_failed``: place it downstream of the upsert (or
     compaction execute) task.
     Returns ``{"batch_id", "rolled_back"}`` (``rolled_back`` is None when nothing was pending);
@@ -54,7 +61,8 @@ class RollbackBatchOperator(BucketIndexTableMixin, BaseOperator):
     ``{"batch_id": None, "batches": [...], "rolled_back": [...]}``.
     """
 
-    template_fields: Sequence[str] = ("table_uri", "batch_id", "upsert_task_id", "instant")
+    template_fields: Sequence[str] = ("table_uri", "batch_id", "upsert_task_id", "instant", "storage_conn_id",
+                                      "storage_options")
     ui_color = "#fce8e6"
 
     def __init__(
@@ -66,6 +74,8 @@ class RollbackBatchOperator(BucketIndexTableMixin, BaseOperator):
         instant: str | None = None,
         force: bool = False,
         conn_id: str = DEFAULT_CONN_ID,
+        storage_conn_id: str | None = None,
+        storage_options: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("trigger_rule", TriggerRule.ONE_FAILED)
@@ -77,11 +87,15 @@ class RollbackBatchOperator(BucketIndexTableMixin, BaseOperator):
         self._by_instant = instant is not None  # set, even if it renders empty (no plan was scheduled)
         self.force = force
         self.conn_id = conn_id
+        self.storage_conn_id = storage_conn_id
+        self.storage_options = storage_options
 
     @cached_property
     def hook(self) -> BucketIndexHook:
-        return BucketIndexHook(conn_id=self.conn_id)
+        return BucketIndexHook(conn_id=self.conn_id, storage_conn_id=self.storage_conn_id or None,
+                               storage_options=self.storage_options or None)
 
+    @storage_scoped
     def execute(self, context: Context) -> dict[str, Any]:
         instant = "" if self.instant is None else str(self.instant).strip()
         if instant == "None":  # None rendered as text (a DAG without render_template_as_native_obj)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_provider_bucketindex.hooks.bucketindex import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, SparkJobFailed
-from airflow_provider_bucketindex.operators.base import BucketIndexSparkOperator
+from airflow_provider_bucketindex.operators.base import BucketIndexSparkOperator, storage_scoped
 from spark_jobs.text import plural
 
 if TYPE_CHECKING:
@@ -122,7 +122,8 @@ class IndexShadowCompareOperator(BucketIndexSparkOperator):
     """
 
     template_fields: Sequence[str] = ("table_uri", "since", "sample_fraction", "against", "max_mismatches",
-                                      "report_uri", "reports_dir", "master", "conf", "name", "env_vars")
+                                      "report_uri", "reports_dir", "master", "conf", "name", "env_vars",
+                                      "storage_conn_id", "storage_options")
     ui_color = "#fef7e0"
 
     def __init__(self, *, table_uri: str, since: str | None = None, sample_fraction: float | str | None = None,
@@ -178,6 +179,7 @@ class IndexShadowCompareOperator(BucketIndexSparkOperator):
         return self.hook.build_command("shadow-compare", self._args(table_uri, self._report_uri(context)))
 
     # -- running it ----------------------------------------------------------------------------
+    @storage_scoped
     def execute(self, context: Context) -> dict[str, Any]:
         table_uri = str(self.table_uri)
         report_uri = self._report_uri(context)

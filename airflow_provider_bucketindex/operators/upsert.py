@@ -20,6 +20,7 @@ from airflow_provider_bucketindex.operators.base import (
     BucketIndexEngineMixin,
     BucketIndexSparkOperator,
     one_line,
+    storage_scoped,
 )
 
 if TYPE_CHECKING:
@@ -102,8 +103,10 @@ class UpsertWithIndexOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
     the task; its instant counts as abandoned once its heartbeat stops).
 
     ``env_vars``, ``conf`` and the other Spark options apply to spark-submit only; in the task
-    the worker's own environment reaches the table and the source, as it does for the
-    sensors, the rollback and the clean task.
+    the storage options (``storage_options``, ``storage_conn_id``, the connection's extras) over
+    the worker's own environment reach the table and the source, as they do for the sensors,
+    the rollback and the clean task; the Spark job gets the same storage options through its
+    environment.
     """
 
     template_fields: Sequence[str] = (
@@ -124,6 +127,8 @@ class UpsertWithIndexOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
         "conf",
         "name",
         "env_vars",
+        "storage_conn_id",
+        "storage_options",
     )
     ui_color = "#e8f0fe"
     emits_table_updates = True
@@ -252,6 +257,7 @@ class UpsertWithIndexOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
             schema_evolution=text(self.schema_evolution),
         )
 
+    @storage_scoped
     def execute(self, context: Context) -> dict[str, Any]:
         table_uri = str(self.table_uri)
         batch_id = str(self.batch_id) if self.batch_id else batch_id_from_context(context)

@@ -13,6 +13,7 @@ from airflow_provider_bucketindex.operators.base import (
     BucketIndexEngineMixin,
     BucketIndexSparkOperator,
     one_line,
+    storage_scoped,
 )
 
 if TYPE_CHECKING:
@@ -44,7 +45,8 @@ class ValidateTableOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
     bad input (no table there) fails without retries on both paths; a busy table is retried.
     """
 
-    template_fields: Sequence[str] = ("table_uri", "engine", "memory_budget", "master", "conf", "name", "env_vars")
+    template_fields: Sequence[str] = ("table_uri", "engine", "memory_budget", "master", "conf", "name", "env_vars",
+                                      "storage_conn_id", "storage_options")
     ui_color = "#e6f4ea"
 
     def __init__(
@@ -59,6 +61,7 @@ class ValidateTableOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
         """The exact spark-submit command ``execute`` runs when the check goes to Spark (templates rendered)."""
         return self.hook.build_command("validate", [str(self.table_uri)])
 
+    @storage_scoped
     def execute(self, context: Context) -> dict[str, Any]:
         table_uri = str(self.table_uri)
         engine = self._run_in_task(table_uri)

@@ -1,7 +1,8 @@
 """Sensors on a bucketindex table's state: compaction due, no write in progress, a commit there.
 
 They read the table's metadata through the pure-Python core (:mod:`spark_jobs.table.state`:
-config, commit sequence, plans, heartbeats): no Spark, no connection, nothing written. Each
+config, commit sequence, plans, heartbeats): no Spark, nothing written; a connection only for
+the store's settings (``storage_options``, as the operators). Each
 works in ``poke`` and ``reschedule`` mode and is deferrable: with ``deferrable=True`` the
 task looks once and, if the condition does not hold yet, hands the waiting to a trigger in
 the triggerer (:mod:`airflow_provider_bucketindex.triggers.table_state`) and frees its
@@ -22,6 +23,7 @@ from airflow.sdk.exceptions import (
     AirflowSkipException,
 )
 
+from airflow_provider_bucketindex import DEFAULT_CONN_ID
 from airflow_provider_bucketindex.triggers.table_state import (
     CompactionDueTrigger,
     NoPendingWritesTrigger,
@@ -42,6 +44,12 @@ class TableStateSensor(BaseSensorOperator):
     :param deferrable: wait in the triggerer instead of a worker slot (default: the
         ``[operators] default_deferrable`` option). The deferral's timeout is the sensor's
         ``timeout``; Airflow turns it into ``AirflowSensorTimeout`` (a skip with ``soft_fail``).
+    :param conn_id: the ``bucketindex`` connection whose ``storage_options`` / ``storage_conn_id``
+        extras give the store's settings (default ``bucketindex_default``; undefined: none).
+    :param storage_conn_id: an ``aws``-style connection with the store's keys and endpoint (templated).
+    :param storage_options: storage options over the connections' (templated). A deferrable
+        sensor refuses secrets here (the trigger's arguments are stored in the metadata DB): put
+        them in a connection, which the triggerer reads itself.
 
     A missing table (or arguments the table rejects) fails the task without retries
     (``AirflowFailException``) in every mode, since waiting cannot fix it; with
@@ -49,7 +57,7 @@ class TableStateSensor(BaseSensorOperator):
     Nothing happens in ``__init__``: the table is first read in ``execute``.
     """
 
-    template_fields: Sequence[str] = ("table_uri",)
+    template_fields: Sequence[str] = ("table_uri", "storage_conn_id", "storage_options")
     ui_color = "#e8f0fe"
 
     def __init__(
@@ -57,11 +65,22 @@ class TableStateSensor(BaseSensorOperator):
         *,
         table_uri: str,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        conn_id: str = DEFAULT_CONN_ID,
+        storage_conn_id: str | None = None,
+        storage_options: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.table_uri = table_uri
         self.deferrable = deferrable
+        self.conn_id = conn_id
+        self.storage_conn_id = storage_conn_id
+        self.storage_options = storage_options
+
+    def storage_kwargs(self) -> dict[str, Any]:
+        """The trigger's storage arguments: connection ids and the (rendered) options."""
+        conn = None if self.storage_conn_id in (None, "") else str(self.storage_conn_id)
+        return {"conn_id": self.conn_id, "storage_conn_id": conn, "storage_options": self.storage_options or None}
 
     def trigger(self) -> TableStateTrigger:
         """The trigger for the rendered arguments (also what ``poke`` polls)."""
@@ -81,6 +100,12 @@ class TableStateSensor(BaseSensorOperator):
         if not self.deferrable:
             # blocks (poke) or raises to be rescheduled (reschedule) until poke succeeds
             return super().execute(context)
+        from airflow_provider_bucketindex.storage import StorageOptionsError, check_no_secrets, parse_options
+
+        try:  # before any work: a secret in the trigger's arguments would be stored in the metadata DB
+            check_no_secrets(parse_options(self.storage_options, where="storage_options"), what=self.task_id)
+        except StorageOptionsError as e:
+            raise AirflowFailException(str(e)) from None
         first = self._poke_once(context)
         if first:
             return first.xcom_value
@@ -160,7 +185,8 @@ class CompactionDueSensor(TableStateSensor):
     "index_deltas", "reason", "pending_plans"}``.
     """
 
-    template_fields: Sequence[str] = ("table_uri", "min_logs", "log_ratio", "min_deltas", "delta_ratio")
+    template_fields: Sequence[str] = ("table_uri", "min_logs", "log_ratio", "min_deltas", "delta_ratio",
+                                      "storage_conn_id", "storage_options")
 
     def __init__(self, *, table_uri: str, min_logs: int = 4, log_ratio: float = 0.2, min_deltas: int = 10,
                  delta_ratio: float = 0.5, **kwargs: Any) -> None:
@@ -173,7 +199,8 @@ class CompactionDueSensor(TableStateSensor):
     def trigger(self) -> CompactionDueTrigger:
         return CompactionDueTrigger(table_uri=str(self.table_uri), min_logs=int(self.min_logs),
                                     log_ratio=float(self.log_ratio), min_deltas=int(self.min_deltas),
-                                    delta_ratio=float(self.delta_ratio), poke_interval=self.poke_interval)
+                                    delta_ratio=float(self.delta_ratio), poke_interval=self.poke_interval,
+                                    **self.storage_kwargs())
 
 
 class NoPendingWritesSensor(TableStateSensor):
@@ -192,7 +219,7 @@ class NoPendingWritesSensor(TableStateSensor):
     No XCom value.
     """
 
-    template_fields: Sequence[str] = ("table_uri", "heartbeat_timeout_s")
+    template_fields: Sequence[str] = ("table_uri", "heartbeat_timeout_s", "storage_conn_id", "storage_options")
 
     def __init__(self, *, table_uri: str, heartbeat_timeout_s: float | None = None, **kwargs: Any) -> None:
         super().__init__(table_uri=table_uri, **kwargs)
@@ -202,7 +229,7 @@ class NoPendingWritesSensor(TableStateSensor):
         hb = self.heartbeat_timeout_s
         return NoPendingWritesTrigger(table_uri=str(self.table_uri),
                                       heartbeat_timeout_s=None if hb in (None, "") else float(hb),
-                                      poke_interval=self.poke_interval)
+                                      poke_interval=self.poke_interval, **self.storage_kwargs())
 
 
 class TableCommitSensor(TableStateSensor):
@@ -222,7 +249,7 @@ class TableCommitSensor(TableStateSensor):
     XCom (return value): ``{"instant", "action", "seq", "batch_id", "counts"}`` of the commit.
     """
 
-    template_fields: Sequence[str] = ("table_uri", "batch_id", "after_instant")
+    template_fields: Sequence[str] = ("table_uri", "batch_id", "after_instant", "storage_conn_id", "storage_options")
 
     def __init__(self, *, table_uri: str, batch_id: str | None = None, after_instant: str | None = None,
                  **kwargs: Any) -> None:
@@ -237,7 +264,8 @@ class TableCommitSensor(TableStateSensor):
 
     def trigger(self) -> TableCommitTrigger:
         return TableCommitTrigger(table_uri=str(self.table_uri), batch_id=self._rendered(self.batch_id),
-                                  after_instant=self._rendered(self.after_instant), poke_interval=self.poke_interval)
+                                  after_instant=self._rendered(self.after_instant), poke_interval=self.poke_interval,
+                                  **self.storage_kwargs())
 
     @staticmethod
     def _rendered(value: Any) -> str | None:

@@ -12,6 +12,11 @@ event::
 Constructor arguments are JSON values only (str, int, float, None): Airflow stores
 ``serialize()`` in its database and re-creates the trigger from it in the triggerer.
 
+Storage settings travel as connection ids (``conn_id``, ``storage_conn_id``) and options without
+secrets (``storage_options``): the triggerer rebuilds the options from the connections each time
+it starts the trigger (:func:`airflow_provider_bucketindex.storage.resolve_options`), so no key
+is ever stored in the trigger table; :meth:`TableStateTrigger.serialize` refuses a secret.
+
 ``timeout_s`` is optional and the sensors do not pass it: their ``defer(timeout=...)`` is
 enforced by Airflow from the moment of deferral, while a trigger's own clock starts again
 whenever a triggerer restarts or hands the trigger to another triggerer.
@@ -24,6 +29,8 @@ import time
 from typing import TYPE_CHECKING, Any, AsyncIterator, NamedTuple
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from airflow_provider_bucketindex import DEFAULT_CONN_ID
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -56,13 +63,24 @@ class TableStateTrigger(BaseTrigger):
     :param poke_interval: seconds between two looks at the table.
     :param timeout_s: give up after this many seconds with a ``timeout`` event (None: never;
         Airflow's deferral timeout still applies).
+    :param conn_id: the ``bucketindex`` connection whose ``storage_options`` / ``storage_conn_id``
+        extras apply (default ``bucketindex_default``, none when undefined; None: no connection).
+    :param storage_conn_id: an ``aws``-style connection with the store's keys and endpoint.
+    :param storage_options: further options, over the connections' (no secrets: they would be
+        stored with the trigger).
     """
 
-    def __init__(self, *, table_uri: str, poke_interval: float = 60.0, timeout_s: float | None = None) -> None:
+    def __init__(self, *, table_uri: str, poke_interval: float = 60.0, timeout_s: float | None = None,
+                 conn_id: str | None = DEFAULT_CONN_ID, storage_conn_id: str | None = None,
+                 storage_options: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.table_uri = table_uri
         self.poke_interval = float(poke_interval)
         self.timeout_s = None if timeout_s is None else float(timeout_s)
+        self.conn_id = conn_id or None
+        self.storage_conn_id = storage_conn_id or None
+        self.storage_options = dict(storage_options) if storage_options else None
+        self._resolved_storage: dict[str, str] | None = None
 
     def _arguments(self) -> dict[str, Any]:
         """The subclass's own constructor arguments (JSON values)."""
@@ -72,18 +90,42 @@ class TableStateTrigger(BaseTrigger):
         raise NotImplementedError
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
+        from airflow_provider_bucketindex.storage import check_no_secrets, parse_options
+
+        check_no_secrets(parse_options(self.storage_options, where="storage_options"),
+                         what=f"{type(self).__name__} of {self.table_uri}")
         cls = type(self)
+        # only what differs from the defaults: a trigger stored before these arguments existed
+        # (no storage keys) re-creates as it was, reading bucketindex_default's extras
+        storage: dict[str, Any] = {} if self.conn_id == DEFAULT_CONN_ID else {"conn_id": self.conn_id}
+        storage.update({k: v for k, v in (("storage_conn_id", self.storage_conn_id),
+                                          ("storage_options", self.storage_options)) if v})
         return (
             f"{cls.__module__}.{cls.__qualname__}",
             {"table_uri": self.table_uri, **self._arguments(), "poke_interval": self.poke_interval,
-             "timeout_s": self.timeout_s},
+             "timeout_s": self.timeout_s, **storage},
         )
 
+    def storage_settings(self) -> dict[str, str]:
+        """The storage options, rebuilt from the connections once per trigger instance (the
+        triggerer's, or the sensor's in poke mode); secrets registered with the masker."""
+        if self._resolved_storage is None:
+            from airflow_provider_bucketindex.storage import mask, resolve_options
+
+            options = resolve_options(conn_id=self.conn_id, storage_conn_id=self.storage_conn_id,
+                                      storage_options=self.storage_options, default_conn_id=DEFAULT_CONN_ID)
+            mask(options)
+            self._resolved_storage = options
+        return self._resolved_storage
+
     def poll(self) -> Poll:
-        """Look at the table once (blocking: storage reads). Raises BadInputError when no table is there."""
+        """Look at the table once (blocking: storage reads), with the trigger's storage options.
+        Raises BadInputError when no table is there (or a storage option is not one)."""
+        from airflow_provider_bucketindex.storage import storage_scope
         from spark_jobs.table import state  # pyarrow, numpy: imported where it runs, not at DAG parse
 
-        return self._check(state)
+        with storage_scope(self.storage_settings()):
+            return self._check(state)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         started = time.monotonic()
@@ -122,8 +164,9 @@ class CompactionDueTrigger(TableStateTrigger):
     """
 
     def __init__(self, *, table_uri: str, min_logs: int = 4, log_ratio: float = 0.2, min_deltas: int = 10,
-                 delta_ratio: float = 0.5, poke_interval: float = 60.0, timeout_s: float | None = None) -> None:
-        super().__init__(table_uri=table_uri, poke_interval=poke_interval, timeout_s=timeout_s)
+                 delta_ratio: float = 0.5, poke_interval: float = 60.0, timeout_s: float | None = None,
+                 **storage: Any) -> None:
+        super().__init__(table_uri=table_uri, poke_interval=poke_interval, timeout_s=timeout_s, **storage)
         self.min_logs = int(min_logs)
         self.log_ratio = float(log_ratio)
         self.min_deltas = int(min_deltas)
@@ -147,8 +190,8 @@ class NoPendingWritesTrigger(TableStateTrigger):
     """
 
     def __init__(self, *, table_uri: str, heartbeat_timeout_s: float | None = None, poke_interval: float = 60.0,
-                 timeout_s: float | None = None) -> None:
-        super().__init__(table_uri=table_uri, poke_interval=poke_interval, timeout_s=timeout_s)
+                 timeout_s: float | None = None, **storage: Any) -> None:
+        super().__init__(table_uri=table_uri, poke_interval=poke_interval, timeout_s=timeout_s, **storage)
         self.heartbeat_timeout_s = None if heartbeat_timeout_s is None else float(heartbeat_timeout_s)
 
     def _arguments(self) -> dict[str, Any]:
@@ -173,8 +216,8 @@ class TableCommitTrigger(TableStateTrigger):
     """
 
     def __init__(self, *, table_uri: str, batch_id: str | None = None, after_instant: str | None = None,
-                 poke_interval: float = 60.0, timeout_s: float | None = None) -> None:
-        super().__init__(table_uri=table_uri, poke_interval=poke_interval, timeout_s=timeout_s)
+                 poke_interval: float = 60.0, timeout_s: float | None = None, **storage: Any) -> None:
+        super().__init__(table_uri=table_uri, poke_interval=poke_interval, timeout_s=timeout_s, **storage)
         self.batch_id = None if batch_id is None else str(batch_id)
         self.after_instant = None if after_instant is None else str(after_instant)
 

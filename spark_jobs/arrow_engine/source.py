@@ -12,6 +12,7 @@ auto`` then runs the batch on Spark, which decides (and words any error) itself.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import datetime as dt
 import decimal
@@ -19,7 +20,7 @@ import io as _io
 import json
 import posixpath
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -30,10 +31,12 @@ import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from spark_jobs.exceptions import BadInputError, EngineUnsupportedError
-from spark_jobs.io.filesystem import FileIO, resolve
+from spark_jobs.io.filesystem import FileIO, is_unreachable, resolve
 from spark_jobs.table.schema import STORED_TZ, check_timestamp_units
 
-__all__ = ["SOURCE_FORMATS", "cast_to_table", "read_source", "spark_schema", "spark_type", "spark_type_name"]
+__all__ = ["SOURCE_FORMATS", "cast_to_table", "read_source", "spark_schema", "spark_type", "spark_type_name",
+           "SourceListing", "list_source", "partition_schema", "parquet_source_schema", "read_source_files",
+           "raise_if_unreachable"]
 
 #: as :data:`spark_jobs.jobs.source.SOURCE_FORMATS` (not imported: that module imports pyspark)
 SOURCE_FORMATS = ("parquet", "json", "csv")
@@ -231,6 +234,289 @@ def _to_spark(col: pa.ChunkedArray | pa.Array, t: pa.DataType) -> pa.Array:
     if pa.types.is_dictionary(arr.type):
         arr = arr.dictionary_decode()
     return arr if arr.type.equals(t) else pc.cast(arr, t)
+
+
+# -- a source read in Spark tasks (Spark without Hadoop's connector for the store) -----------
+
+#: Spark's name for a null partition value (``__HIVE_DEFAULT_PARTITION__``)
+HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+_GLOB = re.compile(r"[*?\[{]")
+_DOUBLE = re.compile(r"[+-]?(?:NaN|Infinity|(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?[dDfF]?)")
+_ISO_DATE = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})")
+_ISO_TS = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[ T][0-9]{1,2}:[0-9]{2}(?::[0-9]{2}(?:\.[0-9]*)?)?")
+
+
+class SourceListing:
+    """A source's data files as Spark lists them: the roots a path (or a glob) names, every
+    visible file beneath them, and each file's Hive path values (``k=v`` directories, decoded)
+    typed as Spark infers partition columns (:func:`partition_schema`)."""
+
+    def __init__(self, uri: str, io: FileIO, paths: list[str], values: list[dict[str, str | None]],
+                 partition: pa.Schema) -> None:
+        self.uri, self.io, self.paths, self.values, self.partition = uri, io, paths, values, partition
+
+
+def list_source(uri: str, fmt: str) -> SourceListing:
+    """The files Spark's reader reads for ``uri``: a file, a directory (Hive ``k=v``
+    subdirectories become columns, as Spark's partition discovery makes them), or a Hadoop
+    glob (``*``, ``?``, ``[ab]``, ``{a,b}`` within one path component; each match a root).
+
+    BadInputError for what Spark refuses too (nothing matches, directory levels that
+    disagree); EngineUnsupportedError for layouts only Spark's own listing decides
+    (subdirectories that are not ``k=v``)."""
+    if fmt not in SOURCE_FORMATS:
+        raise BadInputError(f"unknown source format {fmt!r}; expected one of {', '.join(SOURCE_FORMATS)}")
+    io, path = resolve(uri)
+    roots = _glob(io, path) if _GLOB.search(path) else [path]
+    if not roots or (len(roots) == 1 and not io.exists(roots[0])):
+        raise BadInputError(f"source {uri} does not exist")
+    paths: list[str] = []
+    values: list[dict[str, str | None]] = []
+    for root in roots:
+        info = io.fs.get_file_info(root)
+        if info.type == pafs.FileType.File:
+            paths.append(root)
+            values.append({})
+            continue
+        for f, v in _hive_files(io, root, uri):
+            paths.append(f)
+            values.append(v)
+    if not paths:
+        if fmt == "parquet":
+            raise BadInputError(f"cannot read parquet source {uri}: [UNABLE_TO_INFER_SCHEMA] Unable to infer "
+                                f"schema for Parquet. It must be specified manually. SQLSTATE: 42KD9")
+        raise EngineUnsupportedError(f"source {uri} holds no {fmt} file: {_USE_SPARK}")
+    names = {tuple(v) for v in values}
+    if len(names) > 1:
+        raise BadInputError(f"source {uri} has conflicting directory structures (partition columns "
+                            f"{' vs '.join(sorted('/'.join(n) or '(none)' for n in names))})")
+    return SourceListing(uri, io, paths, values, partition_schema(values, uri=uri))
+
+
+def _glob(io: FileIO, path: str) -> list[str]:
+    """The paths a Hadoop glob names, sorted (one listing under its first literal directory)."""
+    parts = path.split("/")
+    first = next(i for i, p in enumerate(parts) if _GLOB.search(p))
+    base = "/".join(parts[:first])
+    pattern = [re.compile(_glob_regex(p)) for p in parts[first:]]
+    found = io.fs.get_file_info(pafs.FileSelector(base, recursive=len(pattern) > 1, allow_not_found=True))
+    out = []
+    for e in found:
+        rel = e.path[len(base):].lstrip("/").split("/")
+        if len(rel) == len(pattern) and all(p.fullmatch(c) for p, c in zip(pattern, rel)) \
+                and not any(_hidden(c) for c in rel):
+            out.append(e.path)
+    return sorted(out)
+
+
+def _glob_regex(component: str) -> str:
+    """One path component of a Hadoop glob as a regular expression."""
+    out, i, depth = [], 0, 0
+    while i < len(component):
+        c = component[i]
+        if c == "\\" and i + 1 < len(component):
+            out.append(re.escape(component[i + 1]))
+            i += 2
+            continue
+        if c == "*":
+            out.append(".*")
+        elif c == "?":
+            out.append(".")
+        elif c == "[":
+            j = component.find("]", i + 1)
+            if j < 0:
+                raise BadInputError(f"unclosed character class in the glob {component!r}")
+            body = component[i + 1:j]
+            if body.startswith("!"):
+                body = "^" + body[1:]
+            out.append("[" + body.replace("\\", "\\\\") + "]")
+            i = j
+        elif c == "{":
+            depth += 1
+            out.append("(?:")
+        elif c == "}" and depth:
+            depth -= 1
+            out.append(")")
+        elif c == "," and depth:
+            out.append("|")
+        else:
+            out.append(re.escape(c))
+        i += 1
+    if depth:
+        raise BadInputError(f"unclosed group in the glob {component!r}")
+    return "".join(out)
+
+
+def _hive_files(io: FileIO, root: str, uri: str) -> list[tuple[str, dict[str, str | None]]]:
+    """Every visible file under ``root`` with its ``k=v`` directories' values (decoded), by path."""
+    out = []
+    for e in io.fs.get_file_info(pafs.FileSelector(root, recursive=True)):
+        if e.type != pafs.FileType.File:
+            continue
+        rel = e.path[len(root):].lstrip("/").split("/")
+        if any(_hidden(c) for c in rel):
+            continue
+        values: dict[str, str | None] = {}
+        for d in rel[:-1]:
+            if "=" not in d:
+                raise EngineUnsupportedError(f"source {uri} has a subdirectory {d!r} that is not a Hive partition "
+                                             f"(name=value): {_USE_SPARK}")
+            k, v = d.split("=", 1)
+            values[_unescape(k)] = None if v == HIVE_NULL else _unescape(v)
+        out.append((e.path, values))
+    return sorted(out, key=lambda fv: fv[0])
+
+
+def _unescape(text: str) -> str:
+    """Hive's (and Spark's) ``unescapePathName``: ``%XX`` decoded, everything else (``+``) kept."""
+    raw = bytearray()
+    i = 0
+    while i < len(text):
+        if text[i] == "%" and re.fullmatch(r"[0-9A-Fa-f]{2}", text[i + 1:i + 3]):
+            raw.append(int(text[i + 1:i + 3], 16))
+            i += 3
+        else:
+            raw.extend(text[i].encode("utf-8"))
+            i += 1
+    return raw.decode("utf-8", errors="replace")
+
+
+def partition_schema(values: list[dict[str, str | None]], *, uri: str) -> pa.Schema:
+    """The partition columns' types as Spark infers them from directory names: int, then
+    bigint, then double, then date (``yyyy-MM-dd``), else string; the widest over all values
+    (numbers with text: string); no value but nulls: string. Timestamps and integers beyond a
+    long are refused (EngineUnsupportedError): Spark types them its own way."""
+    if not values or not values[0]:
+        return pa.schema([])
+    fields = []
+    for name in values[0]:
+        kinds = {_value_kind(v[name], name=name, uri=uri) for v in values if v.get(name) is not None}
+        if not kinds:
+            t = pa.string()
+        elif kinds <= {"int", "bigint", "double"}:
+            t = pa.float64() if "double" in kinds else pa.int64() if "bigint" in kinds else pa.int32()
+        elif kinds == {"date"}:
+            t = pa.date32()
+        else:
+            t = pa.string()
+        fields.append(pa.field(name, t))
+    return pa.schema(fields)
+
+
+def _value_kind(raw: str, *, name: str, uri: str) -> str:
+    if _INT.fullmatch(raw):
+        v = int(raw)
+        if -2**31 <= v < 2**31:
+            return "int"
+        if -2**63 <= v < 2**63:
+            return "bigint"
+        raise EngineUnsupportedError(f"source {uri}: partition column {name!r} holds integers beyond a long, "
+                                     f"which Spark types as decimals: {_USE_SPARK}")
+    if _DOUBLE.fullmatch(raw.strip(_TRIM)):
+        return "double"
+    if _ISO_TS.fullmatch(raw):
+        raise EngineUnsupportedError(f"source {uri}: partition column {name!r} holds timestamps: {_USE_SPARK}")
+    m = _ISO_DATE.fullmatch(raw)
+    if m:
+        try:
+            dt.date(int(m[1]), int(m[2]), int(m[3]))
+            return "date"
+        except ValueError:
+            return "string"
+    return "string"
+
+
+def _partition_array(raw: str | None, t: pa.DataType, n: int) -> pa.Array:
+    if raw is None:
+        return pa.nulls(n, t)
+    if pa.types.is_integer(t):
+        value: object = int(raw)
+    elif pa.types.is_floating(t):
+        value = float(raw.strip(_TRIM).rstrip("dDfF"))
+    elif pa.types.is_date(t):
+        value = dt.date.fromisoformat(raw)
+    else:
+        value = raw
+    return pa.array([value] * n, t)
+
+
+def parquet_source_schema(listing: SourceListing) -> pa.Schema:
+    """The schema Spark reads ``listing``'s Parquet files with: the files' columns in Spark's
+    types (:func:`spark_schema`), then the partition columns. Every file's footer is read (a
+    few at a time), so a file that is not Parquet is named here, before any task runs (bad
+    input); files of different schemas, INT96 timestamps or a partition column the files hold
+    too are left to Spark (EngineUnsupportedError), as :func:`read_source` leaves them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    io, uri = listing.io, listing.uri
+
+    def footer(path: str) -> pa.Schema:
+        with _opened(io, path, uri) as pf:
+            if any(pf.schema.column(i).physical_type == "INT96" for i in range(len(pf.schema))):
+                raise EngineUnsupportedError(f"source file {path} holds INT96 timestamps: {_USE_SPARK}")
+            return pf.schema_arrow.remove_metadata()
+
+    with ThreadPoolExecutor(8) as pool:
+        schemas = list(pool.map(footer, listing.paths))
+    first = schemas[0]
+    if any(not s.equals(first) for s in schemas[1:]):
+        raise EngineUnsupportedError(f"the files of source {uri} have different schemas: {_USE_SPARK}")
+    if len({n.lower() for n in first.names + listing.partition.names}) != len(first.names) + len(listing.partition):
+        raise EngineUnsupportedError(f"source {uri} has columns whose names differ only in case (or a partition "
+                                     f"column its files hold too): {_USE_SPARK}")
+    data = spark_schema(first)
+    return pa.schema(list(data) + list(listing.partition))
+
+
+def raise_if_unreachable(e: BaseException, uri: str) -> None:
+    """StorageUnavailableError when pyarrow's error says the store did not answer (not the file's fault)."""
+    from spark_jobs.exceptions import StorageUnavailableError
+
+    if is_unreachable(e):
+        text = str(e)
+        first = (text.strip().splitlines() or [type(e).__name__])[0][:300]
+        raise StorageUnavailableError(f"the store of source {uri} did not answer ({first}); nothing was "
+                                      f"committed, safe to retry") from e
+
+
+def read_source_files(files: Iterable[pa.RecordBatch], *, uri: str, paths: list[str],
+                      values: list[dict[str, str | None]], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """mapInArrow over ``fno int`` rows: every row of each listed Parquet file in ``schema``
+    (:func:`parquet_source_schema`), its partition columns added. Runs in a Spark task: the
+    errors it raises name the file (a file damaged after the driver read its footer is bad
+    input; a store that stops answering is StorageUnavailableError)."""
+    from spark_jobs.jobs.tasks import READ_BATCH_ROWS
+
+    io, _ = resolve(uri)
+    parts = [f for f in schema if f.name in (values[0] if values else {})]
+    data = pa.schema([f for f in schema if f.name not in {p.name for p in parts}])
+    for b in files:
+        for fno in b.column("fno").to_pylist():
+            path = paths[fno]
+            with _opened(io, path, uri) as pf:
+                try:
+                    for batch in pf.iter_batches(batch_size=READ_BATCH_ROWS):
+                        n = batch.num_rows
+                        cols = [_to_spark(batch.column(batch.schema.get_field_index(f.name)), f.type) for f in data]
+                        cols += [_partition_array(values[fno].get(p.name), p.type, n) for p in parts]
+                        yield pa.RecordBatch.from_arrays(cols, schema=schema)
+                except (pa.ArrowException, OSError) as e:
+                    raise_if_unreachable(e, uri)
+                    first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+                    raise BadInputError(f"cannot read parquet source {uri}: {first}") from e
+
+
+@contextlib.contextmanager
+def _opened(io: FileIO, path: str, uri: str) -> Iterator[pq.ParquetFile]:
+    """A source file opened as Parquet: its footer read, or the one line naming it."""
+    try:
+        fh = io.fs.open_input_file(path)
+        pf = pq.ParquetFile(fh)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise_if_unreachable(e, uri)
+        raise _corrupt(uri, path) from e
+    with fh:
+        yield pf
 
 
 #: a JSON integer Spark reads as a decimal (beyond a long); pyarrow as a double

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import errno
+import io as io_module
 import os
 import posixpath
 import random
@@ -35,7 +36,7 @@ from spark_jobs.exceptions import BadInputError, PathEscapeError, StorageUnavail
 from spark_jobs.io.storage import StorageConfig, split_uri_options
 
 __all__ = ["FileIO", "InstantExistsError", "PathEscapeError", "is_inside", "resolve", "refuse_uncommittable",
-           "normalise_uri", "scheme_of", "clear_cache"]
+           "normalise_uri", "scheme_of", "clear_cache", "is_unreachable"]
 
 #: what a delete treats as "not there": a missing file, a missing or non-directory parent,
 #: and a name too long to exist at all (a write that failed on it created nothing)
@@ -81,12 +82,29 @@ class FileIO:
     def exists(self, path: str) -> bool:
         return self.fs.get_file_info(path).type != pafs.FileType.NotFound
 
+    def is_file(self, path: str) -> bool:
+        """Whether ``path`` is a file: for callers that know it is not a directory, which an
+        object store answers with one HEAD instead of a HEAD and a LIST (format.md §10)."""
+        return self.fs.get_file_info(path).type == pafs.FileType.File
+
     def read_bytes(self, path: str) -> bytes:
         with self.fs.open_input_stream(path) as f:
             return f.read()
 
     def size(self, path: str) -> int:
         return self.fs.get_file_info(path).size
+
+    def sizes(self, paths: Iterable[str]) -> dict[str, int | None]:
+        """Bytes of each file (None: not there), for callers with many files to size."""
+        paths = list(paths)
+        return {p: (i.size if i.type == pafs.FileType.File else None)
+                for p, i in zip(paths, self.fs.get_file_info(paths))}
+
+    def list_sizes(self, path: str) -> dict[str, int]:
+        """Every file under ``path`` (recursive) and its bytes: one listing for a whole tree
+        where a size per file would be a request per file on an object store."""
+        sel = pafs.FileSelector(path, allow_not_found=True, recursive=True)
+        return {i.path: int(i.size or 0) for i in self.fs.get_file_info(sel) if i.type == pafs.FileType.File}
 
     def total_size(self, path: str) -> int:
         """Bytes of a file, or of every file under a directory."""
@@ -131,8 +149,11 @@ class FileIO:
         self.write_bytes(path, data)
 
     def create_exclusive(self, path: str, data: bytes) -> None:
-        """Create ``path`` with ``data`` atomically, only if absent; else InstantExistsError."""
-        raise NotImplementedError
+        """Create ``path`` with ``data`` atomically, only if absent; else InstantExistsError.
+
+        A store without a primitive this release trusts refuses (one line), never a
+        ``NotImplementedError`` at the first commit; tables there are refused at open anyway."""
+        raise UnsupportedStorageError(_UNSUPPORTED["other"].format(scheme=self.scheme))
 
     def delete(self, path: str) -> None:
         """Delete a file; deleting a missing file is not an error (rollback resumes), nor is
@@ -239,12 +260,18 @@ class HadoopFileIO(FileIO):
 
 
 class S3FileIO(FileIO):
-    """S3 and S3-compatible stores: pyarrow's S3 filesystem for reads and plain writes, and one
-    boto3 client, built from the same :class:`~spark_jobs.io.storage.StorageConfig`, for the
-    requests pyarrow cannot make: the conditional ``PutObject`` of a commit and batch deletes.
+    """S3 and S3-compatible stores: pyarrow's S3 filesystem for streamed reads of data files and
+    large writes, and one boto3 client, built from the same
+    :class:`~spark_jobs.io.storage.StorageConfig`, for everything pyarrow does with more requests
+    than the protocol needs (format.md §10, the request budget): the conditional ``PutObject`` of
+    a commit, a whole small file as one ``PutObject`` or one ``GetObject``, a file's existence as
+    one ``HeadObject``, a listing as one ``ListObjectsV2`` per 1,000 names, batch deletes.
 
-    No directory markers: an object store has no directories, so :meth:`mkdirs` writes nothing
-    (format.md §10, the request budget).
+    Why not pyarrow for those: its ``get_file_info`` of a missing file is a HEAD and a LIST (it
+    looks for a "directory"), ``delete_file``/``delete_dir`` re-create the parent's directory
+    marker (HEAD, LIST, PUT), its output stream is a multipart upload (three requests for a
+    heartbeat), and a random-access read is a HEAD and a GET per range. No directory markers:
+    an object store has no directories, so :meth:`mkdirs` writes nothing.
     """
 
     scheme = "s3"
@@ -253,6 +280,10 @@ class S3FileIO(FileIO):
     CONFLICT_RETRIES = 8
     #: keys per ``DeleteObjects`` request (S3's limit)
     DELETE_BATCH = 1000
+    #: a written file up to this size is one ``PutObject`` (index files, markers, plans,
+    #: heartbeats, most data files of a small batch); a larger one continues as pyarrow's
+    #: multipart upload, where a part costs one request per 10 MB anyway
+    SINGLE_PUT_BYTES = 8 << 20
 
     def __init__(self, fs: pafs.FileSystem, config: StorageConfig | None = None) -> None:
         super().__init__(fs)
@@ -268,13 +299,152 @@ class S3FileIO(FileIO):
                 self._clients["s3"] = self.config.s3_client()
             return self._clients["s3"]
 
-    def mkdirs(self, path: str) -> None:
-        self._guard(path)  # nothing to create: a key's prefix needs no object
-
     @staticmethod
     def _split(path: str) -> tuple[str, str]:
         bucket, _, key = path.partition("/")
         return bucket, key
+
+    @contextmanager
+    def _call(self, path: str) -> Iterator[None]:
+        """boto3's errors as the ``OSError``\\s pyarrow raises (and callers catch): a missing key
+        or bucket is FileNotFoundError, a refusal PermissionError, an unreachable store
+        StorageUnavailableError."""
+        from botocore.exceptions import ClientError
+
+        try:
+            with _store_errors(f"s3://{path}"):
+                yield
+        except ClientError as e:
+            code = str(e.response.get("Error", {}).get("Code"))
+            status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code in ("NoSuchKey", "NoSuchBucket", "404", "NotFound") or status == 404:
+                raise FileNotFoundError(errno.ENOENT, f"no such object ({code})", f"s3://{path}") from e
+            if code in ("AccessDenied", "403", "Forbidden") or status == 403:
+                raise PermissionError(errno.EACCES, f"access denied ({code})", f"s3://{path}") from e
+            raise OSError(errno.EIO, f"{code}: {e.response.get('Error', {}).get('Message', e)}",
+                          f"s3://{path}") from e
+
+    # -- reading ---------------------------------------------------------------------
+    def _head(self, path: str) -> dict[str, Any] | None:
+        """One ``HeadObject``: the object's metadata, or None when there is no such key."""
+        bucket, key = self._split(path)
+        if not key:
+            return None
+        try:
+            with self._call(path):
+                return self.client.head_object(Bucket=bucket, Key=key)
+        except FileNotFoundError:
+            return None
+
+    def is_file(self, path: str) -> bool:
+        return self._head(path) is not None
+
+    def exists(self, path: str) -> bool:
+        """One HEAD for a file; a LIST of one name only when no file has that name (a "directory")."""
+        if self._head(path) is not None:
+            return True
+        bucket, key = self._split(path)
+        with self._call(path):
+            answer = self.client.list_objects_v2(Bucket=bucket, Prefix=key.rstrip("/") + "/" if key else "",
+                                                 MaxKeys=1)
+        return bool(answer.get("KeyCount") or answer.get("Contents") or answer.get("CommonPrefixes"))
+
+    def size(self, path: str) -> int:
+        head = self._head(path)
+        return None if head is None else int(head["ContentLength"])  # type: ignore[return-value]
+
+    def sizes(self, paths: Iterable[str]) -> dict[str, int | None]:
+        """One LIST per directory holding two or more of ``paths`` (per 1,000 names), one HEAD
+        for a file alone in its directory: not a HEAD per file (format.md §10)."""
+        by_dir: dict[str, list[str]] = {}
+        for p in paths:
+            by_dir.setdefault(posixpath.dirname(p), []).append(p)
+        out: dict[str, int | None] = {}
+        for d, ps in by_dir.items():
+            if len(ps) == 1:
+                out[ps[0]] = self.size(ps[0])
+                continue
+            bucket, key = self._split(d)
+            prefix = key.rstrip("/") + "/" if key else ""
+            listed: dict[str, int] = {}
+            with self._call(d):
+                for page in self.client.get_paginator("list_objects_v2").paginate(
+                        Bucket=bucket, Prefix=prefix, Delimiter="/"):
+                    listed.update((f"{bucket}/{o['Key']}", int(o["Size"])) for o in page.get("Contents", []))
+            out.update((p, listed.get(p)) for p in ps)
+        return out
+
+    def read_bytes(self, path: str) -> bytes:
+        """One ``GetObject`` (pyarrow's input stream is a HEAD and a GET)."""
+        bucket, key = self._split(path)
+        with self._call(path):
+            body = self.client.get_object(Bucket=bucket, Key=key)["Body"]
+            try:
+                return body.read()
+            finally:
+                body.close()
+
+    def memory_map(self, path: str) -> pa.NativeFile:
+        """The whole object in one ``GetObject``: an index file is read whole anyway (a lookup
+        scans its blocks), and pyarrow's random-access file costs a HEAD plus a GET per block."""
+        return pa.BufferReader(self.read_bytes(path))
+
+    def list_names(self, path: str) -> list[str]:
+        """One ``ListObjectsV2`` per 1,000 names, with a delimiter (nothing below is listed)."""
+        bucket, key = self._split(path)
+        prefix = key.rstrip("/") + "/" if key else ""
+        names: set[str] = set()
+        with self._call(path):
+            for page in self.client.get_paginator("list_objects_v2").paginate(
+                    Bucket=bucket, Prefix=prefix, Delimiter="/"):
+                names.update(o["Key"][len(prefix):] for o in page.get("Contents", []))
+                names.update(p["Prefix"][len(prefix):].rstrip("/") for p in page.get("CommonPrefixes", []))
+        names.discard("")  # a directory marker another tool left for this prefix
+        return sorted(names)
+
+    def list_sizes(self, path: str) -> dict[str, int]:
+        """One ``ListObjectsV2`` per 1,000 keys under ``path``, no delimiter."""
+        bucket, key = self._split(path)
+        prefix = key.rstrip("/") + "/" if key else ""
+        out: dict[str, int] = {}
+        with self._call(path):
+            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+                out.update((f"{bucket}/{o['Key']}", int(o["Size"])) for o in page.get("Contents", []))
+        return out
+
+    def _list_keys(self, path: str) -> list[str]:
+        """Every key under ``path`` (recursive), one ``ListObjectsV2`` per 1,000."""
+        bucket, key = self._split(path)
+        prefix = key.rstrip("/") + "/" if key else ""
+        keys: list[str] = []
+        with self._call(path):
+            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+                keys.extend(o["Key"] for o in page.get("Contents", []))
+        return keys
+
+    # -- writing ---------------------------------------------------------------------
+    def mkdirs(self, path: str) -> None:
+        self._guard(path)  # nothing to create: a key's prefix needs no object
+
+    def _put(self, path: str, data: bytes) -> None:
+        bucket, key = self._split(path)
+        with self._call(path):
+            self.client.put_object(Bucket=bucket, Key=key, Body=data)
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        """One ``PutObject``, which S3 applies atomically (a heartbeat, a plan, a marker)."""
+        self._guard(path)
+        self._put(path, data)
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        self.write_bytes(path, data)
+
+    def open_output_stream(self, path: str) -> pa.NativeFile:
+        """A stream that is one ``PutObject`` when closed under :attr:`SINGLE_PUT_BYTES`, else
+        pyarrow's multipart upload (pyarrow's own stream is a multipart upload of three
+        requests at least, whatever the size)."""
+        self._guard(path)
+        return pa.PythonFile(_SinglePutStream(self, path), mode="w")
 
     def create_exclusive(self, path: str, data: bytes) -> None:
         """One conditional ``PutObject`` with ``If-None-Match: *``: 412 means another writer
@@ -318,6 +488,10 @@ class S3FileIO(FileIO):
             bucket, key = self._split(path)
             by_bucket.setdefault(bucket, []).append(key)
         for bucket, keys in by_bucket.items():
+            keys = list(dict.fromkeys(keys))
+            if len(keys) == 1:  # a batch of one is a plain DeleteObject (also one request)
+                self.delete(f"{bucket}/{keys[0]}")
+                continue
             for i in range(0, len(keys), self.DELETE_BATCH):
                 chunk = keys[i:i + self.DELETE_BATCH]
                 with _store_errors(f"s3://{bucket}"):
@@ -328,6 +502,69 @@ class S3FileIO(FileIO):
                     first = failed[0]
                     raise OSError(errno.EIO, f"delete refused: {first.get('Code')} {first.get('Message')}",
                                   f"s3://{bucket}/{first.get('Key')}")
+
+    def delete_dir(self, path: str) -> None:
+        """Every key under ``path``: one LIST and one ``DeleteObjects`` per 1,000 keys (pyarrow's
+        also HEADs the "directory" and re-creates the parent's marker)."""
+        self._guard(path)
+        bucket, _ = self._split(path)
+        keys = self._list_keys(path)
+        if keys:
+            self.delete_many(f"{bucket}/{k}" for k in keys)
+
+
+class _SinglePutStream:
+    """The file object behind :meth:`S3FileIO.open_output_stream`: buffered in memory and put
+    whole on close, or -- past :attr:`S3FileIO.SINGLE_PUT_BYTES` -- handed to pyarrow's
+    multipart upload with what was buffered so far."""
+
+    def __init__(self, io: S3FileIO, path: str) -> None:
+        self._io, self._path = io, path
+        self._buf: io_module.BytesIO | None = io_module.BytesIO()
+        self._stream: pa.NativeFile | None = None
+        self._pos = 0
+        self.closed = False
+
+    def writable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return False
+
+    def seekable(self) -> bool:
+        return False
+
+    def tell(self) -> int:
+        return self._pos
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        n = view.nbytes
+        if self._stream is not None:
+            self._stream.write(view)
+        else:
+            assert self._buf is not None
+            self._buf.write(view)
+            if self._buf.tell() > self._io.SINGLE_PUT_BYTES:
+                self._stream = self._io.fs.open_output_stream(self._path)
+                self._stream.write(self._buf.getbuffer())
+                self._buf = None
+        self._pos += n
+        return n
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self._stream is not None:
+            self._stream.close()
+        else:
+            assert self._buf is not None
+            self._io._put(self._path, self._buf.getvalue())
+            self._buf = None
 
 
 class UncommittableFileIO(FileIO):
@@ -427,6 +664,29 @@ def refuse_uncommittable(io: FileIO, uri: str) -> None:
     if not io.supports_exclusive_create:
         raise UnsupportedStorageError(_UNSUPPORTED.get(io.scheme, _UNSUPPORTED["other"]).format(scheme=io.scheme)
                                       + f" ({uri})")
+
+
+def refuse_uncommittable_uri(uri: str) -> None:
+    """:func:`refuse_uncommittable` by the URI's scheme alone, before its filesystem is built:
+    building one may need what is not there (libhdfs and a JVM, cloud credentials) or wait on a
+    network, and a table there is refused whatever the answer."""
+    scheme = scheme_of(uri)
+    if scheme in ("hdfs", "gs", "abfs"):
+        raise UnsupportedStorageError(_UNSUPPORTED[scheme].format(scheme=urlparse(uri).scheme.lower()) + f" ({uri})")
+
+
+#: pyarrow's (the AWS SDK's) words for a store that did not answer
+_UNREACHABLE = ("NETWORK_CONNECTION", "Couldn't connect", "curlCode: 7", "curlCode: 28", "Connection refused",
+                "Timeout was reached", "Could not resolve host")
+
+
+def is_unreachable(error: BaseException) -> bool:
+    """Whether a pyarrow filesystem error says the store did not answer (a resource failure,
+    exit 3), as opposed to a missing or unreadable file."""
+    if isinstance(error, StorageUnavailableError):
+        return True
+    text = str(error)
+    return isinstance(error, OSError) and any(m in text for m in _UNREACHABLE)
 
 
 @contextmanager

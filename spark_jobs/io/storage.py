@@ -10,14 +10,14 @@ here, from one :class:`StorageConfig`, resolved once per (URI, options) and cach
 Where a setting comes from, highest first (docs/format.md §10, README "Object storage"):
 
 1. the URI's query (``s3://bucket/t?endpoint_url=http://127.0.0.1:9000&region=eu-west-1``);
-2. the run's options: ``--storage-option KEY=VALUE`` on the CLI, an operator's
-   ``storage_options`` over its Airflow connection's extras, or ``$BUCKETINDEX_STORAGE_OPTIONS``
-   (a JSON object; how an operator hands its options to the processes it starts, off their
-   command lines);
-3. the environment (``AWS_ENDPOINT_URL_S3``/``AWS_ENDPOINT_URL``, ``AWS_REGION``/
+2. the run's options: ``--storage-option KEY=VALUE`` on the CLI, or an operator's
+   ``storage_options`` over its Airflow connection's extras;
+3. ``$BUCKETINDEX_STORAGE_OPTIONS`` (a JSON object; how an operator hands its options to the
+   processes it starts, off their command lines);
+4. the environment (``AWS_ENDPOINT_URL_S3``/``AWS_ENDPOINT_URL``, ``AWS_REGION``/
    ``AWS_DEFAULT_REGION``, ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/
    ``AWS_SESSION_TOKEN``, ``AWS_PROFILE``);
-4. the AWS SDKs' own default chain (shared config files, instance or pod roles).
+5. the AWS SDKs' own default chain (shared config files, instance or pod roles).
 
 Credentials are one group: the key id, secret and token come together from the highest source
 that names a key id (a key id from the command line is never paired with a secret from the
@@ -222,9 +222,10 @@ class StorageConfig:
                 env: Mapping[str, str] | None = None) -> "StorageConfig":
         """The settings for one URI: its query over the run's options over the environment."""
         env = os.environ if env is None else env
-        run = dict(_env_json(env))
-        run.update(normalise_options(configured() if options is None else options))
-        merged = _layer([normalise_options(uri_options), run, _env_options(env)])
+        # four levels, not three: $BUCKETINDEX_STORAGE_OPTIONS is a level of its own under the run's
+        # options, so a key id given on the command line is never paired with a secret from it
+        run = normalise_options(configured() if options is None else options)
+        merged = _layer([normalise_options(uri_options), run, _env_json(env), _env_options(env)])
         return cls(tuple(sorted(merged.items())))
 
     @property
@@ -245,7 +246,13 @@ class StorageConfig:
         if v.get("access_key_id"):
             return v.get("access_key_id"), v.get("secret_access_key"), v.get("session_token"), None
         if v.get("profile"):
-            session = _boto3().Session(profile_name=v["profile"])
+            from botocore.exceptions import ProfileNotFound
+
+            try:
+                session = _boto3().Session(profile_name=v["profile"])
+            except ProfileNotFound as e:  # a name the user gave, not the store's state: one line, exit 2
+                raise BadInputError(f"storage profile {v['profile']!r} is not in the shared AWS config files "
+                                    f"($AWS_CONFIG_FILE, $AWS_SHARED_CREDENTIALS_FILE, ~/.aws)") from e
             creds = session.get_credentials()
             if creds is None:
                 raise BadInputError(f"storage profile {v['profile']!r} has no credentials")

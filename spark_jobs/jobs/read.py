@@ -20,6 +20,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from spark_jobs.jobs import tasks
+from spark_jobs.jobs.hadoop_fs import hadoop_reads
 from spark_jobs.jobs.session import default_parallelism
 from spark_jobs.table.config import EVOLVING_FORMAT_VERSION
 from spark_jobs.table.layout import is_reference
@@ -92,7 +93,8 @@ def _file_list(spark: SparkSession, slices: list[FileSlice]) -> DataFrame:
 def read_slices(spark: SparkSession, table: Table, view: FileSystemView, slices: list[FileSlice]) -> DataFrame:
     """Every live row of ``slices`` with the snapshot's schema (meta columns included).
 
-    Every file goes through Spark's Parquet reader, the merges of merge-on-read slices applied
+    Where Spark's own reader can open the table's store (:func:`hadoop_reads`), every file
+    goes through Spark's Parquet reader, the merges of merge-on-read slices applied
     by position (:func:`_merged_natively`); when rows cannot be named safely that way, each
     such slice is read and merged whole in one Python task (``tasks.read_slices``). Neither
     shuffles.
@@ -100,6 +102,12 @@ def read_slices(spark: SparkSession, table: Table, view: FileSystemView, slices:
     assert view.schema is not None and table.config is not None
     schema = from_arrow_schema(view.schema)
     args = {"table_uri": table.uri, "schema": view.schema, "precombine": table.config.precombine_field}
+    if not hadoop_reads(spark, table.uri):
+        # Spark's reader cannot open the store (no hadoop-aws for s3a://): every slice is read
+        # and merged by pyarrow in the tasks, as merge-on-read slices are anyway
+        if not slices:
+            return spark.createDataFrame([], schema)
+        return _file_list(spark, slices).mapInArrow(tasks.bind_batches(tasks.read_slices, **args), schema)
     # a bootstrapped user file lacks the key column (and its Hive path columns), which only
     # the Python reader adds (format.md §5.3): such slices are read there
     adopted = [s for s in slices if is_reference(s.path)]
@@ -212,6 +220,8 @@ def write_one_parquet(spark: SparkSession, df: DataFrame, uri: str) -> int:
     from spark_jobs.jobs.session import job_conf
 
     io, path = resolve(uri)
+    if not hadoop_reads(spark, uri):
+        return _write_one_parquet_in_task(spark, df, uri)
     tmp_uri = f"{uri.rstrip('/')}.{uuid.uuid4().hex}.tmp"
     tmp = resolve(tmp_uri)[1]
     try:
@@ -231,3 +241,40 @@ def write_one_parquet(spark: SparkSession, df: DataFrame, uri: str) -> int:
             io.delete_dir(tmp)
     with io.open_input_file(path) as f:
         return pq.ParquetFile(f).metadata.num_rows
+
+
+def _write_one_parquet_in_task(spark: SparkSession, df: DataFrame, uri: str) -> int:
+    """``df`` as one Parquet file at ``uri``, written by pyarrow in one task: for a store
+    Spark's own writer cannot open (no hadoop-aws for ``s3a://``). An object store makes the
+    file visible only when its upload completes, so a failed task leaves nothing half
+    written; an empty snapshot is an empty file with its schema, written here."""
+    import pyarrow.parquet as pq
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from spark_jobs.io.filesystem import resolve
+
+    schema = to_arrow_schema(df.schema, timezone="UTC")
+    write = tasks.bind_batches(write_parquet_file, uri=uri, schema=schema)
+    written = [int(r["rows"]) for r in df.coalesce(1).mapInArrow(write, "rows long").collect()]
+    io, path = resolve(uri)
+    if not written:  # no partition, no task: nothing was read
+        with io.fs.open_output_stream(path) as f:
+            pq.write_table(schema.empty_table(), f)
+    return sum(written)
+
+
+def write_parquet_file(batches: Any, *, uri: str, schema: Any) -> Any:
+    """mapInArrow in the one task of :func:`_write_one_parquet_in_task`: its rows, one file
+    (row groups as they come, timestamps in microseconds as Spark's writer is told to)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from spark_jobs.io.filesystem import resolve
+
+    io, path = resolve(uri)
+    n = 0
+    with io.fs.open_output_stream(path) as f, pq.ParquetWriter(f, schema, coerce_timestamps="us") as w:
+        for b in batches:
+            w.write_batch(b.cast(schema) if not b.schema.equals(schema) else b)
+            n += b.num_rows
+    yield pa.RecordBatch.from_pylist([{"rows": n}], schema=pa.schema([("rows", pa.int64())]))

@@ -395,7 +395,7 @@ def _merge_schema() -> pa.Schema:
 def write_index_delta(key: tuple, entries: pa.Table, *, table_uri: str, instant: str, snapshot_seq: int) -> pa.Table:
     """Write one index bucket's delta for ``instant`` (new locations and tombstones)."""
     bucket = key[0].as_py()
-    t = Table.open(table_uri)
+    t = _table(table_uri)  # its files only (io, layout): no table.json or timeline read per bucket
     keys = entries.column("key").to_pylist()
     tomb = entries.column("tomb").to_pylist()
     parts = entries.column("part").to_pylist()
@@ -421,7 +421,7 @@ def read_bucket_entries(key: tuple, _: pa.Table, *, table_uri: str, files: dict[
     from spark_jobs.index.record_index import merge_entries
 
     bucket = key[0].as_py()
-    t = Table.open(table_uri)
+    t = _table(table_uri)  # its files only (io, layout): no table.json or timeline read per bucket
     e = merge_entries(t.io, [t.abs(r) for r in files.get(bucket, [])])
     locs = e.targets()
     return pa.table(

@@ -95,7 +95,8 @@ def _validated_batch(
 ) -> tuple[DataFrame, Any, "_BatchChecks"]:
     """The source as a DataFrame in the table's column order, the data schema, and the row-level
     checks to raise after the first query over it; raises BadInputError for schema problems."""
-    df = raw = opts.source_df if opts.source_df is not None else read_source(spark, opts.source, opts.source_format)
+    df = raw = opts.source_df if opts.source_df is not None else read_source(
+        spark, opts.source, opts.source_format, table_schema=view.schema if view is not None else None)
     cols = df.columns
     delete_type = raw.schema[opts.delete_field].dataType.simpleString() if opts.delete_field in cols else None
     data_cols = check_source_columns(cfg=cfg, delete_field=opts.delete_field, columns=cols, delete_type=delete_type)

@@ -184,9 +184,10 @@ class TableConfig:
     # -- persistence ------------------------------------------------------------------
     @classmethod
     def load(cls, io: FileIO, path: str) -> "TableConfig | None":
-        if not io.exists(path):
+        try:  # one read, not an existence check and a read: every open costs it (format.md §10)
+            data = io.read_bytes(path)
+        except (FileNotFoundError, NotADirectoryError):
             return None
-        data = io.read_bytes(path)
         try:
             return cls.from_json(data)
         except (ValueError, TypeError, AttributeError) as e:

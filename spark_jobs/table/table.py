@@ -20,7 +20,7 @@ from spark_jobs.exceptions import (
     TableNotFoundError,
     WriterAliveError,
 )
-from spark_jobs.io.filesystem import FileIO, refuse_uncommittable, resolve
+from spark_jobs.io.filesystem import FileIO, refuse_uncommittable, refuse_uncommittable_uri, resolve
 from spark_jobs.table.config import TableConfig
 from spark_jobs.table.layout import META_DIR, TableLayout, is_reference
 from spark_jobs.table.timeline import Action, Instant, State, Timeline, resolve_as_of
@@ -49,6 +49,7 @@ class Table:
     @classmethod
     def open(cls, uri: str) -> "Table":
         """A handle on ``uri`` whether or not a table exists there yet (``config`` is None if not)."""
+        refuse_uncommittable_uri(uri)  # by scheme, before a filesystem that may not load is built
         io, root = resolve(uri)
         refuse_uncommittable(io, uri)  # before anything is read or written (format.md §10)
         return cls(uri, io, root, TableConfig.load(io, TableLayout(root).config_file))
@@ -336,10 +337,12 @@ class Table:
         from spark_jobs.table.view import is_index_delta
 
         per: dict[int, dict[str, int]] = {}
+        # one listing of index/ (a page per 1,000 files), not a HEAD per delta (format.md §10)
+        sizes = self.io.list_sizes(self.layout.index) if view.index_files else {}
         for b, files in sorted(view.index_files.items()):
             deltas = [f for f in files if is_index_delta(f)]
             per[b] = {"bases": len(files) - len(deltas), "deltas": len(deltas),
-                      "delta_bytes": sum(self.io.size(self.abs(f)) for f in deltas)}
+                      "delta_bytes": sum(sizes.get(self.abs(f)) or 0 for f in deltas)}
             sealed = sum(map(is_sealed_base, files))
             if sealed:  # bases past the cap, never rewritten (format.md §6.1); told by name
                 per[b]["sealed"] = sealed

@@ -120,6 +120,9 @@ class Instant:
 
 #: version of the checkpoint file's layout (format.md §3.5)
 CHECKPOINT_FORMAT = 1
+#: a reload lists ``checkpoints/`` again once this many entries passed the timeline's
+#: checkpoint (the default checkpoint interval): a long-lived handle moves on to newer ones
+RELIST_CHECKPOINTS_AFTER = 10
 
 
 def checkpoint_seqs(io: FileIO, layout: TableLayout, *, archived: bool = False) -> list[int]:
@@ -372,11 +375,14 @@ class Timeline:
         self._history = False  # every entry 1..last_seq is in _entries
         self._archives: list[tuple[int, int]] | None = None
         self._aborted_at: dict[str, int | None] = {}
+        self._checkpoints_listed = False
         self.reload()
 
     def reload(self) -> "Timeline":
         seqs = [int(m.group(1)) for m in map(_SEQ_NAME.match, self.io.list_names(self.layout.sequence)) if m]
-        self._adopt_checkpoint(max(seqs, default=0))
+        if self._needs_checkpoint_listing(seqs):
+            self._adopt_checkpoint(max(seqs, default=0))
+            self._checkpoints_listed = True
         self.last_seq = max([self.base_seq, *seqs, *self._entries])
         for seq in range(self.base_seq + 1, self.last_seq + 1):
             self._entry(seq)  # the entries after the checkpoint: read once, cached
@@ -390,6 +396,26 @@ class Timeline:
         self._files = latest
         self._rebuild()
         return self
+
+    def _needs_checkpoint_listing(self, seqs: list[int]) -> bool:
+        """Whether a reload must list ``checkpoints/``: when the timeline is opened, when an
+        entry it has not read is no longer listed (archived: a newer checkpoint covers it), and
+        once :data:`RELIST_CHECKPOINTS_AFTER` entries passed its checkpoint. Otherwise every
+        entry after its checkpoint is cached or listed, and a newer checkpoint would save no
+        read: a LIST saved on every reload of a verb (format.md §10)."""
+        if not self._checkpoints_listed:
+            return True
+        last = max(seqs, default=0)
+        if last - self.base_seq >= RELIST_CHECKPOINTS_AFTER:
+            return True
+        listed = set(seqs)
+        return any(n not in self._entries and n not in listed for n in range(self.base_seq + 1, last + 1))
+
+    def adopt_checkpoint(self, seq: int, ckpt: dict[str, Any]) -> None:
+        """Start from checkpoint ``seq`` this process just wrote (what the next listing would find)."""
+        if seq > self.base_seq and seq <= self.last_seq:
+            self.checkpoint, self.base_seq = ckpt, seq
+            self._rebuild()
 
     def _adopt_checkpoint(self, listed_last: int) -> None:
         """Start from the latest checkpoint that parses (a torn or foreign one is skipped)."""
@@ -678,7 +704,7 @@ class Timeline:
             self.io.create_exclusive(self.layout.sequence_file(seq), data)
         except InstantExistsError as e:
             raise SequenceTakenError(f"sequence slot {seq} is taken") from e
-        if seq > 1 and not self.io.exists(self.layout.sequence_file(seq - 1)):
+        if seq > 1 and not self.io.is_file(self.layout.sequence_file(seq - 1)):
             # the slot before ours is gone from sequence/: archived. Archival never moves an
             # entry after a live writer's snapshot, so only a writer stalled past its
             # heartbeat gets here -- and its slot may be a hole below a checkpoint that
@@ -716,7 +742,7 @@ class Timeline:
         """Remove an instant's plan files: inflight first, so a crash leaves it still pending."""
         if self.is_completed(instant.timestamp):
             raise InstantConflictError(f"{instant.timestamp}.{instant.action} is completed; it cannot be removed")
-        self.io.delete(self._path(instant, State.INFLIGHT))
-        self.io.delete(self._path(instant, State.REQUESTED))
+        self.io.delete(self._path(instant, State.INFLIGHT))  # two requests, in this order: a crash
+        self.io.delete(self._path(instant, State.REQUESTED))  # between them leaves it pending
         self._files.pop((instant.timestamp, instant.action), None)
         self._rebuild()

@@ -147,7 +147,8 @@ def test_template_fields_are_assigned_verbatim_and_init_does_no_work(ops, monkey
     monkeypatch.setattr(packaging, "spark_jobs_zip", boom)
     kw = dict(table_uri="{{ params.table }}", source_uri="{{ params.source }}", batch_id="{{ run_id }}",
               mode="{{ params.mode }}", num_buckets="{{ params.n }}", partition_field="{{ params.p }}",
-              master="local[2]", conf={"k": "{{ ds }}"}, name="n", env_vars={"E": "1"})
+              master="local[2]", conf={"k": "{{ ds }}"}, name="n", env_vars={"E": "1"}, storage_conn_id="{{ params.store }}",
+              storage_options={"region": "{{ params.region }}"})
     op = ops.BootstrapTableOperator(task_id="b", record_key=["tenant", "id"], conn_id="not_defined_anywhere",
                                     index="{{ not templated }}", **kw)
     assert set(op.template_fields) == set(kw)

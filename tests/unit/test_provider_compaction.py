@@ -38,7 +38,8 @@ def test_conventions(ops):  # type: ignore[no-untyped-def]
         ops.AsyncIndexCompactionOperator(task_id="c", table_uri="/t", mode="later")
     kw = dict(table_uri="{{ params.t }}", instant="{{ ti.xcom_pull(task_ids='s')['instant'] }}",
               min_deltas="{{ params.n }}", delta_ratio=0.25, min_logs=3, log_ratio=0.1, master="local[2]",
-              conf={"k": "{{ ds }}"}, name="n", env_vars={"E": "1"})
+              conf={"k": "{{ ds }}"}, name="n", env_vars={"E": "1"}, storage_conn_id="{{ params.store }}",
+              storage_options={"region": "{{ params.region }}"})
     op = ops.AsyncIndexCompactionOperator(task_id="c", mode="execute", **kw)
     assert set(op.template_fields) == set(kw)
     assert all(getattr(op, f) == kw[f] for f in op.template_fields)

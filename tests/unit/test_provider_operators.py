@@ -88,16 +88,19 @@ def test_template_fields_are_the_constructor_arguments_verbatim(ops):  # type: i
         source_format="json",
         delete_field="del", batch_id="{{ run_id }}", master="spark://m:7077", conf={"k": "{{ ds }}"},
         name="n", env_vars={"E": "1"}, engine="{{ params.engine }}", memory_budget="{{ params.budget }}",
+        storage_conn_id="{{ params.store }}", storage_options={"region": "{{ params.region }}"},
     )  # fmt: skip
     op = ops.UpsertWithIndexOperator(task_id="u", **kw)
     assert set(op.template_fields) == set(kw)
     for field in op.template_fields:
         assert getattr(op, field) == kw[field], field
     v = ops.ValidateTableOperator(task_id="v", table_uri="{{ params.t }}", engine="{{ params.e }}")
-    assert set(v.template_fields) == {"table_uri", "engine", "memory_budget", "master", "conf", "name", "env_vars"}
+    assert set(v.template_fields) == {"table_uri", "engine", "memory_budget", "master", "conf", "name", "env_vars",
+                                      "storage_conn_id", "storage_options"}
     assert v.engine == "{{ params.e }}" and v.memory_budget is None
     r = ops.RollbackBatchOperator(task_id="r", table_uri="{{ params.t }}", batch_id="{{ run_id }}")
-    assert set(r.template_fields) == {"table_uri", "batch_id", "upsert_task_id", "instant"}
+    assert set(r.template_fields) == {"table_uri", "batch_id", "upsert_task_id", "instant", "storage_conn_id",
+                                      "storage_options"}
 
 
 def test_templates_render(ops):  # type: ignore[no-untyped-def]

@@ -40,7 +40,8 @@ def test_conventions(ops):  # type: ignore[no-untyped-def]
     with pytest.raises(TypeError):
         ops.RehashOperator("r", "/t", 8)  # type: ignore[misc]
     kw = dict(table_uri="{{ params.table_uri }}", num_buckets="{{ params.num_buckets }}", master="local[2]",
-              conf={"k": "{{ ds }}"}, name="n", env_vars={"E": "1"})
+              conf={"k": "{{ ds }}"}, name="n", env_vars={"E": "1"}, storage_conn_id="{{ params.store }}",
+              storage_options={"region": "{{ params.region }}"})
     op = ops.RehashOperator(task_id="r", **kw)
     assert set(op.template_fields) == set(kw)
     assert all(getattr(op, f) == kw[f] for f in op.template_fields)  # assigned verbatim

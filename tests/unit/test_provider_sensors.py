@@ -333,12 +333,14 @@ def test_template_fields_are_the_constructor_arguments_verbatim(sensors):  # typ
     c = sensors.CompactionDueSensor(task_id="c", table_uri="{{ params.t }}", min_logs="{{ params.n }}", log_ratio=0.5)
     assert {f: getattr(c, f) for f in c.template_fields} == {
         "table_uri": "{{ params.t }}", "min_logs": "{{ params.n }}", "log_ratio": 0.5, "min_deltas": 10,
-        "delta_ratio": 0.5}
+        "delta_ratio": 0.5, "storage_conn_id": None, "storage_options": None}
     n = sensors.NoPendingWritesSensor(task_id="n", table_uri="{{ params.t }}", heartbeat_timeout_s=90)
-    assert {f: getattr(n, f) for f in n.template_fields} == {"table_uri": "{{ params.t }}", "heartbeat_timeout_s": 90}
+    assert {f: getattr(n, f) for f in n.template_fields} == {"table_uri": "{{ params.t }}", "heartbeat_timeout_s": 90,
+                                                             "storage_conn_id": None, "storage_options": None}
     t = sensors.TableCommitSensor(task_id="t", table_uri="/t", after_instant="{{ ti.xcom_pull(key='instant') }}")
     assert {f: getattr(t, f) for f in t.template_fields} == {
-        "table_uri": "/t", "batch_id": None, "after_instant": "{{ ti.xcom_pull(key='instant') }}"}
+        "table_uri": "/t", "batch_id": None, "after_instant": "{{ ti.xcom_pull(key='instant') }}",
+        "storage_conn_id": None, "storage_options": None}
     c.render_template_fields({"params": {"t": "/lake/t", "n": "6"}})
     assert (c.table_uri, c.min_logs) == ("/lake/t", "6")
     assert c.trigger().min_logs == 6

@@ -36,7 +36,8 @@ def test_clean_conventions(ops, tmp_path):  # type: ignore[no-untyped-def]
     with pytest.raises(TypeError):
         ops.CleanTableOperator("c", "/t")  # type: ignore[misc]
     kw = dict(table_uri="{{ params.t }}", retain_commits="{{ params.n }}", retain_hours=None,
-              heartbeat_timeout_s="{{ params.hb }}")
+              heartbeat_timeout_s="{{ params.hb }}", storage_conn_id="{{ params.store }}",
+              storage_options={"region": "{{ params.region }}"})
     op = ops.CleanTableOperator(task_id="c", dry_run=True, **kw)
     assert set(op.template_fields) == set(kw)
     assert all(getattr(op, f) == kw[f] for f in op.template_fields)
@@ -154,7 +155,8 @@ def _scheduled(ops, tmp_path) -> tuple[Table, str]:  # type: ignore[no-untyped-d
 
 def test_rollback_instant_is_templated_and_keeps_batch_behaviour(ops):  # type: ignore[no-untyped-def]
     r = ops.RollbackBatchOperator(task_id="r", table_uri="{{ params.t }}", instant="{{ ti.xcom_pull('s') }}")
-    assert set(r.template_fields) == {"table_uri", "batch_id", "upsert_task_id", "instant"}
+    assert set(r.template_fields) == {"table_uri", "batch_id", "upsert_task_id", "instant", "storage_conn_id",
+                                      "storage_options"}
     assert r.instant == "{{ ti.xcom_pull('s') }}" and r.trigger_rule == "one_failed"
 
 

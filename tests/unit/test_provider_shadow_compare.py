@@ -85,7 +85,9 @@ def test_conventions_and_registration(ops):  # type: ignore[no-untyped-def]
         ops.IndexShadowCompareOperator("s", "/t")  # type: ignore[misc]
     kw = dict(table_uri="{{ params.table_uri }}", since="{{ prev }}", sample_fraction="{{ params.f }}",
               against="{{ params.against }}", max_mismatches="{{ params.n }}", report_uri="{{ r }}",
-              reports_dir="{{ d }}", master="local[2]", conf={"k": "{{ ds }}"}, name="n", env_vars={"E": "1"})
+              reports_dir="{{ d }}", master="local[2]", conf={"k": "{{ ds }}"}, name="n", env_vars={"E": "1"},
+              storage_conn_id="{{ params.store }}",
+              storage_options={"region": "{{ params.region }}"})
     op = ops.IndexShadowCompareOperator(task_id="s", **kw)
     assert set(op.template_fields) == set(kw)
     assert all(getattr(op, f) == kw[f] for f in op.template_fields)  # assigned verbatim

@@ -113,6 +113,7 @@ def write_checkpoint(table: "Table", seq: int) -> int:
         "complete": True,  # last: a torn file never parses to a checkpoint that claims completeness
     }
     _create(table, table.layout.checkpoint_file(seq), ckpt)
+    tl.adopt_checkpoint(seq, ckpt)  # this handle's next reload need not list checkpoints/ to find it
     log.info("checkpoint at entry %d (%s, %s) in %d ms", seq, plural(len(view.file_groups), "file group"),
              plural(len(view.index_files), "index bucket"), int((time.perf_counter() - started) * 1000))
     return seq
@@ -184,11 +185,10 @@ def archive(table: "Table", *, min_entries: int = ARCHIVE_MIN_ENTRIES,
     _create(table, table.layout.archive_file(first, bound),
             {"first": first, "last": bound, "entries": entries, "plans": plans})
     maybe_crash("archive_after_copy")
-    for name in plans:  # plans of completed instants (pending ones never have an entry)
-        table.io.delete(f"{tl.dir}/{name}")
+    # plans of completed instants (pending ones never have an entry); batched (format.md §10)
+    table.io.delete_many(f"{tl.dir}/{name}" for name in plans)
     maybe_crash("archive_after_plans")
-    for n in range(first, bound + 1):
-        table.io.delete(table.layout.sequence_file(n))
+    table.io.delete_many(table.layout.sequence_file(n) for n in range(first, bound + 1))
     _drop_old_checkpoints(table, readable, bound)
     log.info("archived sequence entries %d..%d (%d plans)", first, bound, len(plans))
     table.timeline.reload()
@@ -206,10 +206,8 @@ def _finish_archived(table: "Table", tl: Timeline, done: int) -> None:
         if last < stale[0] or first > stale[-1]:
             continue
         data = json.loads(table.io.read_bytes(table.layout.archive_file(first, last)))
-        for name in data.get("plans", {}):
-            table.io.delete(f"{tl.dir}/{name}")
-    for n in stale:
-        table.io.delete(table.layout.sequence_file(n))
+        table.io.delete_many(f"{tl.dir}/{name}" for name in data.get("plans", {}))
+    table.io.delete_many(table.layout.sequence_file(n) for n in stale)
     log.info("finished an interrupted archival: %d entries removed from sequence/", len(stale))
 
 
@@ -220,6 +218,7 @@ def _drop_old_checkpoints(table: "Table", readable: list[int], bound: int) -> No
     cumulative: only the latest is read) are deleted. Copy before delete: a crash leaves the
     checkpoint in both places, which is harmless."""
     kept_blocks = {s // TRAVEL_CHECKPOINT_EVERY for s in checkpoint_seqs(table.io, table.layout, archived=True)}
+    doomed: list[str] = []
     for seq in checkpoint_seqs(table.io, table.layout):
         if seq >= bound or seq in readable[-2:]:
             continue
@@ -233,8 +232,9 @@ def _drop_old_checkpoints(table: "Table", readable: list[int], bound: int) -> No
             except FileNotFoundError:  # pragma: no cover - retired by a concurrent archival
                 continue
             kept_blocks.add(block)
-        table.io.delete(table.layout.checkpoint_file(seq))
-        table.io.delete(table.layout.checkpoint_batches_file(seq))
+        doomed += [table.layout.checkpoint_file(seq), table.layout.checkpoint_batches_file(seq)]
+    if doomed:  # after every copy: one batch delete (format.md §10)
+        table.io.delete_many(doomed)
 
 
 def describe_checkpoints(table: "Table") -> dict[str, Any]:

@@ -26,15 +26,15 @@ from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import pendulum
 
 from spark_jobs.exceptions import BadInputError, PathEscapeError
-from spark_jobs.table.action.rollback import pending_snapshots, referenced_files
+from spark_jobs.table.action.rollback import delete_files, pending_snapshots, referenced_files
 from spark_jobs.table.action.service import execute, execute_waiting, pending_plans, schedule
 from spark_jobs.table.action.transaction import Transaction
+from spark_jobs.table.commit import parse as parse_commit
 from spark_jobs.table.layout import is_reference
 from spark_jobs.table.timeline import Action, checkpoint_seqs
 from spark_jobs.table.view import FileSystemView
@@ -48,8 +48,8 @@ __all__ = ["plan_clean", "run_clean", "describe_clean", "retained_from", "retent
 
 log = logging.getLogger("bucketindex.clean")
 
-#: files deleted at once (object stores answer deletes one request each)
-DELETE_THREADS = 8
+#: files deleted per request: what one S3 ``DeleteObjects`` takes (format.md §10)
+DELETE_BATCH = 1000
 
 
 class CleanPolicy:
@@ -120,16 +120,18 @@ def plan_clean(table: "Table", policy: CleanPolicy, *, heartbeat_timeout_s: floa
         return None
     view = FileSystemView.at_seq(tl, prev_seq)
     seen = view.all_files()
+    recorded = _recorded_sizes(view)
     for n in range(prev_seq + 1, target + 1):
         e = tl.entry(n)
         if e["action"] in Action.WRITES:
             seen |= referenced_files(e["metadata"])
+            recorded.update(_recorded_sizes(e["metadata"]))
     retained = FileSystemView.at_seq(tl, target).all_files()
     doomed = seen - retained - _pending_files(table)
     # a reference bootstrap's user files are the user's: once replaced they are no longer
     # read, but bucketindex never deletes a file outside the table root (format.md §5.3)
     files = sorted(f for f in doomed if not is_reference(f))
-    size = sum(_size(table, f) for f in files) if with_sizes else None
+    size = _total_size(table, files, recorded) if with_sizes else None
     return {
         "operation": "clean",
         "earliest_retained_seq": target,
@@ -170,11 +172,43 @@ def _pending_files(table: "Table") -> set[str]:
     return out
 
 
-def _size(table: "Table", rel: str) -> int:
-    try:
-        return table.io.size(table.abs(rel)) or 0  # None: already gone (a clean cut short)
-    except (FileNotFoundError, OSError, PathEscapeError):  # outside the root: never deleted
-        return 0
+def _recorded_sizes(source: "FileSystemView | dict[str, Any]") -> dict[str, int]:
+    """Sizes the table's metadata records (a view's slices, or one commit's files): sizing a
+    clean's files from them costs no request, where a HEAD per file is K requests (format.md §10)."""
+    out: dict[str, int] = {}
+    if isinstance(source, FileSystemView):
+        for fs in source.file_groups.values():
+            out[fs.path] = fs.size
+            out.update((lf.path, lf.size) for lf in fs.logs if lf.size is not None)
+        return out
+    meta = parse_commit(source)
+    for g in meta.groups:
+        if g.path and g.size is not None:
+            out[g.path] = int(g.size)
+        if g.log is not None and g.log.size is not None:
+            out[g.log.path] = int(g.log.size)
+    out.update((f.path, int(f.size)) for f in meta.added if f.size is not None)
+    return out
+
+
+def _total_size(table: "Table", files: list[str], recorded: dict[str, int]) -> int:
+    """Bytes of ``files``: recorded sizes first, the store asked only for the rest (older
+    metadata without sizes) -- in one listing per directory, not a request per file."""
+    total = sum(recorded[f] for f in files if f in recorded)
+    paths: dict[str, str] = {}
+    for rel in files:
+        if rel in recorded:
+            continue
+        try:
+            paths[table.abs(rel)] = rel
+        except PathEscapeError:  # outside the root: never deleted
+            continue
+    if paths:
+        try:
+            total += sum(s or 0 for s in table.io.sizes(paths).values())  # None: already gone
+        except OSError:
+            pass
+    return total
 
 
 def run_clean(uri: str, *, retain_commits: int | None = None, retain_hours: float | None = None,
@@ -218,14 +252,16 @@ def _deleter(table: "Table"):  # type: ignore[no-untyped-def]
         plan = txn.plan
         files = plan["files"]
         started = time.perf_counter()
-        half = len(files) // 2
-        with ThreadPoolExecutor(DELETE_THREADS) as pool:
-            for i, chunk in enumerate((files[:half], files[half:])):
-                list(pool.map(table.delete_file, chunk))  # never outside the root
-                if i == 0:
-                    maybe_crash("clean_after_delete")  # half of the files gone, the rest not
-                    if len(files) >= 1000:
-                        log.info("clean %s: %d of %s deleted", txn.ts, half, plural(len(files), "file"))
+        # batches of what one request deletes (DeleteObjects: 1,000 keys), so K files cost
+        # ceil(K / 1000) requests on S3 (format.md §10); a crash between batches leaves some
+        # files gone and the rest not, which the next clean finishes from the plan
+        for i in range(0, max(len(files), 1), DELETE_BATCH):
+            delete_files(table, files[i:i + DELETE_BATCH])  # never outside the root
+            if i == 0:
+                maybe_crash("clean_after_delete")
+            if len(files) > DELETE_BATCH:
+                log.info("clean %s: %d of %s deleted", txn.ts, min(i + DELETE_BATCH, len(files)),
+                         plural(len(files), "file"))
         ms = int((time.perf_counter() - started) * 1000)
         log.info("clean %s: deleted %s (%s bytes) in %d ms; snapshots from instant %s on are retained",
                  txn.ts, plural(len(files), "file"), plan.get("bytes"), ms, plan["earliest_retained_instant"])
@@ -243,13 +279,15 @@ def _drop_unreachable_checkpoints(table: "Table", retained_seq: int) -> None:
     places = [(s, archived) for archived in (False, True)
               for s in checkpoint_seqs(table.io, table.layout, archived=archived)]
     keep = max((s for s, _ in places if s <= retained_seq), default=None)
+    doomed = []
     for s, archived in places:
         if keep is not None and s < keep and s != table.timeline.base_seq:
             if archived:
-                table.io.delete(table.layout.archived_checkpoint_file(s))
+                doomed.append(table.layout.archived_checkpoint_file(s))
             else:
-                table.io.delete(table.layout.checkpoint_file(s))
-                table.io.delete(table.layout.checkpoint_batches_file(s))
+                doomed += [table.layout.checkpoint_file(s), table.layout.checkpoint_batches_file(s)]
+    if doomed:
+        table.io.delete_many(doomed)
 
 
 def describe_clean(table: "Table") -> dict[str, Any]:

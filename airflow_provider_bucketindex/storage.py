@@ -1,0 +1,285 @@
+"""Storage options for Airflow tasks: where an operator's store settings and credentials come from,
+and how they reach the work without landing in a log, a command line or the metadata DB.
+
+Why here and not in the hook: operators, sensors and triggers all need the same answer, and a
+trigger runs in the triggerer, which rebuilds it from connection ids (its arguments are stored in
+the metadata DB, so they must never carry a secret).
+
+Where an option comes from, lowest first (each level replaces the ones below it key by key;
+credentials -- key id, secret, token, or a profile -- come as one group from the highest level
+that names a key id or a profile, as :mod:`spark_jobs.io.storage` does for its own levels):
+
+1. the **storage connection** (``storage_conn_id``: the operator's argument, else the ``bucketindex``
+   connection's ``storage_conn_id`` extra), read as the Amazon provider reads an ``aws``
+   connection: login = access key id, password = secret access key, extras ``endpoint_url``
+   (or ``service_config.s3.endpoint_url``), ``region_name``, ``aws_session_token``,
+   ``profile_name``, ``config_kwargs.s3.addressing_style`` (or ``addressing_style``);
+2. the ``bucketindex`` connection's ``storage_options`` extra (a JSON object of
+   :data:`spark_jobs.io.storage.KNOWN_OPTIONS` keys);
+3. the operator's ``storage_options`` argument (templated).
+
+The result is one dict of canonical options (:func:`spark_jobs.io.storage.normalise_options`:
+an unknown key is bad input). Below all three, in every process, the environment and the SDK
+default chain still apply (:class:`spark_jobs.io.storage.StorageConfig`).
+
+How the options reach the work:
+
+* in the task (Arrow engine, rollback, clean, sensors, the hook's table reads):
+  :func:`storage_scope` sets them as the process's run options and restores the previous
+  ones after; a lock serialises scopes, so two triggers with different stores in one
+  triggerer never see each other's settings;
+* a spark-submit or Spark Connect child process: the JSON in ``$BUCKETINDEX_STORAGE_OPTIONS``
+  of its environment (:data:`spark_jobs.io.storage.OPTIONS_ENV`), never on its command line;
+  the job then carries them into its Spark tasks.
+
+Imports no Spark and no Spark provider (the triggerer imports this).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import threading
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Mapping, TypeVar
+
+from spark_jobs.exceptions import BadInputError
+from spark_jobs.io import storage
+
+__all__ = [
+    "CREDENTIAL_KEYS",
+    "StorageOptionsError",
+    "check_no_secrets",
+    "combine",
+    "env_value",
+    "extras_storage",
+    "has_secrets",
+    "mask",
+    "merge_levels",
+    "options_from_storage_connection",
+    "parse_options",
+    "resolve_options",
+    "scoped",
+    "storage_scope",
+]
+
+#: options that travel as one group (a key id is never paired with another level's secret)
+CREDENTIAL_KEYS = ("access_key_id", "secret_access_key", "session_token", "profile")
+
+#: extras of an ``aws`` connection that bucketindex reads (the rest belong to the Amazon provider)
+_AWS_EXTRAS = {
+    "endpoint_url": "endpoint_url",
+    "region_name": "region",
+    "aws_session_token": "session_token",
+    "aws_access_key_id": "access_key_id",
+    "aws_secret_access_key": "secret_access_key",
+    "profile_name": "profile",
+}
+#: extras of an ``aws`` connection that change how the Amazon provider authenticates: bucketindex
+#: cannot honour them, and ignoring them silently would sign requests with other credentials
+_AWS_UNSUPPORTED = ("role_arn", "assume_role_method", "assume_role_kwargs", "session_kwargs",
+                    "external_id", "web_identity_token_file")
+
+_T = TypeVar("_T")
+
+
+class StorageOptionsError(BadInputError):
+    """Storage options an operator, sensor or connection gives are not usable (an unknown key,
+    a secret where it would be stored in the metadata DB). Bad input: retrying cannot help."""
+
+
+def parse_options(value: Any, *, where: str) -> dict[str, str]:
+    """``value`` (a dict, or its JSON text as a connection form stores it) as canonical options.
+
+    ``where`` names the source in the one-line error (``connection 'x' extra 'storage_options'``)."""
+    if value is None or value == "" or value == {}:
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as e:
+            raise StorageOptionsError(f"{where} is not a JSON object of storage options: {e}") from None
+    if not isinstance(value, Mapping):
+        raise StorageOptionsError(f"{where} must be a JSON object of storage options, got {type(value).__name__}")
+    try:
+        return storage.normalise_options(value)
+    except BadInputError as e:
+        raise StorageOptionsError(f"{where}: {e}") from None
+
+
+def extras_storage(conn: Any) -> tuple[dict[str, str], str | None]:
+    """``(storage_options, storage_conn_id)`` a ``bucketindex`` connection's extras name."""
+    extra = conn.extra_dejson or {}
+    options = parse_options(extra.get("storage_options"), where=f"connection {conn.conn_id!r} extra 'storage_options'")
+    storage_conn_id = extra.get("storage_conn_id")
+    return options, (str(storage_conn_id).strip() or None) if storage_conn_id not in (None, "") else None
+
+
+def options_from_storage_connection(conn: Any, *, log: Any = None) -> dict[str, str]:
+    """The options of a storage connection, read as the Amazon provider reads an ``aws`` one.
+
+    Login and password are the access key id and secret; extras name the endpoint, region,
+    token, profile and addressing style. Extras bucketindex does not know are left to the
+    provider they belong to (a shared ``aws_default`` has many), except those that change
+    which credentials sign requests (``role_arn`` ...), which are refused: honouring them
+    partially would reach the store as someone else."""
+    extra = dict(conn.extra_dejson or {})
+    where = f"storage connection {conn.conn_id!r}"
+    unsupported = [k for k in _AWS_UNSUPPORTED if extra.get(k)]
+    if unsupported:
+        raise StorageOptionsError(
+            f"{where}: extra {', '.join(unsupported)} is not supported by bucketindex (it signs with the "
+            f"connection's keys, profile or the SDK's default chain); assume the role outside Airflow or give keys")
+    raw: dict[str, Any] = {}
+    service = extra.get("service_config")
+    if isinstance(service, Mapping) and isinstance(service.get("s3"), Mapping) and service["s3"].get("endpoint_url"):
+        raw["endpoint_url"] = service["s3"]["endpoint_url"]
+    config_kwargs = extra.get("config_kwargs")
+    if isinstance(config_kwargs, Mapping) and isinstance(config_kwargs.get("s3"), Mapping):
+        style = config_kwargs["s3"].get("addressing_style")
+        if style:
+            raw["addressing_style"] = style
+    for key, value in extra.items():
+        if value in (None, "") or key in ("service_config", "config_kwargs"):
+            continue
+        canonical = _AWS_EXTRAS.get(key)
+        if canonical is None:
+            try:
+                canonical = storage.parse_option(f"{key}=")[0]  # the key's canonical name, any spelling
+            except BadInputError:
+                if log is not None:
+                    log.debug("%s: extra %r is not a storage option; left to its provider", where, key)
+                continue
+        raw.setdefault(canonical, value)
+    if conn.login:
+        raw["access_key_id"] = conn.login
+    if conn.password:
+        raw["secret_access_key"] = conn.password
+    try:
+        return storage.normalise_options(raw)
+    except BadInputError as e:
+        raise StorageOptionsError(f"{where}: {e}") from None
+
+
+def merge_levels(*levels: Mapping[str, str] | None) -> dict[str, str]:
+    """Options of several levels, lowest first: a higher level replaces a lower one key by key,
+    and a level naming a key id or a profile replaces the lower levels' whole credential group."""
+    merged: dict[str, str] = {}
+    for level in levels:
+        if not level:
+            continue
+        if level.get("access_key_id") or level.get("profile"):
+            for k in CREDENTIAL_KEYS:
+                merged.pop(k, None)
+        merged.update({k: v for k, v in level.items() if v not in (None, "")})
+    return merged
+
+
+def resolve_options(
+    *,
+    conn_id: str | None,
+    storage_conn_id: str | None = None,
+    storage_options: Mapping[str, Any] | str | None = None,
+    get_connection: Callable[[str], Any] | None = None,
+    default_conn_id: str | None = None,
+    log: Any = None,
+) -> dict[str, str]:
+    """The merged options for a task of ``conn_id`` (see the module docstring for the order).
+
+    ``default_conn_id`` undefined is no error (the embedded default: no storage settings), as the
+    hook treats it; any other connection named and missing raises ``AirflowNotFoundException``."""
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    if get_connection is None:
+        from airflow.sdk import BaseHook
+
+        get_connection = BaseHook.get_connection
+    conn_options: dict[str, str] = {}
+    extra_storage_conn: str | None = None
+    if conn_id:
+        try:
+            conn_options, extra_storage_conn = extras_storage(get_connection(conn_id))
+        except AirflowNotFoundException:
+            if conn_id != default_conn_id:
+                raise
+    task_options = parse_options(storage_options, where="storage_options")
+    return combine(conn_options=conn_options, storage_conn_id=storage_conn_id or extra_storage_conn,
+                   task_options=task_options, get_connection=get_connection, log=log)
+
+
+def combine(*, conn_options: Mapping[str, str], storage_conn_id: str | None, task_options: Mapping[str, str],
+            get_connection: Callable[[str], Any], log: Any = None) -> dict[str, str]:
+    """The three levels merged: the storage connection's, the connection extra's, the task's."""
+    from_storage_conn = (options_from_storage_connection(get_connection(storage_conn_id), log=log)
+                         if storage_conn_id else {})
+    return merge_levels(from_storage_conn, conn_options, task_options)
+
+
+def has_secrets(options: Mapping[str, str] | None) -> bool:
+    return any(options.get(k) for k in storage.SECRET_OPTIONS) if options else False
+
+
+def check_no_secrets(options: Mapping[str, str] | None, *, what: str) -> None:
+    """Refuse options that would store a secret where it must not be (a trigger's arguments)."""
+    if has_secrets(options):
+        names = ", ".join(sorted(k for k in storage.SECRET_OPTIONS if options and options.get(k)))
+        raise StorageOptionsError(
+            f"{what}: storage_options carries {names}, which a deferred task would store in the metadata DB; "
+            f"put credentials in a connection (storage_conn_id, or the connection's storage_options extra)")
+
+
+def mask(options: Mapping[str, str] | None) -> None:
+    """Register each secret value with Airflow's secrets masker: any log line that prints it
+    (an exception text, a command, a JSON dump) shows ``***`` instead."""
+    if not options:
+        return
+    try:
+        from airflow.sdk.log import mask_secret
+    except ImportError:  # pragma: no cover - older task SDKs
+        return
+    for key in sorted(storage.SECRET_OPTIONS):
+        value = options.get(key)
+        if value:
+            mask_secret(value, key)
+
+
+def env_value(options: Mapping[str, str]) -> str:
+    """The ``$BUCKETINDEX_STORAGE_OPTIONS`` value for a child process (JSON, keys sorted)."""
+    return json.dumps(dict(options), sort_keys=True)
+
+
+_scope_lock = threading.RLock()
+
+
+@contextmanager
+def storage_scope(options: Mapping[str, str] | None) -> Iterator[None]:
+    """Run the body with ``options`` as this process's run options; the previous ones after.
+
+    Nothing is changed for empty options (the worker's own environment and run options
+    apply, as before). The lock is held for the whole body: run options are process-wide, and a
+    triggerer polls many triggers from threads of one process."""
+    if not options:
+        yield
+        return
+    with _scope_lock:
+        previous = storage.configured() or None
+        wanted = dict(options)
+        changed = previous != wanted
+        if changed:
+            storage.configure(wanted)
+        try:
+            yield
+        finally:
+            if changed:
+                storage.configure(previous)
+
+
+def scoped(method: Callable[..., _T]) -> Callable[..., _T]:
+    """Decorate an operator method (``execute``): run it inside ``self.storage_scope()``."""
+
+    @functools.wraps(method)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> _T:
+        with self.storage_scope():
+            return method(self, *args, **kwargs)
+
+    return wrapper
