@@ -92,19 +92,10 @@ def parse_options(value: Any, *, where: str) -> dict[str, str]:
     """``value`` (a dict, or its JSON text as a connection form stores it) as canonical options.
 
     ``where`` names the source in the one-line error (``connection 'x' extra 'storage_options'``)."""
-    if value is None or value == "" or value == {}:
-        return {}
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError as e:
-            raise StorageOptionsError(f"{where} is not a JSON object of storage options: {e}") from None
-    if not isinstance(value, Mapping):
-        raise StorageOptionsError(f"{where} must be a JSON object of storage options, got {type(value).__name__}")
     try:
-        return storage.normalise_options(value)
+        return storage.parse_options(value, where=where)
     except BadInputError as e:
-        raise StorageOptionsError(f"{where}: {e}") from None
+        raise StorageOptionsError(str(e)) from None
 
 
 def extras_storage(conn: Any) -> tuple[dict[str, str], str | None]:

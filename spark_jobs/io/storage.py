@@ -52,6 +52,7 @@ __all__ = [
     "carried",
     "adopt",
     "parse_option",
+    "parse_options",
     "normalise_options",
     "split_uri_options",
     "redacted",
@@ -172,17 +173,26 @@ def _env_options(env: Mapping[str, str]) -> dict[str, str]:
     return normalise_options(out)
 
 
-def _env_json(env: Mapping[str, str]) -> dict[str, str]:
-    raw = env.get(OPTIONS_ENV)
-    if not raw:
+def parse_options(value: Any, *, where: str) -> dict[str, str]:
+    """``value`` -- a mapping, or its JSON text (an environment variable, a connection form's
+    extra) -- as canonical options; BadInputError naming ``where`` otherwise."""
+    if value is None or value == "" or value == {}:
         return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as e:
+            raise BadInputError(f"{where} is not a JSON object of storage options: {e}") from None
+    if not isinstance(value, Mapping):
+        raise BadInputError(f"{where} must be a JSON object of storage options, got {type(value).__name__}")
     try:
-        value = json.loads(raw)
-    except ValueError as e:
-        raise BadInputError(f"${OPTIONS_ENV} is not a JSON object of storage options: {e}") from e
-    if not isinstance(value, dict):
-        raise BadInputError(f"${OPTIONS_ENV} is not a JSON object of storage options")
-    return normalise_options(value)
+        return normalise_options(value)
+    except BadInputError as e:
+        raise BadInputError(f"{where}: {e}") from None
+
+
+def _env_json(env: Mapping[str, str]) -> dict[str, str]:
+    return parse_options(env.get(OPTIONS_ENV), where=f"${OPTIONS_ENV}")
 
 
 def _layer(levels: Iterable[dict[str, str]]) -> dict[str, str]:

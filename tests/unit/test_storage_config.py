@@ -189,6 +189,17 @@ def test_other_option_aliases_in_a_uri_query():
     assert storage.split_uri_options("/data/what?region=x") == ("/data/what?region=x", {})
 
 
+@pytest.mark.parametrize("raw, why", [("{endpoint_url: x}", "is not a JSON object of storage options"),
+                                      ('["endpoint_url"]', "must be a JSON object of storage options, got list"),
+                                      ('{"endpoint": "http://h:1", "colour": "red"}', "unknown storage option 'colour'")])
+def test_a_malformed_options_variable_is_bad_input_naming_it(raw, why):
+    """What an operator hands its children, or a user sets, is checked as the other levels are."""
+    with pytest.raises(BadInputError) as e:
+        StorageConfig.resolve(options={}, env={OPTIONS_ENV: raw})
+    assert str(e.value).startswith(f"${OPTIONS_ENV}") and why in str(e.value)
+    assert "\n" not in str(e.value)
+
+
 def test_unknown_option_is_bad_input_naming_the_known_ones():
     with pytest.raises(BadInputError) as e:
         storage.normalise_options({"endpoitn_url": "http://x"})
