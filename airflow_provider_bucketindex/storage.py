@@ -154,16 +154,10 @@ def options_from_storage_connection(conn: Any, *, log: Any = None) -> dict[str, 
 
 def merge_levels(*levels: Mapping[str, str] | None) -> dict[str, str]:
     """Options of several levels, lowest first: a higher level replaces a lower one key by key,
-    and a level naming a key id or a profile replaces the lower levels' whole credential group."""
-    merged: dict[str, str] = {}
-    for level in levels:
-        if not level:
-            continue
-        if level.get("access_key_id") or level.get("profile"):
-            for k in CREDENTIAL_KEYS:
-                merged.pop(k, None)
-        merged.update({k: v for k, v in level.items() if v not in (None, "")})
-    return merged
+    and the credential group (key id, secret, token, or a profile) comes whole from the highest
+    level naming a key id or a profile (:func:`spark_jobs.io.storage.layer`)."""
+    present = [{k: v for k, v in level.items() if v not in (None, "")} for level in levels if level]
+    return storage.layer(reversed(present))
 
 
 def resolve_options(

@@ -53,6 +53,7 @@ __all__ = [
     "adopt",
     "parse_option",
     "parse_options",
+    "layer",
     "normalise_options",
     "split_uri_options",
     "redacted",
@@ -195,10 +196,11 @@ def _env_json(env: Mapping[str, str]) -> dict[str, str]:
     return parse_options(env.get(OPTIONS_ENV), where=f"${OPTIONS_ENV}")
 
 
-def _layer(levels: Iterable[dict[str, str]]) -> dict[str, str]:
-    """Merge option levels, highest first; credentials come as one group from one level."""
+def layer(levels: Iterable[Mapping[str, str]]) -> dict[str, str]:
+    """Merge option levels, highest first; credentials come as one group from one level (the
+    highest naming a key id or a profile): a secret is never paired with another level's key id."""
     merged: dict[str, str] = {}
-    creds_from: dict[str, str] | None = None
+    creds_from: Mapping[str, str] | None = None
     for level in levels:
         for k, v in level.items():
             if k in _CREDENTIALS or k == "profile":
@@ -235,7 +237,7 @@ class StorageConfig:
         # four levels, not three: $BUCKETINDEX_STORAGE_OPTIONS is a level of its own under the run's
         # options, so a key id given on the command line is never paired with a secret from it
         run = normalise_options(configured() if options is None else options)
-        merged = _layer([normalise_options(uri_options), run, _env_json(env), _env_options(env)])
+        merged = layer([normalise_options(uri_options), run, _env_json(env), _env_options(env)])
         return cls(tuple(sorted(merged.items())))
 
     @property
@@ -345,7 +347,7 @@ def configured() -> dict[str, str]:
 def carried() -> dict[str, str] | None:
     """The driver's options for the tasks it starts: its run options over its environment's, so an
     executor on another machine reaches the same store with the same credentials."""
-    options = _layer([configured(), _env_json(os.environ), _env_options(os.environ)])
+    options = layer([configured(), _env_json(os.environ), _env_options(os.environ)])
     return options or None
 
 

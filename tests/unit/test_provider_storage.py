@@ -289,3 +289,18 @@ def test_the_workers_own_json_stays_beneath_the_tasks_options_in_the_child(ops, 
     assert json.loads(sub.process_env[ENV]) == {  # the connection's keys replace the worker's as a group
         "addressing_style": "path", "region": "task-region", "endpoint_url": "http://127.0.0.1:9000",
         "access_key_id": "AKIACONN", "secret_access_key": SECRET}
+
+
+def test_a_lone_secret_is_never_paired_with_a_lower_levels_key_id():
+    """A task argument naming only a secret does not take over the connection's key id: the
+    credential group comes whole from the highest level naming a key id (as the CLI's levels do)."""
+    from airflow_provider_bucketindex.storage import merge_levels
+
+    conn = {"access_key_id": "AKIA-CONN", "secret_access_key": "conn-secret", "region": "eu-west-1"}
+    task = {"secret_access_key": "task-secret", "region": "us-east-2"}
+    assert merge_levels(conn, task) == {"access_key_id": "AKIA-CONN", "secret_access_key": "conn-secret",
+                                        "region": "us-east-2"}
+    # a higher level naming a profile replaces the whole group below it
+    assert merge_levels(conn, {"profile": "analytics"}) == {"profile": "analytics", "region": "eu-west-1"}
+    # and one naming a key id brings its own secret, or none
+    assert merge_levels(conn, {"access_key_id": "AKIA-TASK"}) == {"access_key_id": "AKIA-TASK", "region": "eu-west-1"}
