@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import posixpath
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterable, TypeVar
 
 import pendulum
 
@@ -169,17 +169,26 @@ class Table:
         return self.layout.abs(rel)
 
     def delete_file(self, rel: str) -> bool:
-        """Delete the table's file ``rel`` (missing: fine). A path outside the root -- a
-        reference file, or one an older release recorded outside it -- is never deleted:
-        logged and skipped, so a clean or rollback of such a table still completes.
-        Returns whether a delete was attempted."""
-        try:
-            path = self.layout.data_path(rel) if not rel.startswith(f"{META_DIR}/") else self.layout.abs(rel)
-        except PathEscapeError as e:
-            log.warning("not deleting %s: %s", rel, e)
-            return False
-        self.io.delete(path)
-        return True
+        """Delete the table's file ``rel`` (missing: fine); :meth:`delete_files`' rule. Returns
+        whether a delete was attempted."""
+        return self.delete_files([rel]) == 1
+
+    def delete_files(self, rels: Iterable[str]) -> int:
+        """Delete the table's files ``rels`` (missing ones: fine) in as few requests as the store
+        allows (one ``DeleteObjects`` per 1,000 on S3, format.md §10). A path outside the root --
+        a reference file, or one an older release recorded outside it -- is never deleted:
+        logged and skipped, so a clean or rollback of such a table still completes. Returns how
+        many deletes were attempted."""
+        paths = []
+        for rel in rels:
+            try:
+                paths.append(self.layout.data_path(rel) if not rel.startswith(f"{META_DIR}/")
+                             else self.layout.abs(rel))
+            except PathEscapeError as e:
+                log.warning("not deleting %s: %s", rel, e)
+        if paths:
+            self.io.delete_many(paths)
+        return len(paths)
 
     # -- markers ---------------------------------------------------------------------
     def create_marker(self, instant: str, rel_path: str) -> None:
@@ -210,8 +219,7 @@ class Table:
 
     def delete_marked(self, instant: str) -> None:
         """Delete every file marked for ``instant``, then its markers."""
-        for rel in self.marked_files(instant):
-            self.delete_file(rel)
+        self.delete_files(self.marked_files(instant))
         self.io.delete_dir(self.layout.marker_dir(instant))
 
     def _rolled_back(self, instant: str, snapshot_seq: int) -> bool:
@@ -236,8 +244,7 @@ class Table:
         """After a commit: delete marked files the commit does not reference (failed or
         duplicate task attempts), then the markers. Returns the deleted files."""
         extra = [f for f in self.marked_files(instant) if f not in keep]
-        for rel in extra:
-            self.delete_file(rel)
+        self.delete_files(extra)
         self.io.delete_dir(self.layout.marker_dir(instant))
         return extra
 

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import pendulum
 
 from spark_jobs.exceptions import BadInputError, PathEscapeError
-from spark_jobs.table.action.rollback import delete_files, pending_snapshots, referenced_files
+from spark_jobs.table.action.rollback import pending_snapshots, referenced_files
 from spark_jobs.table.action.service import execute, execute_waiting, pending_plans, schedule
 from spark_jobs.table.action.transaction import Transaction
 from spark_jobs.table.commit import parse as parse_commit
@@ -256,7 +256,7 @@ def _deleter(table: "Table"):  # type: ignore[no-untyped-def]
         # ceil(K / 1000) requests on S3 (format.md §10); a crash between batches leaves some
         # files gone and the rest not, which the next clean finishes from the plan
         for i in range(0, max(len(files), 1), DELETE_BATCH):
-            delete_files(table, files[i:i + DELETE_BATCH])  # never outside the root
+            table.delete_files(files[i:i + DELETE_BATCH])  # never outside the root
             if i == 0:
                 maybe_crash("clean_after_delete")
             if len(files) > DELETE_BATCH:

@@ -11,13 +11,12 @@ a crash at any step leaves work that :func:`repair` finishes (every step is idem
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-from spark_jobs.exceptions import BadInputError, PathEscapeError, WriterAliveError
+from spark_jobs.exceptions import BadInputError, WriterAliveError
 from spark_jobs.table.commit import CommitMetadata
 from spark_jobs.table.commit import parse as parse_commit
 from spark_jobs.table.heartbeat import is_alive
-from spark_jobs.table.layout import META_DIR
 from spark_jobs.table.timeline import Action, Instant, SequenceTakenError, State
 from spark_jobs.testing.faults import maybe_crash
 
@@ -155,25 +154,9 @@ def _decide_and_clean(table: "Table", rb: Instant, plan: dict[str, Any]) -> bool
     return True
 
 
-def delete_files(table: "Table", rels: Iterable[str]) -> int:
-    """Delete the table's files ``rels`` in as few requests as the store allows (one
-    ``DeleteObjects`` per 1,000 on S3, format.md §10), with :meth:`Table.delete_file`'s rule: a
-    path outside the root is logged and skipped, a missing file is fine. Returns how many were
-    attempted."""
-    paths = []
-    for rel in rels:
-        try:
-            paths.append(table.layout.data_path(rel) if not rel.startswith(f"{META_DIR}/") else table.layout.abs(rel))
-        except PathEscapeError as e:
-            log.warning("not deleting %s: %s", rel, e)
-    if paths:
-        table.io.delete_many(paths)
-    return len(paths)
-
-
 def _clean(table: "Table", target: str, action: str, files: list[str]) -> None:
     if files:
-        delete_files(table, files)  # never outside the root; a file never created is fine
+        table.delete_files(files)  # never outside the root; a file never created is fine
         maybe_crash("rollback_after_delete")
     table.delete_marked(target)  # files marked after the plan (a writer still finishing a task)
     table.io.delete(table.layout.heartbeat_file(target))
