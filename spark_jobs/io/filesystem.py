@@ -599,6 +599,15 @@ _cache: dict[tuple[str, StorageConfig], FileIO] = {}
 _cache_lock = threading.Lock()
 
 
+def _after_fork_in_child() -> None:
+    """A forked child (a test's writer processes, a multiprocessing pool) starts with fresh
+    locks and no FileIO of its parent's: a lock another thread held at the fork would never be
+    released in the child, and a boto3 client must not be shared across processes."""
+    global _cache_lock
+    _cache_lock = threading.Lock()
+    _cache.clear()
+
+
 def clear_cache() -> None:
     """Forget the built FileIOs (the run's storage options changed)."""
     with _cache_lock:
@@ -699,3 +708,6 @@ def _store_errors(where: str) -> Iterator[None]:
     except (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError) as e:
         raise StorageUnavailableError(f"the store of {where} did not answer ({e}); nothing was committed, "
                                       f"safe to retry") from e
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -356,3 +356,12 @@ def adopt(options: dict[str, str] | None) -> None:
     if (options or None) == (_configured or None):
         return
     configure(options)
+
+
+def _after_fork_in_child() -> None:
+    """A fresh lock in a forked child (one another thread held at the fork would never be released)."""
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
