@@ -103,8 +103,7 @@ class FileIO:
     def list_sizes(self, path: str) -> dict[str, int]:
         """Every file under ``path`` (recursive) and its bytes: one listing for a whole tree
         where a size per file would be a request per file on an object store."""
-        sel = pafs.FileSelector(path, allow_not_found=True, recursive=True)
-        return {i.path: int(i.size or 0) for i in self.fs.get_file_info(sel) if i.type == pafs.FileType.File}
+        return {i.path: int(i.size or 0) for i in self._list(path, recursive=True) if i.type == pafs.FileType.File}
 
     def total_size(self, path: str) -> int:
         """Bytes of a file, or of every file under a directory."""
@@ -116,8 +115,23 @@ class FileIO:
 
     def list_names(self, path: str) -> list[str]:
         """Names directly under ``path`` (empty when it does not exist)."""
-        sel = pafs.FileSelector(path, allow_not_found=True, recursive=False)
-        return sorted(posixpath.basename(i.path) for i in self.fs.get_file_info(sel))
+        return sorted(posixpath.basename(i.path) for i in self._list(path, recursive=False))
+
+    def _list(self, path: str, *, recursive: bool) -> list[pafs.FileInfo]:
+        """Entries under ``path``, none when it does not exist.
+
+        Arrow's local listing with ``allow_not_found`` checks existence again after a failed
+        listing and raises when the directory appeared in between (another writer's first
+        commit creating ``sequence/``): the directory was absent when listed, so list it once
+        more, and take a second miss as empty."""
+        sel = pafs.FileSelector(path, allow_not_found=True, recursive=recursive)
+        try:
+            return self.fs.get_file_info(sel)
+        except FileNotFoundError:
+            try:
+                return self.fs.get_file_info(sel)
+            except FileNotFoundError:
+                return []
 
     def open_input_file(self, path: str) -> pa.NativeFile:
         return self.fs.open_input_file(path)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import queue
 import random
 import time
 
@@ -76,7 +77,7 @@ def _writer(uri: str, wid: int, barrier, results, disjoint_rounds: set[int]) -> 
         else:
             fgs = rng.sample(FILE_GROUPS, rng.randint(0, 2))
             keys = rng.sample(KEYS, rng.randint(0 if fgs else 1, 3))
-        barrier.wait()
+        barrier.wait(timeout=120)  # a dead peer breaks the barrier instead of hanging
         txn = Transaction(t, Action.COMMIT, {"batch_id": f"w{wid}-r{rnd}"}).begin()
         conflicts = []
         outcome = "aborted"
@@ -107,7 +108,17 @@ def test_racing_writers_commit_exactly_the_serialisable_outcomes(tmp_path):
     procs = [ctx.Process(target=_writer, args=(uri, w, barrier, results, disjoint_rounds)) for w in range(PROCS)]
     for p in procs:
         p.start()
-    outcomes = [results.get(timeout=300) for _ in range(PROCS * ROUNDS)]
+    outcomes = []
+    deadline = time.monotonic() + 300
+    while len(outcomes) < PROCS * ROUNDS:  # a writer that died fails the test now, not in 300 s
+        try:
+            outcomes.append(results.get(timeout=1))
+        except queue.Empty:
+            dead = [(w, p.exitcode) for w, p in enumerate(procs) if p.exitcode not in (None, 0)]
+            if dead or time.monotonic() > deadline:
+                for p in procs:
+                    p.kill()
+                pytest.fail(f"writers died (writer, exit code): {dead}" if dead else "writers stalled for 300 s")
     for p in procs:
         p.join(30)
         assert p.exitcode == 0

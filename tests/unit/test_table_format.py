@@ -122,6 +122,30 @@ def test_exclusive_create_refuses_existing(tmp_path):
     assert io.read_bytes(root + "/f") == b"one"
 
 
+def _flap(path: str, stop) -> None:  # child process: a directory appearing and vanishing
+    while not stop.is_set():
+        os.makedirs(path, exist_ok=True)
+        os.rmdir(path)
+
+
+def test_listing_a_directory_that_appears_meanwhile_is_never_an_error(tmp_path):
+    """A writer's first commit creates ``sequence/`` while others list it: Arrow's local
+    listing raised when the directory appeared between its listing and its existence check
+    (a racing writer died on it in the commit-protocol stress test)."""
+    io, root = resolve(str(tmp_path))
+    path = root + "/sequence"
+    ctx = mp.get_context("fork")
+    stop = ctx.Event()
+    flapper = ctx.Process(target=_flap, args=(path, stop))
+    flapper.start()
+    try:
+        seen = {tuple(io.list_names(path)) for _ in range(5_000)} | {tuple(io.list_sizes(path)) for _ in range(1_000)}
+    finally:
+        stop.set()
+        flapper.join(10)
+    assert seen == {()}
+
+
 def test_listing_ignores_temp_and_foreign_files(tmp_path):
     t = new_table(tmp_path)
     d = t.layout.timeline
