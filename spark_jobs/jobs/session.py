@@ -16,6 +16,7 @@ from typing import Iterator
 
 from pyspark.sql import SparkSession
 
+from spark_jobs.jobs.datasource import register as register_datasource
 from spark_jobs.resources import is_local_master, local_driver_memory
 
 __all__ = ["get_spark", "job_conf", "default_parallelism", "session_start_ms"]
@@ -78,6 +79,7 @@ def get_spark(master: str | None = None, app_name: str = "bucketindex", *, drive
     if remote_env is not None:
         os.environ["SPARK_REMOTE"] = remote_env
     spark.sparkContext.setLogLevel(os.environ.get("BUCKETINDEX_SPARK_LOG_LEVEL", "WARN"))
+    register_datasource(spark)  # spark.read.format("bucketindex") and `USING bucketindex` in every session
     _START_MS = int((time.perf_counter() - t0) * 1000)
     log.info("Spark session started in %d ms (master %s, driver memory %s)", _START_MS,
              spark.conf.get("spark.master", master or "?"), spark.conf.get("spark.driver.memory", "default"))

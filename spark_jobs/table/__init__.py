@@ -10,6 +10,7 @@ from spark_jobs.exceptions import (
     WriterAliveError,
 )
 from spark_jobs.table.config import TableConfig
+from spark_jobs.table.dataset import dataset
 from spark_jobs.table.table import Table
 from spark_jobs.table.timeline import Action, Instant, InstantConflictError, State, Timeline
 from spark_jobs.table.view import FileSlice, FileSystemView
@@ -31,4 +32,5 @@ __all__ = [
     "TableNotFoundError",
     "Timeline",
     "WriterAliveError",
+    "dataset",
 ]

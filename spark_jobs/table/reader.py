@@ -27,20 +27,23 @@ HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 
 
 def read_slice(table: Table, base: str, logs: Sequence[str] = (), *, columns: Sequence[str] | None = None,
-               precombine: str | None = None, schema: pa.Schema | None = None) -> pa.Table:
+               precombine: str | None = None, schema: pa.Schema | None = None, threads: bool = True) -> pa.Table:
     """The live rows of one file slice (relative paths): the base, merged with its logs.
 
     ``columns`` (default: all of the base's) are the columns returned. Only the columns the
     merge needs are read from the logs (those plus the key, the precombine field and the op).
     ``schema`` casts every file to the snapshot's schema first (older files may lack a
-    column added since, or hold a narrower type).
+    column added since, or hold a narrower type). ``threads=False`` reads each file in the
+    calling thread alone: for a caller that runs on one of pyarrow's own pool threads (a
+    dataset fragment opened by a scan), where a read waiting on that pool could deadlock it.
     """
     cols = list(columns) if columns is not None else None
     if not logs:
-        return _cast(_read(table, base, cols), schema, cols if cols is not None or schema is None else schema.names)
+        return _cast(_read(table, base, cols, threads), schema,
+                     cols if cols is not None or schema is None else schema.names)
     need = None if cols is None else list(dict.fromkeys([*cols, KEY_COLUMN] + ([precombine] if precombine else [])))
-    b = _cast(_read(table, base, need), schema, need if need is not None or schema is None else schema.names)
-    ls = [_cast(_read(table, rel, None if need is None else [*need, LOG_OP]), schema,
+    b = _cast(_read(table, base, need, threads), schema, need if need is not None or schema is None else schema.names)
+    ls = [_cast(_read(table, rel, None if need is None else [*need, LOG_OP], threads), schema,
                 None if need is None else [*need, LOG_OP]) for rel in logs]
     return merge_slice(b, ls, key=KEY_COLUMN, precombine=precombine, columns=cols or b.column_names)
 
@@ -58,12 +61,12 @@ def read_slice_plan(table: Table, base: str, logs: Sequence[str], *, precombine:
     return plan_slice(b, ls, key=KEY_COLUMN, precombine=precombine), ls
 
 
-def _read(table: Table, rel: str, cols: list[str] | None) -> pa.Table:
-    return read_data_file(table, rel, cols)
+def _read(table: Table, rel: str, cols: list[str] | None, threads: bool = True) -> pa.Table:
+    return read_data_file(table, rel, cols, threads=threads)
 
 
 def read_data_file(table: Table, rel: str, columns: Sequence[str] | None = None, *,
-                   schema: pa.Schema | None = None) -> pa.Table:
+                   schema: pa.Schema | None = None, threads: bool = True) -> pa.Table:
     """One data file (relative path) as stored, ``columns`` only (default all): every reader
     of data files goes through here, so a *reference* file (format.md §5.3) reads as a file
     the table wrote -- its Hive path columns and the key column ``_bi_key`` added.
@@ -73,7 +76,7 @@ def read_data_file(table: Table, rel: str, columns: Sequence[str] | None = None,
     A requested column the file lacks is left out of what is read (Parquet refuses to project
     it: the read is retried with the file's own columns) and ``schema`` fills it in."""
     if schema is not None:
-        return _cast(read_data_file(table, rel, columns), schema, columns)
+        return _cast(read_data_file(table, rel, columns, threads=threads), schema, columns)
     cols = list(columns) if columns is not None else None
     try:
         f = table.io.open_input_file(table.abs(rel))
@@ -81,6 +84,8 @@ def read_data_file(table: Table, rel: str, columns: Sequence[str] | None = None,
         raise missing_file_error(table.abs(rel)) from e
     with f:
         if not is_reference(rel):
+            if not threads:  # the file's own reader, in this thread (it skips a column the file lacks)
+                return pq.ParquetFile(f).read(columns=cols, use_threads=False)
             try:
                 return pq.read_table(f, columns=cols)
             except pa.ArrowInvalid:
@@ -98,7 +103,7 @@ def read_data_file(table: Table, rel: str, columns: Sequence[str] | None = None,
         want = cols if cols is not None else list(dict.fromkeys(
             [*stored, *table.config.reference["path_columns"], KEY_COLUMN]))
         need = [c for c in dict.fromkeys([*want, *(keys if KEY_COLUMN in want else [])]) if c in stored]
-        data = pf.read(columns=need)
+        data = pf.read(columns=need, use_threads=threads)
     return _adopt(table, rel, data, want)
 
 
