@@ -33,7 +33,9 @@ from spark_jobs.jobs.rehash import run_rehash
 from spark_jobs.jobs.shadow_compare import run_shadow_compare
 from spark_jobs.jobs.upsert import UpsertOptions, run_upsert
 from spark_jobs.jobs.validate import run_validate
-from spark_jobs.table import dataset as table_dataset  # this module has a `dataset` fixture
+from spark_jobs.table import (
+    dataset as table_dataset,  # this module has a `dataset` fixture
+)
 from spark_jobs.table.action.clean import run_clean
 from spark_jobs.table.reader import read_arrow
 from spark_jobs.table.table import Table
