@@ -158,6 +158,10 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
                          "nullable); widen (a column widens to the batch's type: tinyint->smallint->int->bigint, "
                          "float->double, decimal precision up at the same scale, date->timestamp_ntz); all (both). "
                          "Never narrows, changes a kind or drops a column; older snapshots keep their schema")
+    up.add_argument("--mirror", choices=("delta",),
+                    help="delta: also write a Delta Lake log (_delta_log/) with every commit, so Delta readers "
+                         "(deltalake, Spark, Trino, ...) read the table; fixed at table creation (turn it on "
+                         "later with `bucketindex mirror TABLE --enable delta`)")
     _add_spark_options(up)
     _add_engine_options(up)
 
@@ -312,7 +316,17 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
     bs.add_argument("--heartbeat-timeout", type=float,
                     help="seconds without a heartbeat before a pending write counts as abandoned (default 60)")
     _add_spark_options(bs)
-    for verb in (up, rd, sh, va, sc, rb, co, cl, al, rh, bs):
+    mi = sub.add_parser("mirror", help="the Delta Lake projection of each commit: turn it on, or write "
+                                       "versions a crash left out",
+                        description="A table with the Delta projection gets _delta_log/<seq>.json after every "
+                                    "commit (Delta version = commit sequence number; merge-on-read tables show "
+                                    "the read-optimized view). --enable delta turns it on and writes every version "
+                                    "so far; --repair writes the versions missing after the last one present.")
+    mi.add_argument("table", help="the table's directory or URI")
+    mig = mi.add_mutually_exclusive_group(required=True)
+    mig.add_argument("--enable", choices=("delta",), help="turn the projection on (writes every version so far)")
+    mig.add_argument("--repair", action="store_true", help="write the missing versions up to the current commit")
+    for verb in (up, rd, sh, va, sc, rb, co, cl, al, rh, bs, mi):
         verb.add_argument("--storage-option", action="append", default=[], type=_storage_option,
                           metavar="KEY=VALUE", help=STORAGE_OPTION_HELP)
     for name, text in (extra_verbs or {}).items():
@@ -383,7 +397,7 @@ def cmd_upsert(args: argparse.Namespace, submitted: bool) -> int:
         target_file_rows=args.target_file_rows, max_retries=args.max_retries,
         heartbeat_timeout_s=args.heartbeat_timeout, shadow_index=args.shadow_index,
         engine=args.engine, memory_budget=args.memory_budget, partial_update=args.partial_update,
-        schema_evolution=args.schema_evolution,
+        schema_evolution=args.schema_evolution, mirror=args.mirror,
     )
     precheck_upsert(opts)  # before a JVM starts
     result = upsert(opts, spark=lambda: _spark(args, submitted), spark_requested=_spark_requested(args, submitted))
@@ -820,6 +834,23 @@ def cmd_rehash(args: argparse.Namespace, submitted: bool) -> int:
     return 0
 
 
+def cmd_mirror(args: argparse.Namespace, submitted: bool) -> int:
+    from spark_jobs.table import delta
+    from spark_jobs.table.table import Table
+
+    table = Table.load(args.table)
+    if args.enable:
+        result = delta.enable(table)
+    else:
+        if not delta.enabled(table):
+            raise BadInputError(f"the table {args.table} has no Delta projection; turn it on with "
+                                f"`bucketindex mirror {args.table} --enable delta`")
+        result = {"written": delta.repair(table), "version": table.timeline.last_seq}
+    print(json.dumps(result, sort_keys=True))
+    print(f"Delta log at version {result['version']}: {plural(len(result['written']), 'version')} written")
+    return 0
+
+
 def cmd_bootstrap(args: argparse.Namespace, submitted: bool) -> int:
     if args.num_buckets is not None and args.num_buckets < 1:
         raise BadInputError(f"--num-buckets must be at least 1, got {args.num_buckets}")
@@ -849,6 +880,7 @@ def cmd_bootstrap(args: argparse.Namespace, submitted: bool) -> int:
 COMMANDS: dict[str, Callable[[argparse.Namespace, bool], int]] = {
     "alter": cmd_alter,
     "bootstrap": cmd_bootstrap,
+    "mirror": cmd_mirror,
     "clean": cmd_clean,
     "compact": cmd_compact,
     "upsert": cmd_upsert,

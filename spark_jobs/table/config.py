@@ -60,6 +60,8 @@ DEFAULT_CLEAN_RETAIN_COMMITS = 24
 COPY_ON_WRITE = "copy_on_write"
 MERGE_ON_READ = "merge_on_read"
 TABLE_TYPES = (COPY_ON_WRITE, MERGE_ON_READ)
+#: projections of each commit a table may ask for (``spark_jobs.table.delta``)
+MIRRORS = ("delta",)
 
 
 #: the longest field name: a partition directory ``<field>=<value>`` keeps at least a
@@ -126,6 +128,9 @@ class TableConfig:
     #: "path_columns": {<column>: <Arrow type name>}}`` -- the columns a referenced file does
     #: not hold, whose values its Hive-style directory names carry (format.md §5.3)
     reference: dict | None = None
+    #: projections written beside each commit (``["delta"]``: a Delta Lake log, format.md
+    #: "Delta Lake projection"); absent when empty, so older tables' ``table.json`` is unchanged
+    mirrors: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.record_key_fields or any(not f for f in self.record_key_fields):
@@ -146,6 +151,9 @@ class TableConfig:
             raise BadInputError(f"clean_retain_commits must be at least 1, got {self.clean_retain_commits}")
         if self.clean_retain_hours is not None and self.clean_retain_hours <= 0:
             raise BadInputError(f"clean_retain_hours must be positive, got {self.clean_retain_hours}")
+        for m in self.mirrors:
+            if m not in MIRRORS:
+                raise BadInputError(f"unknown mirror {m!r}; expected one of {', '.join(MIRRORS)}")
         if len(self.partition_fields) > 1:
             raise BadInputError("format v1 supports at most one partition field")
         if self.format_version not in SUPPORTED_FORMAT_VERSIONS:
@@ -168,11 +176,19 @@ class TableConfig:
             return self
         return dataclasses.replace(self, format_version=version)
 
+    def with_mirror(self, mirror: str) -> "TableConfig":
+        """This config with projection ``mirror`` turned on (itself when it already is)."""
+        if mirror in self.mirrors:
+            return self
+        return dataclasses.replace(self, mirrors=sorted({*self.mirrors, mirror}))
+
     # -- (de)serialisation ---------------------------------------------------------------
     def to_json(self) -> bytes:
         raw = dataclasses.asdict(self)
         if raw["reference"] is None:  # only a reference bootstrap's table has it (format version 3)
             del raw["reference"]
+        if not raw["mirrors"]:  # tables without a projection keep the bytes they always had
+            del raw["mirrors"]
         return json.dumps(raw, indent=2, sort_keys=True).encode()
 
     @classmethod

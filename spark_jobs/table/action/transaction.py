@@ -31,6 +31,7 @@ from spark_jobs.exceptions import ConflictError, InstantRolledBackError, Retryab
 from spark_jobs.table.action.checkpoint import maybe_checkpoint
 from spark_jobs.table.action.conflict import Conflict, WriteSet, find_conflict
 from spark_jobs.table.action.rollback import referenced_files
+from spark_jobs.table.delta import after_commit
 from spark_jobs.table.heartbeat import Heartbeat, owner_info
 from spark_jobs.table.timeline import Action, Instant, InstantConflictError, SequenceTakenError, State
 from spark_jobs.table.view import FileSystemView
@@ -185,6 +186,7 @@ class Transaction:
         self.table.finalize_markers(done.timestamp, referenced_files(metadata))
         self._stop_heartbeat()
         maybe_checkpoint(self.table)
+        after_commit(self.table, done.seq)  # the Delta projection, if the table asks; never fails the commit
         return done
 
     def run(self, attempt: Callable[[FileSystemView, list[dict[str, Any]]], dict[str, Any]], *,

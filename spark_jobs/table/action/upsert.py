@@ -154,6 +154,9 @@ class UpsertOptions:
     #: ``--schema-evolution``: none (default) | add-columns | widen | all, or a comma list
     #: (``spark_jobs.table.schema.evolve``: what a batch may change of the table's schema)
     schema_evolution: str | None = None
+    #: ``--mirror delta``: a projection written beside each commit, fixed at creation
+    #: (``bucketindex mirror --enable`` turns it on later; ``spark_jobs.table.delta``)
+    mirror: str | None = None
     #: set by the driver, not by users: columns added to the table by a concurrent commit after
     #: the batch was first validated. Validated again on the new schema, the batch may lack them;
     #: its rows hold null there, as rows written before the column existed read it
@@ -308,8 +311,12 @@ def resolve_config(opts: UpsertOptions, table: "Table") -> tuple[TableConfig, Fi
         target_file_rows=opts.target_file_rows or (
             existing.target_file_rows if existing else TableConfig.target_file_rows),
         table_type=opts.table_type or (existing.table_type if existing else TableConfig.table_type),
+        mirrors=[opts.mirror] if opts.mirror else [],
     )
     view = None
+    if existing is not None and opts.mirror and opts.mirror not in existing.mirrors:
+        raise ConfigConflictError(f"--mirror {opts.mirror} is set when a table is created; turn it on for this "
+                                  f"table with `bucketindex mirror {opts.table} --enable {opts.mirror}`")
     if existing is not None:
         existing.check_compatible(cfg, explicit=explicit)
         view = table.view()

@@ -1,0 +1,612 @@
+"""The Delta Lake projection of a table (format.md "Delta Lake projection", issue 26).
+
+Other engines read Delta; they do not read bucketindex's timeline. So a table with
+``mirrors: ["delta"]`` in ``table.json`` gets, after every commit point, a
+``_delta_log/<seq as 20 digits>.json`` that describes the same snapshot in Delta's terms:
+**Delta version = commit sequence number**. Version 0 (``protocol`` + ``metaData`` with the
+first schema, no files) is the empty table before sequence entry 1; version ``n`` is the
+snapshot right after entry ``n`` (``read_arrow(uri, as_of=<instant of entry n>)``). An entry
+that changes no file (a clean, a rollback, an ``alter`` without a new schema, a merge-on-read
+log -- see below) is a version with only ``commitInfo``, so the numbers never drift apart.
+
+The projection is *derived*, never the source of truth: a version is computed from the typed
+commit metadata (``FileSystemView.apply`` replays it) as the difference between the views
+after entries ``n - 1`` and ``n``, with the same create-if-absent primitive as the sequence
+(``FileIO.create_exclusive``: temp + ``link`` on disk, ``If-None-Match: *`` on S3), so two
+processes can never publish two different version ``n`` files. Its content is a function of
+the timeline alone (times from the entries, ids from the table's first entry, statistics from
+the data files' footers), so a second process that computes the same version writes the same
+actions and finding it already there is fine; a *different* one is a bug and raises.
+
+A crash between the commit point and the log write leaves Delta readers at the previous
+version (consistent, only stale). The next commit's hook sees its predecessor missing and
+calls :func:`repair`, which writes every missing version up to the current sequence;
+``bucketindex mirror TABLE --repair`` does the same on demand.
+
+**Merge-on-read**: the projection is the *read-optimized view* -- bases only, so a log's rows
+reach Delta readers when compaction folds them into a new base. Deletion vectors would show
+them at once, but ``deltalake`` 1.6's ``to_pyarrow_table``/``to_pyarrow_dataset`` (what pandas,
+Polars and pyarrow users call) refuse any table whose protocol names the ``deletionVectors``
+reader feature (measured; only its DataFusion ``QueryBuilder`` applies them), and a reader
+without that feature could not read the table at all. Copy-on-write tables have no logs, so
+their projection is exact.
+
+No pyspark, no airflow. ``deltalake`` is optional: it is used only to write Parquet checkpoints
+(every :data:`CHECKPOINT_INTERVAL` versions); without it readers replay the JSON log.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import logging
+import posixpath
+import re
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from spark_jobs.exceptions import BadInputError, TableCorruptError
+from spark_jobs.io.filesystem import InstantExistsError
+from spark_jobs.table.layout import is_reference
+from spark_jobs.table.timeline import Action
+from spark_jobs.table.view import FileSlice, FileSystemView
+from spark_jobs.testing.faults import maybe_crash
+
+if TYPE_CHECKING:
+    from spark_jobs.table.table import Table
+
+__all__ = ["MIRROR_DELTA", "MIRRORS", "DELTA_LOG", "CHECKPOINT_INTERVAL", "mirror_commit", "repair",
+           "after_commit", "enabled", "enable", "delta_schema", "versions_present", "version_actions"]
+
+log = logging.getLogger("bucketindex.delta")
+
+MIRROR_DELTA = "delta"
+#: projections a table may ask for (``table.json`` ``mirrors``)
+MIRRORS = (MIRROR_DELTA,)
+DELTA_LOG = "_delta_log"
+#: a Parquet checkpoint every this many versions: Delta's default, and the timeline's
+CHECKPOINT_INTERVAL = 10
+#: ``metaData.id`` is a name-based UUID of the table's first entry, so every process derives the same
+_ID_NAMESPACE = uuid.UUID("6b1f3a52-2a5e-4c3f-9d0b-6c1d2e0f4a11")
+_VERSION_NAME = re.compile(r"^(\d{20})\.json$")
+#: string statistics longer than this are left out: Delta truncates them, and a long value costs bytes
+MAX_STAT_STRING = 64
+INTERNAL_PREFIX = "_bi_"
+
+
+# -- config --------------------------------------------------------------------------------
+
+def enabled(table: "Table") -> bool:
+    """Whether ``table.json`` asks for the Delta projection (no request: the config is loaded)."""
+    return table.config is not None and MIRROR_DELTA in (table.config.mirrors or ())
+
+
+def enable(table: "Table") -> dict[str, Any]:
+    """Turn the projection on for an existing table and write every version up to now.
+
+    ``table.json`` gains ``mirrors: ["delta"]``: rewritten whole and atomically, as a format
+    upgrade is (``Table.require_format``) -- every enabler writes the same bytes, and the option
+    changes no snapshot, so it needs no slot on the timeline. A writer that opened the table
+    before the change commits without mirroring; the next one's hook (or ``--repair``) fills it.
+    """
+    from spark_jobs.table.config import TableConfig
+
+    assert table.config is not None
+    current = TableConfig.load(table.io, table.layout.config_file)
+    assert current is not None
+    if MIRROR_DELTA not in (current.mirrors or ()):
+        new = current.with_mirror(MIRROR_DELTA)
+        table.io.write_atomic(table.layout.config_file, new.to_json())
+        current = new
+    table.config = current
+    written = repair(table)
+    return {"enabled": MIRROR_DELTA, "written": written, "version": table.timeline.last_seq}
+
+
+# -- paths ---------------------------------------------------------------------------------
+
+def log_dir(table: "Table") -> str:
+    return posixpath.join(table.root, DELTA_LOG)
+
+
+def version_file(table: "Table", version: int) -> str:
+    return posixpath.join(log_dir(table), f"{version:020d}.json")
+
+
+def versions_present(table: "Table") -> list[int]:
+    """The versions in ``_delta_log/`` (one listing: only repair and tests ask)."""
+    return sorted(int(m.group(1)) for m in map(_VERSION_NAME.match, table.io.list_names(log_dir(table))) if m)
+
+
+# -- the hook ------------------------------------------------------------------------------
+
+def after_commit(table: "Table", seq: int) -> None:
+    """The post-commit hook (``Transaction.commit``): mirror entry ``seq`` if the table asks.
+
+    Runs after the commit point, so it must never fail the commit: anything it raises is
+    logged as a warning, and the gap is filled by the next writer or ``mirror --repair``."""
+    if not enabled(table):
+        return
+    maybe_crash("after_commit_before_mirror")
+    try:
+        mirror_commit(table, seq)
+    except Exception as e:  # noqa: BLE001 - the commit is done; the projection is derived
+        log.warning("the Delta log of %s was not written for sequence %d (%s); the next commit or "
+                    "`bucketindex mirror %s --repair` writes it", table.uri, seq, e, table.uri, exc_info=True)
+
+
+def mirror_commit(table: "Table", seq: int) -> list[int]:
+    """Write Delta version ``seq`` for the completed entry ``seq``; if version ``seq - 1`` is
+    missing (a crash, a writer that did not mirror), :func:`repair` writes the gap first.
+
+    Costs one existence check of the previous version, the footer of each file the entry
+    added (statistics) and one conditional PUT. Returns the versions written."""
+    if seq < 1:
+        return []
+    if not table.io.exists(version_file(table, seq - 1)):
+        return repair(table, upto=seq)
+    tl = table.timeline
+    prev = FileSystemView.at_seq(tl, seq - 1)
+    cur = _advance(tl, prev, seq)
+    schema = prev.schema or cur.schema
+    if schema is None:  # pragma: no cover - version seq-1 exists, so a schema was known
+        schema = _first_schema(table, seq)
+    written = [seq] if _publish(table, seq, version_actions(table, seq, prev, cur, first_schema=schema)) else []
+    _maybe_checkpoint(table, seq)
+    return written
+
+
+def repair(table: "Table", *, upto: int | None = None) -> list[int]:
+    """Write every missing version after the last one present, up to ``upto`` (default: the
+    current sequence). Idempotent; returns the versions written.
+
+    Versions are computed replaying the timeline from the last present one (archived entries
+    included), so the cost follows the gap, not the history -- except on the first run, which
+    writes every version from 0."""
+    tl = table.timeline.reload()
+    last = tl.last_seq if upto is None else min(upto, tl.last_seq)
+    present = set(versions_present(table))
+    start = 0
+    while start in present:  # the first missing version: everything before it is there
+        start += 1
+    if start > last:
+        return []
+    first = _first_schema(table, last)
+    if first is None:  # nothing with a schema committed yet: version 0 waits for it
+        return []
+    written: list[int] = []
+    prev = FileSystemView.at_seq(tl, start - 1) if start > 0 else None
+    for v in range(start, last + 1):
+        if v == 0:
+            acts = version_actions(table, 0, None, None, first_schema=first)
+            cur = FileSystemView.at_seq(tl, 0)
+        else:
+            assert prev is not None
+            cur = _advance(tl, prev, v)
+            acts = version_actions(table, v, prev, cur, first_schema=first)
+        if v not in present and _publish(table, v, acts):
+            written.append(v)
+        prev = cur
+        if v not in present:
+            _maybe_checkpoint(table, v)
+    return written
+
+
+def _advance(tl: Any, prev: FileSystemView, seq: int) -> FileSystemView:
+    """The view after entry ``seq`` from the one after ``seq - 1`` (a copy: ``prev`` stays), so a
+    version costs one entry's replay and no checkpoint listing."""
+    from spark_jobs.table.timeline import Instant, State
+
+    view = FileSystemView.from_state(prev.to_state())
+    e = tl.entry(seq)
+    if e["action"] in Action.WRITES:
+        view.apply(Instant(e["instant"], e["action"], State.COMPLETED, seq), e["metadata"])
+    view.seq = seq
+    return view
+
+
+def _publish(table: "Table", version: int, actions: list[dict[str, Any]]) -> bool:
+    """Create version ``version`` if absent; an identical existing one is fine (another process
+    mirrored the same entry), a different one is a bug. Returns whether this call wrote it."""
+    data = "".join(json.dumps(a, sort_keys=True, separators=(",", ":")) + "\n" for a in actions).encode()
+    path = version_file(table, version)
+    try:
+        table.io.create_exclusive(path, data)
+        return True
+    except InstantExistsError:
+        existing = table.io.read_bytes(path)
+        if _comparable(existing) != _comparable(data):
+            raise TableCorruptError(
+                f"Delta log version {version} of {table.uri} differs from what sequence entry {version} projects "
+                f"to: it was written by something else; move {DELTA_LOG}/ aside and run `bucketindex mirror "
+                f"--repair`", path=path) from None
+        return False
+
+
+def _comparable(data: bytes) -> list[Any]:
+    return [json.loads(line) for line in data.decode().splitlines() if line.strip()]
+
+
+# -- one version ---------------------------------------------------------------------------
+
+def version_actions(table: "Table", version: int, prev: FileSystemView | None, cur: FileSystemView | None, *,
+                    first_schema: pa.Schema) -> list[dict[str, Any]]:
+    """The actions of Delta version ``version``: the change from ``prev`` (after entry
+    ``version - 1``) to ``cur`` (after entry ``version``), bases only (module docstring)."""
+    assert table.config is not None
+    tl = table.timeline
+    if version == 0:
+        return [{"protocol": protocol_for(first_schema)}, {"metaData": _metadata(table, first_schema)},
+                {"commitInfo": {"operation": "CREATE TABLE", "timestamp": _created_ms(table),
+                                "bucketindex": {"seq": 0}}}]
+    assert prev is not None and cur is not None
+    entry = tl.entry(version)
+    ts_ms = _instant_ms(entry.get("completed") or entry["instant"])
+    out: list[dict[str, Any]] = []
+    old_schema = prev.schema or first_schema
+    new_schema = cur.schema or old_schema
+    if _public(new_schema) != _public(old_schema):
+        if protocol_for(new_schema) != protocol_for(old_schema):
+            out.append({"protocol": protocol_for(new_schema)})
+        out.append({"metaData": _metadata(table, new_schema)})
+    before = {s.path: s for s in prev.slices()}
+    after = {s.path: s for s in cur.slices()}
+    # a rehash only moves rows between files; every other change is one readers see (a
+    # merge-on-read compaction brings log rows into the read-optimized view)
+    data_change = entry["action"] != Action.REHASH
+    for path in sorted(set(before) - set(after)):
+        out.append({"remove": {"path": _delta_path(table, path), "deletionTimestamp": ts_ms,
+                               "dataChange": data_change, "size": int(before[path].size)}})
+    for path in sorted(set(after) - set(before)):
+        out.append({"add": _add(table, after[path], new_schema, ts_ms=ts_ms, data_change=data_change)})
+    out.append({"commitInfo": {"operation": _operation(entry), "timestamp": ts_ms,
+                               "bucketindex": {"seq": version, "instant": entry["instant"],
+                                               "action": entry["action"]}}})
+    return out
+
+
+def _operation(entry: dict[str, Any]) -> str:
+    from spark_jobs.table.commit import parse
+
+    meta = parse(entry["metadata"])
+    op = meta.operation or entry["action"]
+    return {"upsert": "MERGE", "alter_schema": "ADD COLUMNS", "compaction": "OPTIMIZE"}.get(op, op.upper())
+
+
+def _add(table: "Table", s: FileSlice, schema: pa.Schema, *, ts_ms: int, data_change: bool) -> dict[str, Any]:
+    footer = _footer(table, s.path)
+    part_values = _partition_values(table, s, schema, footer)
+    add: dict[str, Any] = {"path": _delta_path(table, s.path), "partitionValues": part_values,
+                           "size": int(s.size), "modificationTime": _instant_ms(s.instant) if s.instant else ts_ms,
+                           "dataChange": data_change}
+    if footer is not None:
+        add["stats"] = json.dumps(_stats(footer, schema, skip=set(part_values)), sort_keys=True,
+                                  separators=(",", ":"))
+    return add
+
+
+def _delta_path(table: "Table", rel: str) -> str:
+    """A data file's ``add.path``: relative to the root and percent-encoded (an RFC 2396 URI
+    path, as Delta requires); a reference file (outside the root) as an absolute URI."""
+    if is_reference(rel):
+        absolute = table.abs(rel)
+        scheme = table.uri.split("://", 1)[0] if "://" in table.uri else "file"
+        return f"{scheme}://{quote(absolute if absolute.startswith('/') or scheme != 'file' else '/' + absolute)}"
+    return quote(rel)
+
+
+def _footer(table: "Table", rel: str) -> pq.FileMetaData | None:
+    """The Parquet footer of a data file (None when it is gone: a version outside clean's
+    retention, projected late, lists it without statistics)."""
+    try:
+        with table.io.open_input_file(table.abs(rel)) as f:
+            return pq.ParquetFile(f).metadata
+    except (FileNotFoundError, OSError):
+        return None
+
+
+# -- partition values ----------------------------------------------------------------------
+
+def _partition_values(table: "Table", s: FileSlice, schema: pa.Schema, footer: pq.FileMetaData | None
+                      ) -> dict[str, str | None]:
+    """``{field: value as Delta's string form | None}``: the value the file's rows hold, from
+    its footer statistics (or its column, or a reference file's Hive path) -- never decoded
+    from the form-encoded directory name, which may be shortened (format.md §1)."""
+    assert table.config is not None
+    fields = [f for f in table.config.partition_fields or [] if f in schema.names]
+    if not fields:
+        return {}
+    field = fields[0]
+    typ = schema.field(field).type
+    value: Any = _value_from_file(table, s, field, typ, footer)
+    return {field: None if value is None else partition_string(value, typ)}
+
+
+_NO_VALUE = object()
+
+
+def _value_from_file(table: "Table", s: FileSlice, field: str, typ: pa.DataType,
+                     footer: pq.FileMetaData | None) -> Any:
+    from spark_jobs.table.dataset import partition_candidates
+    from spark_jobs.table.reader import hive_values
+
+    if is_reference(s.path) and table.config is not None and table.config.reference is not None \
+            and field in table.config.reference.get("path_columns", {}):
+        text = hive_values(s.path).get(field)
+        return None if text is None else pa.scalar(text, pa.string()).cast(typ).as_py()
+    if footer is not None and footer.num_rows > 0:
+        got = _value_from_stats(footer, field)
+        if got is not _NO_VALUE:
+            return got
+        from spark_jobs.table.reader import read_data_file
+
+        col = read_data_file(table, s.path, [field]).column(field).unique().to_pylist()
+        vals = [v for v in col if v is not None]
+        if len(col) == 1:
+            return col[0]
+        raise TableCorruptError(f"data file {s.path} holds {len(col)} values of partition field {field} "
+                                f"({vals[:3]}...): a file holds one partition's rows", path=s.path)
+    cands = partition_candidates(table, s, schema=pa.schema([pa.field(field, typ)]))
+    return cands[0] if cands is not None and len(cands) == 1 else None
+
+
+def _value_from_stats(footer: pq.FileMetaData, field: str) -> Any:
+    names = footer.schema.to_arrow_schema().names
+    if field not in names:
+        return _NO_VALUE
+    idx = names.index(field)
+    lo = hi = _NO_VALUE
+    nulls = 0
+    for rg in range(footer.num_row_groups):
+        col = footer.row_group(rg).column(idx)
+        st = col.statistics
+        if st is None or not st.has_null_count:
+            return _NO_VALUE
+        nulls += st.null_count
+        if st.null_count == col.num_values:
+            continue
+        if not st.has_min_max:
+            return _NO_VALUE
+        if lo is _NO_VALUE:
+            lo, hi = st.min, st.max
+        elif st.min != lo or st.max != hi:
+            return _NO_VALUE
+    if nulls == footer.num_rows:
+        return None
+    if nulls or lo is _NO_VALUE or lo != hi:
+        return _NO_VALUE
+    return lo
+
+
+def partition_string(value: Any, typ: pa.DataType) -> str:
+    """Delta's serialized form of a partition value (PROTOCOL.md "Partition Value Serialization")."""
+    if pa.types.is_boolean(typ):
+        return "true" if value else "false"
+    if pa.types.is_timestamp(typ):
+        if isinstance(value, _dt.datetime):
+            if value.tzinfo is not None:
+                value = value.astimezone(_dt.timezone.utc).replace(tzinfo=None)
+            return value.strftime("%Y-%m-%d %H:%M:%S.%f")
+        return str(value)
+    if pa.types.is_date(typ):
+        return value.isoformat() if isinstance(value, _dt.date) else str(value)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "surrogateescape")
+    return str(value)
+
+
+# -- statistics ----------------------------------------------------------------------------
+
+def _stats(footer: pq.FileMetaData, schema: pa.Schema, *, skip: set[str]) -> dict[str, Any]:
+    """``numRecords`` and, from the row-group statistics of top-level primitive columns,
+    ``nullCount`` and (integers, dates, short strings: exact and cheap) ``minValues``/``maxValues``.
+    A column the file lacks (added since) or whose statistics are missing gets none: Delta
+    readers then just do not skip on it."""
+    out: dict[str, Any] = {"numRecords": int(footer.num_rows)}
+    names = footer.schema.to_arrow_schema().names
+    mins: dict[str, Any] = {}
+    maxs: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    for f in schema:
+        if f.name.startswith(INTERNAL_PREFIX) or f.name in skip or f.name not in names:
+            continue
+        if pa.types.is_nested(f.type):
+            continue
+        idx = names.index(f.name)
+        total_nulls, lo, hi, ok_minmax = 0, None, None, True
+        for rg in range(footer.num_row_groups):
+            col = footer.row_group(rg).column(idx)
+            st = col.statistics
+            if st is None or not st.has_null_count:
+                total_nulls = -1
+                break
+            total_nulls += st.null_count
+            if st.null_count == col.num_values:
+                continue
+            if not st.has_min_max:
+                ok_minmax = False
+                continue
+            lo = st.min if lo is None else min(lo, st.min)
+            hi = st.max if hi is None else max(hi, st.max)
+        if total_nulls < 0:
+            continue
+        nulls[f.name] = total_nulls
+        if ok_minmax and lo is not None:
+            lo_j, hi_j = _stat_json(lo, f.type), _stat_json(hi, f.type)
+            if lo_j is not None and hi_j is not None:
+                mins[f.name], maxs[f.name] = lo_j, hi_j
+    if footer.num_rows:
+        out["minValues"], out["maxValues"] = mins, maxs
+    out["nullCount"] = nulls
+    return out
+
+
+def _stat_json(value: Any, typ: pa.DataType) -> Any:
+    if pa.types.is_integer(typ) and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if pa.types.is_date32(typ) and isinstance(value, _dt.date):
+        return value.isoformat()
+    if (pa.types.is_string(typ) or pa.types.is_large_string(typ)) and isinstance(value, str) \
+            and len(value) <= MAX_STAT_STRING:
+        return value
+    return None
+
+
+# -- schema and metadata -------------------------------------------------------------------
+
+def _public(schema: pa.Schema) -> pa.Schema:
+    return pa.schema([f for f in schema if not f.name.startswith(INTERNAL_PREFIX)])
+
+
+def delta_type(typ: pa.DataType) -> Any:
+    """An Arrow type as a Delta schema type (PROTOCOL.md "Schema Serialization Format")."""
+    simple = [(pa.types.is_string, "string"), (pa.types.is_large_string, "string"),
+              (pa.types.is_boolean, "boolean"), (pa.types.is_int8, "byte"), (pa.types.is_int16, "short"),
+              (pa.types.is_int32, "integer"), (pa.types.is_int64, "long"), (pa.types.is_float32, "float"),
+              (pa.types.is_float64, "double"), (pa.types.is_binary, "binary"),
+              (pa.types.is_large_binary, "binary"), (pa.types.is_date32, "date")]
+    for test, name in simple:
+        if test(typ):
+            return name
+    if pa.types.is_timestamp(typ):
+        return "timestamp" if typ.tz is not None else "timestamp_ntz"
+    if pa.types.is_decimal(typ):
+        return f"decimal({typ.precision},{typ.scale})"
+    if pa.types.is_list(typ) or pa.types.is_large_list(typ):
+        return {"type": "array", "elementType": delta_type(typ.value_type), "containsNull": True}
+    if pa.types.is_map(typ):
+        return {"type": "map", "keyType": delta_type(typ.key_type), "valueType": delta_type(typ.item_type),
+                "valueContainsNull": True}
+    if pa.types.is_struct(typ):
+        return {"type": "struct", "fields": [_delta_field(typ.field(i)) for i in range(typ.num_fields)]}
+    raise BadInputError(f"Arrow type {typ} has no Delta Lake type (unsigned integers, nanosecond times, ...)")
+
+
+def _delta_field(f: pa.Field) -> dict[str, Any]:
+    return {"name": f.name, "type": delta_type(f.type), "nullable": True, "metadata": {}}
+
+
+def delta_schema(schema: pa.Schema) -> dict[str, Any]:
+    """The published schema (``_bi_*`` columns left out) as a Delta ``struct``."""
+    return {"type": "struct", "fields": [_delta_field(f) for f in _public(schema)]}
+
+
+def _uses_ntz(t: Any) -> bool:
+    if t == "timestamp_ntz":
+        return True
+    if isinstance(t, dict):
+        return any(_uses_ntz(v) for v in t.values()) or any(_uses_ntz(f["type"]) for f in t.get("fields", []))
+    return False
+
+
+def protocol_for(schema: pa.Schema) -> dict[str, Any]:
+    """The lowest protocol that covers what the projection uses: (1, 2) -- plain Parquet, no
+    column mapping, no deletion vectors -- unless the schema holds a zone-naive timestamp, which
+    needs the ``timestampNtz`` table feature (reader 3, writer 7)."""
+    if _uses_ntz(delta_schema(schema)):
+        return {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": ["timestampNtz"],
+                "writerFeatures": ["timestampNtz"]}
+    return {"minReaderVersion": 1, "minWriterVersion": 2}
+
+
+def configuration(table: "Table") -> dict[str, str]:
+    """``metaData.configuration``: retention consistent with ``clean`` (format.md)."""
+    assert table.config is not None
+    hours = table.config.clean_retain_hours
+    conf = {
+        "delta.checkpointInterval": str(CHECKPOINT_INTERVAL),
+        # clean (not Delta) deletes files: a version is readable while clean's window retains it
+        "delta.deletedFileRetentionDuration": f"interval {int(hours)} hours" if hours else "interval 1 days",
+        "delta.logRetentionDuration": "interval 30 days",
+        # the log is derived and cheap: a Delta client's checkpoint must not delete versions
+        "delta.enableExpiredLogCleanup": "false",
+        "bucketindex.projection": "read_optimized" if table.config.merge_on_read else "exact",
+    }
+    return conf
+
+
+def _metadata(table: "Table", schema: pa.Schema) -> dict[str, Any]:
+    assert table.config is not None
+    return {"id": _table_id(table), "format": {"provider": "parquet", "options": {}},
+            "schemaString": json.dumps(delta_schema(schema), separators=(",", ":")),
+            "partitionColumns": [f for f in table.config.partition_fields or [] if f in schema.names],
+            "configuration": configuration(table), "createdTime": _created_ms(table)}
+
+
+def _table_id(table: "Table") -> str:
+    first = table.timeline.entry(1)["instant"] if table.timeline.last_seq else "empty"
+    return str(uuid.uuid5(_ID_NAMESPACE, f"{first}"))
+
+
+def _created_ms(table: "Table") -> int:
+    return _instant_ms(table.timeline.entry(1)["instant"]) if table.timeline.last_seq else 0
+
+
+def _instant_ms(instant: str) -> int:
+    t = _dt.datetime.strptime(instant[:17], "%Y%m%d%H%M%S%f").replace(tzinfo=_dt.timezone.utc)
+    return int(t.timestamp() * 1000)
+
+
+def _first_schema(table: "Table", upto: int) -> pa.Schema | None:
+    """The schema of the first entry that records one (version 0's), among entries 1..upto."""
+    from spark_jobs.table.commit import parse
+    from spark_jobs.table.view import decode_schema
+
+    tl = table.timeline
+    for n in range(1, upto + 1):
+        meta = parse(tl.entry(n)["metadata"])
+        if meta.schema:
+            return decode_schema(meta.schema)
+    return None
+
+
+# -- checkpoints ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Checkpointer:
+    """Delta Parquet checkpoints through ``deltalake`` (optional): it writes
+    ``<v>.checkpoint.parquet`` and ``_last_checkpoint`` as its own readers expect them."""
+
+    table: "Table"
+
+    def storage_options(self) -> dict[str, str] | None:
+        from spark_jobs.io.filesystem import S3FileIO
+
+        io = self.table.io
+        if not isinstance(io, S3FileIO):
+            return None
+        v = io.config.values
+        out = {"AWS_ALLOW_HTTP": "true", "AWS_S3_ALLOW_UNSAFE_RENAME": "true"}
+        for ours, theirs in (("endpoint_url", "AWS_ENDPOINT_URL"), ("region", "AWS_REGION"),
+                             ("access_key_id", "AWS_ACCESS_KEY_ID"), ("secret_access_key", "AWS_SECRET_ACCESS_KEY"),
+                             ("session_token", "AWS_SESSION_TOKEN")):
+            if v.get(ours):
+                out[theirs] = v[ours]
+        if v.get("addressing_style") == "virtual":
+            out["AWS_VIRTUAL_HOSTED_STYLE_REQUEST"] = "true"
+        return out
+
+    def write(self, version: int) -> None:
+        try:
+            from deltalake import DeltaTable
+        except ImportError:
+            log.debug("deltalake is not installed: no Parquet checkpoint for version %d", version)
+            return
+        uri = self.table.uri.replace("s3a://", "s3://").split("?", 1)[0]
+        DeltaTable(uri, version=version, storage_options=self.storage_options()).create_checkpoint()
+
+
+def _maybe_checkpoint(table: "Table", version: int) -> None:
+    """Every :data:`CHECKPOINT_INTERVAL` versions, a Parquet checkpoint; never fails the caller
+    (readers replay the JSON versions without one)."""
+    if version == 0 or version % CHECKPOINT_INTERVAL:
+        return
+    try:
+        _Checkpointer(table).write(version)
+    except Exception as e:  # noqa: BLE001 - a missing checkpoint costs readers time, not correctness
+        log.warning("no Delta checkpoint at version %d of %s: %s", version, table.uri, e)
