@@ -1,0 +1,1063 @@
+"""The torture test (issue 27): random operation sequences over every action, checked after every step.
+
+A *sequence* is plain JSON -- table settings plus 4-12 steps -- made by :func:`generate` from a
+seed alone, so a failure found among a thousand sequences is replayed from its JSON (printed by
+``benchmarks/torture.py``) with no random state, and shrunk (:func:`shrink`) to the fewest steps
+and rows that still diverge. Why a generator of our own and not ``hypothesis``: the long run
+must name every failing sequence by one seed and print it as a ready-to-run reproduction, and
+the steps are slow (processes killed, writers racing), so shrinking is greedy and bounded.
+
+What :func:`run_sequence` checks after every step (issue 27, "After every step"):
+
+* ``read_arrow`` of the latest snapshot equals the oracle: the committed batches reduced by the
+  documented write semantics (format.md §8), in **commit order** -- the oracle replays the
+  timeline's entries and maps each commit's batch id back to the rows this run sent, so racing
+  writers and kills after the commit point need no guessing. A batch must appear at most once;
+  an entry naming no batch this run sent is a divergence;
+* ``validate`` and ``shadow-compare`` (Arrow) pass;
+* time travel to every retained instant equals the oracle's state at that sequence position,
+  and an instant before the retained window is refused;
+* no unexplained file: every file under the root is table metadata, or read by a retained
+  snapshot, or named by a pending plan or a marker;
+* nothing outside the root changed: a digest of the sequence's directory (a sibling whose name
+  extends the table's, a reference bootstrap's dataset) except the table and the sources.
+
+Kills run a step as a CLI subprocess with ``BUCKETINDEX_FAULT`` (:mod:`.faults`): a kill before
+the commit point must leave the batch invisible, one after it visible. Overlaps start 2-3
+writer processes (sometimes with a table service beside them) with a pause widening their
+window: exit 0 means committed, exit 3 nothing visible. Spark steps (upsert, rehash,
+bootstrap) go through the in-process CLI (``spark_jobs.cli.main``), which reuses the active
+Spark session; this module imports no ``pyspark``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import datetime as dt
+import decimal
+import hashlib
+import io as _io
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+__all__ = [
+    "POST_COMMIT",
+    "PRE_COMMIT",
+    "Counts",
+    "Divergence",
+    "Storage",
+    "generate",
+    "replay_command",
+    "run_sequence",
+    "shrink",
+]
+
+#: points of the commit protocol before the commit point: a kill there leaves nothing visible
+PRE_COMMIT = ("after_requested", "before_complete", "after_conflict_check")
+#: points after it: the write is visible, cleanup (markers, heartbeat, checkpoint) left to the next run
+POST_COMMIT = ("after_complete", "checkpoint_before_write")
+#: fault points (faults.POINTS) that each verb reaches on the Arrow engine
+KILL_POINTS = {
+    "upsert": PRE_COMMIT + POST_COMMIT,
+    "compact": ("schedule_after_plan", "schedule_after_requested", "after_requested", "after_conflict_check",
+                "after_complete"),
+    "clean": ("clean_after_plan", "clean_after_delete"),
+    "alter": ("after_requested", "after_conflict_check", "after_complete"),
+    "rollback": ("rollback_after_delete",),
+}
+#: where a forced rollback catches a live writer (before its commit point: it must lose)
+FORCE_POINTS = PRE_COMMIT
+ZONES = ("UTC", "Asia/Tokyo", "America/New_York", "Asia/Kolkata")
+NOTES = ("", "plain", "a,b", "quote\"d", "ünï", None)
+#: partition values like users': spaces, '/', '%', '+', non-ASCII, the literal "__NULL__", '=',
+#: a value whose directory name is shortened (>200 bytes), and null
+REGIONS = ("eu west", "a/b", "100%", "x+y", "são paulo", "日本", "__NULL__", "k=v", "é" * 110, None)
+#: values a reference bootstrap's Hive directories carry (pyarrow infers their type: keep them text)
+BOOT_REGIONS = ("eu west", "são paulo", "north")
+TABLE_TYPES = ("copy_on_write", "merge_on_read")
+INDEXES = ("record", "bucket", "global_simple")
+CLI = [sys.executable, "-m", "spark_jobs.cli"]
+#: a subprocess that is not done by then is stuck: a divergence, not a hang
+PROCESS_TIMEOUT_S = 240
+
+
+class Divergence(Exception):
+    """The table disagreed with the oracle (or a check failed) after a step."""
+
+    def __init__(self, step: int, check: str, detail: str, *, known: str | None = None) -> None:
+        super().__init__(f"step {step}: {check}: {detail}" + (f" [known: {known}]" if known else ""))
+        self.step, self.check, self.detail = step, check, detail
+        #: a product bug already filed with a failing regression test (:data:`KNOWN`), or None
+        self.known = known
+
+
+#: product bugs the torture test found that are not fixed yet, each with its regression test
+KNOWN = {
+    "stale-snapshot no-op": "racing writers: the table equals the committed batches in another serial order "
+                            "than the commit order -- a delete of an absent key or a stale row decided on an "
+                            "old snapshot commits after the write that changed that key "
+                            "(tests/unit/test_torture_regressions.py)",
+}
+
+
+@dataclass
+class Counts:
+    """What a run did; the benchmark prints these as its last line."""
+
+    sequences: int = 0
+    steps: int = 0
+    kills: int = 0
+    overlaps: int = 0
+    divergences: int = 0
+    #: of the divergences, those of a known bug (:data:`KNOWN`)
+    known: Counter = field(default_factory=Counter)
+    actions: Counter = field(default_factory=Counter)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"sequences": self.sequences, "steps": self.steps, "kills": self.kills, "overlaps": self.overlaps,
+                "divergences": self.divergences, "known_divergences": dict(self.known),
+                "actions": dict(sorted(self.actions.items()))}
+
+
+@dataclass
+class Storage:
+    """Where sequences put their tables: a local directory, or a bucket of an S3-compatible server."""
+
+    kind: str = "local"
+    #: s3: ``s3://bucket`` (the server reached through the environment's ``AWS_*``)
+    bucket: str | None = None
+
+    def seq_uri(self, workdir: Path, name: str) -> str:
+        """The sequence's own directory on the table's storage (the digest's scope)."""
+        if self.kind == "s3":
+            assert self.bucket is not None
+            return f"{self.bucket}/{name}"
+        return str(workdir / "store")
+
+
+# -- the generator ----------------------------------------------------------------------
+
+
+def _key_pool(rng: random.Random) -> list[str]:
+    """~40 keys, so that steps collide: odd characters, non-ASCII, one 300-character key."""
+    odd = ["k 01", "a/b", "50%", "x+y", "ключ", "日本語", "é+%/ ", "comma,key", "back\\slash", "~tilde",
+           "__NULL__", "=eq", "L" * 281 + "-300-chars-long-key"]
+    plain = [f"k{i:02d}" for i in range(27)]
+    pool = odd + plain
+    rng.shuffle(pool)
+    return pool
+
+
+def _at(rng: random.Random) -> str | None:
+    if rng.random() < 0.1:
+        return None
+    base = dt.datetime(2024, 3, 30, 23, 0, tzinfo=dt.UTC)  # around a DST change somewhere
+    return (base + dt.timedelta(minutes=rng.randint(-600, 600), microseconds=rng.randint(0, 999_999))).isoformat()
+
+
+def _amount(rng: random.Random) -> str | None:
+    return None if rng.random() < 0.1 else f"{rng.randint(-10**9, 10**9) / 100:.2f}"
+
+
+class _Gen:
+    """A rough model of the table while generating (the executor decides from the real table)."""
+
+    def __init__(self, seed: int, *, spark: bool, kills: bool, overlaps: bool) -> None:
+        self.rng = random.Random(seed)
+        self.spark, self.kills, self.overlaps = spark, kills, overlaps
+        self.keys = _key_pool(self.rng)
+        self.where: dict[str, Any] = {}  # key -> last region generated for it
+        self.n_batch = 0
+        self.tick = 0
+
+    def batch_id(self) -> str:
+        self.n_batch += 1
+        return f"b{self.n_batch:03d}"
+
+    def rows(self, partitioned: bool) -> list[dict[str, Any]]:
+        rng = self.rng
+        self.tick += 3
+        out: list[dict[str, Any]] = []
+        for _ in range(rng.randint(1, 8)):
+            if self.where and rng.random() < 0.6:
+                key = rng.choice(sorted(self.where))
+            else:
+                key = rng.choice(self.keys)
+            region = None
+            if partitioned:
+                region = self.where.get(key, rng.choice(REGIONS)) if rng.random() < 0.75 else rng.choice(REGIONS)
+            # mostly newer than before, sometimes stale (lower than stored), sometimes tied
+            ts = max(0, self.tick + rng.randint(-6, 3))
+            row = {"id": key, "ts": ts, "amount": _amount(rng), "at": _at(rng), "note": rng.choice(NOTES),
+                   "is_deleted": rng.random() < 0.2}
+            if partitioned:
+                row["region"] = region
+            out.append(row)
+            if not row["is_deleted"]:
+                self.where[key] = region
+            if rng.random() < 0.15:  # an in-batch duplicate: same identity, another (or the same) ts
+                dup = dict(row, ts=ts + rng.choice([-1, 0, 0, 1]), amount=_amount(rng),
+                           is_deleted=rng.random() < 0.2)
+                out.append(dup)
+        return out
+
+    def upsert(self, settings: dict[str, Any], via: str) -> dict[str, Any]:
+        return {"op": "upsert", "via": via, "batch_id": self.batch_id(), "zone": self.rng.choice(ZONES),
+                "rows": self.rows(settings["partitioned"])}
+
+
+def generate(seed: int, *, spark: bool = False, kills: bool = True, overlaps: bool = True,
+             min_steps: int = 4, max_steps: int = 12) -> dict[str, Any]:
+    """A sequence from ``seed`` alone: settings and steps as JSON-ready dicts.
+
+    ``spark`` adds Spark upserts, rehash (bucket and record indexes) and, as a first step,
+    bootstrap; ``kills`` and ``overlaps`` add processes killed at fault points and racing writers.
+    """
+    g = _Gen(seed, spark=spark, kills=kills, overlaps=overlaps)
+    rng = g.rng
+    index = rng.choice(INDEXES)
+    settings = {"table_type": rng.choice(TABLE_TYPES), "index": index, "partitioned": rng.random() < 0.85,
+                "num_buckets": rng.choice([1, 2, 4]), "checkpoint_interval": rng.choice([2, 3, 10]),
+                "target_file_rows": rng.choice([3, 5, 100])}
+    steps: list[dict[str, Any]] = []
+    n = rng.randint(min_steps, max_steps)
+    if spark and index != "global_simple" and rng.random() < 0.5:
+        steps.append(_bootstrap_step(g, settings))
+    else:
+        steps.append(g.upsert(settings, "api"))
+    altered = False
+    while len(steps) < n:
+        r = rng.random()
+        last = steps[-1]
+        if last.get("kill") and rng.random() < 0.5:  # repair: the same batch again, or an explicit rollback
+            if last["op"] == "upsert" and rng.random() < 0.6:
+                steps.append(dict(copy.deepcopy(last), kill=None, via="api"))
+            else:
+                steps.append({"op": "rollback", "kill": rng.choice(KILL_POINTS["rollback"]) if kills and
+                              rng.random() < 0.3 else None})
+            continue
+        if r < 0.30:
+            steps.append(g.upsert(settings, rng.choice(["api", "api", "cli"])))
+        elif r < 0.40 and spark:
+            steps.append(g.upsert(settings, "spark"))
+        elif r < 0.50 and kills:
+            verb = rng.choice(["upsert", "upsert", "upsert", "compact", "clean", "alter"])
+            point = rng.choice(KILL_POINTS[verb])
+            if verb == "upsert":
+                steps.append(dict(g.upsert(settings, "kill"), kill=point))
+            else:
+                steps.append(_service_step(g, settings, verb, kill=point))
+        elif r < 0.58 and overlaps:
+            steps.append(_overlap_step(g, settings))
+        elif r < 0.63 and overlaps:
+            steps.append(dict(g.upsert(settings, "forced"), point=rng.choice(FORCE_POINTS)))
+        elif r < 0.75:
+            steps.append(_service_step(g, settings, "compact"))
+        elif r < 0.84:
+            steps.append(_service_step(g, settings, "clean"))
+        elif r < 0.88 and not altered:
+            altered = True
+            steps.append({"op": "alter"})
+        elif r < 0.93 and spark and index != "global_simple":
+            steps.append({"op": "rehash", "direction": rng.choice(["up", "down"])})
+        elif r < 0.96 and g.n_batch:
+            steps.append({"op": "retry", "of": rng.randint(1, g.n_batch)})  # a committed batch id again: a no-op
+        else:
+            steps.append(g.upsert(settings, "api"))
+    return {"seed": seed, "settings": settings, "steps": steps}
+
+
+def _bootstrap_step(g: _Gen, settings: dict[str, Any]) -> dict[str, Any]:
+    rng = g.rng
+    mode = "rewrite" if settings["index"] == "bucket" else rng.choice(["reference", "rewrite"])
+    files: list[dict[str, Any]] = []
+    keys = rng.sample(g.keys[:30], rng.randint(3, 10))
+    for i, key in enumerate(keys):
+        region = rng.choice(BOOT_REGIONS) if settings["partitioned"] else None
+        g.where[key] = region
+        files.append({"id": key, "region": region, "ts": rng.randint(0, 3), "amount": _amount(rng), "at": _at(rng)})
+    return {"op": "bootstrap", "mode": mode, "rows": files}
+
+
+def _service_step(g: _Gen, settings: dict[str, Any], verb: str, *, kill: str | None = None) -> dict[str, Any]:
+    rng = g.rng
+    if verb == "compact":
+        kinds = _compactable(settings)
+        if not kinds:  # nothing this table could ever compact (refused as bad input): a clean instead
+            return {"op": "clean", "retain": rng.randint(1, 3), "kill": None}
+        only = rng.choice(kinds + [None]) if len(kinds) == 2 else kinds[0]
+        return {"op": "compact", "phase": rng.choice(["run", "run", "schedule", "execute"]),
+                "only": only, "min": rng.randint(1, 2), "kill": kill}
+    if verb == "clean":
+        return {"op": "clean", "retain": rng.randint(1, 3), "kill": kill}
+    return {"op": "alter", "kill": kill}
+
+
+def _compactable(settings: dict[str, Any]) -> list[str]:
+    """What ``compact --only`` may name on this table: data (merge-on-read logs), index (record-index deltas)."""
+    return ((["data"] if settings["table_type"] == "merge_on_read" else [])
+            + (["index"] if settings["index"] == "record" else []))
+
+
+def _overlap_step(g: _Gen, settings: dict[str, Any]) -> dict[str, Any]:
+    rng = g.rng
+    writers = [dict(g.upsert(settings, "overlap"), max_retries=rng.choice([0, 1, 3]))
+               for _ in range(rng.randint(2, 3))]
+    if rng.random() < 0.15:  # two tries of one task: the same batch id, the same rows
+        writers[-1] = dict(copy.deepcopy(writers[0]), max_retries=3)
+    service = rng.choice([None, None, "compact", "clean"])
+    if service == "compact" and not _compactable(settings):
+        service = "clean"
+    return {"op": "overlap", "writers": writers, "service": service, "pause": rng.choice([0.5, 1.0])}
+
+
+# -- values and the oracle ------------------------------------------------------------------
+
+
+def _value_order(v: Any) -> tuple:
+    """Spark's struct ordering of one field (nulls lowest; strings by their UTF-8 bytes)."""
+    if v is None:
+        return (0,)
+    if isinstance(v, str):
+        return (1, v.encode())
+    return (1, v)
+
+
+def _typed(row: dict[str, Any]) -> dict[str, Any]:
+    """A row as the table stores it: decimals, UTC timestamps."""
+    out = dict(row)
+    if "amount" in out and out["amount"] is not None:
+        out["amount"] = decimal.Decimal(out["amount"])
+    if "at" in out and out["at"] is not None:
+        out["at"] = dt.datetime.fromisoformat(out["at"]).astimezone(dt.UTC)
+    return out
+
+
+@dataclass
+class _State:
+    rows: dict[Any, dict[str, Any]]
+    columns: list[str]
+
+
+def _reduce(state: _State, batch: list[dict[str, Any]], columns: list[str], *, per_partition: bool,
+            partitioned: bool) -> _State:
+    """format.md §8 over typed rows: in-batch winner by (ts, the row in the table's column order
+    then the delete flag), then applied when not lower than the stored row's ts."""
+    def ident(r: dict[str, Any]) -> Any:
+        return (r.get("region"), r["id"]) if per_partition and partitioned else r["id"]
+
+    order = [c for c in columns if c != "is_deleted"] + ["is_deleted"]
+    winners: dict[Any, dict[str, Any]] = {}
+    for r in batch:
+        k = ident(r)
+        cur = winners.get(k)
+        rank = (r["ts"], tuple(_value_order(r.get(c)) for c in order))
+        if cur is None or rank > (cur["ts"], tuple(_value_order(cur.get(c)) for c in order)):
+            winners[k] = r
+    rows = dict(state.rows)
+    for k, r in winners.items():
+        stored = rows.get(k)
+        if stored is not None and stored["ts"] > r["ts"]:
+            continue  # a late, older row: the stored one stays
+        if r.get("is_deleted"):
+            rows.pop(k, None)
+        else:
+            rows[k] = {c: r.get(c) for c in state.columns}
+    return _State(rows, state.columns)
+
+
+# -- running a sequence -------------------------------------------------------------------
+
+
+def _quiet() -> contextlib.ExitStack:
+    stack = contextlib.ExitStack()
+    stack.enter_context(contextlib.redirect_stdout(_io.StringIO()))
+    return stack
+
+
+class _Runner:
+    """One sequence on a fresh table: executes its steps and checks after each."""
+
+    def __init__(self, seq: dict[str, Any], workdir: Path, storage: Storage, counts: Counts,
+                 spark_master: str, log: Callable[[str], None] | None) -> None:
+        from spark_jobs.io.filesystem import resolve
+
+        self.seq, self.settings = seq, seq["settings"]
+        self.workdir, self.storage, self.counts = workdir, storage, counts
+        self.spark_master, self.log = spark_master, log
+        self.sources = workdir / "sources"
+        self.sources.mkdir(parents=True, exist_ok=True)
+        self.base = storage.seq_uri(workdir, f"seq-{seq['seed']}-{os.getpid()}-{time.monotonic_ns() % 10**9}")
+        self.uri = f"{self.base}/table"
+        self.dataset = f"{self.base}/dataset"
+        self.io, self.base_path = resolve(self.base)
+        _, self.root_path = resolve(self.uri)
+        self.batches: dict[str, list[dict[str, Any]]] = {}
+        self.states: list[_State] = [_State({}, [])]
+        self.instants: list[str] = [""]
+        self.step_no = 0
+        self.last_outside: dict[str, str] = {}
+        #: heartbeats a kill after the commit point left, which the next writer's repair removes
+        self.crash_beats: set[str] = set()
+        self.killed_now = self.repaired_now = False
+        self.env = dict(os.environ)
+        pp = self.env.get("PYTHONPATH", "")
+        here = str(Path(__file__).resolve().parents[2])
+        self.env["PYTHONPATH"] = here + (os.pathsep + pp if pp else "")
+        self.env.pop("BUCKETINDEX_FAULT", None)
+        self.env.pop("BUCKETINDEX_PAUSE", None)
+
+    # -- setup ---------------------------------------------------------------------------
+    def setup(self) -> None:
+        s = self.settings
+        if self.storage.kind == "local":
+            Path(self.base_path).mkdir(parents=True, exist_ok=True)
+        # a sibling whose name extends the table's: a prefix delete or listing would touch it
+        self.io.write_bytes(f"{self.base_path}/table_sibling/keep.txt", b"not the table's")
+        self.io.write_bytes(f"{self.base_path}/README", b"outside the table root")
+        first = self.seq["steps"][0] if self.seq["steps"] else {}
+        if first.get("op") == "bootstrap":
+            self._write_dataset(first)
+        elif s["checkpoint_interval"] != 10:  # else the first upsert creates the table, as users do
+            from spark_jobs.table import Table
+            from spark_jobs.table.config import TableConfig
+
+            Table.open(self.uri).create(TableConfig(
+                record_key_fields=["id"], partition_fields=["region"] if s["partitioned"] else [],
+                precombine_field="ts", index_type=s["index"], num_buckets=s["num_buckets"],
+                table_type=s["table_type"], target_file_rows=s["target_file_rows"],
+                checkpoint_interval=s["checkpoint_interval"]))
+        self.last_outside = self._outside_digest()
+
+    def _write_dataset(self, step: dict[str, Any]) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        by_dir: dict[str, list[dict[str, Any]]] = {}
+        for r in step["rows"]:
+            d = f"region={quote(r['region'], safe='')}" if self.settings["partitioned"] else ""
+            by_dir.setdefault(d, []).append(r)
+        schema = pa.schema([("id", pa.string()), ("ts", pa.int64()), ("amount", pa.decimal128(12, 2)),
+                            ("at", pa.timestamp("us", tz="UTC"))])
+        for i, (d, rows) in enumerate(sorted(by_dir.items())):
+            typed = [_typed({c: r[c] for c in ("id", "ts", "amount", "at")}) for r in rows]
+            path = f"{self.dataset}/{d}/part-{i}.parquet" if d else f"{self.dataset}/part-{i}.parquet"
+            from spark_jobs.io.filesystem import resolve
+
+            fio, p = resolve(path)
+            with fio.open_output_stream(p) as out:
+                pq.write_table(pa.Table.from_pylist(typed, schema=schema), out)
+
+    # -- sources -------------------------------------------------------------------------
+    def _table_columns(self) -> list[str] | None:
+        from spark_jobs.table import Table
+
+        t = Table.open(self.uri)
+        if t.config is None:
+            return None
+        schema = t.view().schema
+        return None if schema is None else [n for n in schema.names if not n.startswith("_bi_")]
+
+    def _source(self, step: dict[str, Any], name: str | None = None) -> str:
+        """The batch's Parquet file, in the table's column order (``note`` only once the table has it)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        cols = self._table_columns()
+        if cols is None:
+            cols = ["id"] + (["region"] if self.settings["partitioned"] else []) + ["ts", "amount", "at"]
+        types = {"id": pa.string(), "region": pa.string(), "ts": pa.int64(), "amount": pa.decimal128(12, 2),
+                 "at": pa.timestamp("us", tz=step["zone"]), "note": pa.string(), "is_deleted": pa.bool_()}
+        cols = cols + ["is_deleted"]
+        sent = [{c: r.get(c) for c in cols} for r in step["rows"]]
+        typed = [_typed(r) for r in sent]
+        schema = pa.schema([(c, types[c]) for c in cols])
+        path = self.sources / f"{name or step['batch_id']}-{self.step_no}.parquet"
+        pq.write_table(pa.Table.from_pylist(typed, schema=schema), path)
+        self.batches.setdefault(step["batch_id"], typed)
+        return str(path)
+
+    def _creating(self) -> bool:
+        from spark_jobs.table import Table
+
+        return Table.open(self.uri).config is None
+
+    def _upsert_args(self, step: dict[str, Any], src: str) -> list[str]:
+        s = self.settings
+        args = ["upsert", self.uri, src, "--record-key", "id", "--precombine-field", "ts", "--delete-field",
+                "is_deleted", "--batch-id", step["batch_id"], "--index", s["index"], "--table-type", s["table_type"]]
+        if s["partitioned"]:
+            args += ["--partition-field", "region"]
+        if self._creating():  # fixed at creation; later the count in force may differ (rehash)
+            args += ["--num-buckets", str(s["num_buckets"]), "--target-file-rows", str(s["target_file_rows"])]
+        return args
+
+    # -- executing -----------------------------------------------------------------------
+    def cli(self, args: list[str]) -> tuple[int, str]:
+        """The in-process CLI (reuses an active Spark session); returns (status, stderr)."""
+        from spark_jobs.cli import main
+
+        err = _io.StringIO()
+        with _quiet(), contextlib.redirect_stderr(err):
+            try:
+                rc = main(args)
+            except SystemExit as e:  # argparse
+                rc = int(e.code or 0)
+        return rc, err.getvalue()
+
+    def must(self, args: list[str]) -> None:
+        rc, err = self.cli(args)
+        if rc != 0:
+            raise Divergence(self.step_no, f"{args[0]} failed", f"exit {rc}: {err.strip()[-1500:]}")
+
+    def popen(self, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+        return subprocess.Popen(CLI + args, env={**self.env, **(env or {})}, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=self.workdir)
+
+    def wait(self, p: subprocess.Popen) -> tuple[int, str]:
+        try:
+            _, err = p.communicate(timeout=PROCESS_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+            raise Divergence(self.step_no, "process hung", " ".join(p.args[3:6]))
+        return p.returncode, err
+
+    def run_step(self, step: dict[str, Any]) -> None:
+        op = step["op"]
+        self.pre_seq = len(self.states) - 1
+        kills = self.counts.kills
+        self.killed_now = False
+        # steps that run a writer's repair (format.md §4 step 3) or a rollback's
+        self.repaired_now = op in ("rollback", "retry") or (op == "upsert" and step["via"] in ("api", "cli", "spark"))
+        name = op if op != "upsert" else f"upsert_{step['via']}"
+        self.counts.actions[name] += 1
+        self.counts.steps += 1
+        getattr(self, f"do_{op}")(step)
+        self.killed_now = self.counts.kills > kills
+
+    def do_upsert(self, step: dict[str, Any]) -> None:
+        via = step["via"]
+        src = self._source(step)
+        if via == "api":
+            from spark_jobs.arrow_engine.upsert import run_upsert
+            from spark_jobs.table.action.upsert import UpsertOptions
+
+            s = self.settings
+            creating = self._creating()
+            with _quiet():
+                run_upsert(UpsertOptions(table=self.uri, source=src, record_key=["id"], precombine_field="ts",
+                                         partition_field="region" if s["partitioned"] else None,
+                                         index=s["index"], table_type=s["table_type"], delete_field="is_deleted",
+                                         batch_id=step["batch_id"],
+                                         num_buckets=s["num_buckets"] if creating else None,
+                                         target_file_rows=s["target_file_rows"] if creating else None))
+        elif via == "cli":
+            self.must(self._upsert_args(step, src) + ["--engine", "arrow"])
+        elif via == "spark":
+            self.must(self._upsert_args(step, src) + ["--engine", "spark", "--master", self.spark_master])
+        elif via == "kill":
+            self._killed_upsert(step, src)
+        elif via == "forced":
+            self._forced_rollback(step, src)
+        else:  # pragma: no cover - generator and steps agree
+            raise ValueError(f"unknown upsert via {via!r}")
+
+    def _committed(self, batch_id: str) -> bool:
+        from spark_jobs.table import Table
+
+        return Table.load(self.uri).commit_for_batch(batch_id) is not None
+
+    def _killed_upsert(self, step: dict[str, Any], src: str) -> None:
+        point = step["kill"]
+        was = self._committed(step["batch_id"])
+        rc, err = self.wait(self.popen(self._upsert_args(step, src) + ["--engine", "arrow"],
+                                       {"BUCKETINDEX_FAULT": point}))
+        killed = rc == -signal.SIGKILL
+        self.counts.kills += killed
+        now = self._committed(step["batch_id"])
+        if not killed and rc != 0:
+            raise Divergence(self.step_no, "upsert failed", f"exit {rc}: {err.strip()[-1500:]}")
+        if killed and point in PRE_COMMIT and now and not was:
+            raise Divergence(self.step_no, "kill before the commit point", f"{point}: the batch is visible")
+        if (killed and point in POST_COMMIT or not killed) and not now:
+            raise Divergence(self.step_no, "write lost", f"{point} (killed={killed}): the batch is not visible")
+
+    def _forced_rollback(self, step: dict[str, Any], src: str) -> None:
+        from spark_jobs.table import Table
+
+        point = step["point"]
+        signals = self.workdir / f"signals-{self.step_no}"
+        p = self.popen(self._upsert_args(step, src) + ["--engine", "arrow"],
+                       {"BUCKETINDEX_PAUSE": f"{point}=4", "BUCKETINDEX_PAUSE_SIGNAL": str(signals)})
+        deadline = time.monotonic() + PROCESS_TIMEOUT_S
+        while not (signals / point).exists():
+            if p.poll() is not None:
+                rc, err = self.wait(p)
+                if rc == 0 and self._committed(step["batch_id"]):
+                    return  # a batch already applied (a repeated id) never reaches the point: a no-op
+                raise Divergence(self.step_no, "writer ended early", f"exit {rc}: {err.strip()[-1500:]}")
+            if time.monotonic() > deadline:
+                os.killpg(p.pid, signal.SIGKILL)
+                raise Divergence(self.step_no, "writer never paused", point)
+            time.sleep(0.05)
+        pending = Table.load(self.uri).pending_for_batch(step["batch_id"])
+        if pending is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            raise Divergence(self.step_no, "no pending instant", f"batch {step['batch_id']} at {point}")
+        self.must(["rollback", self.uri, pending.timestamp, "--force"])
+        rc, err = self.wait(p)
+        if rc != 3 or self._committed(step["batch_id"]):
+            raise Divergence(self.step_no, "forced rollback", f"writer at {point} exited {rc} "
+                             f"(committed={self._committed(step['batch_id'])}): {err.strip()[-800:]}")
+
+    def do_retry(self, step: dict[str, Any]) -> None:
+        bid = f"b{step['of']:03d}"
+        if bid not in self.batches or not self._committed(bid):
+            return  # never sent (shrunk away) or never committed: nothing to repeat
+        from spark_jobs.table import Table
+
+        before = Table.load(self.uri).timeline.reload().last_seq
+        rows = [{k: (v.isoformat() if isinstance(v, dt.datetime) else str(v) if isinstance(v, decimal.Decimal)
+                     else v) for k, v in r.items()} for r in self.batches[bid]]
+        self.must(self._upsert_args({"batch_id": bid}, self._source({"batch_id": bid, "zone": "UTC",
+                                                                      "rows": rows}, f"retry-{bid}"))
+                  + ["--engine", "arrow"])
+        after = Table.load(self.uri).timeline.reload()
+        new = [after.entry(n) for n in range(before + 1, after.last_seq + 1)]
+        if any(e["action"] == "commit" for e in new):
+            raise Divergence(self.step_no, "idempotence", f"batch {bid} again made a commit")
+
+    def do_overlap(self, step: dict[str, Any]) -> None:
+        self.counts.overlaps += 1
+        procs = []
+        for i, w in enumerate(step["writers"]):
+            src = self._source(w, f"{w['batch_id']}-w{i}")
+            env = {"BUCKETINDEX_PAUSE": f"after_conflict_check={step['pause']}"}
+            procs.append((w, self.popen(self._upsert_args(w, src) + ["--engine", "arrow", "--max-retries",
+                                                                     str(w["max_retries"])], env)))
+        service = None
+        if step["service"] == "compact":
+            kinds = _compactable(self.settings)
+            only = ["--only", kinds[0]] if len(kinds) == 1 else []
+            service = self.popen(["compact", self.uri, "--engine", "arrow", "--min-logs", "1", "--min-deltas", "1",
+                                  *only])
+        elif step["service"] == "clean":
+            service = self.popen(["clean", self.uri, "--retain-commits", "1"])
+        status: dict[str, list[int]] = {}
+        for w, p in procs:
+            rc, err = self.wait(p)
+            if rc not in (0, 3):
+                raise Divergence(self.step_no, "overlapping writer failed", f"exit {rc}: {err.strip()[-1500:]}")
+            if rc == 3 and "conflict" not in err:
+                raise Divergence(self.step_no, "exit 3 without a conflict", err.strip()[-800:])
+            status.setdefault(w["batch_id"], []).append(rc)
+        if service is not None:
+            rc, err = self.wait(service)
+            if rc != 0:
+                raise Divergence(self.step_no, f"{step['service']} beside writers failed",
+                                 f"exit {rc}: {err.strip()[-1500:]}")
+        for bid, rcs in status.items():
+            if (0 in rcs) != self._committed(bid):
+                raise Divergence(self.step_no, "exit status vs timeline", f"batch {bid}: exits {rcs}, "
+                                 f"committed={self._committed(bid)}")
+
+    def _service_args(self, step: dict[str, Any]) -> list[str]:
+        from spark_jobs.table import Table
+
+        op = step["op"]
+        if op == "clean":
+            return ["clean", self.uri, "--retain-commits", str(step["retain"])]
+        if op == "alter":
+            return ["alter", self.uri, "--add-column", "note:string"]
+        if op == "rollback":
+            return ["rollback", self.uri]
+        args = ["compact", self.uri, "--engine", "arrow"]
+        phase = step["phase"]
+        if phase == "execute":
+            plans = Table.load(self.uri).timeline.reload().pending(["compaction"])
+            if plans:
+                return args + ["--execute", plans[0].timestamp]
+            phase = "run"
+        if phase == "schedule":
+            args.append("--schedule-only")
+        args += ["--min-logs", str(step["min"]), "--min-deltas", str(step["min"])]
+        if step.get("only"):
+            args += ["--only", step["only"]]
+        return args
+
+    def _service(self, step: dict[str, Any]) -> None:
+        from spark_jobs.table import Table
+
+        if step["op"] == "alter" and self._table_columns() is None:
+            return  # nothing committed yet: no schema to alter (refused as bad input)
+        args = self._service_args(step)
+        if not step.get("kill"):
+            self.must(args)
+            return
+        if step["op"] == "rollback" and not Table.load(self.uri).timeline.reload().pending():
+            self.must(args)
+            return
+        rc, err = self.wait(self.popen(args, {"BUCKETINDEX_FAULT": step["kill"]}))
+        killed = rc == -signal.SIGKILL
+        self.counts.kills += killed
+        if not killed and rc != 0:
+            raise Divergence(self.step_no, f"{args[0]} failed", f"exit {rc}: {err.strip()[-1500:]}")
+
+    do_compact = do_clean = do_alter = do_rollback = _service
+
+    def do_rehash(self, step: dict[str, Any]) -> None:
+        from spark_jobs.table import Table
+
+        t = Table.load(self.uri)
+        n = t.num_buckets()
+        m = n // 2 if step["direction"] == "down" and n % 2 == 0 else min(n * 2, 16)
+        if m == n:
+            return
+        self.must(["rehash", self.uri, "--num-buckets", str(m), "--master", self.spark_master])
+
+    def do_bootstrap(self, step: dict[str, Any]) -> None:
+        s = self.settings
+        args = ["bootstrap", self.uri, self.dataset, "--record-key", "id", "--precombine-field", "ts",
+                "--index", s["index"], "--mode", step["mode"], "--num-buckets", str(s["num_buckets"]),
+                "--table-type", s["table_type"], "--master", self.spark_master]
+        if s["partitioned"]:
+            args += ["--partition-field", "region"]
+        self.must(args)
+        from spark_jobs.table import Table
+
+        cols = [c for c in Table.load(self.uri).view().schema.names if not c.startswith("_bi_")]
+        self.batches["<bootstrap>"] = [dict(_typed({c: r.get(c) for c in cols}), is_deleted=False)
+                                       for r in step["rows"]]
+
+    # -- the oracle ----------------------------------------------------------------------
+    def advance_oracle(self) -> Any:
+        """Replay the timeline's new entries onto the oracle, in commit order."""
+        from spark_jobs.table import Table
+
+        t = Table.load(self.uri)
+        tl = t.timeline.reload()
+        per_partition = self.settings["index"] == "bucket"
+        for n in range(len(self.states), tl.last_seq + 1):
+            e = tl.entry(n)
+            prev = self.states[-1]
+            meta = e.get("metadata") or {}
+            action = e["action"]
+            state = prev
+            if action in ("commit", "bootstrap"):
+                if meta.get("schema"):  # a commit that sets the schema: added columns read as null
+                    from spark_jobs.table.view import decode_schema
+
+                    cols = [c for c in decode_schema(meta["schema"]).names if not c.startswith("_bi_")]
+                    added = [c for c in cols if c not in prev.columns]
+                    state = _State({k: {c: r.get(c) for c in cols} for k, r in prev.rows.items()}, cols)
+                    if prev.columns and added != ["note"] and added:
+                        raise Divergence(self.step_no, "schema", f"entry {n} added {added}")
+                if meta.get("operation") != "alter_schema":
+                    bid = "<bootstrap>" if action == "bootstrap" else meta.get("batch_id")
+                    if bid not in self.batches:
+                        raise Divergence(self.step_no, "unknown commit", f"entry {n} ({action}) names batch {bid!r}")
+                    if bid in self.applied:
+                        raise Divergence(self.step_no, "batch applied twice", f"batch {bid} again at entry {n}")
+                    self.applied.add(bid)
+                    state = _reduce(state, self.batches[bid], state.columns,
+                                    per_partition=per_partition, partitioned=self.settings["partitioned"])
+            self.states.append(state)
+            self.instants.append(e["instant"])
+        return t
+
+    applied: set[str]
+
+    # -- checks --------------------------------------------------------------------------
+    def check(self) -> None:
+        from spark_jobs.arrow_engine import shadow_compare as shadow
+        from spark_jobs.arrow_engine.validate import run_validate
+        from spark_jobs.exceptions import BadInputError
+        from spark_jobs.table.reader import read_arrow
+        from spark_jobs.table.shadow import ShadowOptions
+
+        t = self.advance_oracle()
+        tl = t.timeline
+        last = tl.last_seq
+        latest = read_arrow(self.uri)
+        try:
+            self._compare(latest, self.states[last], "latest snapshot")
+        except Divergence as d:
+            if self.seq["steps"][self.step_no]["op"] == "overlap" and self._serializable_otherwise(latest, last):
+                raise Divergence(d.step, d.check, d.detail, known="stale-snapshot no-op") from None
+            raise
+        if last:
+            report = run_validate(self.uri)
+            if not report["ok"]:
+                raise Divergence(self.step_no, "validate", json.dumps(report["problems"], default=str)[:1500])
+            with _quiet():
+                sc = shadow.run_shadow_compare(self.uri, ShadowOptions())
+            if not sc["ok"]:
+                raise Divergence(self.step_no, "shadow-compare",
+                                 json.dumps({k: sc.get(k) for k in ("missing", "extra", "wrong_location",
+                                                                     "duplicated", "samples")}, default=str)[:1500])
+        kept = t.retained_from()
+        first = max(1, kept["earliest_retained_seq"]) if kept else 1
+        for n in range(first, last + 1):
+            inst = self.instants[n]
+            expect = max(k for k in range(1, last + 1) if self.instants[k] <= inst)
+            self._compare(read_arrow(self.uri, inst), self.states[expect], f"as of {inst} (entry {n})")
+        if first > 1:
+            older = self.instants[first - 1]
+            if max(k for k in range(1, last + 1) if self.instants[k] <= older) < first:
+                try:
+                    read_arrow(self.uri, older)
+                except BadInputError:
+                    pass
+                else:
+                    raise Divergence(self.step_no, "time travel past retention",
+                                     f"as of {older} (entry {first - 1}) read, though clean kept from entry {first}")
+        if self.killed_now:
+            self.crash_beats |= set(t.io.list_names(t.layout.heartbeats))
+        elif self.repaired_now:
+            self.crash_beats = set()
+        self._audit(t, first)
+        now = self._outside_digest()
+        if now != self.last_outside:
+            changed = sorted(set(now.items()) ^ set(self.last_outside.items()))
+            raise Divergence(self.step_no, "outside the table root", f"changed: {changed[:5]}")
+
+    def _serializable_otherwise(self, latest: Any, last: int) -> bool:
+        """Whether the table equals the racing batches applied in another order than the
+        timeline's (the known bug of :data:`KNOWN`)."""
+        import itertools
+
+        tl_entries = [(n, self.states[n]) for n in range(self.pre_seq + 1, last + 1)]
+        from spark_jobs.table import Table
+
+        tl = Table.load(self.uri).timeline
+        bids = [tl.entry(n)["metadata"].get("batch_id") for n, _ in tl_entries
+                if tl.entry(n)["action"] == "commit" and tl.entry(n)["metadata"].get("operation") != "alter_schema"]
+        base = self.states[self.pre_seq]
+        cols = self.states[last].columns
+        for order in itertools.permutations(bids):
+            st = _State(base.rows, cols)
+            for bid in order:
+                st = _reduce(st, self.batches[bid], cols, per_partition=self.settings["index"] == "bucket",
+                             partitioned=self.settings["partitioned"])
+            try:
+                self._compare(latest, st, "reordered")
+                return True
+            except Divergence:
+                continue
+        return False
+
+    def _compare(self, table: Any, expected: _State, what: str) -> None:
+        actual: dict[Any, dict[str, Any]] = {}
+        per_partition = self.settings["index"] == "bucket" and self.settings["partitioned"]
+        for r in table.to_pylist():
+            k = (r.get("region"), r["id"]) if per_partition else r["id"]
+            if k in actual:
+                raise Divergence(self.step_no, f"{what}: duplicate", f"record {_short(k)} appears twice")
+            actual[k] = r
+        if actual == expected.rows:
+            return
+        missing = [k for k in expected.rows if k not in actual]
+        extra = [k for k in actual if k not in expected.rows]
+        wrong = [(k, actual[k], expected.rows[k]) for k in expected.rows
+                 if k in actual and actual[k] != expected.rows[k]]
+        raise Divergence(self.step_no, f"{what} != oracle",
+                         f"missing {_short(missing[:3])} extra {_short(extra[:3])} "
+                         f"differ {_short(wrong[:2])} ({len(missing)}/{len(extra)}/{len(wrong)})")
+
+    def _audit(self, t: Any, first: int) -> None:
+        """Every file under the root is metadata, read by a retained snapshot, or named by a
+        pending plan or a marker (format.md §1, §3.6, §4)."""
+        import pyarrow.fs as pafs
+
+        from spark_jobs.table.view import FileSystemView
+
+        tl = t.timeline
+        explained: set[str] = set()
+        for n in range(first if tl.last_seq else 0, tl.last_seq + 1):
+            v = FileSystemView.at_seq(tl, n)
+            explained |= v.all_files()
+            for files in v.index_files.values():
+                explained.update(files)
+        pending = tl.pending()
+        for inst in pending:
+            if inst.action not in ("compaction", "clean", "rollback"):
+                continue
+            plan = tl.read_plan(inst)
+            for g in plan.get("file_groups", []) or []:
+                if isinstance(g, dict):
+                    explained.update([g.get("base")] + list(g.get("logs") or []))
+            for b in plan.get("index_buckets", []) or []:
+                explained.update(b.get("files") or [])
+            explained.update(plan.get("files") or [])  # a clean's doomed files, a rollback's target files
+        marker_root = t.layout.markers
+        marked_instants = [n for n in t.io.list_names(marker_root) if not n.startswith(".")]
+        for ts in marked_instants:
+            explained.update(t.marked_files(ts))
+        pending_ts = {i.timestamp for i in pending}
+        meta_dir = ".bucketindex/"
+        root = self.root_path.rstrip("/")
+        infos = t.io.fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
+        bad = []
+        for info in infos:
+            if info.type != pafs.FileType.File:
+                continue
+            rel = info.path[len(root) + 1:]
+            name = rel.rsplit("/", 1)[-1]
+            if rel.startswith(meta_dir):
+                sub = rel[len(meta_dir):].split("/", 1)[0]
+                if sub in ("timeline", "sequence", "checkpoints", "archive", "conflicts", "markers") \
+                        or rel == ".bucketindex/table.json":
+                    continue
+                if sub == "heartbeats":
+                    # a writer killed after its commit point leaves its beat (and markers) for
+                    # the next writer's repair (format.md §4.3): allowed until a writer ran
+                    if name in pending_ts or name in marked_instants or name in self.crash_beats:
+                        continue
+                    bad.append(rel + " (heartbeat of a finished instant)")
+                    continue
+                if sub == "index" and rel in explained:
+                    continue
+                bad.append(rel)
+                continue
+            if rel in explained:
+                continue
+            bad.append(rel)
+        if bad:
+            raise Divergence(self.step_no, "unexplained files", f"{len(bad)}: {_short(sorted(bad)[:4])}")
+
+    def _outside_digest(self) -> dict[str, str]:
+        import pyarrow.fs as pafs
+
+        root = self.root_path.rstrip("/") + "/"
+        out = {}
+        base = self.base_path.rstrip("/")
+        for info in self.io.fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True)):
+            if info.type != pafs.FileType.File or (info.path + "/").startswith(root):
+                continue
+            out[info.path[len(base) + 1:]] = hashlib.sha256(self.io.read_bytes(info.path)).hexdigest()
+        return out
+
+
+def _short(x: Any) -> str:
+    text = repr(x)
+    return text if len(text) < 600 else text[:600] + "..."
+
+
+def run_sequence(seq: dict[str, Any], workdir: Path, *, storage: Storage | None = None,
+                 counts: Counts | None = None, spark_master: str = "local[2]",
+                 log: Callable[[str], None] | None = None) -> None:
+    """Run ``seq`` on a fresh table under ``workdir``; raises :class:`Divergence` at the first failed check."""
+    counts = counts if counts is not None else Counts()
+    r = _Runner(seq, workdir, storage or Storage(), counts, spark_master, log)
+    r.applied = set()
+    counts.sequences += 1
+    r.setup()
+    for i, step in enumerate(seq["steps"]):
+        r.step_no = i
+        t0 = time.perf_counter()
+        try:
+            r.run_step(step)
+        except Divergence:
+            raise
+        except Exception as e:
+            raise Divergence(i, f"{step['op']} raised", f"{type(e).__name__}: {' '.join(str(e).split())[:1500]}") from e
+        try:
+            r.check()
+        except Divergence:
+            raise
+        except Exception as e:
+            raise Divergence(i, "check raised", f"{type(e).__name__}: {' '.join(str(e).split())[:1500]}") from e
+        if log:
+            log(f"    step {i} {step['op']}/{step.get('via', step.get('phase', ''))}: "
+                f"{time.perf_counter() - t0:.1f} s with checks")
+    shutil.rmtree(workdir, ignore_errors=True)
+    if r.storage.kind == "s3":  # the server keeps objects in memory: a long run must not pile them up
+        with contextlib.suppress(OSError):
+            r.io.delete_dir(r.base_path)
+
+
+def diverges(seq: dict[str, Any], workdir: Path, **kw: Any) -> Divergence | None:
+    """The divergence of ``seq`` run afresh, or None."""
+    if workdir.exists():
+        shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    try:
+        run_sequence(seq, workdir, **kw)
+    except Divergence as d:
+        return d
+    return None
+
+
+def shrink(seq: dict[str, Any], first: Divergence, workdir: Path, *, budget_s: float = 600,
+           log: Callable[[str], None] | None = None, **kw: Any) -> tuple[dict[str, Any], Divergence]:
+    """Greedily drop steps, then rows of batches, while the sequence still fails the same check.
+
+    Kills and racing writers make some failures timing-dependent: what cannot be reproduced
+    stays in, and the search stops after ``budget_s``."""
+    deadline = time.monotonic() + budget_s
+    best, why = copy.deepcopy(seq), first
+
+    def same(candidate: dict[str, Any]) -> Divergence | None:
+        d = diverges(candidate, workdir, counts=Counts(), **kw)
+        return d if d is not None and d.check.split(" (")[0] == why.check.split(" (")[0] else None
+
+    i = len(best["steps"]) - 1
+    while i >= 0 and time.monotonic() < deadline:
+        if i == 0 and best["steps"][0]["op"] == "bootstrap":
+            i -= 1
+            continue
+        cand = copy.deepcopy(best)
+        del cand["steps"][i]
+        if cand["steps"]:
+            d = same(cand)
+            if d is not None:
+                best, why = cand, d
+                if log:
+                    log(f"  shrunk to {len(best['steps'])} steps")
+        i -= 1
+    for si in range(len(best["steps"])):
+        step = best["steps"][si]
+        holders = [None] if "rows" in step else list(range(len(step.get("writers", []))))
+        for wi in holders:
+            def rows_of(s: dict[str, Any], si: int = si, wi: int | None = wi) -> list[dict[str, Any]]:
+                st = s["steps"][si]
+                return st["rows"] if wi is None else st["writers"][wi]["rows"]
+
+            j = len(rows_of(best)) - 1
+            while j >= 0 and len(rows_of(best)) > 1 and time.monotonic() < deadline:
+                cand = copy.deepcopy(best)
+                del rows_of(cand)[j]
+                d = same(cand)
+                if d is not None:
+                    best, why = cand, d
+                j -= 1
+    return best, why
+
+
+def replay_command(seq: dict[str, Any], *, storage: str = "local") -> str:
+    """The shell command that replays ``seq`` (JSON inline, quoted for a POSIX shell)."""
+    import shlex
+
+    return (f"python benchmarks/torture.py --replay {shlex.quote(json.dumps(seq, ensure_ascii=False))}"
+            + (f" --storage {storage}" if storage != "local" else ""))
+
+
+def iter_seeds(seed: int, n: int) -> Iterator[int]:
+    """The sequence seeds of a run: one per sequence, from the run's seed."""
+    rng = random.Random(seed)
+    for _ in range(n):
+        yield rng.randrange(2**31)
