@@ -168,8 +168,8 @@ class ArrowUpsertEngine:
         found = sum(s["found"] for s in stats.values())
         a.phases.done("tag", "routed by hash (bucket index: nothing to look up)" if cfg.index_type == INDEX_BUCKET
                       else f"{plural(found, 'key')} found in the table")
-        actions = self._route(table, cfg, view, a.num_buckets, tagged, stats, batch_id=a.batch_id,
-                              carried=a.batch.carried)
+        actions, decided = self._route(table, cfg, view, a.num_buckets, tagged, stats, batch_id=a.batch_id,
+                                       carried=a.batch.carried)
         names = a.batch.data_schema.names
         actions = actions.select([*names, OP, FOUND, TPART, TFID])
         ctx = tasks.MergeContext(
@@ -200,7 +200,7 @@ class ArrowUpsertEngine:
                       + (f", {plural(logs, 'log')}" if cfg.merge_on_read else ""))
         index_added: list[dict[str, Any]] = []
         if cfg.index_type == INDEX_RECORD:
-            entries = merged.filter(pc.invert(is_file)).select(["key", "part", "fid", "tomb"])
+            entries = merged.filter(pc.equal(merged.column("kind"), "index")).select(["key", "part", "fid", "tomb"])
             buckets = bucket_ids(entries.column("key").combine_chunks(), a.num_buckets)
             entries = entries.append_column("bucket", pa.array(buckets.astype(np.int32)))
 
@@ -213,6 +213,17 @@ class ArrowUpsertEngine:
             index_added = [{"bucket": r["bucket"], "path": r["path"], "entries": r["entries"], "size": r["size"],
                             "kind": "delta"} for w in written for r in w.to_pylist()]
             a.phases.done("index", plural(len(index_added), "index delta"))
+        # rows decided without writing (the action's rule: action.read_set): the merges' and the routing's
+        reads = pa.concat_tables([merged.filter(pc.equal(merged.column("kind"), action.READ))
+                                  .select(["key", "part", "fid"]), decided])
+        read_files: list[dict[str, Any]] = []
+        if action.needs_read_files(cfg.index_type) and reads.num_rows:
+            rb = bucket_ids(reads.column("key").combine_chunks(), a.num_buckets)
+            by_bucket = reads.select(["key"]).append_column("bucket", pa.array(rb.astype(np.int32)))
+            read_files = [r for w in _parallel(
+                lambda _, g: tasks.write_index_reads((pa.scalar(g[0][0], pa.int32()),), g[1], table_uri=table.uri,
+                                                     instant=a.instant, snapshot_seq=a.planned_seq),
+                _groups(by_bucket, ["bucket"])) for r in w.to_pylist()]
         counts = {k: sum(int(f[k] or 0) for f in files) for k in ("inserted", "updated", "deleted")}
         counts["moved"] = sum(s["moved"] for s in stats.values())
         return {
@@ -220,6 +231,8 @@ class ArrowUpsertEngine:
             "index": {"added": index_added, "removed": []},
             "counts": counts,
             "num_buckets": a.num_buckets,
+            **action.read_set(index_type=cfg.index_type, read_files=read_files,
+                              groups=zip(reads.column("part").to_pylist(), reads.column("fid").to_pylist())),
         }
 
     def _tag(self, table: Any, cfg: TableConfig, view: FileSystemView, num_buckets: int,
@@ -259,21 +272,28 @@ class ArrowUpsertEngine:
                 pc.take(where.column(OLD_FID), pos).combine_chunks())
 
     def _route(self, table: Any, cfg: TableConfig, view: FileSystemView, num_buckets: int, tagged: pa.Table,
-               stats: dict[str, dict[str, int]], *, batch_id: str, carried: list[str] | None = None) -> pa.Table:
-        """One row per action with its target file group (TPART, TFID), OP and FOUND. A key of a
+               stats: dict[str, dict[str, int]], *, batch_id: str, carried: list[str] | None = None
+               ) -> tuple[pa.Table, pa.Table]:
+        """One row per action with its target file group (TPART, TFID), OP and FOUND, and the rows
+        the routing decided without writing (``key``, ``part``, ``fid``: deletes of absent keys
+        with nulls, stale moves with the group holding the stored row). A key of a
         ``--partial-update`` batch (``carried``) moving partitions takes the stored values of the
         columns the batch lacks from its old file group (format.md §8)."""
         is_del = tagged.column(DEL)
-        if cfg.index_type == INDEX_BUCKET:
+        if cfg.index_type == INDEX_BUCKET:  # a group's merge decides (tasks' read rows)
             buckets = bucket_ids(tagged.column(KEY).combine_chunks(), num_buckets)
             return (tagged.append_column(TPART, tagged.column(PART))
                     .append_column(TFID, pc.utf8_lpad(pa.array(buckets).cast(pa.string()), 8, "0"))
                     .append_column(OP, pc.if_else(is_del, DELETE, UPSERT))
-                    .append_column(FOUND, pa.nulls(tagged.num_rows, pa.bool_())))
+                    .append_column(FOUND, pa.nulls(tagged.num_rows, pa.bool_()))), _decided(tagged.slice(0, 0))
         exists = pc.is_valid(tagged.column(OLD_FID))
+        decided = [_decided(tagged.filter(pc.and_(pc.invert(exists), is_del)))]  # deletes of absent keys
         moved = _moved(tagged)
         if cfg.precombine_field and any(s["moved"] for s in stats.values()):
+            before = tagged
             tagged, moved = _drop_stale_moves(table, cfg, view, tagged, moved)
+            stale = pc.invert(pc.is_in(before.column(KEY), value_set=tagged.column(KEY).combine_chunks()))
+            decided.append(_decided(before.filter(stale)))
             exists = pc.is_valid(tagged.column(OLD_FID))
             is_del = tagged.column(DEL)
         if carried is not None and pc.any(moved).as_py():
@@ -295,7 +315,7 @@ class ArrowUpsertEngine:
         entering = (entering.append_column(OP, pc.if_else(entering_moved, MOVE_IN, UPSERT))
                     .append_column(FOUND, pa.array(np.zeros(entering.num_rows, bool))))
         cols = in_place.column_names
-        return pa.concat_tables([in_place, move_out.select(cols), entering.select(cols)])
+        return pa.concat_tables([in_place, move_out.select(cols), entering.select(cols)]), pa.concat_tables(decided)
 
 
 # -- rules executed on Arrow ---------------------------------------------------------------
@@ -424,6 +444,14 @@ def _keep_legacy_dirs(frame: pa.Table, cfg: TableConfig, view: FileSystemView | 
     parts = frame.column(PART).to_pylist()
     i = frame.column_names.index(PART)
     return frame.set_column(i, PART, pa.array([aliases.get(p, p) for p in parts], pa.string()))
+
+
+def _decided(rows: pa.Table) -> pa.Table:
+    """Rows decided without writing as (key, part, fid): the group holding the stored row, or
+    nulls for a key the snapshot does not hold (``action.read_set``)."""
+    return pa.table({"key": rows.column(KEY).combine_chunks().cast(pa.string()),
+                     "part": rows.column(OLD_PART).combine_chunks().cast(pa.string()),
+                     "fid": rows.column(OLD_FID).combine_chunks().cast(pa.string())})
 
 
 def _moved(tagged: pa.Table) -> Any:

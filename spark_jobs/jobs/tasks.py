@@ -43,6 +43,7 @@ __all__ = [
     "lookup_bucket",
     "merge_file_group",
     "append_log",
+    "write_index_reads",
     "write_index_delta",
     "FILE_LIST_SCHEMA",
     "bind_batches",
@@ -254,9 +255,29 @@ def merge_file_group(key: tuple, incoming: pa.Table, *, ctx: MergeContext) -> pa
          "log": [False], "row_delta": [None]},
         schema=schema,
     )
+    decided = _read_rows(part, fid, in_keys, pc.or_(pc.invert(effective), pc.and_(op_is(DELETE), pc.invert(in_base))))
     if not ctx.emit_index:
-        return file_row
-    return pa.concat_tables([file_row, _index_rows(part, fid, in_keys, pc.and_(upserts, pc.invert(in_base)), deleted)])
+        return pa.concat_tables([file_row, decided])
+    return pa.concat_tables([file_row, _index_rows(part, fid, in_keys, pc.and_(upserts, pc.invert(in_base)), deleted),
+                             decided])
+
+
+def _read_rows(part: str, fid: str, in_keys: Any, mask: Any) -> pa.Table:
+    """``read`` rows: the keys of this group's batch rows decided without effect -- dropped as
+    stale against the stored row, or deletes of a key the group does not hold. Nothing is
+    written for them, so the commit records them for the conflict check
+    (``spark_jobs.table.action.upsert.read_set``, format.md §4.5)."""
+    keys = pc.filter(in_keys, pc.fill_null(mask, False))
+    keys = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
+    n = len(keys)
+    return pa.table(
+        {"kind": pa.array(["read"] * n, pa.string()), "part": pa.array([part] * n, pa.string()),
+         "fid": pa.array([fid] * n, pa.string()), "path": pa.nulls(n, pa.string()), "num_rows": pa.nulls(n, pa.int64()),
+         "size": pa.nulls(n, pa.int64()), "inserted": pa.nulls(n, pa.int64()), "updated": pa.nulls(n, pa.int64()),
+         "deleted": pa.nulls(n, pa.int64()), "key": keys.cast(pa.string()), "tomb": pa.nulls(n, pa.bool_()),
+         "log": pa.nulls(n, pa.bool_()), "row_delta": pa.nulls(n, pa.int64())},
+        schema=_merge_schema(),
+    )
 
 
 def _keep_stored(rows: pa.Table, stored: pa.Table, at: Any, update: Any, *, carried: list[str],
@@ -382,9 +403,10 @@ def append_log(key: tuple, incoming: pa.Table, *, ctx: MergeContext) -> pa.Table
          "row_delta": [row_delta]},
         schema=_merge_schema(),
     )
+    decided = _read_rows(part, fid, in_keys, pc.or_(pc.invert(effective), pc.and_(is_delete, pc.invert(in_base))))
     if not ctx.emit_index:
-        return file_row
-    return pa.concat_tables([file_row, _index_rows(part, fid, in_keys, new_in_group, deleted)])
+        return pa.concat_tables([file_row, decided])
+    return pa.concat_tables([file_row, _index_rows(part, fid, in_keys, new_in_group, deleted), decided])
 
 
 def _merge_schema() -> pa.Schema:
@@ -408,6 +430,27 @@ def write_index_delta(key: tuple, entries: pa.Table, *, table_uri: str, instant:
         size = write_index_file(t.io, path, idx, metadata={"instant": instant, "bucket": bucket})
         maybe_crash("after_index_file")
         return size
+
+    size = t.write_marked(instant, rel, write, snapshot_seq=snapshot_seq)
+    return pa.table(
+        {"bucket": pa.array([bucket], pa.int32()), "path": [rel], "entries": pa.array([len(idx)], pa.int64()),
+         "size": pa.array([size], pa.int64())}
+    )
+
+
+def write_index_reads(key: tuple, entries: pa.Table, *, table_uri: str, instant: str, snapshot_seq: int) -> pa.Table:
+    """Write one index bucket's ``read`` file for ``instant``: the fingerprints of the keys it
+    decided without writing (``read`` rows), for the conflict check only -- not index content,
+    so no snapshot's view lists it. Under a marker, as a delta, so a failed attempt's is rolled back."""
+    bucket = key[0].as_py()
+    t = _table(table_uri)
+    keys = sorted(set(entries.column("key").to_pylist()))
+    idx = IndexEntries.from_keys(keys, [None] * len(keys))
+    path = t.layout.index_file(bucket, "read", instant)
+    rel = t.layout.rel(path)
+
+    def write() -> int:
+        return write_index_file(t.io, path, idx, metadata={"instant": instant, "bucket": bucket, "kind": "read"})
 
     size = t.write_marked(instant, rel, write, snapshot_seq=snapshot_seq)
     return pa.table(

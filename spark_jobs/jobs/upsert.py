@@ -457,10 +457,12 @@ def _tag_stats(tagged: DataFrame) -> dict[str, dict[str, int]]:
 
 def _route(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystemView, num_buckets: int,
            tagged: DataFrame, stats: dict[str, dict[str, int]], *, batch_id: str,
-           carried: list[str] | None = None) -> tuple[DataFrame, int]:
-    """One row per action with its target file group (TPART, TFID) and OP, and how many file groups it targets.
-    A key of a ``--partial-update`` batch (``carried``) moving partitions takes the stored values of the
-    columns the batch lacks from its old file group (format.md §8)."""
+           carried: list[str] | None = None) -> tuple[DataFrame, int, DataFrame | None]:
+    """One row per action with its target file group (TPART, TFID) and OP, how many file groups it
+    targets, and the rows the routing decided without writing (``key``, ``part``, ``fid``: deletes
+    of absent keys with nulls, stale moves with the group holding the stored row; None for the
+    bucket index, whose merges decide). A key of a ``--partial-update`` batch (``carried``) moving
+    partitions takes the stored values of the columns the batch lacks from its old file group (format.md §8)."""
     if cfg.index_type == INDEX_BUCKET:
         routed = (
             tagged.withColumn(TPART, F.col(PART))
@@ -468,11 +470,14 @@ def _route(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystem
             .withColumn(OP, F.when(F.col(DEL), F.lit(tasks.DELETE)).otherwise(F.lit(tasks.UPSERT)))
             .withColumn(tasks.FOUND, F.lit(None).cast("boolean"))  # not looked up: the log writer reads keys
         )
-        return routed, len(view.file_groups) + num_buckets
+        return routed, len(view.file_groups) + num_buckets, None
     exists, is_del = _exists(), F.col(DEL)
+    decided = _decided(tagged.filter(~exists & is_del))  # deletes of absent keys
     tagged = tagged.withColumn("_bi_moved", _moved())
     if cfg.precombine_field and any(s["moved"] for s in stats.values()):
-        tagged = _drop_stale_moves(spark, table, cfg, view, tagged)
+        tagged, stale = _drop_stale_moves(spark, table, cfg, view, tagged)
+        if stale is not None:
+            decided = decided.unionByName(_decided(stale))
     if carried is not None and any(s["moved"] for s in stats.values()):
         tagged = _fetch_moved(spark, table, view, tagged, carried)
     in_place = (
@@ -495,15 +500,23 @@ def _route(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystem
     )
     cols = in_place.columns
     routed = in_place.unionByName(move_out.select(*cols)).unionByName(entering.select(*cols))
-    return routed, len(view.file_groups) + planned
+    return routed, len(view.file_groups) + planned, decided
+
+
+def _decided(rows: DataFrame) -> DataFrame:
+    """Rows decided without writing as (key, part, fid): the group holding the stored row, or
+    nulls for a key the snapshot does not hold (``action.read_set``)."""
+    return rows.select(F.col(KEY).alias("key"), F.col(OLD_PART).cast("string").alias("part"),
+                       F.col(OLD_FID).cast("string").alias("fid"))
 
 
 def _drop_stale_moves(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystemView,
-                      tagged: DataFrame) -> DataFrame:
-    """A key moving partitions is compared with its stored row first; read only the files holding movers."""
+                      tagged: DataFrame) -> tuple[DataFrame, DataFrame | None]:
+    """A key moving partitions is compared with its stored row first; read only the files holding
+    movers. Returns the rows kept and the stale movers dropped (None: no movers)."""
     holders = {(r[OLD_PART], r[OLD_FID]) for r in tagged.filter("_bi_moved").select(OLD_PART, OLD_FID).distinct().collect()}
     if not holders:
-        return tagged
+        return tagged, None
     slices = [view.file_groups[h] for h in holders if h in view.file_groups]
     pc = cfg.precombine_field
     stored = read_slices(spark, table, view, slices).select(F.col(KEY), F.col(pc).alias("_bi_stored"))
@@ -511,7 +524,8 @@ def _drop_stale_moves(spark: SparkSession, table: Table, cfg: TableConfig, view:
     stale = F.col("_bi_moved") & F.col("_bi_stored").isNotNull() & (
         F.col(pc).isNull() | (F.col("_bi_stored") > F.col(pc))
     )
-    return joined.filter(~F.coalesce(stale, F.lit(False))).drop("_bi_stored")
+    is_stale = F.coalesce(stale, F.lit(False))
+    return joined.filter(~is_stale).drop("_bi_stored"), joined.filter(is_stale).drop("_bi_stored")
 
 
 def _fetch_moved(spark: SparkSession, table: Table, view: FileSystemView, tagged: DataFrame,
@@ -576,8 +590,8 @@ def _write(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystem
         d = shadow["disagreements"]
         phases.done("shadow", f"{shadow_index}: {plural(shadow['keys_compared'], 'key')} compared, "
                     + ", ".join(f"{d[k]} {k}" for k in TEE_KINDS))
-    actions, groups = _route(spark, table, cfg, view, num_buckets, tagged, stats, batch_id=batch_id,
-                             carried=carried)
+    actions, groups, decided = _route(spark, table, cfg, view, num_buckets, tagged, stats, batch_id=batch_id,
+                                      carried=carried)
     names = data_schema.names
     actions = actions.select(*[F.col(c) for c in names], F.col(OP), F.col(tasks.FOUND), F.col(TPART), F.col(TFID))
     ctx = tasks.MergeContext(
@@ -622,6 +636,22 @@ def _write(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystem
         index_added = [{"bucket": r["bucket"], "path": r["path"], "entries": r["entries"], "size": r["size"],
                         "kind": "delta"} for r in written]
         phases.done("index", plural(len(index_added), "index delta"))
+    # rows decided without writing (the action's rule: action.read_set): the merges' and the routing's
+    reads = merged.filter(F.col("kind") == F.lit(action.READ)).select("key", "part", "fid")
+    if decided is not None:
+        reads = reads.unionByName(decided)
+    read_files: list[dict[str, Any]] = []
+    read_groups: list[tuple[str | None, str | None]] = []
+    if reads.isEmpty():  # the common case: one cheap job over the persisted frames, no shuffle
+        pass
+    elif action.needs_read_files(cfg.index_type):
+        with job_conf(spark, **{"spark.sql.shuffle.partitions": max(cores, min(num_buckets, 200))}):
+            read_files = [r.asDict() for r in reads.withColumn("bucket", bucket_expr(F.col("key"), num_buckets))
+                          .select("key", "bucket").groupBy("bucket").applyInArrow(
+                              tasks.bind(tasks.write_index_reads, table_uri=table.uri, instant=ts,
+                                         snapshot_seq=planned_seq), tasks.DELTA_OUTPUT).collect()]
+    else:  # the groups only (few): the bucket index's groups, global_simple's holders and absent deletes
+        read_groups = [(r["part"], r["fid"]) for r in reads.select("part", "fid").distinct().collect()]
     merged.unpersist()
     tagged.unpersist()
     counts = {k: sum(int(f[k] or 0) for f in files) for k in ("inserted", "updated", "deleted")}
@@ -632,4 +662,5 @@ def _write(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystem
         "counts": counts,
         "num_buckets": num_buckets,
         **({"shadow": shadow} if shadow is not None else {}),
+        **action.read_set(index_type=cfg.index_type, groups=read_groups, read_files=read_files),
     }

@@ -170,6 +170,50 @@ class IndexFileChange:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ReadSet:
+    """What a write decided on its snapshot without writing anything for it (``reads``): deletes
+    of keys absent from the snapshot and rows dropped as stale against their stored row.
+
+    Nothing of such a row is in the file groups or index deltas, yet a concurrent write of its
+    key changes what it should have done; the conflict check compares this with the write sets
+    of commits after the snapshot (format.md §4.5). Per index type: ``index`` -- record index
+    files (kind ``read``: the keys' fingerprints, one per index bucket, not index content);
+    ``groups`` -- the (partition, file id) groups those rows route to or were stored in;
+    ``absent_keys`` -- global_simple: some row deleted a key absent from the snapshot.
+    An absent ``reads`` (every older commit) is the empty set."""
+
+    index: tuple[IndexFileChange, ...] = ()
+    groups: frozenset[tuple[str, str]] = frozenset()
+    absent_keys: bool = False
+    extra: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> ReadSet:
+        vals, extra = _take(d, ("index", "groups", "absent_keys"))
+        out: dict[str, Any] = {}
+        if "index" in vals:
+            out["index"] = tuple(IndexFileChange.from_json(f) for f in vals["index"])
+        if "groups" in vals:
+            out["groups"] = frozenset((g["partition"], g["file_id"]) for g in vals["groups"])
+        if "absent_keys" in vals:
+            out["absent_keys"] = bool(vals["absent_keys"])
+        return cls(**out, extra=MappingProxyType(extra) if extra else _EMPTY)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.index:
+            out["index"] = [f.to_json() for f in self.index]
+        if self.groups:
+            out["groups"] = [{"partition": p, "file_id": f} for p, f in sorted(self.groups)]
+        if self.absent_keys:
+            out["absent_keys"] = True
+        return out | dict(self.extra)
+
+    def __bool__(self) -> bool:
+        return bool(self.index or self.groups or self.absent_keys)
+
+
+@dataclass(frozen=True, kw_only=True)
 class EngineInfo:
     """Which engine wrote a commit and why (``engine``)."""
 
@@ -211,17 +255,19 @@ class CommitMetadata:
     timings_ms: Mapping[str, Any] | None = None
     engine: EngineInfo | None = None
     shadow: Mapping[str, Any] | None = None
+    #: what the write decided without writing (:class:`ReadSet`); None: absent (nothing)
+    reads: ReadSet | None = None
     extra: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
 
     _KNOWN = ("action", "instant", "batch_id", "operation", "index_type", "num_buckets", "snapshot_seq",
-              "schema", "file_groups", "index", "counts", "conflicts", "timings_ms", "engine", "shadow")
+              "schema", "file_groups", "index", "counts", "conflicts", "timings_ms", "engine", "shadow", "reads")
 
     # -- the JSON round trip -----------------------------------------------------------
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> CommitMetadata:
         vals, extra = _take(d, cls._KNOWN)
         for k, typ in (("file_groups", list), ("conflicts", list), ("index", dict), ("engine", dict),
-                       ("counts", dict), ("timings_ms", dict), ("shadow", dict)):
+                       ("counts", dict), ("timings_ms", dict), ("shadow", dict), ("reads", dict)):
             if k in vals and not isinstance(vals[k], typ):  # not the documented shape: keep verbatim
                 extra[k] = vals.pop(k)
         if "file_groups" in vals:
@@ -233,6 +279,8 @@ class CommitMetadata:
                 extra["conflicts"] = vals.pop("conflicts")
         if "engine" in vals:
             vals["engine"] = EngineInfo.from_json(vals["engine"])
+        if "reads" in vals:
+            vals["reads"] = ReadSet.from_json(vals["reads"])
         for k in ("counts", "timings_ms", "shadow"):
             if k in vals:
                 vals[k] = MappingProxyType(dict(vals[k]))
@@ -264,7 +312,8 @@ class CommitMetadata:
              conflicts=[dict(c) for c in self.conflicts] if self.conflicts is not None else None,
              timings_ms=dict(self.timings_ms) if self.timings_ms is not None else None,
              engine=self.engine.to_json() if self.engine is not None else None,
-             shadow=dict(self.shadow) if self.shadow is not None else None)
+             shadow=dict(self.shadow) if self.shadow is not None else None,
+             reads=self.reads.to_json() if self.reads is not None else None)
         return out | dict(self.extra)
 
     # -- what readers ask ----------------------------------------------------------------
@@ -291,6 +340,11 @@ class CommitMetadata:
         """Index bucket -> the delta file this commit wrote there."""
         return {int(f.bucket): f.path for f in self.added if f.is_delta}
 
+    @property
+    def read_set(self) -> ReadSet:
+        """``reads``, empty when absent (every commit before the field existed)."""
+        return self.reads if self.reads is not None else ReadSet()
+
     def count(self, name: str) -> Any:
         return (self.counts or {}).get(name)
 
@@ -299,11 +353,14 @@ class CommitMetadata:
         return self.extra.get(key, default)
 
     def referenced_files(self) -> set[str]:
-        """Every data and index file the metadata names (new bases, logs, added index files)."""
+        """Every data and index file the metadata names (new bases, logs, added index files and
+        ``reads`` files: markers keep them, rollback deletes them, clean deletes them with the
+        file versions of the commits its range covers)."""
         out: set[str] = set()
         for g in self.groups:
             out |= g.files()
         out.update(f.path for f in self.added)
+        out.update(f.path for f in self.read_set.index)
         return out
 
 

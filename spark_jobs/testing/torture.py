@@ -105,12 +105,7 @@ class Divergence(Exception):
 
 
 #: product bugs the torture test found that are not fixed yet, each with its regression test
-KNOWN = {
-    "stale-snapshot no-op": "racing writers: the table equals the committed batches in another serial order "
-                            "than the commit order -- a delete of an absent key or a stale row decided on an "
-                            "old snapshot commits after the write that changed that key "
-                            "(tests/unit/test_torture_regressions.py)",
-}
+KNOWN: dict[str, str] = {}
 
 
 @dataclass
@@ -793,12 +788,7 @@ class _Runner:
         tl = t.timeline
         last = tl.last_seq
         latest = read_arrow(self.uri)
-        try:
-            self._compare(latest, self.states[last], "latest snapshot")
-        except Divergence as d:
-            if self.seq["steps"][self.step_no]["op"] == "overlap" and self._serializable_otherwise(latest, last):
-                raise Divergence(d.step, d.check, d.detail, known="stale-snapshot no-op") from None
-            raise
+        self._compare(latest, self.states[last], "latest snapshot")
         if last:
             report = run_validate(self.uri)
             if not report["ok"]:
@@ -835,31 +825,6 @@ class _Runner:
             changed = sorted(set(now.items()) ^ set(self.last_outside.items()))
             raise Divergence(self.step_no, "outside the table root", f"changed: {changed[:5]}")
 
-    def _serializable_otherwise(self, latest: Any, last: int) -> bool:
-        """Whether the table equals the racing batches applied in another order than the
-        timeline's (the known bug of :data:`KNOWN`)."""
-        import itertools
-
-        tl_entries = [(n, self.states[n]) for n in range(self.pre_seq + 1, last + 1)]
-        from spark_jobs.table import Table
-
-        tl = Table.load(self.uri).timeline
-        bids = [tl.entry(n)["metadata"].get("batch_id") for n, _ in tl_entries
-                if tl.entry(n)["action"] == "commit" and tl.entry(n)["metadata"].get("operation") != "alter_schema"]
-        base = self.states[self.pre_seq]
-        cols = self.states[last].columns
-        for order in itertools.permutations(bids):
-            st = _State(base.rows, cols)
-            for bid in order:
-                st = _reduce(st, self.batches[bid], cols, per_partition=self.settings["index"] == "bucket",
-                             partitioned=self.settings["partitioned"])
-            try:
-                self._compare(latest, st, "reordered")
-                return True
-            except Divergence:
-                continue
-        return False
-
     def _compare(self, table: Any, expected: _State, what: str) -> None:
         actual: dict[Any, dict[str, Any]] = {}
         per_partition = self.settings["index"] == "bucket" and self.settings["partitioned"]
@@ -883,6 +848,7 @@ class _Runner:
         pending plan or a marker (format.md §1, §3.6, §4)."""
         import pyarrow.fs as pafs
 
+        from spark_jobs.table.commit import parse as parse_commit
         from spark_jobs.table.view import FileSystemView
 
         tl = t.timeline
@@ -892,6 +858,8 @@ class _Runner:
             explained |= v.all_files()
             for files in v.index_files.values():
                 explained.update(files)
+            if n:  # a commit's ``read`` files stay until a clean's range covers it (format.md §4.5)
+                explained.update(f.path for f in parse_commit(tl.entry(n)["metadata"]).read_set.index)
         pending = tl.pending()
         for inst in pending:
             if inst.action not in ("compaction", "clean", "rollback"):

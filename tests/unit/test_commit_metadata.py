@@ -94,7 +94,8 @@ def test_every_metadata_the_product_writes_round_trips(tmp_path, index, table_ty
         assert commit.referenced_files() == (
             {fg["path"] for fg in meta.get("file_groups", []) if fg.get("path")}
             | {fg["log"]["path"] for fg in meta.get("file_groups", []) if fg.get("log")}
-            | {f["path"] for f in (meta.get("index") or {}).get("added", [])})
+            | {f["path"] for f in (meta.get("index") or {}).get("added", [])}
+            | {f["path"] for f in (meta.get("reads") or {}).get("index", [])})
     # the view replayed through the type is the table's view
     t = Table.load(uri)
     assert t.view().num_rows == read_arrow(uri).num_rows

@@ -17,11 +17,11 @@ snapshot and commits. Whatever B does, the table must equal the batches applied 
 order the timeline lists them: B may conflict and retry (re-tagging on A's snapshot) or
 fail with exit 3, not commit a decision A invalidated.
 
-Proposed fix (not in this change, it touches both engines' upsert and the conflict check):
-record in a commit the fingerprints of every key of its batch that it decided without
-writing (deletes of absent keys, stale rows), e.g. as a ``read`` index file beside its
-deltas, and make ``find_conflict`` treat a concurrent delta holding one of those keys (and,
-for the bucket index, a concurrent write to the key's file group) as a conflict.
+The fix: a commit records what it decided without writing (``reads``: record index ``read``
+files of those keys' fingerprints, the bucket index's file groups, global_simple's groups and
+absent-key flag; ``spark_jobs.table.action.upsert.read_set``), and ``find_conflict`` treats a
+concurrent write of it as a conflict (format.md §4.5). Per index type and on Spark:
+``tests/unit/test_conflict_reads.py``, ``tests/spark/test_conflict_reads_spark.py``.
 """
 
 from __future__ import annotations
@@ -71,8 +71,6 @@ CASES = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason="a no-op decision made on a stale snapshot is not in the conflict check "
-                                       "(see the module docstring); remove this mark with the fix")
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_no_op_decided_on_an_old_snapshot_does_not_commit_after_the_write_that_changed_it(tmp_path, case):
     base, a_rows, b_rows = CASES[case]

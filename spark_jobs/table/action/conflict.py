@@ -19,6 +19,15 @@ Write-set rules for two writes (``commit`` / ``bootstrap``), in order:
   the hole where two writers insert one new key into two file groups (a duplicate);
 * **new keys** (global_simple, which has no index to compare): both commits added keys.
   Conservative -- it cannot tell which keys -- but a retry re-tags and then succeeds;
+* **decided without writing** (the pending action's ``reads``, format.md §4.5): a delete of
+  a key absent from its snapshot, or a row dropped as stale against its stored row, writes
+  nothing, so the rules above never see it -- yet a concurrent insert of that key (or delete
+  of the stored row) makes the decision wrong in commit order. It conflicts when a commit
+  since wrote one of its keys (record: its ``read`` index file shares a fingerprint with a
+  delta of the same bucket), wrote one of its file groups (``read_groups``: the bucket
+  index's groups, the groups holding a global_simple stale row), or added keys while it
+  deleted absent ones (global_simple). Only the pending side's reads matter: a completed
+  commit's decision stays right whatever commits after it;
 * **schema**: both record a schema (created the table, or changed its schema: an ``alter``
   or an upsert with ``--schema-evolution``): the later one was validated against a schema
   the earlier one replaced, and would put it back (format.md "Schema evolution").
@@ -93,6 +102,11 @@ class WriteSet:
     #: the action records a schema: it created the table or changed its schema (format.md
     #: "Schema evolution"); a write that changes nothing of it records none
     changes_schema: bool = False
+    #: what it decided without writing (``reads``): index bucket -> its ``read`` file (record),
+    #: file groups (bucket, global_simple stale rows), deletes of absent keys (global_simple)
+    read_index: dict[int, str] = field(default_factory=dict)
+    read_groups: frozenset[tuple[str, str]] = frozenset()
+    reads_absent: bool = False
 
     @classmethod
     def of(cls, action: str, meta: "Mapping[str, Any] | CommitMetadata") -> "WriteSet":
@@ -107,6 +121,9 @@ class WriteSet:
             adds_keys=bool(commit.count("inserted") or commit.count("moved")),
             index_removed=frozenset(commit.removed_index_files),
             changes_schema=commit.schema is not None,
+            read_index={int(f.bucket): f.path for f in commit.read_set.index},
+            read_groups=commit.read_set.groups,
+            reads_absent=commit.read_set.absent_keys,
         )
 
 
@@ -142,6 +159,22 @@ def find_conflict(mine: WriteSet, entry: dict[str, Any], io: FileIO, layout: Tab
         return Conflict(inst, action, f"{shared} record key(s) written by both")
     if mine.index_type == theirs.index_type == "global_simple" and mine.adds_keys and theirs.adds_keys:
         return Conflict(inst, action, "both added keys (global_simple cannot tell which: re-tagging)")
+    read = mine.read_groups & theirs.file_groups
+    if read:
+        part, fid = min(read)
+        where = f"{part}/{fid}" if part else fid
+        return Conflict(inst, action, f"{len(read)} file group(s) this write decided rows on without writing were "
+                                      f"written since, e.g. {where}")
+    decided = 0
+    for bucket in sorted(mine.read_index.keys() & theirs.index_deltas.keys()):
+        own = _entries(io, layout.abs(mine.read_index[bucket]), cache)
+        decided += _common_keys(own, _entries(io, layout.abs(theirs.index_deltas[bucket]), None))
+    if decided:
+        return Conflict(inst, action, f"{decided} record key(s) this write decided without writing (a delete of an "
+                                      f"absent key, a stale row) were written since")
+    if mine.reads_absent and theirs.adds_keys:
+        return Conflict(inst, action, "this write deleted keys absent from its snapshot and the other added keys "
+                                      "(global_simple cannot tell which: re-deciding)")
     if mine.changes_schema and theirs.changes_schema:
         # the later one evolved (or altered) a schema the earlier one replaced: it would put the
         # old columns back; the retry validates its batch again on the new schema

@@ -27,6 +27,17 @@ higher: a stale move is dropped). ``bucket`` is *per partition*. Across batches 
 row is replaced only when the incoming precombine value is not lower; without a precombine
 field the newest batch wins. A delete of a key that does not exist is a no-op.
 
+**Decided without writing** (format.md §4.5). Two kinds of batch rows write nothing: a delete
+of a key the snapshot does not hold (dropped when routed; for the bucket index, by the merge
+of its group) and a row dropped as stale against its stored row (a stale move when routed,
+any other in its group's merge). Both are decisions on the snapshot that a concurrent write
+of the key overturns, so the commit records them (``reads``, :func:`read_set`) and the
+conflict check compares them with later commits. The engines report such rows as
+``(key, partition, file id)`` -- the group holding the stored row or the group the key routes
+to, ``(None, None)`` for a delete routed nowhere: the merge tasks (``spark_jobs.jobs.tasks``,
+shared) emit ``read`` rows for their groups; the routing of each engine adds absent deletes
+and stale moves.
+
 This module holds what both engines must agree on: the options, how they resolve against the
 table, the column rules, the file-group plan for entering rows, what a commit records, and
 the driver (:func:`run`) that owns the phases, idempotence by batch id, table creation, the
@@ -41,6 +52,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -83,6 +95,9 @@ __all__ = [
     "run",
     "SHADOW_INDEXES",
     "TEE_KINDS",
+    "READ",
+    "read_set",
+    "needs_read_files",
 ]
 
 log = logging.getLogger("bucketindex.upsert")
@@ -434,6 +449,39 @@ def file_group_entry(f: dict[str, Any]) -> dict[str, Any]:
         change = FileGroupChange(partition=f["part"], file_id=f["fid"], path=f["path"], num_rows=f["num_rows"],
                                  size=f["size"], removed=f["path"] is None)
     return change.to_json()
+
+
+#: a merge task's output row of a batch row decided without writing (``tasks._read_rows``)
+READ = "read"
+
+
+def read_set(*, index_type: str, groups: Iterable[tuple[str | None, str | None]],
+             read_files: list[dict[str, Any]]) -> dict[str, Any]:
+    """The commit's ``reads`` (``commit.ReadSet``) from the rows an attempt decided without
+    writing: ``groups`` -- each such row's (partition, file id), (None, None) for a delete of a
+    key absent from the snapshot routed to no group; ``read_files`` -- record index: the ``read``
+    files (``tasks.write_index_reads``) of their keys, one per index bucket. What is recorded is
+    the finest thing the index type can compare with a concurrent commit's write set: keys
+    (record), the file groups a key can only live in (bucket), the groups holding the stored
+    rows and whether absent keys were deleted (global_simple, which knows no keys of others).
+    Returns ``{}`` when nothing was decided (``reads`` absent)."""
+    if index_type == INDEX_RECORD:
+        files = [{"bucket": int(f["bucket"]), "path": f["path"], "entries": int(f["entries"]),
+                  "size": int(f["size"]), "kind": READ} for f in sorted(read_files, key=lambda f: int(f["bucket"]))]
+        return {"reads": {"index": files}} if files else {}
+    seen = set(groups)
+    held = sorted((p, f) for p, f in seen if p is not None and f is not None)
+    out: dict[str, Any] = {}
+    if held:
+        out["groups"] = [{"partition": p, "file_id": f} for p, f in held]
+    if index_type == INDEX_GLOBAL_SIMPLE and any(f is None for _, f in seen):
+        out["absent_keys"] = True
+    return {"reads": out} if out else {}
+
+
+def needs_read_files(index_type: str) -> bool:
+    """Whether an attempt writes ``read`` index files of its decided keys (the record index)."""
+    return index_type == INDEX_RECORD
 
 
 def run(engine: UpsertEngine, opts: UpsertOptions, *, choice: "EngineChoice | None" = None) -> dict[str, Any]:
