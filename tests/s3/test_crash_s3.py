@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from spark_jobs.cli import main as cli
 from spark_jobs.io.filesystem import resolve
+from spark_jobs.table.commit import parse as parse_commit
 from spark_jobs.table.reader import read_arrow
 from spark_jobs.table.table import Table
 from tests.oracle import reduce_batches, rows_by_identity
@@ -108,6 +109,9 @@ def test_killed_upsert_on_s3_leaves_the_old_snapshot_and_the_rerun_repairs_leavi
     completed = t.timeline.completed()
     retained = set().union(*(t.view(i.timestamp).all_files() for i in completed if i.action == "commit"))
     on_timeline = {i.timestamp for i in completed}
+    # a commit's read files (what it decided without writing, format.md §4.5) stay with it
+    retained |= {f.path for i in completed if i.action == "commit"
+                 for f in parse_commit(t.timeline.read_metadata(i)).read_set.index}
     stray = []
     for key in keys_under(s3, bucket, "orders/"):
         m = METADATA.match(key)
