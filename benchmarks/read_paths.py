@@ -13,6 +13,9 @@ merged (a copy-on-write table gets the same upsert, rewritten). Then it times, b
 * ``duckdb_filtered_agg``: ``select region, sum(amount) ... where month = M and qty > 500000
   group by region`` over the dataset (DuckDB pushes the filter and projection into the scanner);
 * ``polars_filtered_agg``: the same query through ``polars.scan_pyarrow_dataset``;
+* ``deltalake``: ``deltalake.DeltaTable(uri).to_pyarrow_table()`` over the Delta projection the
+  table is built with (``--mirror delta``); a merge-on-read table's Delta version is its
+  read-optimized view (bases only, docs/format.md §11), so it reads the same rows, some older;
 * ``spark_datasource``: ``spark.read.format("bucketindex").load(uri)`` written to Spark's
   ``noop`` sink (every row and column materialised, nothing written), and ``spark_read_table``:
   the same through :func:`spark_jobs.jobs.read.read_table` (Spark's own Parquet reader), both
@@ -62,7 +65,7 @@ def build(uri: str, *, rows: int, table_type: str, update_fraction: float, work:
     rng = np.random.default_rng([seed, rows])
     ids = uuid4_strings(rng, rows)
     common = dict(table=uri, record_key=["id"], precombine_field="ts", partition_field="month", index="record",
-                  table_type=table_type)
+                  table_type=table_type, mirror="delta")
     for n, lo in enumerate(range(0, rows, CHUNK)):
         hi = min(rows, lo + CHUNK)
         ordinal = np.arange(lo, hi, dtype=np.int64)
@@ -93,6 +96,7 @@ def best(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
 def measure(uri: str, *, repeats: int, spark: Any) -> dict[str, Any]:
     import duckdb
     import polars as pl
+    from deltalake import DeltaTable
 
     from spark_jobs.table import dataset
     from spark_jobs.table.reader import read_arrow
@@ -131,6 +135,7 @@ def measure(uri: str, *, repeats: int, spark: Any) -> dict[str, Any]:
         return q.collect().rows()
 
     record("duckdb_count", duck_count, lambda c: c)
+    record("deltalake", lambda: DeltaTable(uri).to_pyarrow_table(), lambda t: t.num_rows)
     agg = record("duckdb_filtered_agg", duck_agg)
     pagg = record("polars_filtered_agg", polars_agg)
     assert [r[0] for r in agg] == [r[0] for r in pagg] and all(

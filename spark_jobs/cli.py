@@ -570,6 +570,10 @@ def cmd_show(args: argparse.Namespace, submitted: bool) -> int:
         if c.get("alter") is not None:  # bucketindex alter: a schema change, no data
             print(f"  {c['instant']} alter      {'; '.join(c['alter'].get('changes') or []) or 'no change'}")
             continue
+        if c.get("properties") is not None:  # bucketindex mirror --enable: a table property, no data
+            props = "; ".join(f"{k} = {','.join(v) if isinstance(v, list) else v}" for k, v in c["properties"].items())
+            print(f"  {c['instant']} properties {props}")
+            continue
         if c["action"] == "clean":
             print(f"  {c['instant']} clean      {plural(counts.get('files', 0), 'file')}, "
                   f"{_human_bytes(counts.get('bytes', 0))}")
@@ -838,10 +842,12 @@ def cmd_mirror(args: argparse.Namespace, submitted: bool) -> int:
     from spark_jobs.table import delta
     from spark_jobs.table.table import Table
 
-    table = Table.load(args.table)
     if args.enable:
-        result = delta.enable(table)
+        from spark_jobs.table.action.mirror import enable_mirror
+
+        result = enable_mirror(args.table, args.enable)
     else:
+        table = Table.load(args.table)
         if not delta.enabled(table):
             raise BadInputError(f"the table {args.table} has no Delta projection; turn it on with "
                                 f"`bucketindex mirror {args.table} --enable delta`")

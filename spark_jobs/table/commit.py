@@ -257,17 +257,22 @@ class CommitMetadata:
     shadow: Mapping[str, Any] | None = None
     #: what the write decided without writing (:class:`ReadSet`); None: absent (nothing)
     reads: ReadSet | None = None
+    #: table properties this entry sets (``bucketindex mirror --enable``: ``{"mirrors": [...]}``);
+    #: a property of the snapshot from this entry on, like ``schema`` (format.md §3.2)
+    properties: Mapping[str, Any] | None = None
     extra: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
 
     _KNOWN = ("action", "instant", "batch_id", "operation", "index_type", "num_buckets", "snapshot_seq",
-              "schema", "file_groups", "index", "counts", "conflicts", "timings_ms", "engine", "shadow", "reads")
+              "schema", "file_groups", "index", "counts", "conflicts", "timings_ms", "engine", "shadow", "reads",
+              "properties")
 
     # -- the JSON round trip -----------------------------------------------------------
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> CommitMetadata:
         vals, extra = _take(d, cls._KNOWN)
         for k, typ in (("file_groups", list), ("conflicts", list), ("index", dict), ("engine", dict),
-                       ("counts", dict), ("timings_ms", dict), ("shadow", dict), ("reads", dict)):
+                       ("counts", dict), ("timings_ms", dict), ("shadow", dict), ("reads", dict),
+                       ("properties", dict)):
             if k in vals and not isinstance(vals[k], typ):  # not the documented shape: keep verbatim
                 extra[k] = vals.pop(k)
         if "file_groups" in vals:
@@ -281,7 +286,7 @@ class CommitMetadata:
             vals["engine"] = EngineInfo.from_json(vals["engine"])
         if "reads" in vals:
             vals["reads"] = ReadSet.from_json(vals["reads"])
-        for k in ("counts", "timings_ms", "shadow"):
+        for k in ("counts", "timings_ms", "shadow", "properties"):
             if k in vals:
                 vals[k] = MappingProxyType(dict(vals[k]))
         if "index" in vals:
@@ -313,7 +318,8 @@ class CommitMetadata:
              timings_ms=dict(self.timings_ms) if self.timings_ms is not None else None,
              engine=self.engine.to_json() if self.engine is not None else None,
              shadow=dict(self.shadow) if self.shadow is not None else None,
-             reads=self.reads.to_json() if self.reads is not None else None)
+             reads=self.reads.to_json() if self.reads is not None else None,
+             properties=dict(self.properties) if self.properties is not None else None)
         return out | dict(self.extra)
 
     # -- what readers ask ----------------------------------------------------------------

@@ -176,12 +176,6 @@ class TableConfig:
             return self
         return dataclasses.replace(self, format_version=version)
 
-    def with_mirror(self, mirror: str) -> "TableConfig":
-        """This config with projection ``mirror`` turned on (itself when it already is)."""
-        if mirror in self.mirrors:
-            return self
-        return dataclasses.replace(self, mirrors=sorted({*self.mirrors, mirror}))
-
     # -- (de)serialisation ---------------------------------------------------------------
     def to_json(self) -> bytes:
         raw = dataclasses.asdict(self)

@@ -1,9 +1,10 @@
 """The Delta Lake projection of a table (format.md "Delta Lake projection", issue 26).
 
 Other engines read Delta; they do not read bucketindex's timeline. So a table with
-``mirrors: ["delta"]`` in ``table.json`` gets, after every commit point, a
-``_delta_log/<seq as 20 digits>.json`` that describes the same snapshot in Delta's terms:
-**Delta version = commit sequence number**. Version 0 (``protocol`` + ``metaData`` with the
+``mirrors: ["delta"]`` in ``table.json`` (``--mirror delta`` at creation) or in the properties
+its timeline set (``bucketindex mirror --enable delta``, :mod:`spark_jobs.table.action.mirror`)
+gets, after every commit point, a ``_delta_log/<seq as 20 digits>.json`` that describes the
+same snapshot in Delta's terms: **Delta version = commit sequence number**. Version 0 (``protocol`` + ``metaData`` with the
 first schema, no files) is the empty table before sequence entry 1; version ``n`` is the
 snapshot right after entry ``n`` (``read_arrow(uri, as_of=<instant of entry n>)``). An entry
 that changes no file (a clean, a rollback, an ``alter`` without a new schema, a merge-on-read
@@ -52,6 +53,7 @@ import pyarrow.parquet as pq
 
 from spark_jobs.exceptions import BadInputError, TableCorruptError
 from spark_jobs.io.filesystem import InstantExistsError
+from spark_jobs.table.config import MIRRORS
 from spark_jobs.table.layout import is_reference
 from spark_jobs.table.timeline import Action
 from spark_jobs.table.view import FileSlice, FileSystemView
@@ -61,13 +63,12 @@ if TYPE_CHECKING:
     from spark_jobs.table.table import Table
 
 __all__ = ["MIRROR_DELTA", "MIRRORS", "DELTA_LOG", "CHECKPOINT_INTERVAL", "mirror_commit", "repair",
-           "after_commit", "enabled", "enable", "delta_schema", "versions_present", "version_actions"]
+           "after_commit", "mirrors", "enabled", "delta_schema", "versions_present", "version_actions"]
 
 log = logging.getLogger("bucketindex.delta")
 
 MIRROR_DELTA = "delta"
-#: projections a table may ask for (``table.json`` ``mirrors``)
-MIRRORS = (MIRROR_DELTA,)
+assert MIRROR_DELTA in MIRRORS  # the projections a table may ask for
 DELTA_LOG = "_delta_log"
 #: a Parquet checkpoint every this many versions: Delta's default, and the timeline's
 CHECKPOINT_INTERVAL = 10
@@ -81,31 +82,20 @@ INTERNAL_PREFIX = "_bi_"
 
 # -- config --------------------------------------------------------------------------------
 
-def enabled(table: "Table") -> bool:
-    """Whether ``table.json`` asks for the Delta projection (no request: the config is loaded)."""
-    return table.config is not None and MIRROR_DELTA in (table.config.mirrors or ())
+def mirrors(table: "Table", properties: "dict[str, Any] | None" = None) -> set[str]:
+    """The projections ``table`` asks for: ``table.json``'s ``mirrors`` (set at creation) and the
+    ``mirrors`` property its timeline set later (``bucketindex mirror --enable``, a
+    ``set_properties`` commit). ``properties``: the snapshot's (``FileSystemView.properties``),
+    when the caller has them; otherwise the latest view's are read."""
+    out = set(table.config.mirrors or ()) if table.config is not None else set()
+    if properties is None:
+        properties = table.view().properties if table.config is not None else {}
+    return out | set(properties.get("mirrors") or ())
 
 
-def enable(table: "Table") -> dict[str, Any]:
-    """Turn the projection on for an existing table and write every version up to now.
-
-    ``table.json`` gains ``mirrors: ["delta"]``: rewritten whole and atomically, as a format
-    upgrade is (``Table.require_format``) -- every enabler writes the same bytes, and the option
-    changes no snapshot, so it needs no slot on the timeline. A writer that opened the table
-    before the change commits without mirroring; the next one's hook (or ``--repair``) fills it.
-    """
-    from spark_jobs.table.config import TableConfig
-
-    assert table.config is not None
-    current = TableConfig.load(table.io, table.layout.config_file)
-    assert current is not None
-    if MIRROR_DELTA not in (current.mirrors or ()):
-        new = current.with_mirror(MIRROR_DELTA)
-        table.io.write_atomic(table.layout.config_file, new.to_json())
-        current = new
-    table.config = current
-    written = repair(table)
-    return {"enabled": MIRROR_DELTA, "written": written, "version": table.timeline.last_seq}
+def enabled(table: "Table", properties: "dict[str, Any] | None" = None) -> bool:
+    """Whether ``table`` asks for the Delta projection (see :func:`mirrors`)."""
+    return MIRROR_DELTA in mirrors(table, properties)
 
 
 # -- paths ---------------------------------------------------------------------------------
@@ -125,12 +115,13 @@ def versions_present(table: "Table") -> list[int]:
 
 # -- the hook ------------------------------------------------------------------------------
 
-def after_commit(table: "Table", seq: int) -> None:
-    """The post-commit hook (``Transaction.commit``): mirror entry ``seq`` if the table asks.
+def after_commit(table: "Table", seq: int, *, properties: dict[str, Any]) -> None:
+    """The post-commit hook (``Transaction.commit``): mirror entry ``seq`` if the table asks
+    (``properties``: the snapshot's after entry ``seq``, so asking costs no request).
 
     Runs after the commit point, so it must never fail the commit: anything it raises is
     logged as a warning, and the gap is filled by the next writer or ``mirror --repair``."""
-    if not enabled(table):
+    if not enabled(table, properties):
         return
     maybe_crash("after_commit_before_mirror")
     try:

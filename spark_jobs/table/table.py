@@ -282,6 +282,8 @@ class Table:
                     **({"shadow": dict(meta.shadow)} if meta.shadow else {}),  # upsert --shadow-index
                     **({"bootstrap": meta.get("bootstrap")} if meta.get("bootstrap") else {}),
                     **({"alter": meta.get("alter")} if meta.get("alter") else {}),  # bucketindex alter
+                    # bucketindex mirror --enable
+                    **({"properties": dict(meta.properties)} if meta.properties else {}),
                 }
             )
             for c in meta.conflicts or ():

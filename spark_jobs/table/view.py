@@ -78,6 +78,9 @@ class FileSystemView:
     index_files: dict[int, list[str]] = field(default_factory=dict)
     schema: pa.Schema | None = None
     num_buckets: int | None = None
+    #: table properties set on the timeline (``properties`` of the entries so far, later ones
+    #: replacing earlier keys): ``mirrors``, turned on by ``bucketindex mirror --enable``
+    properties: dict[str, Any] = field(default_factory=dict)
     instants: list[Instant] = field(default_factory=list)
     #: the commit sequence number this view was built at: a writer planning on this view
     #: checks every entry after it for conflicts before it commits
@@ -123,6 +126,8 @@ class FileSystemView:
             "index_files": {str(b): list(files) for b, files in sorted(self.index_files.items())},
             "schema": encode_schema(self.schema) if self.schema is not None else None,
             "num_buckets": self.num_buckets,
+            # only when set: checkpoints of tables without properties keep the bytes they had
+            **({"properties": dict(self.properties)} if self.properties else {}),
         }
 
     @classmethod
@@ -135,6 +140,7 @@ class FileSystemView:
         view.index_files = {int(b): list(files) for b, files in state["index_files"].items() if files}
         view.schema = decode_schema(state["schema"]) if state.get("schema") else None
         view.num_buckets = state.get("num_buckets")
+        view.properties = dict(state.get("properties") or {})
         return view
 
     def all_files(self) -> set[str]:
@@ -186,6 +192,8 @@ class FileSystemView:
             self.schema = decode_schema(commit.schema)
         if commit.num_buckets:
             self.num_buckets = int(commit.num_buckets)
+        if commit.properties:
+            self.properties.update(commit.properties)
 
     # -- queries ---------------------------------------------------------------------
     def slices(self, partition: str | None = None) -> list[FileSlice]:

@@ -248,9 +248,58 @@ def test_enable_on_an_existing_table_and_bad_input(tmp_path, capsys):
     assert len(err) == 2 and all(line.startswith("bucketindex: error:") for line in err)
     assert not os.path.exists(os.path.join(uri, "_delta_log"))
     assert Table.load(uri).timeline.last_seq == 2
+    config_before = Path(uri, ".bucketindex", "table.json").read_bytes()
     _cli("mirror", uri, "--enable", "delta")
-    assert json.loads(Path(uri, ".bucketindex", "table.json").read_text())["mirrors"] == ["delta"]
-    _upsert(uri, tmp_path, "b2", [_row(7, "a/b", 2)])
+    # a table-properties commit on the timeline; table.json (fixed at creation) is not rewritten
+    assert Path(uri, ".bucketindex", "table.json").read_bytes() == config_before
+    table = Table.load(uri)
+    assert table.timeline.last_seq == 3
+    entry = table.timeline.entry(3)
+    assert entry["metadata"]["operation"] == "set_properties"
+    assert entry["metadata"]["properties"] == {"mirrors": ["delta"]}
+    assert table.view().properties == {"mirrors": ["delta"]}
+    assert delta.versions_present(table) == [0, 1, 2, 3]  # the history, written by the commit's hook
+    capsys.readouterr()
+    _cli("show", uri)
+    assert "properties mirrors = delta" in capsys.readouterr().out
+    _cli("mirror", uri, "--enable", "delta")  # again: nothing committed
+    assert Table.load(uri).timeline.last_seq == 3
+    _upsert(uri, tmp_path, "b2", [_row(7, "a/b", 2)], "--mirror", "delta")  # now on: accepted
+    check_every_version(uri)
+    assert delta.versions_present(Table.load(uri)) == [0, 1, 2, 3, 4]
+
+
+def test_an_enabled_mirror_survives_archival_and_reaches_writers_opened_before(tmp_path):
+    """The property lives on the timeline: a checkpoint carries it after the entry that set it
+    is archived, and a writer holding a snapshot from before the enable mirrors its commit
+    (its hook reads the properties of the entries committed since its snapshot)."""
+    from spark_jobs.arrow_engine.upsert import run_upsert
+    from spark_jobs.table.action.mirror import enable_mirror
+    from spark_jobs.table.action.upsert import UpsertOptions
+
+    uri = str(tmp_path / "t")
+    _upsert(uri, tmp_path, "b0", [_row(i, REGIONS[i % 6], 0) for i in range(6)])
+    stale = Table.load(uri)
+    stale_view = stale.view()
+    enable_mirror(uri, "delta")
+    from spark_jobs.table.action.transaction import Transaction
+    from spark_jobs.table.timeline import Action
+
+    # a commit planned on the snapshot from before the enable: its hook still mirrors it
+    txn = Transaction(stale, Action.COMMIT, {"operation": "set_properties"}, view=stale_view)
+    txn.run(lambda view, retries: {"action": Action.COMMIT, "instant": txn.ts, "operation": "set_properties",
+                                   "snapshot_seq": view.seq, "file_groups": [], "properties": {"note": "x"}},
+            max_retries=1)
+    assert delta.versions_present(Table.load(uri)) == [0, 1, 2, 3]
+    src = _write(tmp_path, "late", [_row(1, "a/b", 5)])
+    run_upsert(UpsertOptions(table=uri, source=src, batch_id="late", record_key=["id"], precombine_field="ts",
+                             partition_field="region", delete_field="is_deleted"))
+    for n in range(8):
+        _upsert(uri, tmp_path, f"c{n}", [_row(n, REGIONS[n % 6], 10 + n)])
+    table = Table.load(uri)
+    assert table.timeline.checkpoint is not None and table.timeline.base_seq > 2  # the enable is behind it
+    assert table.view().properties == {"mirrors": ["delta"], "note": "x"}
+    assert delta.versions_present(table) == list(range(table.timeline.last_seq + 1))
     check_every_version(uri)
 
 

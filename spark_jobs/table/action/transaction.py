@@ -31,6 +31,7 @@ from spark_jobs.exceptions import ConflictError, InstantRolledBackError, Retryab
 from spark_jobs.table.action.checkpoint import maybe_checkpoint
 from spark_jobs.table.action.conflict import Conflict, WriteSet, find_conflict
 from spark_jobs.table.action.rollback import referenced_files
+from spark_jobs.table.commit import parse as parse_commit
 from spark_jobs.table.delta import after_commit
 from spark_jobs.table.heartbeat import Heartbeat, owner_info
 from spark_jobs.table.timeline import Action, Instant, InstantConflictError, SequenceTakenError, State
@@ -157,6 +158,9 @@ class Transaction:
         checked = self.view.seq
         started = time.perf_counter()
         own_entries: dict = {}  # this action's index deltas, read once for every entry checked
+        # the table properties after the commit (the post-commit hooks ask them): the snapshot's,
+        # then those of every entry committed since, then this commit's
+        properties = dict(self.view.properties)
         while True:
             tl.reload()
             if self.ts in tl.aborted:
@@ -173,6 +177,8 @@ class Transaction:
                 if conflict is not None:
                     self.conflicts.append(conflict)
                     raise CommitConflict(conflict)
+                if entry["action"] in Action.WRITES:
+                    properties.update(parse_commit(entry["metadata"]).properties or {})
             checked = tl.last_seq
             maybe_crash("after_conflict_check")
             try:
@@ -186,7 +192,9 @@ class Transaction:
         self.table.finalize_markers(done.timestamp, referenced_files(metadata))
         self._stop_heartbeat()
         maybe_checkpoint(self.table)
-        after_commit(self.table, done.seq)  # the Delta projection, if the table asks; never fails the commit
+        properties.update(parse_commit(metadata).properties or {})
+        # the Delta projection, if the table asks; never fails the commit
+        after_commit(self.table, done.seq, properties=properties)
         return done
 
     def run(self, attempt: Callable[[FileSystemView, list[dict[str, Any]]], dict[str, Any]], *,

@@ -70,6 +70,7 @@ from spark_jobs.table.config import (
     TableConfig,
     check_field_names,
 )
+from spark_jobs.table.delta import mirrors
 from spark_jobs.table.schema import parse_schema_evolution, refuse_missing_fields
 from spark_jobs.table.timeline import Action
 from spark_jobs.table.view import FileSystemView, encode_schema
@@ -329,12 +330,12 @@ def resolve_config(opts: UpsertOptions, table: "Table") -> tuple[TableConfig, Fi
         mirrors=[opts.mirror] if opts.mirror else [],
     )
     view = None
-    if existing is not None and opts.mirror and opts.mirror not in existing.mirrors:
-        raise ConfigConflictError(f"--mirror {opts.mirror} is set when a table is created; turn it on for this "
-                                  f"table with `bucketindex mirror {opts.table} --enable {opts.mirror}`")
     if existing is not None:
-        existing.check_compatible(cfg, explicit=explicit)
         view = table.view()
+        if opts.mirror and opts.mirror not in mirrors(table, view.properties):
+            raise ConfigConflictError(f"--mirror {opts.mirror} is set when a table is created; turn it on for this "
+                                      f"table with `bucketindex mirror {opts.table} --enable {opts.mirror}`")
+        existing.check_compatible(cfg, explicit=explicit)
         in_force = table.num_buckets(view)
         if opts.num_buckets and opts.num_buckets != in_force:
             raise ConfigConflictError(

@@ -1,0 +1,76 @@
+"""``bucketindex mirror TABLE --enable delta``: turn a projection on as a timeline action.
+
+A projection is a property of the snapshot, like its schema: it is set by one ``commit``
+instant with ``operation: "set_properties"`` whose metadata records ``properties: {"mirrors":
+[...]}`` (the full list, so an entry can be read alone) and no file group, written through the
+commit protocol (:class:`~.transaction.Transaction`). Writers learn it from the snapshot they
+commit on, so a writer that opened the table before the change still mirrors once the property
+is on the timeline (its post-commit hook reads the properties after its own entry), and the
+change survives archival in checkpoints (``FileSystemView.to_state``). ``table.json`` stays
+immutable (format.md §3.1): it only holds what creation fixed (``--mirror delta``).
+
+The commit's own post-commit hook writes every Delta version so far (the gap from version 0),
+so enabling costs one sequence entry plus the history's projection. Enabling twice, or
+concurrently, is harmless: the second entry records the same list. No JVM, no ``pyspark``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from spark_jobs.exceptions import BadInputError
+from spark_jobs.table import delta
+from spark_jobs.table.action.transaction import Transaction
+from spark_jobs.table.config import MIRRORS
+from spark_jobs.table.timeline import Action
+from spark_jobs.table.view import FileSystemView
+
+__all__ = ["OPERATION", "enable_mirror"]
+
+log = logging.getLogger("bucketindex.mirror")
+
+#: the ``operation`` of the commit that sets table properties
+OPERATION = "set_properties"
+
+
+def enable_mirror(table_uri: str, mirror: str, *, max_retries: int = 3,
+                  heartbeat_timeout_s: float | None = None) -> dict[str, Any]:
+    """Turn projection ``mirror`` on for the table at ``table_uri`` and write every version so
+    far; nothing is committed when the table already asks for it (then only missing versions
+    are written, as ``--repair`` does).
+
+    Bad input (an unknown projection, no table) raises BadInputError before anything is
+    written."""
+    from spark_jobs.table.table import Table
+
+    if mirror not in MIRRORS:
+        raise BadInputError(f"unknown mirror {mirror!r}; expected one of {', '.join(MIRRORS)}")
+    table = Table.open(table_uri)
+    view = table.view() if table.config is not None else None
+    if table.config is None or view is None or view.schema is None:
+        raise BadInputError(f"no table at {table_uri}: a projection is turned on for an existing table "
+                            f"(create one with `bucketindex upsert ... --mirror {mirror}`)")
+    instant = None
+    if mirror not in delta.mirrors(table, view.properties):
+        repaired = table.rollback(timeout_s=heartbeat_timeout_s)  # abandoned instants only
+        if repaired:
+            log.info("rolled back abandoned instants %s", ", ".join(repaired))
+            view = table.view()
+        index_type = table.config.index_type
+        txn = Transaction(table, Action.COMMIT, {"operation": OPERATION}, view=view)
+
+        def attempt(view: FileSystemView, retries: list[dict[str, Any]]) -> dict[str, Any]:
+            listed = sorted({*(view.properties.get("mirrors") or ()), mirror})
+            return {
+                "action": Action.COMMIT, "instant": txn.ts, "operation": OPERATION, "index_type": index_type,
+                "properties": {"mirrors": listed}, "snapshot_seq": view.seq, "file_groups": [],
+                "index": {"added": [], "removed": []},
+                "counts": {"inserted": 0, "updated": 0, "deleted": 0, "moved": 0}, "conflicts": list(retries),
+            }
+
+        txn.run(attempt, max_retries=max_retries, what="mirror --enable")
+        instant = txn.ts
+        log.info("committed %s: the %s projection is on", instant, mirror)
+    written = delta.repair(table)  # the hook wrote the history; this fills what a failed hook left
+    return {"enabled": mirror, "instant": instant, "written": written, "version": table.timeline.last_seq}
