@@ -70,6 +70,8 @@ STORAGE_PREFIX = "storage."
 #: rows per Arrow batch a task returns
 BATCH_ROWS = 65_536
 _OPTIONS = ("path", "as_of")
+#: which source this session has registered (a session-scoped marker of ours)
+_REGISTERED_CONF = "spark.bucketindex.datasource.registered"
 
 
 def register(spark: SparkSession, *, filter_pushdown: bool = True) -> None:
@@ -80,11 +82,15 @@ def register(spark: SparkSession, *, filter_pushdown: bool = True) -> None:
     implement ``pushFilters``. Without it, the source registered implements none, and the
     session's setting is left as it is (Spark refuses a ``pushFilters`` reader when it is off).
     """
+    kind = "pushdown" if filter_pushdown else "scan"
+    if spark.conf.get(_REGISTERED_CONF, None) == kind:  # registering again only logs a WARN per job
+        return
     if filter_pushdown:
         spark.conf.set(PUSHDOWN_CONF, "true")
         spark.dataSource.register(BucketIndexDataSource)
     else:
         spark.dataSource.register(BucketIndexScanSource)
+    spark.conf.set(_REGISTERED_CONF, kind)
 
 
 class SliceGroup(InputPartition):

@@ -267,15 +267,24 @@ def _read_rows(part: str, fid: str, in_keys: Any, mask: Any) -> pa.Table:
     stale against the stored row, or deletes of a key the group does not hold. Nothing is
     written for them, so the commit records them for the conflict check
     (``spark_jobs.table.action.upsert.read_set``, format.md §4.5)."""
-    keys = pc.filter(in_keys, pc.fill_null(mask, False))
-    keys = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
+    keys = _flat(pc.filter(in_keys, pc.fill_null(mask, False)))
+    return _key_rows("read", part, fid, keys, tomb=pa.nulls(len(keys), pa.bool_()))
+
+
+def _flat(a: Any) -> pa.Array:
+    return a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a
+
+
+def _key_rows(kind: str, part: str, fid: str, keys: pa.Array, *, tomb: pa.Array) -> pa.Table:
+    """A merge task's per-key output rows (``index`` or ``read``) of one file group; the file
+    columns are null."""
     n = len(keys)
+    nulls = {name: pa.nulls(n, typ) for name, typ in (
+        ("path", pa.string()), ("num_rows", pa.int64()), ("size", pa.int64()), ("inserted", pa.int64()),
+        ("updated", pa.int64()), ("deleted", pa.int64()), ("log", pa.bool_()), ("row_delta", pa.int64()))}
     return pa.table(
-        {"kind": pa.array(["read"] * n, pa.string()), "part": pa.array([part] * n, pa.string()),
-         "fid": pa.array([fid] * n, pa.string()), "path": pa.nulls(n, pa.string()), "num_rows": pa.nulls(n, pa.int64()),
-         "size": pa.nulls(n, pa.int64()), "inserted": pa.nulls(n, pa.int64()), "updated": pa.nulls(n, pa.int64()),
-         "deleted": pa.nulls(n, pa.int64()), "key": keys.cast(pa.string()), "tomb": pa.nulls(n, pa.bool_()),
-         "log": pa.nulls(n, pa.bool_()), "row_delta": pa.nulls(n, pa.int64())},
+        {"kind": pa.array([kind] * n, pa.string()), "part": pa.array([part] * n, pa.string()),
+         "fid": pa.array([fid] * n, pa.string()), **nulls, "key": keys.cast(pa.string()), "tomb": tomb},
         schema=_merge_schema(),
     )
 
@@ -310,22 +319,9 @@ def write_marked_parquet(t: Table, instant: str, rel: str, rows: pa.Table, *, sn
 
 def _index_rows(part: str, fid: str, in_keys: pa.ChunkedArray, new_mask: Any, gone_mask: Any) -> pa.Table:
     """Record index: new locations for inserts and keys moving in; tombstones for deletes."""
-    schema = _merge_schema()
-    new_loc = pc.filter(in_keys, new_mask)
-    gone = pc.filter(in_keys, gone_mask)
-    keys = pa.concat_arrays([new_loc.combine_chunks() if isinstance(new_loc, pa.ChunkedArray) else new_loc,
-                             gone.combine_chunks() if isinstance(gone, pa.ChunkedArray) else gone])
-    n = len(keys)
-    entries = pa.table(
-        {"kind": pa.array(["index"] * n, pa.string()), "part": pa.array([part] * n, pa.string()),
-         "fid": pa.array([fid] * n, pa.string()), "path": pa.nulls(n, pa.string()), "num_rows": pa.nulls(n, pa.int64()),
-         "size": pa.nulls(n, pa.int64()), "inserted": pa.nulls(n, pa.int64()), "updated": pa.nulls(n, pa.int64()),
-         "deleted": pa.nulls(n, pa.int64()), "key": keys.cast(pa.string()),
-         "tomb": pa.array(np.arange(n) >= len(new_loc)), "log": pa.nulls(n, pa.bool_()),
-         "row_delta": pa.nulls(n, pa.int64())},
-        schema=schema,
-    )
-    return entries
+    new_loc = _flat(pc.filter(in_keys, new_mask))
+    keys = pa.concat_arrays([new_loc, _flat(pc.filter(in_keys, gone_mask))])
+    return _key_rows("index", part, fid, keys, tomb=pa.array(np.arange(len(keys)) >= len(new_loc)))
 
 
 def append_log(key: tuple, incoming: pa.Table, *, ctx: MergeContext) -> pa.Table:
@@ -416,41 +412,37 @@ def _merge_schema() -> pa.Schema:
 
 def write_index_delta(key: tuple, entries: pa.Table, *, table_uri: str, instant: str, snapshot_seq: int) -> pa.Table:
     """Write one index bucket's delta for ``instant`` (new locations and tombstones)."""
-    bucket = key[0].as_py()
-    t = _table(table_uri)  # its files only (io, layout): no table.json or timeline read per bucket
-    keys = entries.column("key").to_pylist()
-    tomb = entries.column("tomb").to_pylist()
-    parts = entries.column("part").to_pylist()
-    fids = entries.column("fid").to_pylist()
-    targets = [None if d else (p, f) for d, p, f in zip(tomb, parts, fids)]
-    idx = IndexEntries.from_keys(keys, targets)
-    path = t.layout.index_file(bucket, "delta", instant)
-    rel = t.layout.rel(path)
-    def write() -> int:
-        size = write_index_file(t.io, path, idx, metadata={"instant": instant, "bucket": bucket})
-        maybe_crash("after_index_file")
-        return size
-
-    size = t.write_marked(instant, rel, write, snapshot_seq=snapshot_seq)
-    return pa.table(
-        {"bucket": pa.array([bucket], pa.int32()), "path": [rel], "entries": pa.array([len(idx)], pa.int64()),
-         "size": pa.array([size], pa.int64())}
-    )
+    targets = [None if d else (p, f) for d, p, f in zip(entries.column("tomb").to_pylist(),
+                                                          entries.column("part").to_pylist(),
+                                                          entries.column("fid").to_pylist())]
+    idx = IndexEntries.from_keys(entries.column("key").to_pylist(), targets)
+    return _write_bucket_file(key[0].as_py(), idx, "delta", table_uri=table_uri, instant=instant,
+                              snapshot_seq=snapshot_seq, crash_point="after_index_file")
 
 
 def write_index_reads(key: tuple, entries: pa.Table, *, table_uri: str, instant: str, snapshot_seq: int) -> pa.Table:
     """Write one index bucket's ``read`` file for ``instant``: the fingerprints of the keys it
     decided without writing (``read`` rows), for the conflict check only -- not index content,
     so no snapshot's view lists it. Under a marker, as a delta, so a failed attempt's is rolled back."""
-    bucket = key[0].as_py()
-    t = _table(table_uri)
     keys = sorted(set(entries.column("key").to_pylist()))
     idx = IndexEntries.from_keys(keys, [None] * len(keys))
-    path = t.layout.index_file(bucket, "read", instant)
+    return _write_bucket_file(key[0].as_py(), idx, "read", table_uri=table_uri, instant=instant,
+                              snapshot_seq=snapshot_seq, extra={"kind": "read"})
+
+
+def _write_bucket_file(bucket: int, idx: IndexEntries, kind: str, *, table_uri: str, instant: str,
+                       snapshot_seq: int, crash_point: str | None = None,
+                       extra: dict[str, str] | None = None) -> pa.Table:
+    """Write one index bucket's ``kind`` file of ``instant`` under its marker; one output row."""
+    t = _table(table_uri)  # its files only (io, layout): no table.json or timeline read per bucket
+    path = t.layout.index_file(bucket, kind, instant)
     rel = t.layout.rel(path)
 
     def write() -> int:
-        return write_index_file(t.io, path, idx, metadata={"instant": instant, "bucket": bucket, "kind": "read"})
+        size = write_index_file(t.io, path, idx, metadata={"instant": instant, "bucket": bucket, **(extra or {})})
+        if crash_point is not None:
+            maybe_crash(crash_point)
+        return size
 
     size = t.write_marked(instant, rel, write, snapshot_seq=snapshot_seq)
     return pa.table(

@@ -37,11 +37,13 @@ from spark_jobs.table import (
     dataset as table_dataset,  # this module has a `dataset` fixture
 )
 from spark_jobs.table.action.clean import run_clean
+from spark_jobs.table.action.mirror import enable_mirror
 from spark_jobs.table.reader import read_arrow
 from spark_jobs.table.table import Table
 from spark_jobs.table.view import FileSystemView
 from tests.oracle import reduce_batches
 from tests.spark.conftest import tree_digest, write_batch
+from tests.unit.test_delta_mirror import check_every_version, query_delta
 
 pytestmark = pytest.mark.spark
 
@@ -208,6 +210,7 @@ def test_reference_table_through_merge_on_read_compaction_rehash_and_clean(spark
     uri = str(tmp_path / "table")
     run_bootstrap(spark, BootstrapOptions(table=uri, source=str(root), record_key=["id"], partition_field="region",
                                           precombine_field="ts", table_type="merge_on_read", num_buckets=2))
+    enable_mirror(uri, "delta")  # the Delta projection (issue 26): reference files by absolute URI
     batches = _batches(data, seed=5)
     _upsert(spark, uri, tmp_path, batches[0], 0)
     assert any(s.logs and s.path.startswith("../") for s in Table.load(uri).view().slices())  # logs on user files
@@ -219,6 +222,9 @@ def test_reference_table_through_merge_on_read_compaction_rehash_and_clean(spark
     assert compacted and all(s.path.startswith(s.partition + "/") for s in compacted)
     run_rehash(spark, uri, 8)
     _upsert(spark, uri, tmp_path, batches[1], 1)
+    # every Delta version equals the read-optimized view of its snapshot: the bootstrap's
+    # reference files (absolute add.paths), logs on them, their compaction, the rehash
+    assert check_every_version(uri, read=query_delta) == Table.load(uri).timeline.last_seq
     run_clean(uri, retain_commits=1)
     expected = expected_after(data, batches, ["id"])
     assert_same_rows(read_arrow(uri), expected, ["id"])
@@ -226,6 +232,7 @@ def test_reference_table_through_merge_on_read_compaction_rehash_and_clean(spark
     # other engines' paths: the pyarrow dataset (Hive path columns from fragment expressions) and the data source
     assert_same_rows(table_dataset(uri).to_table(), expected, ["id"])
     assert_same_rows(spark.read.format("bucketindex").load(uri).toArrow(), expected, ["id"])
+    assert check_every_version(uri, read=query_delta) >= 1  # after the clean: the retained ones
     assert_healthy(spark, uri, ["id"])
     assert file_digests(root) == before
 
