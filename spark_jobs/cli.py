@@ -315,6 +315,9 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
     bs.add_argument("--target-file-rows", type=int, help="rewrite mode: rows per data file")
     bs.add_argument("--heartbeat-timeout", type=float,
                     help="seconds without a heartbeat before a pending write counts as abandoned (default 60)")
+    bs.add_argument("--mirror", choices=("delta",),
+                    help="also write a Delta Lake log beside each commit, from the bootstrap on (or turn it on "
+                         "later with `bucketindex mirror TABLE --enable delta`)")
     _add_spark_options(bs)
     mi = sub.add_parser("mirror", help="the Delta Lake projection of each commit: turn it on, or write "
                                        "versions a crash left out",
@@ -876,7 +879,7 @@ def cmd_bootstrap(args: argparse.Namespace, submitted: bool) -> int:
         table=args.table, source=args.source, record_key=args.record_key, partition_field=args.partition_field,
         precombine_field=args.precombine_field, index=args.index, mode=args.mode, num_buckets=args.num_buckets,
         table_type=args.table_type, batch_id=args.batch_id, target_file_rows=args.target_file_rows,
-        heartbeat_timeout_s=args.heartbeat_timeout,
+        heartbeat_timeout_s=args.heartbeat_timeout, mirror=args.mirror,
     )
     result = run_bootstrap(lambda: _spark(args, submitted), opts)
     print(json.dumps(result, sort_keys=True))

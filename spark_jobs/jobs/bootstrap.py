@@ -88,6 +88,8 @@ class BootstrapOptions:
     batch_id: str | None = None
     target_file_rows: int | None = None
     heartbeat_timeout_s: float | None = None
+    #: ``--mirror delta``: the table's Delta projection from its first commit (format.md §11)
+    mirror: str | None = None
 
 
 def run_bootstrap(spark: SparkSession | Callable[[], SparkSession], opts: BootstrapOptions) -> dict[str, Any]:
@@ -344,12 +346,13 @@ def _reference_scanned(spark: SparkSession, table: Table, source: SourceDataset,
         **({"table_type": opts.table_type} if opts.table_type else {}),
         **({"target_file_rows": opts.target_file_rows} if opts.target_file_rows else {}),
         format_version=REFERENCE_FORMAT_VERSION,
+        mirrors=[opts.mirror] if opts.mirror else [],
         reference={"source": opts.source,
                    "path_columns": {c: str(source.schema.field(c).type) for c in source.path_columns}},
     )
     existing = table.create(cfg)  # a rerun after a crash finds it: the options must agree
-    if existing.reference != cfg.reference or existing.format_version not in (cfg.format_version,
-                                                                             EVOLVING_FORMAT_VERSION):
+    if existing.reference != cfg.reference or existing.mirrors != cfg.mirrors or existing.format_version not in (
+            cfg.format_version, EVOLVING_FORMAT_VERSION):
         raise BadInputError(f"{opts.table} was created by a bootstrap of {(existing.reference or {}).get('source')} "
                             f"with other options; remove it (it holds no data) or bootstrap that dataset")
     table = Table.load(opts.table)
@@ -532,7 +535,7 @@ def _rewrite_read(spark: SparkSession, source: SourceDataset, opts: BootstrapOpt
         table=opts.table, source=opts.source, record_key=list(opts.record_key),
         precombine_field=opts.precombine_field, partition_field=opts.partition_field, index=opts.index,
         num_buckets=opts.num_buckets, table_type=opts.table_type, batch_id=batch_id,
-        target_file_rows=opts.target_file_rows, heartbeat_timeout_s=opts.heartbeat_timeout_s,
+        target_file_rows=opts.target_file_rows, heartbeat_timeout_s=opts.heartbeat_timeout_s, mirror=opts.mirror,
         source_df=df, action=Action.BOOTSTRAP, operation="bootstrap",
         extra_metadata={"bootstrap": {"source": opts.source, "mode": MODE_REWRITE, "counts": out_counts}},
     )

@@ -36,8 +36,8 @@ from spark_jobs.jobs.validate import run_validate
 from spark_jobs.table import (
     dataset as table_dataset,  # this module has a `dataset` fixture
 )
+from spark_jobs.table import delta
 from spark_jobs.table.action.clean import run_clean
-from spark_jobs.table.action.mirror import enable_mirror
 from spark_jobs.table.reader import read_arrow
 from spark_jobs.table.table import Table
 from spark_jobs.table.view import FileSystemView
@@ -170,7 +170,8 @@ def test_bootstrap_of_a_multi_file_hive_dataset(spark, dataset, tmp_path, index,
     uri = str(tmp_path / "table")
     res = run_bootstrap(spark, BootstrapOptions(table=uri, source=str(root), record_key=["id"],
                                                 partition_field="region", precombine_field="ts", index=index,
-                                                mode=mode, table_type=table_type, num_buckets=4))
+                                                mode=mode, table_type=table_type, num_buckets=4,
+                                                mirror="delta" if mode == "rewrite" else None))
     assert res["mode"] == mode and not res["noop"]
     assert res["counts"]["rows"] == data.num_rows and res["counts"]["duplicate_keys"] == 0
     files = len(before)
@@ -183,12 +184,15 @@ def test_bootstrap_of_a_multi_file_hive_dataset(spark, dataset, tmp_path, index,
         assert len(list(Path(uri).rglob("*.parquet"))) >= 4
     ident = ["id"] if index == "record" else ["region", "id"]
     assert_same_rows(read_arrow(uri), data, ident)
+    if mode == "rewrite":  # --mirror delta on the upsert path a rewrite takes: Delta reads the bootstrap
+        assert check_every_version(uri) == 1
     assert_same_rows(read_table(spark, uri).toArrow(), data, ident)
     assert_healthy(spark, uri, ident)
     # a second run is a no-op (an Airflow retry), and changes nothing
     again = run_bootstrap(spark, BootstrapOptions(table=uri, source=str(root), record_key=["id"],
                                                   partition_field="region", precombine_field="ts", index=index,
-                                                  mode=mode, table_type=table_type, num_buckets=4))
+                                                  mode=mode, table_type=table_type, num_buckets=4,
+                                                  mirror="delta" if mode == "rewrite" else None))
     assert again["noop"] and again["instant"] == res["instant"]
 
     batches = _batches(data, seed=3)
@@ -209,8 +213,9 @@ def test_reference_table_through_merge_on_read_compaction_rehash_and_clean(spark
     before = file_digests(root)
     uri = str(tmp_path / "table")
     run_bootstrap(spark, BootstrapOptions(table=uri, source=str(root), record_key=["id"], partition_field="region",
-                                          precombine_field="ts", table_type="merge_on_read", num_buckets=2))
-    enable_mirror(uri, "delta")  # the Delta projection (issue 26): reference files by absolute URI
+                                          precombine_field="ts", table_type="merge_on_read", num_buckets=2,
+                                          mirror="delta"))  # the Delta projection: reference files by URI
+    assert delta.versions_present(Table.load(uri)) == [0, 1]
     batches = _batches(data, seed=5)
     _upsert(spark, uri, tmp_path, batches[0], 0)
     assert any(s.logs and s.path.startswith("../") for s in Table.load(uri).view().slices())  # logs on user files
