@@ -103,3 +103,36 @@ def test_a_no_op_decided_on_an_old_snapshot_does_not_commit_after_the_write_that
     expected = reduce_batches(as_dicts)
     assert rows_by_identity(read_arrow(uri).to_pylist()) == expected, f"commit order {order}"
     assert run_validate(uri)["ok"]
+
+
+def test_two_processes_finishing_the_same_interrupted_rollback_both_succeed(tmp_path):
+    """**A writer failed finishing a rollback another writer had just finished.** Found by the
+    1,000-sequence run (``benchmarks/torture.py --seed 1126``, sequence 654, seed 287601702):
+    racing writers each start with ``rollback`` of abandoned instants, which first finishes
+    interrupted rollbacks (``rollback.repair``). Two writers found the same pending rollback;
+    one claimed its decision (the rollback's entry), the other then saw the target aborted and
+    tried to delete the rollback's plan as a redundant one -- but it was the very rollback now
+    completed, so ``delete_pending`` refused and the upsert exited 1 with nothing written.
+
+    Here the second process is replayed in order: a pending commit without a writer, a rollback
+    of it planned and interrupted before its decision, process A's repair deciding it, then
+    process B's repair of the same rollback, found pending before A's decision."""
+    from spark_jobs.table.action.rollback import _decide_and_clean, repair
+
+    uri = str(tmp_path / "t")
+    run_upsert(_opts(uri, _batch(tmp_path / "b0.parquet", [("k 1/+", "eu west", 1, False)]), "b0"))
+    table = Table.load(uri)
+    tl = table.timeline
+    abandoned = tl.create_requested(Action.COMMIT, {"batch_id": "lost"})
+    plan = {"target": abandoned.timestamp, "target_action": Action.COMMIT, "files": []}
+    rb = tl.create_requested(Action.ROLLBACK, plan)  # its process died before deciding
+    stale = Table.load(uri)  # process B: lists the rollback as pending
+    assert [i.timestamp for i in stale.timeline.reload().pending([Action.ROLLBACK])] == [rb.timestamp]
+    repair(Table.load(uri))  # process A finishes it: the decision is its entry
+    after_a = Table.load(uri).timeline.reload()
+    assert after_a.is_completed(rb.timestamp) and abandoned.timestamp in after_a.aborted
+    assert _decide_and_clean(stale, rb, plan)  # process B: the same rollback, decided
+    final = Table.load(uri).timeline.reload()
+    assert final.is_completed(rb.timestamp) and final.last_seq == after_a.last_seq  # one decision, kept
+    assert not final.pending() and rows_by_identity(read_arrow(uri).to_pylist())["k 1/+"]["ts"] == 1
+    assert run_validate(uri)["ok"]

@@ -140,8 +140,11 @@ def _decide_and_clean(table: "Table", rb: Instant, plan: dict[str, Any]) -> bool
             log.info("instant %s completed before the rollback could decide; nothing rolled back", target)
             tl.delete_pending(rb)
             return False
-        if target in tl.aborted:  # another rollback decided first; finishing its cleanup is safe
-            tl.delete_pending(rb)
+        if target in tl.aborted:  # decided: finishing its cleanup is safe
+            # by another rollback: ours is not needed; by this one, completed by another process
+            # finishing it too (both found it pending): its entry stays, nothing to remove
+            if not tl.is_completed(rb.timestamp):
+                tl.delete_pending(rb)
             break
         meta = {"action": Action.ROLLBACK, "instant": rb.timestamp, "rolled_back": target,
                 "target_action": plan["target_action"], "deleted_files": plan["files"]}
