@@ -6,16 +6,20 @@ racing writers (a table service beside them), forced rollbacks of live writers, 
 clean, rollback, schema change, rehash and bootstrap (Spark) -- with the table checked against
 the oracle, ``validate``, ``shadow-compare``, time travel, a file audit and a digest of its
 surroundings after every step. A fraction ``--spark-share`` of the sequences take Spark steps,
-all in one in-process local Spark session.
+all in one in-process local Spark session. A fraction ``--mirror-share`` mirror their table to
+Delta (every retained Delta version is then read back through ``deltalake`` after every step),
+and ``--long-share`` run 40-48 steps so that archival runs and is killed.
 
 A divergence of a bug already filed with a failing regression test (``torture.KNOWN``) is
 counted (``known_divergences``) and the run goes on; any other is shrunk to the fewest steps
 and rows that still fail the same check and printed as JSON with the command that replays it
 (``--replay FILE|JSON``). Progress lines go to stdout;
 the last line is one JSON object: ``sequences``, ``steps``, ``kills``, ``overlaps``,
-``divergences``, ``duration_s``, ``seed`` and the step count per action.
+``divergences``, ``delta_versions`` (read back and compared), ``archived_sequences``,
+``duration_s``, ``seed`` and the step count per action.
 
     python benchmarks/torture.py [--sequences 1000] [--seed S] [--spark-share 0.05]
+                                 [--mirror-share 0.25] [--long-share 0.04]
                                  [--storage local|s3] [--replay FILE|JSON] [--no-shrink]
 """
 
@@ -73,6 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=None, help="the run's seed (default: random, printed)")
     ap.add_argument("--spark-share", type=float, default=0.03,
                     help="fraction of sequences with Spark steps (upsert, rehash, bootstrap); default 0.03")
+    ap.add_argument("--mirror-share", type=float, default=0.25,
+                    help="fraction of sequences mirrored to Delta (from creation or by `mirror --enable`); "
+                         "default 0.25")
+    ap.add_argument("--long-share", type=float, default=0.04,
+                    help="fraction of sequences of 40-48 steps, long enough for archival; default 0.04")
     ap.add_argument("--storage", choices=("local", "s3"), default="local",
                     help="s3: tables on an S3-compatible server this run starts on loopback")
     ap.add_argument("--replay", metavar="FILE|JSON", help="run one sequence (a divergence's printed JSON)")
@@ -83,8 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep-going", action="store_true", help="after a divergence, run the remaining sequences")
     ap.add_argument("--json-out", help="also write the result line to this file")
     args = ap.parse_args(argv)
-    if not 0 <= args.spark_share <= 1:
-        ap.error("--spark-share must be in [0, 1]")
+    for name in ("spark_share", "mirror_share", "long_share"):
+        if not 0 <= getattr(args, name) <= 1:
+            ap.error(f"--{name.replace('_', '-')} must be in [0, 1]")
     logging.disable(logging.WARNING)  # the product's INFO lines; its warnings and errors still show
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     storage, server = _storage(args.storage)
@@ -110,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
             for s in torture.iter_seeds(seed, args.sequences):
                 with_spark = rng.random() < args.spark_share
                 seqs.append(torture.generate(s, spark=with_spark, kills=not args.no_kills,
-                                             overlaps=not args.no_overlaps))
+                                             overlaps=not args.no_overlaps, mirror_share=args.mirror_share,
+                                             long_share=args.long_share))
         log(f"torture: {len(seqs)} sequences, seed {seed}, storage {args.storage}, "
             f"{sum(1 for q in seqs if _uses_spark(q))} with Spark steps; work dir {work}")
         for i, seq in enumerate(seqs):
@@ -156,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         if server is not None:
             server.stop()
     result = {**counts.as_dict(), "duration_s": round(time.perf_counter() - t0, 1), "seed": seed,
-              "storage": args.storage, "spark_share": args.spark_share,
+              "storage": args.storage, "spark_share": args.spark_share, "mirror_share": args.mirror_share,
+              "long_share": args.long_share,
               "spark_sequences": sum(1 for q in seqs if _uses_spark(q)), "divergent": divergent,
               "python": sys.version.split()[0]}
     emit_result(result, args.json_out)

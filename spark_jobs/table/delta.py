@@ -63,7 +63,8 @@ if TYPE_CHECKING:
     from spark_jobs.table.table import Table
 
 __all__ = ["MIRROR_DELTA", "MIRRORS", "DELTA_LOG", "CHECKPOINT_INTERVAL", "mirror_commit", "repair",
-           "after_commit", "mirrors", "enabled", "delta_schema", "versions_present", "version_actions"]
+           "after_commit", "mirrors", "enabled", "delta_schema", "versions_present", "version_actions",
+           "reader_uri", "reader_storage_options"]
 
 log = logging.getLogger("bucketindex.delta")
 
@@ -558,6 +559,31 @@ def _first_schema(table: "Table", upto: int) -> pa.Schema | None:
 
 # -- checkpoints ---------------------------------------------------------------------------
 
+def reader_uri(table: "Table") -> str:
+    """``table``'s location as ``deltalake`` takes it (``s3://``, no query string)."""
+    return table.uri.replace("s3a://", "s3://").split("?", 1)[0]
+
+
+def reader_storage_options(table: "Table") -> dict[str, str] | None:
+    """The ``storage_options`` a ``deltalake`` reader (or its checkpoint writer) needs for
+    ``table``'s store, from the table's one storage configuration; None on local disk."""
+    from spark_jobs.io.filesystem import S3FileIO
+
+    io = table.io
+    if not isinstance(io, S3FileIO):
+        return None
+    v = io.config.values
+    out = {"AWS_ALLOW_HTTP": "true", "AWS_S3_ALLOW_UNSAFE_RENAME": "true"}
+    for ours, theirs in (("endpoint_url", "AWS_ENDPOINT_URL"), ("region", "AWS_REGION"),
+                         ("access_key_id", "AWS_ACCESS_KEY_ID"), ("secret_access_key", "AWS_SECRET_ACCESS_KEY"),
+                         ("session_token", "AWS_SESSION_TOKEN")):
+        if v.get(ours):
+            out[theirs] = v[ours]
+    if v.get("addressing_style") == "virtual":
+        out["AWS_VIRTUAL_HOSTED_STYLE_REQUEST"] = "true"
+    return out
+
+
 @dataclass(frozen=True)
 class _Checkpointer:
     """Delta Parquet checkpoints through ``deltalake`` (optional): it writes
@@ -565,31 +591,14 @@ class _Checkpointer:
 
     table: "Table"
 
-    def storage_options(self) -> dict[str, str] | None:
-        from spark_jobs.io.filesystem import S3FileIO
-
-        io = self.table.io
-        if not isinstance(io, S3FileIO):
-            return None
-        v = io.config.values
-        out = {"AWS_ALLOW_HTTP": "true", "AWS_S3_ALLOW_UNSAFE_RENAME": "true"}
-        for ours, theirs in (("endpoint_url", "AWS_ENDPOINT_URL"), ("region", "AWS_REGION"),
-                             ("access_key_id", "AWS_ACCESS_KEY_ID"), ("secret_access_key", "AWS_SECRET_ACCESS_KEY"),
-                             ("session_token", "AWS_SESSION_TOKEN")):
-            if v.get(ours):
-                out[theirs] = v[ours]
-        if v.get("addressing_style") == "virtual":
-            out["AWS_VIRTUAL_HOSTED_STYLE_REQUEST"] = "true"
-        return out
-
     def write(self, version: int) -> None:
         try:
             from deltalake import DeltaTable
         except ImportError:
             log.debug("deltalake is not installed: no Parquet checkpoint for version %d", version)
             return
-        uri = self.table.uri.replace("s3a://", "s3://").split("?", 1)[0]
-        DeltaTable(uri, version=version, storage_options=self.storage_options()).create_checkpoint()
+        DeltaTable(reader_uri(self.table), version=version,
+                   storage_options=reader_storage_options(self.table)).create_checkpoint()
 
 
 def _maybe_checkpoint(table: "Table", version: int) -> None:

@@ -20,7 +20,11 @@ What :func:`run_sequence` checks after every step (issue 27, "After every step")
 * no unexplained file: every file under the root is table metadata, or read by a retained
   snapshot, or named by a pending plan or a marker;
 * nothing outside the root changed: a digest of the sequence's directory (a sibling whose name
-  extends the table's, a reference bootstrap's dataset) except the table and the sources.
+  extends the table's, a reference bootstrap's dataset) except the table and the sources;
+* on a table mirrored to Delta (format.md §11; from creation or by a ``mirror --enable`` step):
+  versions 0..k with no gap, k below the sequence only after a kill, and every retained version
+  read by ``deltalake`` equal to the oracle at that entry (copy-on-write) or to the snapshot's
+  bases (merge-on-read, the read-optimized view).
 
 Kills run a step as a CLI subprocess with ``BUCKETINDEX_FAULT`` (:mod:`.faults`): a kill before
 the commit point must leave the batch invisible, one after it visible. Overlaps start 2-3
@@ -41,6 +45,7 @@ import io as _io
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -78,6 +83,13 @@ KILL_POINTS = {
     "alter": ("after_requested", "after_conflict_check", "after_complete"),
     "rollback": ("rollback_after_delete",),
 }
+#: a mirrored table's Delta log write, after the commit point (format.md §11): a kill there
+#: leaves Delta readers one version behind until the next commit or ``mirror --repair``
+MIRROR_POINT = "after_commit_before_mirror"
+#: archival's steps, after a checkpoint (format.md §3.5); reached only once 30 entries are old
+#: enough, which the long sequences (``long_share``) are made for
+ARCHIVE_POINTS = ("archive_after_copy", "archive_after_plans")
+KILL_POINTS["mirror"] = PRE_COMMIT + ("after_complete", MIRROR_POINT)
 #: where a forced rollback catches a live writer (before its commit point: it must lose)
 FORCE_POINTS = PRE_COMMIT
 ZONES = ("UTC", "Asia/Tokyo", "America/New_York", "Asia/Kolkata")
@@ -90,6 +102,9 @@ BOOT_REGIONS = ("eu west", "são paulo", "north")
 TABLE_TYPES = ("copy_on_write", "merge_on_read")
 INDEXES = ("record", "bucket", "global_simple")
 CLI = [sys.executable, "-m", "spark_jobs.cli"]
+DELTA_LOG = "_delta_log/"
+#: what a Delta log holds (format.md §11): versions, Parquet checkpoints, the checkpoint pointer
+DELTA_FILE = re.compile(r"^(\d{20}\.json|\d{20}\.checkpoint\.parquet|_last_checkpoint)$")
 #: a subprocess that is not done by then is stuck: a divergence, not a hang
 PROCESS_TIMEOUT_S = 240
 
@@ -117,6 +132,10 @@ class Counts:
     kills: int = 0
     overlaps: int = 0
     divergences: int = 0
+    #: Delta versions read back through ``deltalake`` and compared (mirrored sequences)
+    delta_versions: int = 0
+    #: sequences whose table archived sequence entries (format.md §3.5)
+    archived: int = 0
     #: of the divergences, those of a known bug (:data:`KNOWN`)
     known: Counter = field(default_factory=Counter)
     actions: Counter = field(default_factory=Counter)
@@ -124,6 +143,7 @@ class Counts:
     def as_dict(self) -> dict[str, Any]:
         return {"sequences": self.sequences, "steps": self.steps, "kills": self.kills, "overlaps": self.overlaps,
                 "divergences": self.divergences, "known_divergences": dict(self.known),
+                "delta_versions": self.delta_versions, "archived_sequences": self.archived,
                 "actions": dict(sorted(self.actions.items()))}
 
 
@@ -215,11 +235,17 @@ class _Gen:
 
 
 def generate(seed: int, *, spark: bool = False, kills: bool = True, overlaps: bool = True,
-             min_steps: int = 4, max_steps: int = 12) -> dict[str, Any]:
+             min_steps: int = 4, max_steps: int = 12, mirror_share: float = 0.25,
+             long_share: float = 0.0) -> dict[str, Any]:
     """A sequence from ``seed`` alone: settings and steps as JSON-ready dicts.
 
     ``spark`` adds Spark upserts, rehash (bucket and record indexes) and, as a first step,
     bootstrap; ``kills`` and ``overlaps`` add processes killed at fault points and racing writers.
+    ``mirror_share`` of the sequences mirror their table to Delta (from creation, or turned on
+    by a ``mirror --enable`` step), with kills between a commit and its Delta version;
+    ``long_share`` of them run 40-48 steps with a checkpoint every 2 entries, so archival runs
+    (and is killed). Both are drawn from a second random stream, so a seed's other steps are
+    what they were before these options existed.
     """
     g = _Gen(seed, spark=spark, kills=kills, overlaps=overlaps)
     rng = g.rng
@@ -234,7 +260,9 @@ def generate(seed: int, *, spark: bool = False, kills: bool = True, overlaps: bo
     else:
         steps.append(g.upsert(settings, "api"))
     altered = False
-    while len(steps) < n:
+
+    def draw() -> None:
+        nonlocal altered
         r = rng.random()
         last = steps[-1]
         if last.get("kill") and rng.random() < 0.5:  # repair: the same batch again, or an explicit rollback
@@ -243,7 +271,7 @@ def generate(seed: int, *, spark: bool = False, kills: bool = True, overlaps: bo
             else:
                 steps.append({"op": "rollback", "kill": rng.choice(KILL_POINTS["rollback"]) if kills and
                               rng.random() < 0.3 else None})
-            continue
+            return
         if r < 0.30:
             steps.append(g.upsert(settings, rng.choice(["api", "api", "cli"])))
         elif r < 0.40 and spark:
@@ -272,6 +300,30 @@ def generate(seed: int, *, spark: bool = False, kills: bool = True, overlaps: bo
             steps.append({"op": "retry", "of": rng.randint(1, g.n_batch)})  # a committed batch id again: a no-op
         else:
             steps.append(g.upsert(settings, "api"))
+
+    while len(steps) < n:
+        draw()
+    ext = random.Random(f"torture-ext/{seed}")
+    if ext.random() < long_share:
+        settings["checkpoint_interval"] = 2
+        for _ in range(ext.randint(40, 48) - len(steps)):
+            draw()
+        for i, st in enumerate(steps):  # late kills aim at archival (about entry 34 on)
+            if i >= 28 and st.get("kill") and st["op"] == "upsert" and ext.random() < 0.6:
+                st["kill"] = ext.choice(ARCHIVE_POINTS)
+    m = ext.random()
+    on_from = None
+    if m < mirror_share / 2:
+        settings["mirror"] = "delta"
+        on_from = 0
+    elif m < mirror_share:
+        on_from = ext.randint(1, len(steps))
+        steps.insert(on_from, {"op": "mirror", "kill": ext.choice(KILL_POINTS["mirror"]) if kills and
+                               ext.random() < 0.3 else None})
+    if on_from is not None:
+        for st in steps[on_from + 1:]:
+            if st.get("kill") in PRE_COMMIT + POST_COMMIT and st["op"] == "upsert" and ext.random() < 0.35:
+                st["kill"] = MIRROR_POINT
     return {"seed": seed, "settings": settings, "steps": steps}
 
 
@@ -408,6 +460,8 @@ class _Runner:
         #: heartbeats a kill after the commit point left, which the next writer's repair removes
         self.crash_beats: set[str] = set()
         self.killed_now = self.repaired_now = False
+        #: a kill since the Delta log was last complete: it may lag the sequence until a commit
+        self.delta_may_lag = False
         self.env = dict(os.environ)
         pp = self.env.get("PYTHONPATH", "")
         here = str(Path(__file__).resolve().parents[2])
@@ -426,7 +480,7 @@ class _Runner:
         first = self.seq["steps"][0] if self.seq["steps"] else {}
         if first.get("op") == "bootstrap":
             self._write_dataset(first)
-        elif s["checkpoint_interval"] != 10:  # else the first upsert creates the table, as users do
+        elif s["checkpoint_interval"] != 10 or s.get("mirror"):  # else the first upsert creates it, as users do
             from spark_jobs.table import Table
             from spark_jobs.table.config import TableConfig
 
@@ -434,7 +488,7 @@ class _Runner:
                 record_key_fields=["id"], partition_fields=["region"] if s["partitioned"] else [],
                 precombine_field="ts", index_type=s["index"], num_buckets=s["num_buckets"],
                 table_type=s["table_type"], target_file_rows=s["target_file_rows"],
-                checkpoint_interval=s["checkpoint_interval"]))
+                checkpoint_interval=s["checkpoint_interval"], mirrors=[s["mirror"]] if s.get("mirror") else []))
         self.last_outside = self._outside_digest()
 
     def _write_dataset(self, step: dict[str, Any]) -> None:
@@ -588,7 +642,7 @@ class _Runner:
             raise Divergence(self.step_no, "upsert failed", f"exit {rc}: {err.strip()[-1500:]}")
         if killed and point in PRE_COMMIT and now and not was:
             raise Divergence(self.step_no, "kill before the commit point", f"{point}: the batch is visible")
-        if (killed and point in POST_COMMIT or not killed) and not now:
+        if (killed and point not in PRE_COMMIT or not killed) and not now:
             raise Divergence(self.step_no, "write lost", f"{point} (killed={killed}): the batch is not visible")
 
     def _forced_rollback(self, step: dict[str, Any], src: str) -> None:
@@ -680,6 +734,8 @@ class _Runner:
             return ["alter", self.uri, "--add-column", "note:string"]
         if op == "rollback":
             return ["rollback", self.uri]
+        if op == "mirror":
+            return ["mirror", self.uri, "--enable", "delta"]
         args = ["compact", self.uri, "--engine", "arrow"]
         phase = step["phase"]
         if phase == "execute":
@@ -697,8 +753,8 @@ class _Runner:
     def _service(self, step: dict[str, Any]) -> None:
         from spark_jobs.table import Table
 
-        if step["op"] == "alter" and self._table_columns() is None:
-            return  # nothing committed yet: no schema to alter (refused as bad input)
+        if step["op"] in ("alter", "mirror") and self._table_columns() is None:
+            return  # nothing committed yet: no schema to alter or project (refused as bad input)
         args = self._service_args(step)
         if not step.get("kill"):
             self.must(args)
@@ -712,7 +768,7 @@ class _Runner:
         if not killed and rc != 0:
             raise Divergence(self.step_no, f"{args[0]} failed", f"exit {rc}: {err.strip()[-1500:]}")
 
-    do_compact = do_clean = do_alter = do_rollback = _service
+    do_compact = do_clean = do_alter = do_rollback = do_mirror = _service
 
     def do_rehash(self, step: dict[str, Any]) -> None:
         from spark_jobs.table import Table
@@ -731,6 +787,8 @@ class _Runner:
                 "--table-type", s["table_type"], "--master", self.spark_master]
         if s["partitioned"]:
             args += ["--partition-field", "region"]
+        if s.get("mirror"):
+            args += ["--mirror", s["mirror"]]
         self.must(args)
         from spark_jobs.table import Table
 
@@ -761,7 +819,7 @@ class _Runner:
                     state = _State({k: {c: r.get(c) for c in cols} for k, r in prev.rows.items()}, cols)
                     if prev.columns and added != ["note"] and added:
                         raise Divergence(self.step_no, "schema", f"entry {n} added {added}")
-                if meta.get("operation") != "alter_schema":
+                if meta.get("operation") not in ("alter_schema", "set_properties"):
                     bid = "<bootstrap>" if action == "bootstrap" else meta.get("batch_id")
                     if bid not in self.batches:
                         raise Divergence(self.step_no, "unknown commit", f"entry {n} ({action}) names batch {bid!r}")
@@ -820,6 +878,10 @@ class _Runner:
         elif self.repaired_now:
             self.crash_beats = set()
         self._audit(t, first)
+        self._check_delta(t, first)
+        if not self.archived and tl.archives(refresh=True):
+            self.archived = True
+            self.counts.archived += 1
         now = self._outside_digest()
         if now != self.last_outside:
             changed = sorted(set(now.items()) ^ set(self.last_outside.items()))
@@ -848,6 +910,7 @@ class _Runner:
         pending plan or a marker (format.md §1, §3.6, §4)."""
         import pyarrow.fs as pafs
 
+        from spark_jobs.table import delta
         from spark_jobs.table.commit import parse as parse_commit
         from spark_jobs.table.view import FileSystemView
 
@@ -876,6 +939,7 @@ class _Runner:
         for ts in marked_instants:
             explained.update(t.marked_files(ts))
         pending_ts = {i.timestamp for i in pending}
+        mirrored = delta.enabled(t)
         meta_dir = ".bucketindex/"
         root = self.root_path.rstrip("/")
         infos = t.io.fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
@@ -901,11 +965,59 @@ class _Runner:
                     continue
                 bad.append(rel)
                 continue
-            if rel in explained:
+            if rel in explained or (rel.startswith(DELTA_LOG) and mirrored and DELTA_FILE.match(rel[len(DELTA_LOG):])):
                 continue
             bad.append(rel)
         if bad:
             raise Divergence(self.step_no, "unexplained files", f"{len(bad)}: {_short(sorted(bad)[:4])}")
+
+    def _check_delta(self, t: Any, first: int) -> None:
+        """A mirrored table's Delta log (format.md §11): versions 0..k with no gap and none past
+        the sequence; k below the sequence only after a kill (the next commit fills the gap); every
+        retained version read by ``deltalake`` equals the oracle at that entry (copy-on-write) or
+        the snapshot's bases (merge-on-read: the read-optimized view)."""
+        from spark_jobs.table import delta
+        from spark_jobs.table.view import FileSystemView
+        from spark_jobs.testing.delta_reads import (
+            has_reference_files,
+            published_names,
+            query_delta,
+            read_delta,
+            read_optimized,
+            sorted_rows,
+        )
+
+        if not delta.enabled(t):
+            if t.io.list_names(delta.log_dir(t)):
+                raise Divergence(self.step_no, "delta log", "a Delta log on a table that does not mirror")
+            return
+        tl = t.timeline
+        last = tl.last_seq
+        present = delta.versions_present(t)
+        if present != list(range(len(present))) or len(present) > last + 1:
+            raise Divergence(self.step_no, "delta log versions", f"{_short(present)} for sequence entries 0..{last}")
+        if len(present) <= last:
+            if not (self.delta_may_lag or self.killed_now):
+                raise Divergence(self.step_no, "delta log gap", f"versions 0..{len(present) - 1} for sequence "
+                                 f"entries 0..{last}, and no process was killed")
+            self.delta_may_lag = True
+        else:
+            self.delta_may_lag = False
+        uri, opts = delta.reader_uri(t), delta.reader_storage_options(t)
+        for v in range(first, len(present)):
+            view = FileSystemView.at_seq(tl, v)
+            got = (query_delta if has_reference_files(view) else read_delta)(uri, v, opts)
+            self.counts.delta_versions += 1
+            names = published_names(view)
+            if got.column_names != names:
+                raise Divergence(self.step_no, f"delta version {v} schema", f"{got.column_names} != {names}")
+            if self.settings["table_type"] == "copy_on_write":
+                self._compare(got, self.states[v], f"delta version {v}")
+            elif sorted_rows(got, names) != sorted_rows(read_optimized(t, view), names):
+                raise Divergence(self.step_no, f"delta version {v} != read-optimized view",
+                                 f"{got.num_rows} rows read, the bases hold {view.num_rows}")
+
+    archived: bool = False
 
     def _outside_digest(self) -> dict[str, str]:
         import pyarrow.fs as pafs

@@ -27,8 +27,9 @@ import pytest
 from spark_jobs.cli import main
 from spark_jobs.exceptions import BadInputError
 from spark_jobs.table import Table, delta
-from spark_jobs.table.layout import is_reference
-from spark_jobs.table.reader import read_arrow, read_slice
+from spark_jobs.table.reader import read_arrow
+from spark_jobs.testing.delta_reads import read_delta, read_optimized, read_view
+from spark_jobs.testing.delta_reads import sorted_rows as _rows
 from spark_jobs.table.view import FileSystemView
 from tests.oracle import reduce_batches, rows_by_identity
 
@@ -62,47 +63,6 @@ def _upsert(uri: str, tmp: Path, batch: str, rows: list[dict], *extra: str) -> N
     _cli("upsert", uri, _write(tmp, batch, rows), *KEY_ARGS, "--batch-id", batch, *extra)
 
 
-def _rows(t: pa.Table, names: list[str]) -> list[tuple]:
-    d = t.select(names).to_pylist()
-    return sorted((tuple(r[n] for n in names) for r in d), key=repr)
-
-
-def _read_optimized(table: Table, view: FileSystemView) -> pa.Table:
-    """The bases of a snapshot, read with plain pyarrow (no bucketindex reader), in its
-    published schema: what the projection of a merge-on-read table promises."""
-    schema = pa.schema([f for f in view.schema if not f.name.startswith("_bi_")])
-    parts = []
-    for s in view.slices():
-        # a reference file (a bootstrapped dataset's, outside the root) lacks its Hive path
-        # column: the base is read as the table reads it, its logs left out
-        t = (read_slice(table, s.path, [], precombine=table.config.precombine_field, schema=view.schema)
-             if is_reference(s.path) else pq.read_table(table.abs(s.path)))
-        cols = [t.column(f.name).cast(f.type) if f.name in t.column_names else pa.nulls(t.num_rows, f.type)
-                for f in schema]
-        parts.append(pa.Table.from_arrays(cols, schema=schema))
-    return pa.concat_tables(parts) if parts else schema.empty_table()
-
-
-def _read_view(table: Table, view: FileSystemView) -> pa.Table:
-    """The rows of one snapshot's view, read as ``read_arrow`` reads them."""
-    parts = [read_slice(table, s.path, [lf.path for lf in s.logs], precombine=table.config.precombine_field,
-                        schema=view.schema) for s in view.slices()]
-    return pa.concat_tables(parts, promote_options="default") if parts else view.schema.empty_table()
-
-
-def read_delta(uri: str, version: int, storage_options: dict | None = None) -> pa.Table:
-    """Delta version ``version`` as pandas, Polars and pyarrow users read it."""
-    return deltalake.DeltaTable(uri, version=version, storage_options=storage_options).to_pyarrow_table()
-
-
-def query_delta(uri: str, version: int, storage_options: dict | None = None) -> pa.Table:
-    """Delta version ``version`` through delta-rs's SQL engine (DataFusion), which resolves an
-    absolute ``add.path`` (a reference file outside the root) where ``to_pyarrow_table`` cannot."""
-    dt = deltalake.DeltaTable(uri, version=version, storage_options=storage_options)
-    # an arro3 reader: pyarrow takes it through the Arrow C stream interface
-    return pa.table(deltalake.QueryBuilder().register("t", dt).execute("select * from t"))
-
-
 def check_every_version(uri: str, *, storage_options: dict | None = None, read=read_delta) -> int:
     """Every version of the log equals the snapshot of its sequence entry, read by ``read``;
     returns how many versions were compared (retained ones)."""
@@ -130,10 +90,10 @@ def check_every_version(uri: str, *, storage_options: dict | None = None, read=r
         got = read(uri, v, storage_options)
         assert got.column_names == names, v  # the published schema: no _bi_* column, in order
         if table.config.merge_on_read:
-            want = _read_optimized(table, view)
+            want = read_optimized(table, view)
         else:  # the snapshot right after entry v: with racing writers, instants are not in commit
             # order, so `as_of=<instant>` may name a later entry's snapshot (format.md §4.1)
-            want = _read_view(table, view)
+            want = read_view(table, view)
         assert _rows(got, names) == _rows(want, names), f"version {v} ({entry['action']})"
         compared += 1
     return compared
@@ -234,6 +194,29 @@ def test_a_kill_between_commit_and_log_is_repaired(tmp_path):
         else:
             _cli("mirror", uri, "--repair")
             _cli("mirror", uri, "--repair")  # idempotent
+    check_every_version(uri)
+
+
+def test_a_rollback_gets_its_delta_version_at_once(tmp_path):
+    """A rollback's decision is a sequence entry: its Delta version (commitInfo only) is written
+    by the rollback, not left for the next commit (found by the torture test, seed 16 with the
+    mirror: a forced rollback left the log one version behind with no process killed)."""
+    uri = str(tmp_path / "t")
+    _upsert(uri, tmp_path, "b0", [_row(i, REGIONS[i % 6], 0) for i in range(6)], "--mirror", "delta")
+    src = _write(tmp_path, "k1", [_row(i, REGIONS[(i + 1) % 6], 1) for i in range(4)])
+    p = _cli_proc(uri, src, "k1", {"BUCKETINDEX_FAULT": "before_complete"})
+    p.communicate(timeout=120)
+    assert p.returncode == -9
+    pending = Table.load(uri).pending_for_batch("k1")
+    assert pending is not None
+    _cli("rollback", uri, pending.timestamp, "--force")
+    table = Table.load(uri)
+    seq = table.timeline.last_seq
+    assert table.timeline.entry(seq)["action"] == "rollback"
+    assert delta.versions_present(table) == list(range(seq + 1)), "no gap after the rollback"
+    lines = [json.loads(x) for x in table.io.read_bytes(delta.version_file(table, seq)).decode().splitlines()]
+    assert [next(iter(a)) for a in lines] == ["commitInfo"]
+    assert deltalake.DeltaTable(uri).version() == seq
     check_every_version(uri)
 
 

@@ -3,9 +3,10 @@
 Each seed is one random operation sequence (``spark_jobs.testing.torture``) on a fresh table:
 in-process and CLI upserts, processes SIGKILLed at fault points, racing writers with a table
 service beside them, a forced rollback of a live writer, compaction, clean, rollback, a
-schema change; after every step the table must equal the oracle, pass ``validate`` and
-``shadow-compare``, read every retained instant as the oracle had it, hold no unexplained file,
-and leave everything outside its root alone. The fixed seeds were picked to cover every index
+schema change, the Delta mirror; after every step the table must equal the oracle, pass
+``validate`` and ``shadow-compare``, read every retained instant as the oracle had it, hold no
+unexplained file, leave everything outside its root alone and, when mirrored, have a Delta log
+whose every retained version ``deltalake`` reads as the oracle had it. The fixed seeds were picked to cover every index
 and table type, every step kind and kills before and after the commit point (the file takes
 35-45 s on 2 shared cores); the random seeds are in the test ids (``test_sequence[random-<seed>]``):
 replay one with ``python benchmarks/torture.py --replay`` of the JSON a failure prints. A random
@@ -37,7 +38,8 @@ MAX_STEPS = 9
 #: together: record, bucket, global_simple; copy-on-write and merge-on-read; unpartitioned;
 #: frequent checkpoints; kills before and after the commit point and of compact, clean, alter,
 #: rollback; racing writers beside compact and clean; a forced rollback; compaction scheduled,
-#: executed and run whole; clean; rollback; retry; alter (tests/unit/test_torture.py's docstring)
+#: executed and run whole; clean; rollback; retry; alter; a table mirrored to Delta from creation
+#: and two turned on by `mirror --enable` (tests/unit/test_torture.py's docstring)
 FIXED = [1913, 358, 1428, 1800, 814, 2480]
 RANDOM = [random.SystemRandom().randrange(2**31) for _ in range(2)]
 
@@ -75,10 +77,13 @@ def test_fixed_seeds_cover_every_step_kind():
                                     if st["op"] != "upsert" else "post-commit"))
             if st["op"] == "overlap" and st["service"]:
                 seen.add(f"overlap+{st['service']}")
+        if s.get("mirror"):
+            seen.add("mirror from creation")
     want = {"record", "bucket", "global_simple", "copy_on_write", "merge_on_read", "unpartitioned",
             "upsert/api", "upsert/cli", "upsert/kill", "upsert/forced", "overlap", "overlap+compact",
             "overlap+clean", "compact", "clean", "rollback", "retry", "alter", "kill pre-commit",
-            "kill post-commit", "kill compact", "kill clean", "kill alter", "kill rollback"}
+            "kill post-commit", "kill compact", "kill clean", "kill alter", "kill rollback", "mirror",
+            "mirror from creation"}
     assert want <= seen, sorted(want - seen)
 
 
@@ -143,6 +148,31 @@ def test_a_stray_or_changed_file_is_caught(tmp_path, monkeypatch, where, check):
     monkeypatch.setattr(torture._Runner, "do_retry", retry_and_tamper)
     with pytest.raises(Divergence, match=check):
         run_sequence(_seq(SEMANTICS[:1] + [{"op": "retry", "of": 1}]), tmp_path / "run")
+
+
+@pytest.mark.parametrize("tamper,check", [("drop the last version", "delta log gap"),
+                                           ("drop the added files", "delta version 1 != oracle")])
+def test_a_wrong_delta_log_is_caught(tmp_path, monkeypatch, tamper, check):
+    """On a mirrored table, a Delta log behind the sequence with no process killed, or a version
+    that does not list the snapshot's files, is a divergence."""
+    real = torture._Runner.do_retry
+
+    def retry_and_tamper(self, step):  # type: ignore[no-untyped-def]
+        real(self, step)
+        log = Path(self.root_path) / "_delta_log"
+        if tamper == "drop the last version":
+            (log / f"{2:020d}.json").unlink()
+        else:  # version 1: the first batch's files
+            first = log / f"{1:020d}.json"
+            kept = [x for x in first.read_text().splitlines() if not x.startswith('{"add"')]
+            first.write_text("\n".join(kept) + "\n")
+
+    monkeypatch.setattr(torture._Runner, "do_retry", retry_and_tamper)
+    seq = _seq(SEMANTICS[:2] + [{"op": "retry", "of": 1}])
+    seq["settings"]["mirror"] = "delta"
+    with pytest.raises(Divergence, match=check) as e:
+        run_sequence(seq, tmp_path / "run")
+    assert e.value.step == 2
 
 
 def test_shrinking_keeps_only_what_fails(tmp_path, monkeypatch):

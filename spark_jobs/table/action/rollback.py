@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from spark_jobs.exceptions import BadInputError, WriterAliveError
 from spark_jobs.table.commit import CommitMetadata
 from spark_jobs.table.commit import parse as parse_commit
+from spark_jobs.table.delta import after_commit
 from spark_jobs.table.heartbeat import is_alive
 from spark_jobs.table.timeline import Action, Instant, SequenceTakenError, State
 from spark_jobs.testing.faults import maybe_crash
@@ -134,6 +135,7 @@ def _decide_and_clean(table: "Table", rb: Instant, plan: dict[str, Any]) -> bool
     """Claim the rollback decision for ``plan["target"]`` unless it completed; then delete its files."""
     tl = table.timeline
     target = plan["target"]
+    claimed: int | None = None  # the sequence entry this process wrote, if it decided
     while True:
         tl.reload()
         if tl.is_completed(target):  # its writer won: nothing to roll back, drop our plan
@@ -149,11 +151,16 @@ def _decide_and_clean(table: "Table", rb: Instant, plan: dict[str, Any]) -> bool
         meta = {"action": Action.ROLLBACK, "instant": rb.timestamp, "rolled_back": target,
                 "target_action": plan["target_action"], "deleted_files": plan["files"]}
         try:
-            tl.append(rb, meta, seq=tl.last_seq + 1)
+            claimed = tl.append(rb, meta, seq=tl.last_seq + 1).seq
             break
         except SequenceTakenError:
             continue
     _clean(table, target, plan["target_action"], plan["files"])
+    if claimed is not None:
+        # the decision is a sequence entry like a commit's, so a mirrored table gets its Delta
+        # version now (a commitInfo only: a rollback changes no published file), not at the
+        # next commit; Delta version == sequence number (format.md §11)
+        after_commit(table, claimed, properties=table.view().properties)
     return True
 
 
