@@ -676,7 +676,10 @@ class _Runner:
     def do_retry(self, step: dict[str, Any]) -> None:
         bid = f"b{step['of']:03d}"
         if bid not in self.batches or not self._committed(bid):
-            return  # never sent (shrunk away) or never committed: nothing to repeat
+            # never sent (shrunk away) or never committed (lost a race): nothing to repeat, and
+            # no writer ran, so a killed process's leftovers still wait for the next one's repair
+            self.repaired_now = False
+            return
         from spark_jobs.table import Table
 
         before = Table.load(self.uri).timeline.reload().last_seq

@@ -119,6 +119,27 @@ def test_hand_written_semantics_match_the_oracle(tmp_path, index):
     run_sequence(_seq(SEMANTICS, index), tmp_path / "run")
 
 
+def test_a_retry_that_runs_no_writer_repairs_nothing(tmp_path):
+    """The 1,000-sequence run's one divergence (seed 1126, sequence 798, seed 1548269882), shrunk:
+    a harness bug, not the product's. An alter killed after its commit point leaves its heartbeat
+    for the next writer's repair; a retry of a batch that never committed (it lost a race, or
+    was shrunk away) runs no writer, but the harness counted it as a repair and then called the
+    heartbeat unexplained."""
+    row = {"amount": "9699207.66", "at": "2024-03-31T01:11:00.719201+00:00", "note": "a,b", "is_deleted": False}
+    seq = {"seed": 1548269882, "settings": {"table_type": "merge_on_read", "index": "global_simple",
+                                            "partitioned": True, "num_buckets": 4, "checkpoint_interval": 2,
+                                            "target_file_rows": 100},
+           "steps": [{"op": "upsert", "via": "api", "batch_id": "b001", "zone": "Asia/Tokyo",
+                      "rows": [dict(row, id="k22", ts=0, region="100%")]},
+                     {"op": "alter", "kill": "after_complete"},
+                     {"op": "retry", "of": 5},
+                     {"op": "upsert", "via": "api", "batch_id": "b007", "zone": "UTC",
+                      "rows": [dict(row, id="k09", ts=15, region="k=v")]}]}
+    counts = torture.Counts()
+    run_sequence(seq, tmp_path / "run", counts=counts)
+    assert counts.kills == 1 and counts.steps == 4
+
+
 def test_a_wrong_oracle_is_caught(tmp_path, monkeypatch):
     """An oracle that forgets the staleness rule disagrees with the table at the stale move."""
     real = torture._reduce
