@@ -460,6 +460,8 @@ class _Runner:
         #: heartbeats a kill after the commit point left, which the next writer's repair removes
         self.crash_beats: set[str] = set()
         self.killed_now = self.repaired_now = False
+        #: whether the table has archived sequence entries (counted once per sequence)
+        self.archived = False
         #: a kill since the Delta log was last complete: it may lag the sequence until a commit
         self.delta_may_lag = False
         self.env = dict(os.environ)
@@ -842,8 +844,10 @@ class _Runner:
         from spark_jobs.arrow_engine import shadow_compare as shadow
         from spark_jobs.arrow_engine.validate import run_validate
         from spark_jobs.exceptions import BadInputError
+        from spark_jobs.table import delta
         from spark_jobs.table.reader import read_arrow
         from spark_jobs.table.shadow import ShadowOptions
+        from spark_jobs.table.view import FileSystemView
 
         t = self.advance_oracle()
         tl = t.timeline
@@ -880,8 +884,11 @@ class _Runner:
             self.crash_beats |= set(t.io.list_names(t.layout.heartbeats))
         elif self.repaired_now:
             self.crash_beats = set()
-        self._audit(t, first)
-        self._check_delta(t, first)
+        # the retained snapshots' views, built once: the audit and the Delta check both read them
+        views = {n: FileSystemView.at_seq(tl, n) for n in range(first if last else 0, last + 1)}
+        mirrored = delta.enabled(t, views[last].properties)
+        self._audit(t, views, mirrored=mirrored)
+        self._check_delta(t, views, mirrored=mirrored)
         if not self.archived and tl.archives(refresh=True):
             self.archived = True
             self.counts.archived += 1
@@ -908,19 +915,16 @@ class _Runner:
                          f"missing {_short(missing[:3])} extra {_short(extra[:3])} "
                          f"differ {_short(wrong[:2])} ({len(missing)}/{len(extra)}/{len(wrong)})")
 
-    def _audit(self, t: Any, first: int) -> None:
-        """Every file under the root is metadata, read by a retained snapshot, or named by a
-        pending plan or a marker (format.md §1, §3.6, §4)."""
+    def _audit(self, t: Any, views: dict[int, Any], *, mirrored: bool) -> None:
+        """Every file under the root is metadata, read by a retained snapshot (``views``), or
+        named by a pending plan or a marker (format.md §1, §3.6, §4)."""
         import pyarrow.fs as pafs
 
-        from spark_jobs.table import delta
         from spark_jobs.table.commit import parse as parse_commit
-        from spark_jobs.table.view import FileSystemView
 
         tl = t.timeline
         explained: set[str] = set()
-        for n in range(first if tl.last_seq else 0, tl.last_seq + 1):
-            v = FileSystemView.at_seq(tl, n)
+        for n, v in views.items():
             explained |= v.all_files()
             for files in v.index_files.values():
                 explained.update(files)
@@ -942,7 +946,6 @@ class _Runner:
         for ts in marked_instants:
             explained.update(t.marked_files(ts))
         pending_ts = {i.timestamp for i in pending}
-        mirrored = delta.enabled(t)
         meta_dir = ".bucketindex/"
         root = self.root_path.rstrip("/")
         infos = t.io.fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
@@ -974,13 +977,12 @@ class _Runner:
         if bad:
             raise Divergence(self.step_no, "unexplained files", f"{len(bad)}: {_short(sorted(bad)[:4])}")
 
-    def _check_delta(self, t: Any, first: int) -> None:
+    def _check_delta(self, t: Any, views: dict[int, Any], *, mirrored: bool) -> None:
         """A mirrored table's Delta log (format.md §11): versions 0..k with no gap and none past
         the sequence; k below the sequence only after a kill (the next commit fills the gap); every
         retained version read by ``deltalake`` equals the oracle at that entry (copy-on-write) or
         the snapshot's bases (merge-on-read: the read-optimized view)."""
         from spark_jobs.table import delta
-        from spark_jobs.table.view import FileSystemView
         from spark_jobs.testing.delta_reads import (
             has_reference_files,
             published_names,
@@ -990,7 +992,7 @@ class _Runner:
             sorted_rows,
         )
 
-        if not delta.enabled(t):
+        if not mirrored:
             if t.io.list_names(delta.log_dir(t)):
                 raise Divergence(self.step_no, "delta log", "a Delta log on a table that does not mirror")
             return
@@ -1007,8 +1009,8 @@ class _Runner:
         else:
             self.delta_may_lag = False
         uri, opts = delta.reader_uri(t), delta.reader_storage_options(t)
-        for v in range(first, len(present)):
-            view = FileSystemView.at_seq(tl, v)
+        for v in range(max(1, min(views)), len(present)):
+            view = views[v]
             got = (query_delta if has_reference_files(view) else read_delta)(uri, v, opts)
             self.counts.delta_versions += 1
             names = published_names(view)
@@ -1019,8 +1021,6 @@ class _Runner:
             elif sorted_rows(got, names) != sorted_rows(read_optimized(t, view), names):
                 raise Divergence(self.step_no, f"delta version {v} != read-optimized view",
                                  f"{got.num_rows} rows read, the bases hold {view.num_rows}")
-
-    archived: bool = False
 
     def _outside_digest(self) -> dict[str, str]:
         import pyarrow.fs as pafs
