@@ -44,9 +44,19 @@ class BucketIndexTableMixin:
 
     do_xcom_push: bool
     outlets: Any
-    hook: BucketIndexHook
+    conn_id: str
+    storage_conn_id: str | None
+    storage_options: dict[str, Any] | None
     #: True for operators whose commit changes what readers of the table see (an upsert)
     emits_table_updates: bool = False
+
+    @cached_property
+    def hook(self) -> BucketIndexHook:
+        """The task's storage settings (connection extras, ``storage_conn_id``, ``storage_options``),
+        built on first use, after templates render. Operators that work in the task itself (clean,
+        rollback) need no more; :class:`BucketIndexSparkOperator` adds the Spark options."""
+        return BucketIndexHook(conn_id=self.conn_id, storage_conn_id=_text(self.storage_conn_id),
+                               storage_options=self.storage_options or None)
 
     @classmethod
     def default_outlets(cls, kwargs: dict[str, Any]) -> None:

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from functools import cached_property
 from typing import TYPE_CHECKING, Any, Sequence
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_bucketindex import DEFAULT_CONN_ID
-from airflow_provider_bucketindex.hooks.bucketindex import BucketIndexHook
 from airflow_provider_bucketindex.operators.base import BucketIndexTableMixin, storage_scoped
 from spark_jobs.text import plural
 
@@ -86,11 +84,6 @@ class CleanTableOperator(BucketIndexTableMixin, BaseOperator):
         self.storage_conn_id = storage_conn_id
         self.storage_options = storage_options
 
-    @cached_property
-    def hook(self) -> BucketIndexHook:
-        """Only for the storage options (the connection's extras); clean itself runs no Spark job."""
-        return BucketIndexHook(conn_id=self.conn_id, storage_conn_id=self.storage_conn_id or None,
-                               storage_options=self.storage_options or None)
 
     def clean_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of ``run_clean`` (templates rendered; unset values None)."""

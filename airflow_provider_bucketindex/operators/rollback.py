@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from functools import cached_property
 from typing import TYPE_CHECKING, Any, Sequence
 
 from airflow.sdk import BaseOperator, TriggerRule
@@ -10,7 +9,6 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_bucketindex import DEFAULT_CONN_ID
 from airflow_provider_bucketindex.batch import upstream_batches
-from airflow_provider_bucketindex.hooks.bucketindex import BucketIndexHook
 from airflow_provider_bucketindex.operators.base import BucketIndexTableMixin, storage_scoped
 
 if TYPE_CHECKING:
@@ -90,10 +88,6 @@ class RollbackBatchOperator(BucketIndexTableMixin, BaseOperator):
         self.storage_conn_id = storage_conn_id
         self.storage_options = storage_options
 
-    @cached_property
-    def hook(self) -> BucketIndexHook:
-        return BucketIndexHook(conn_id=self.conn_id, storage_conn_id=self.storage_conn_id or None,
-                               storage_options=self.storage_options or None)
 
     @storage_scoped
     def execute(self, context: Context) -> dict[str, Any]:

@@ -304,3 +304,17 @@ def test_a_lone_secret_is_never_paired_with_a_lower_levels_key_id():
     assert merge_levels(conn, {"profile": "analytics"}) == {"profile": "analytics", "region": "eu-west-1"}
     # and one naming a key id brings its own secret, or none
     assert merge_levels(conn, {"access_key_id": "AKIA-TASK"}) == {"access_key_id": "AKIA-TASK", "region": "eu-west-1"}
+
+
+@pytest.mark.parametrize("operator", ["CleanTableOperator", "RollbackBatchOperator", "ValidateTableOperator"])
+@pytest.mark.parametrize("rendered", ["None", "", "  "])
+def test_an_unset_storage_conn_id_template_falls_back_to_the_connections_in_every_operator(
+        ops, monkeypatch, operator, rendered):  # type: ignore[no-untyped-def]
+    """``storage_conn_id="{{ params.store }}"`` with the param unset renders "None" (or ""): every
+    operator, in-task ones too, then uses the bucketindex connection's storage connection."""
+    _aws(monkeypatch)
+    _bucketindex(monkeypatch, storage_conn_id="lake_s3")
+    extra = {"batch_id": "b1"} if operator == "RollbackBatchOperator" else {}
+    op = getattr(ops, operator)(task_id="t", table_uri="s3://lake/t", storage_conn_id=rendered, **extra)
+    settings = op.hook.storage_settings()
+    assert settings["endpoint_url"] == "http://127.0.0.1:9000" and settings["access_key_id"] == "AKIACONN"
