@@ -39,21 +39,18 @@ INDEX_ENTRY_BYTES = 64
 def precheck_upsert(opts: UpsertOptions) -> None:
     """Every check of an upsert that needs only metadata, before any engine (or JVM) starts -- the
     CLI, the Airflow operator: a bad option or batch costs a second, not a Spark session's start.
-    BadInputError (exit 2) for a source that does not exist; options against ``table.json`` and
+    BadInputError (exit 2) for a source that does not exist (a glob: that matches no file); options against ``table.json`` and
     the buckets in force, or a new table without a record key (the driver's own
     :func:`~spark_jobs.table.action.upsert.resolve_config`, so the two cannot disagree); and,
     from the Parquet footers of a flat source, the named fields missing from it, a reserved column
     name and the batch's columns against the table's (the engines' own column rules; the
     validation checks again)."""
-    from spark_jobs.exceptions import BadInputError
-    from spark_jobs.io.filesystem import resolve
+    from spark_jobs.arrow_engine.source import require_source
     from spark_jobs.table.action.upsert import check_source_columns, resolve_config
     from spark_jobs.table.schema import check_batch_schema, check_timestamp_units, footer_schema
     from spark_jobs.table.table import Table
 
-    io, path = resolve(opts.source)
-    if not io.exists(path):
-        raise BadInputError(f"source {opts.source} does not exist")
+    require_source(opts.source)
     cfg, view = resolve_config(opts, Table.open(opts.table))
     # from the footers of a flat Parquet source, read once; anything not cheap and sure (other
     # formats, Hive directories, globs, unreadable files) is left to the engine's validation,

@@ -35,7 +35,7 @@ from spark_jobs.io.filesystem import FileIO, is_unreachable, resolve
 from spark_jobs.table.schema import STORED_TZ, check_timestamp_units
 
 __all__ = ["SOURCE_FORMATS", "cast_to_table", "read_source", "spark_schema", "spark_type", "spark_type_name",
-           "SourceListing", "list_source", "partition_schema", "parquet_source_schema", "read_source_files",
+           "SourceListing", "list_source", "is_glob", "require_source", "partition_schema", "parquet_source_schema", "read_source_files",
            "raise_if_unreachable"]
 
 #: as :data:`spark_jobs.jobs.source.SOURCE_FORMATS` (not imported: that module imports pyspark)
@@ -183,10 +183,10 @@ def read_source(uri: str, fmt: str, *, table_schema: pa.Schema | None) -> pa.Tab
     if fmt not in SOURCE_FORMATS:
         raise BadInputError(f"unknown source format {fmt!r}; expected one of {', '.join(SOURCE_FORMATS)}")
     io, path = resolve(uri)
+    if is_glob(path):  # before the existence check: a glob is no path
+        raise EngineUnsupportedError(f"source {uri} is a glob pattern for Spark: {_USE_SPARK}")
     if not io.exists(path):
         raise BadInputError(f"source {uri} does not exist")
-    if any(ch in path for ch in "*?[{"):  # Spark reads such a path as a glob
-        raise EngineUnsupportedError(f"source {uri} is a glob pattern for Spark: {_USE_SPARK}")
     files = _source_files(io, path, uri, fmt)
     if fmt == "parquet":
         return _read_parquet(io, files, uri)
@@ -291,6 +291,23 @@ def list_source(uri: str, fmt: str) -> SourceListing:
         raise BadInputError(f"source {uri} has conflicting directory structures (partition columns "
                             f"{' vs '.join(sorted('/'.join(n) or '(none)' for n in names))})")
     return SourceListing(uri, io, paths, values, partition_schema(values, uri=uri))
+
+
+def is_glob(path: str) -> bool:
+    """Whether Spark reads ``path`` as a Hadoop glob: it does for any path holding ``*?[{``."""
+    return _GLOB.search(path) is not None
+
+
+def require_source(uri: str) -> None:
+    """BadInputError unless ``uri`` names something to read: the path itself or, for a Hadoop
+    glob (Spark globs any path holding ``*?[{``), at least one match. A glob never exists as a
+    path, so a plain existence check refuses every glob the CLI accepts."""
+    io, path = resolve(uri)
+    if not is_glob(path):
+        if not io.exists(path):
+            raise BadInputError(f"source {uri} does not exist")
+    elif not _glob(io, path):
+        raise BadInputError(f"source {uri} matches no file")
 
 
 def _glob(io: FileIO, path: str) -> list[str]:

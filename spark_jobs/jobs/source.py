@@ -43,9 +43,7 @@ def read_source(spark: SparkSession, uri: str, fmt: str, *, table_schema: Any = 
     if not hadoop_reads(spark, uri):
         return _read_with_arrow(spark, uri, fmt, table_schema=table_schema)
     with _store(uri):
-        io, path = resolve(uri)
-        if not io.exists(path):
-            raise BadInputError(f"source {uri} does not exist")
+        arrow_source.require_source(uri)  # a glob: at least one match (Spark's reader globs it)
     reader = spark.read
     if fmt == "csv":
         reader = reader.option("header", "true").option("inferSchema", "true")

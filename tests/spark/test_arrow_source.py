@@ -262,3 +262,48 @@ def test_uncastable_values_fail_with_the_spark_line(spark, tmp_path: Path, colum
     arrow_msg, spark_msg = _errors(spark, str(f), "parquet", table)
     assert arrow_msg == spark_msg
     assert arrow_msg.startswith(f"column {column!r}: ")
+
+
+def test_a_glob_source_upserts_its_matches_only_through_spark(spark, tmp_path: Path):
+    """The CLI takes a glob as the source (Spark reads it as a Hadoop glob). The pre-check lets a
+    glob with matches through and refuses one with none (exit 2, nothing written); ``auto``
+    runs it on Spark (the Arrow reader leaves globs to Spark); files the glob does not name stay out."""
+    from spark_jobs.engines import precheck_upsert, upsert
+    from spark_jobs.table.action.upsert import UpsertOptions
+    from spark_jobs.table.reader import read_arrow
+    from tests.oracle import reduce_batches
+    from tests.spark.conftest import tree_digest, write_batch
+
+    def rows(day: int, keys: list[str]) -> list[dict]:
+        return [{"id": k, "ts": day, "region": "eu west/+%ü", "v": f"{k}@{day}", "is_deleted": False} for k in keys]
+
+    land = tmp_path / "landing"
+    a1, a2 = rows(1, ["k 1", "k/2", "k%3", "ключ"]), rows(2, ["k/2", "x" * 300])
+    b1 = rows(3, ["k 1", "only-in-b"])
+    write_batch(land / "a-1.parquet", a1)
+    write_batch(land / "a-2.parquet", a2)
+    write_batch(land / "b-1.parquet", b1)
+    uri = str(tmp_path / "t")
+
+    def opts(source: str, **kw) -> UpsertOptions:
+        return UpsertOptions(table=uri, source=source, record_key=["id"], precombine_field="ts",
+                             partition_field="region", delete_field="is_deleted", **kw)
+
+    with pytest.raises(BadInputError, match=r"source .*landing/z-\*\.parquet matches no file"):
+        precheck_upsert(opts(str(land / "z-*.parquet")))
+    with pytest.raises(EngineUnsupportedError, match="glob pattern"):
+        upsert(opts(str(land / "a-*.parquet"), engine="arrow"), spark=lambda: pytest.fail("started Spark"))
+    assert not (tmp_path / "t").exists()
+
+    glob = opts(str(land / "a-*.parquet"))
+    precheck_upsert(glob)
+    result = upsert(glob, spark=lambda: spark)
+    assert result["engine"] == "spark", result
+    want = {k: {c: v for c, v in r.items() if c != "is_deleted"} for k, r in reduce_batches([a1, a2]).items()}
+    got = {r["id"]: r for r in read_arrow(uri).select(["id", "ts", "region", "v"]).to_pylist()}
+    assert got == want
+
+    before = tree_digest(tmp_path / "t")
+    with pytest.raises(BadInputError, match="matches no file"):
+        precheck_upsert(opts(str(land / "{c,d}-*.parquet")))
+    assert tree_digest(tmp_path / "t") == before
