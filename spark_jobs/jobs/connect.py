@@ -40,6 +40,7 @@ import tempfile
 import time
 from typing import TYPE_CHECKING, Any, Sequence
 
+from spark_jobs.processes import stop_with_parent
 from spark_jobs.resources import is_local_master, local_driver_memory
 
 if TYPE_CHECKING:
@@ -380,6 +381,8 @@ def start_server(port: int = DEFAULT_PORT, *, host: str = "127.0.0.1", master: s
     Its Python workers run ``python`` (default: this interpreter, which has pyarrow, numpy
     and xxhash); the jobs' own code arrives per session as an artifact. The server's output
     goes to ``log_path`` (default ``$BUCKETINDEX_HOME/logs/connect-<port>.log``, :mod:`spark_jobs.home`).
+    The server is this process's: it gets SIGTERM when this process dies, even by SIGKILL
+    (:func:`spark_jobs.processes.stop_with_parent`).
     """
     if port == 0:
         port = free_port(host)
@@ -396,7 +399,7 @@ def start_server(port: int = DEFAULT_PORT, *, host: str = "127.0.0.1", master: s
     out = open(log_path, "ab")
     try:
         proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, cwd=tempfile.gettempdir())
+                                start_new_session=True, cwd=tempfile.gettempdir(), preexec_fn=stop_with_parent())
     finally:
         out.close()
     server = ConnectServer(proc, host, port, log_path)

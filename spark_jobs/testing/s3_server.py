@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 from urllib.parse import parse_qs
 
+from spark_jobs.processes import stop_with_parent
+
 __all__ = ["classify", "CountingApp", "S3Server", "start_server"]
 
 #: the request kinds counted; a batch delete (``POST ?delete``) counts as one DELETE
@@ -158,7 +160,7 @@ def start_server(port: int = 0, host: str = "127.0.0.1", *, timeout: float = 30.
     env.pop("AWS_ENDPOINT_URL", None)
     proc = subprocess.Popen([sys.executable, "-m", "spark_jobs.testing.s3_server", "--host", host,
                              "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env=env)
+                            env=env, preexec_fn=stop_with_parent())
     assert proc.stdout is not None
     deadline = time.monotonic() + timeout
     line = ""

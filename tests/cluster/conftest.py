@@ -19,6 +19,7 @@ import pytest
 
 from airflow_provider_bucketindex import packaging
 from airflow_provider_bucketindex.demo import sandbox
+from spark_jobs.processes import stop_with_parent
 
 REPO = Path(__file__).resolve().parents[2]
 sandbox.session_env_for_tests([str(REPO / "dags")])
@@ -88,7 +89,8 @@ def standalone_cluster(tmp_path_factory):  # type: ignore[no-untyped-def]
     def start(name: str, args: list[str]) -> None:
         log = open(cluster.logs / f"{name}.out", "wb")
         procs.append(
-            subprocess.Popen([spark_class, *args], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            subprocess.Popen([spark_class, *args], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                             preexec_fn=stop_with_parent())  # gone with pytest, even if it is killed
         )
 
     def wait_for(what: str, ok, timeout: float = 120) -> None:  # type: ignore[no-untyped-def]
