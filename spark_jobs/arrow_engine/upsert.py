@@ -260,8 +260,11 @@ class ArrowUpsertEngine:
                      for s in slices],
                     schema=pa.schema([("path", pa.string()), ("part", pa.string()), ("fid", pa.string()),
                                       ("logs", pa.list_(pa.string()))]))
-                found = [pa.Table.from_batches(list(tasks.read_file_keys([listing], table_uri=table.uri,
-                                                                         part=OLD_PART, fid=OLD_FID)))]
+                # a group whose rows were all deleted has an empty base (compaction keeps it for
+                # later logs): its file yields no batch, so the schema is given
+                found = [pa.Table.from_batches(
+                    list(tasks.read_file_keys([listing], table_uri=table.uri, part=OLD_PART, fid=OLD_FID)),
+                    schema=pa.schema([(KEY, pa.string()), (OLD_PART, pa.string()), (OLD_FID, pa.string())]))]
         hits = [t for t in found if t.num_rows]
         if not hits:
             nulls = pa.nulls(len(keys), pa.string())

@@ -38,9 +38,11 @@ import pytest
 
 from spark_jobs.arrow_engine.upsert import run_upsert
 from spark_jobs.arrow_engine.validate import run_validate
+from spark_jobs.cli import main as cli_main
 from spark_jobs.table import Action, Table
 from spark_jobs.table.action.upsert import UpsertOptions
 from spark_jobs.table.reader import read_arrow
+from spark_jobs.testing.torture import run_sequence
 from tests.oracle import reduce_batches, rows_by_identity
 
 pytestmark = pytest.mark.unit
@@ -135,4 +137,46 @@ def test_two_processes_finishing_the_same_interrupted_rollback_both_succeed(tmp_
     final = Table.load(uri).timeline.reload()
     assert final.is_completed(rb.timestamp) and final.last_seq == after_a.last_seq  # one decision, kept
     assert not final.pending() and rows_by_identity(read_arrow(uri).to_pylist())["k 1/+"]["ts"] == 1
+    assert run_validate(uri)["ok"]
+
+
+def test_an_upsert_tags_keys_beside_a_group_compacted_to_nothing(tmp_path):
+    """**The Arrow engine failed to tag a batch on a global_simple table holding an empty base.**
+    Found by the 1,000-sequence run of the mirror generator (``benchmarks/torture.py --seed
+    1128``, sequence 150, seed 1816365525): on a merge-on-read table, a key deleted through a
+    log and the group then compacted leaves an empty base (compaction keeps the group for later
+    logs: ``spark_jobs.jobs.tasks.compact_slices``). global_simple tags a batch by reading every
+    live key of the snapshot, and that file yields no batch of keys, so
+    ``pa.Table.from_batches([])`` raised ``ValueError: Must pass schema, or at least one
+    RecordBatch`` and every later upsert of the table failed on the Arrow engine (Spark's
+    ``mapInArrow`` takes an empty output). Shrunk to its 4 steps, without the race it came with."""
+    row = {"amount": "1.00", "at": None, "note": "plain", "region": "日本"}
+    seq = {"seed": 1816365525, "settings": {"table_type": "merge_on_read", "index": "global_simple",
+                                            "partitioned": True, "num_buckets": 1, "checkpoint_interval": 10,
+                                            "target_file_rows": 5},
+           "steps": [{"op": "upsert", "via": "api", "batch_id": "b001", "zone": "Asia/Tokyo",
+                      "rows": [dict(row, id="k20", ts=5, is_deleted=False)]},
+                     {"op": "upsert", "via": "api", "batch_id": "b002", "zone": "UTC",
+                      "rows": [dict(row, id="k20", ts=9, is_deleted=True)]},
+                     {"op": "compact", "phase": "execute", "only": "data", "min": 1, "kill": None},
+                     {"op": "upsert", "via": "api", "batch_id": "b004", "zone": "UTC",
+                      "rows": [dict(row, id="k14", ts=10, is_deleted=False),
+                               dict(row, id="ключ", ts=7, is_deleted=False, region="é" * 110)]}]}
+    run_sequence(seq, tmp_path / "run")  # the oracle, validate, shadow-compare, time travel after each step
+
+    # the same steps, inspected: the compaction leaves an empty base, the next upsert tags beside it
+    uri = str(tmp_path / "t")
+
+    def up(bid: str, rows: list[tuple]) -> None:
+        run_upsert(UpsertOptions(table=uri, source=_batch(tmp_path / f"{bid}.parquet", rows), record_key=["id"],
+                                 precombine_field="ts", partition_field="region", index="global_simple",
+                                 table_type="merge_on_read", delete_field="is_deleted", batch_id=bid))
+
+    up("b1", [("k20", "日本", 5, False)])
+    up("b2", [("k20", "日本", 9, True)])
+    assert cli_main(["compact", uri, "--engine", "arrow", "--min-logs", "1", "--only", "data"]) == 0
+    table = Table.load(uri)
+    assert [pq.ParquetFile(table.abs(s.path)).metadata.num_rows for s in table.view().slices()] == [0]
+    up("b3", [("k14", "日本", 10, False), ("ключ", "é" * 110, 7, False)])
+    assert sorted(r["id"] for r in read_arrow(uri).to_pylist()) == ["k14", "ключ"]
     assert run_validate(uri)["ok"]
