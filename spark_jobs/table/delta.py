@@ -116,15 +116,19 @@ def versions_present(table: "Table") -> list[int]:
 
 # -- the hook ------------------------------------------------------------------------------
 
-def after_commit(table: "Table", seq: int, *, properties: dict[str, Any]) -> None:
-    """The post-commit hook (``Transaction.commit``): mirror entry ``seq`` if the table asks
-    (``properties``: the snapshot's after entry ``seq``, so asking costs no request).
+def after_commit(table: "Table", seq: int, *, properties: dict[str, Any],
+                 fault_point: str = "after_commit_before_mirror") -> None:
+    """The post-commit hook (``Transaction.commit``, and a rollback's decision): mirror entry
+    ``seq`` if the table asks (``properties``: the snapshot's after entry ``seq``, so asking
+    costs no request).
 
     Runs after the commit point, so it must never fail the commit: anything it raises is
-    logged as a warning, and the gap is filled by the next writer or ``mirror --repair``."""
+    logged as a warning, and the gap is filled by the next writer or ``mirror --repair``.
+    ``fault_point`` names the crash point before the write: a rollback has its own, since a
+    writer's repair runs one before the writer's own commit."""
     if not enabled(table, properties):
         return
-    maybe_crash("after_commit_before_mirror")
+    maybe_crash(fault_point)
     try:
         mirror_commit(table, seq)
     except Exception as e:  # noqa: BLE001 - the commit is done; the projection is derived

@@ -86,6 +86,10 @@ KILL_POINTS = {
 #: a mirrored table's Delta log write, after the commit point (format.md §11): a kill there
 #: leaves Delta readers one version behind until the next commit or ``mirror --repair``
 MIRROR_POINT = "after_commit_before_mirror"
+#: a rollback's Delta log write, after its decision. A writer reaches it before its own commit
+#: point when it first repairs a pending write, so for a killed upsert it counts as before the
+#: commit point (and is not reached at all when there is nothing to repair)
+ROLLBACK_MIRROR_POINT = "after_rollback_before_mirror"
 #: archival's steps, after a checkpoint (format.md §3.5); reached only once 30 entries are old
 #: enough, which the long sequences (``long_share``) are made for
 ARCHIVE_POINTS = ("archive_after_copy", "archive_after_plans")
@@ -324,6 +328,12 @@ def generate(seed: int, *, spark: bool = False, kills: bool = True, overlaps: bo
         for st in steps[on_from + 1:]:
             if st.get("kill") in PRE_COMMIT + POST_COMMIT and st["op"] == "upsert" and ext.random() < 0.35:
                 st["kill"] = MIRROR_POINT
+        # a rollback's Delta version: an explicit rollback killed there, or a writer killed in
+        # the repair it runs first (right after a killed step, something is pending)
+        for prev, st in zip(steps[on_from:], steps[on_from + 1:]):
+            if st.get("kill") and (st["op"] == "rollback" or st["op"] == "upsert" and prev.get("kill")) \
+                    and ext.random() < 0.4:
+                st["kill"] = ROLLBACK_MIRROR_POINT
     return {"seed": seed, "settings": settings, "steps": steps}
 
 
@@ -642,9 +652,10 @@ class _Runner:
         now = self._committed(step["batch_id"])
         if not killed and rc != 0:
             raise Divergence(self.step_no, "upsert failed", f"exit {rc}: {err.strip()[-1500:]}")
-        if killed and point in PRE_COMMIT and now and not was:
+        before = PRE_COMMIT + (ROLLBACK_MIRROR_POINT,)
+        if killed and point in before and now and not was:
             raise Divergence(self.step_no, "kill before the commit point", f"{point}: the batch is visible")
-        if (killed and point not in PRE_COMMIT or not killed) and not now:
+        if (killed and point not in before or not killed) and not now:
             raise Divergence(self.step_no, "write lost", f"{point} (killed={killed}): the batch is not visible")
 
     def _forced_rollback(self, step: dict[str, Any], src: str) -> None:
@@ -1112,23 +1123,40 @@ def shrink(seq: dict[str, Any], first: Divergence, workdir: Path, *, budget_s: f
                 if log:
                     log(f"  shrunk to {len(best['steps'])} steps")
         i -= 1
-    for si in range(len(best["steps"])):
-        step = best["steps"][si]
-        holders = [None] if "rows" in step else list(range(len(step.get("writers", []))))
-        for wi in holders:
-            def rows_of(s: dict[str, Any], si: int = si, wi: int | None = wi) -> list[dict[str, Any]]:
-                st = s["steps"][si]
-                return st["rows"] if wi is None else st["writers"][wi]["rows"]
-
-            j = len(rows_of(best)) - 1
-            while j >= 0 and len(rows_of(best)) > 1 and time.monotonic() < deadline:
-                cand = copy.deepcopy(best)
-                del rows_of(cand)[j]
-                d = same(cand)
-                if d is not None:
-                    best, why = cand, d
-                j -= 1
+    # rows: a batch id sent more than once (an overlap's two tries of one task, the same batch
+    # again after a kill) carries the same rows each time, so its copies shrink in lockstep
+    for bid in _batch_ids(best):
+        j = len(_rows_of(best, bid)[0]) - 1
+        while j >= 0 and len(_rows_of(best, bid)[0]) > 1 and time.monotonic() < deadline:
+            cand = copy.deepcopy(best)
+            for rows in _rows_of(cand, bid):
+                del rows[j]
+            d = same(cand)
+            if d is not None:
+                best, why = cand, d
+            j -= 1
     return best, why
+
+
+def _senders(seq: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every step or racing writer that sends a batch (has ``rows``), in order."""
+    for st in seq["steps"]:
+        if "rows" in st:
+            yield st
+        yield from (w for w in st.get("writers", []) if "rows" in w)
+
+
+def _batch_key(sender: dict[str, Any]) -> str:
+    return sender.get("batch_id") or f"<{sender['op']}>"  # a bootstrap's files have no batch id
+
+
+def _batch_ids(seq: dict[str, Any]) -> list[str]:
+    return list(dict.fromkeys(_batch_key(st) for st in _senders(seq)))
+
+
+def _rows_of(seq: dict[str, Any], batch_id: str) -> list[list[dict[str, Any]]]:
+    """The row lists of every copy of ``batch_id`` in ``seq`` (the first one first)."""
+    return [st["rows"] for st in _senders(seq) if _batch_key(st) == batch_id]
 
 
 def replay_command(seq: dict[str, Any], *, storage: str = "local") -> str:

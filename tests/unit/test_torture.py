@@ -217,6 +217,28 @@ def test_shrinking_keeps_only_what_fails(tmp_path, monkeypatch):
     assert why.check == first.check
 
 
+def test_shrinking_keeps_the_copies_of_one_batch_identical(tmp_path, monkeypatch):
+    """Two tries of one task (an overlap's writers with one batch id) send the same rows; the
+    1,000-sequence run (seed 1128, sequence 150) shrank them apart, into a sequence the oracle
+    cannot model (one batch id, two contents) and a divergence of its own. Here a failure that
+    needs both copies equal and holding key "a" shrinks them together to that one row."""
+    rows = [("a", "r", 1, False), ("b", "r", 1, True), ("c", "s", 2, False)]
+    writer = dict(_up("b002", rows), via="overlap", max_retries=3)
+    seq = _seq([_up("b001", [("z", "r", 0, False)]),
+                {"op": "overlap", "writers": [writer, json.loads(json.dumps(writer))], "service": None,
+                 "pause": 0.5}])
+
+    def fails(cand, workdir, **kw):  # type: ignore[no-untyped-def]
+        copies = [[r["id"] for r in w["rows"]] for st in cand["steps"] for w in st.get("writers", [])]
+        return Divergence(1, "latest snapshot != oracle", "x") if len(copies) == 2 and copies[0] == copies[1] \
+            and "a" in copies[0] else None
+
+    monkeypatch.setattr(torture, "diverges", fails)
+    shrunk, _ = torture.shrink(seq, fails(seq, tmp_path), tmp_path / "shrink", budget_s=60)
+    assert [st["op"] for st in shrunk["steps"]] == ["overlap"]
+    assert [[r["id"] for r in w["rows"]] for w in shrunk["steps"][0]["writers"]] == [["a"], ["a"]]
+
+
 def test_the_benchmark_replays_a_sequence_and_ends_with_its_counts(tmp_path):
     seq = _seq(SEMANTICS[:2], "bucket", "merge_on_read")
     path = tmp_path / "seq.json"

@@ -160,7 +160,8 @@ def _decide_and_clean(table: "Table", rb: Instant, plan: dict[str, Any]) -> bool
         # the decision is a sequence entry like a commit's, so a mirrored table gets its Delta
         # version now (a commitInfo only: a rollback changes no published file), not at the
         # next commit; Delta version == sequence number (format.md §11)
-        after_commit(table, claimed, properties=table.view().properties)
+        after_commit(table, claimed, properties=table.view().properties,
+                     fault_point="after_rollback_before_mirror")
     return True
 
 
