@@ -15,6 +15,7 @@ from spark_jobs.arrow_engine.compact import run_compact as arrow_compact
 from spark_jobs.arrow_engine.upsert import run_upsert
 from spark_jobs.arrow_engine.validate import run_validate as arrow_validate
 from spark_jobs.jobs.compact import run_compact as spark_compact
+from spark_jobs.jobs.upsert import run_upsert as spark_upsert
 from spark_jobs.table.action.compact import CompactionPolicy
 from spark_jobs.table.action.upsert import UpsertOptions
 from spark_jobs.table.reader import read_arrow
@@ -95,3 +96,35 @@ def test_spark_and_arrow_compaction_give_the_same_table(spark, tmp_path):
     assert arrow_validate(on_spark)["ok"] and arrow_validate(on_arrow)["ok"]
     for uri_, t in ((on_spark, by_spark), (on_arrow, by_arrow)):
         assert Table.load(uri_).timeline.pending() == [] and not Table.load(uri_).marked_files(t["instant"])
+
+
+def test_both_engines_upsert_beside_a_group_compacted_to_nothing(spark, tmp_path):
+    """A merge-on-read group whose every row was deleted compacts to an empty base (kept for
+    later logs). The next batch, tagged by global_simple against every live key, must give the
+    same table on either engine: the Arrow engine failed there until 64a5a9e (the torture run,
+    seed 1128; tests/unit/test_torture_regressions.py)."""
+    uri = str(tmp_path / "t")
+    first = [{"id": "k/1 %", "region": "日本", "ts": 5, "amount": 1.5, "is_deleted": False}]
+    gone = [dict(first[0], ts=9, is_deleted=True)]
+    later = [{"id": "k2", "region": "日本", "ts": 10, "amount": 2.5, "is_deleted": False},
+             {"id": "ключ", "region": "é" * 110, "ts": 7, "amount": None, "is_deleted": False}]
+
+    def opts(table: str, bid: str, rows: list[dict]) -> UpsertOptions:
+        return UpsertOptions(table=table, source=write_batch(tmp_path / f"{bid}.parquet", rows, SCHEMA),
+                             record_key=["id"], precombine_field="ts", partition_field="region",
+                             index="global_simple", table_type="merge_on_read", delete_field="is_deleted",
+                             batch_id=bid)
+
+    run_upsert(opts(uri, "b1", first))
+    run_upsert(opts(uri, "b2", gone))
+    assert arrow_compact(uri, policy=EVERYTHING)["executed"]
+    assert [s.num_rows for s in Table.load(uri).view().file_groups.values()] == [0]
+    on_spark, on_arrow = str(tmp_path / "spark"), str(tmp_path / "arrow")
+    shutil.copytree(uri, on_spark)
+    shutil.copytree(uri, on_arrow)
+    spark_upsert(spark, opts(on_spark, "b3", later))
+    run_upsert(opts(on_arrow, "b3", later))
+    key = [("id", "ascending")]
+    assert read_arrow(on_spark).sort_by(key).equals(read_arrow(on_arrow).sort_by(key))
+    assert rows_by_identity(read_arrow(on_arrow).to_pylist()) == reduce_batches([first, gone, later])
+    assert arrow_validate(on_spark)["ok"] and arrow_validate(on_arrow)["ok"]
