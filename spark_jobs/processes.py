@@ -16,7 +16,7 @@ import signal
 import sys
 from typing import Callable
 
-__all__ = ["session_pids", "stop_with_parent"]
+__all__ = ["is_running", "session_pids", "stop_with_parent"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -37,6 +37,16 @@ def session_pids(sid: int) -> list[int] | None:
         except (OSError, ValueError, IndexError):
             continue
     return pids
+
+
+def is_running(pid: int) -> bool:
+    """Whether ``pid`` is a live process: not gone and not a zombie (a killed child stays one
+    until its parent reaps it, and ``kill(pid, 0)`` still succeeds then). Needs ``/proc``."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
 
 
 def stop_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:

@@ -16,6 +16,8 @@ import time
 
 import pytest
 
+from spark_jobs.processes import is_running
+
 pytestmark = pytest.mark.unit
 
 OWNER = textwrap.dedent("""
@@ -28,26 +30,18 @@ OWNER = textwrap.dedent("""
 """)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def _child_after_owner_is_killed(mode: str, *, wait: float) -> tuple[int, bool]:
     owner = subprocess.Popen([sys.executable, "-c", OWNER, mode], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              text=True)
     assert owner.stdout is not None
     pid = int(owner.stdout.readline())
-    assert _alive(pid)
+    assert is_running(pid)
     owner.kill()  # SIGKILL: no cleanup, no atexit, no finally
     owner.wait()
     deadline = time.monotonic() + wait
-    while _alive(pid) and time.monotonic() < deadline:
+    while is_running(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return pid, _alive(pid)
+    return pid, is_running(pid)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")

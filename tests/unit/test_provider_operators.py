@@ -13,6 +13,7 @@ import pytest
 from airflow_provider_bucketindex import packaging
 from airflow_provider_bucketindex.demo import sandbox
 from airflow_provider_bucketindex.batch import batch_id_from_context, default_batch_id
+from spark_jobs.processes import is_running
 
 pytestmark = pytest.mark.unit
 
@@ -225,14 +226,6 @@ time.sleep(300)
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs /proc")
 def test_on_kill_stops_spark_submit_and_its_workers_and_leaves_the_pending_instant(ops, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
     from airflow_provider_bucketindex.hooks.bucketindex import SparkJobFailed
@@ -273,9 +266,9 @@ def test_on_kill_stops_spark_submit_and_its_workers_and_leaves_the_pending_insta
     assert not th.is_alive()
     assert len(errors) == 1 and isinstance(errors[0], SparkJobFailed) and errors[0].returncode != 0
     deadline = time.monotonic() + 10
-    while _alive(worker_pid) and time.monotonic() < deadline:
+    while is_running(worker_pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _alive(submit_pid) and not _alive(worker_pid)
+    assert not is_running(submit_pid) and not is_running(worker_pid)
     assert [i.timestamp for i in table.timeline.reload().pending()] == [pending.timestamp]
 
 
