@@ -31,11 +31,11 @@ import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from spark_jobs.exceptions import BadInputError, EngineUnsupportedError
-from spark_jobs.io.filesystem import FileIO, is_unreachable, resolve
+from spark_jobs.io.filesystem import FileIO, is_glob, is_unreachable, resolve
 from spark_jobs.table.schema import STORED_TZ, check_timestamp_units
 
 __all__ = ["SOURCE_FORMATS", "cast_to_table", "read_source", "spark_schema", "spark_type", "spark_type_name",
-           "SourceListing", "list_source", "is_glob", "require_source", "partition_schema", "parquet_source_schema", "read_source_files",
+           "SourceListing", "list_source", "require_source", "partition_schema", "parquet_source_schema", "read_source_files",
            "raise_if_unreachable"]
 
 #: as :data:`spark_jobs.jobs.source.SOURCE_FORMATS` (not imported: that module imports pyspark)
@@ -240,7 +240,6 @@ def _to_spark(col: pa.ChunkedArray | pa.Array, t: pa.DataType) -> pa.Array:
 
 #: Spark's name for a null partition value (``__HIVE_DEFAULT_PARTITION__``)
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
-_GLOB = re.compile(r"[*?\[{]")
 _DOUBLE = re.compile(r"[+-]?(?:NaN|Infinity|(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?[dDfF]?)")
 _ISO_DATE = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})")
 _ISO_TS = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[ T][0-9]{1,2}:[0-9]{2}(?::[0-9]{2}(?:\.[0-9]*)?)?")
@@ -267,7 +266,7 @@ def list_source(uri: str, fmt: str) -> SourceListing:
     if fmt not in SOURCE_FORMATS:
         raise BadInputError(f"unknown source format {fmt!r}; expected one of {', '.join(SOURCE_FORMATS)}")
     io, path = resolve(uri)
-    roots = _glob(io, path) if _GLOB.search(path) else [path]
+    roots = _glob(io, path) if is_glob(path) else [path]
     if not roots or (len(roots) == 1 and not io.exists(roots[0])):
         raise BadInputError(f"source {uri} does not exist")
     paths: list[str] = []
@@ -293,11 +292,6 @@ def list_source(uri: str, fmt: str) -> SourceListing:
     return SourceListing(uri, io, paths, values, partition_schema(values, uri=uri))
 
 
-def is_glob(path: str) -> bool:
-    """Whether Spark reads ``path`` as a Hadoop glob: it does for any path holding ``*?[{``."""
-    return _GLOB.search(path) is not None
-
-
 def require_source(uri: str) -> None:
     """BadInputError unless ``uri`` names something to read: the path itself or, for a Hadoop
     glob (Spark globs any path holding ``*?[{``), at least one match. A glob never exists as a
@@ -313,7 +307,7 @@ def require_source(uri: str) -> None:
 def _glob(io: FileIO, path: str) -> list[str]:
     """The paths a Hadoop glob names, sorted (one listing under its first literal directory)."""
     parts = path.split("/")
-    first = next(i for i, p in enumerate(parts) if _GLOB.search(p))
+    first = next(i for i, p in enumerate(parts) if is_glob(p))
     base = "/".join(parts[:first])
     pattern = [re.compile(_glob_regex(p)) for p in parts[first:]]
     found = io.fs.get_file_info(pafs.FileSelector(base, recursive=len(pattern) > 1, allow_not_found=True))

@@ -36,7 +36,7 @@ from spark_jobs.exceptions import BadInputError, PathEscapeError, StorageUnavail
 from spark_jobs.io.storage import StorageConfig, split_uri_options
 
 __all__ = ["FileIO", "InstantExistsError", "PathEscapeError", "is_inside", "resolve", "refuse_uncommittable",
-           "normalise_uri", "scheme_of", "clear_cache", "is_unreachable"]
+           "normalise_uri", "scheme_of", "clear_cache", "is_unreachable", "GLOB_CHARS", "is_glob"]
 
 #: what a delete treats as "not there": a missing file, a missing or non-directory parent,
 #: and a name too long to exist at all (a write that failed on it created nothing)
@@ -635,6 +635,15 @@ def normalise_uri(uri: str) -> str:
     if alias is None:
         return uri
     return alias + uri[len(parsed.scheme):]
+
+
+#: Hadoop's glob characters: Spark reads any source path holding one of them as a glob
+GLOB_CHARS = "*?[{"
+
+
+def is_glob(path: str) -> bool:
+    """Whether Spark reads ``path`` (a source, a path component) as a Hadoop glob."""
+    return any(ch in path for ch in GLOB_CHARS)
 
 
 def scheme_of(uri: str) -> str:

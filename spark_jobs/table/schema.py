@@ -196,9 +196,9 @@ def _source_schema(source: str) -> pa.Schema | None:
     import pyarrow.fs as pafs
     import pyarrow.parquet as pq
 
-    from spark_jobs.io.filesystem import resolve
+    from spark_jobs.io.filesystem import is_glob, resolve
 
-    if any(ch in source for ch in "*?[{"):
+    if is_glob(source):
         return None
     io, path = resolve(source)
     info = io.fs.get_file_info(path)

@@ -90,6 +90,8 @@ MIRROR_POINT = "after_commit_before_mirror"
 #: point when it first repairs a pending write, so for a killed upsert it counts as before the
 #: commit point (and is not reached at all when there is nothing to repair)
 ROLLBACK_MIRROR_POINT = "after_rollback_before_mirror"
+#: where a killed upsert has not committed its batch
+UPSERT_PRE_COMMIT = PRE_COMMIT + (ROLLBACK_MIRROR_POINT,)
 #: archival's steps, after a checkpoint (format.md §3.5); reached only once 30 entries are old
 #: enough, which the long sequences (``long_share``) are made for
 ARCHIVE_POINTS = ("archive_after_copy", "archive_after_plans")
@@ -652,10 +654,9 @@ class _Runner:
         now = self._committed(step["batch_id"])
         if not killed and rc != 0:
             raise Divergence(self.step_no, "upsert failed", f"exit {rc}: {err.strip()[-1500:]}")
-        before = PRE_COMMIT + (ROLLBACK_MIRROR_POINT,)
-        if killed and point in before and now and not was:
+        if killed and point in UPSERT_PRE_COMMIT and now and not was:
             raise Divergence(self.step_no, "kill before the commit point", f"{point}: the batch is visible")
-        if (killed and point not in before or not killed) and not now:
+        if (killed and point not in UPSERT_PRE_COMMIT or not killed) and not now:
             raise Divergence(self.step_no, "write lost", f"{point} (killed={killed}): the batch is not visible")
 
     def _forced_rollback(self, step: dict[str, Any], src: str) -> None:

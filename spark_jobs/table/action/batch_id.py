@@ -30,7 +30,6 @@ __all__ = ["PREFIX", "default_batch_id", "source_listing"]
 
 #: derived ids start with this (``auto-`` + 20 hex digits: 80 bits of a SHA-256)
 PREFIX = "auto-"
-_GLOB = "*?[{"
 
 
 def source_listing(source: str) -> list[tuple[str, int, int]]:
@@ -41,11 +40,11 @@ def source_listing(source: str) -> list[tuple[str, int, int]]:
     ``_SUCCESS`` marker does not change the id."""
     import pyarrow.fs as pafs
 
-    from spark_jobs.io.filesystem import resolve
+    from spark_jobs.io.filesystem import GLOB_CHARS, is_glob, resolve
 
     root = source
-    if any(ch in source for ch in _GLOB):
-        cut = min(source.find(ch) for ch in _GLOB if ch in source)
+    if is_glob(source):
+        cut = min(source.find(ch) for ch in GLOB_CHARS if ch in source)
         prefix = source[:cut]
         root = (prefix.rsplit("/", 1)[0] or "/") if "/" in prefix else "."
     io, path = resolve(root)
