@@ -58,7 +58,7 @@ def _key(i: int) -> str:
     return f"order {i:04d}/é+%"
 
 
-def _row(i: int, region: str, ts: int, writer: str, deleted: bool = False) -> dict:
+def _row(i: int, region: str | None, ts: int, writer: str, deleted: bool = False) -> dict:
     return {"id": _key(i), "region": region, "ts": ts, "amount": float(i), "writer": writer, "is_deleted": deleted}
 
 
@@ -78,9 +78,11 @@ def _cli_upsert(uri: str, src: str, batch_id: str, env: dict[str, str], engine: 
 
 
 def _base(upsert: Upsert, tmp_path: Path, index: str, table_type: str | None = None) -> tuple[str, list[dict]]:
-    """A table with a full and a small file group in 'eu west' (130 rows, 100 per file) and one in 'são paulo'."""
+    """A table with a full and a small file group in 'eu west' (130 rows, 100 per file), one in 'são paulo',
+    one in the empty-string partition and one in the null partition (two directories, format.md §1)."""
     uri = str(tmp_path / f"t-{index}")
-    rows = [_row(i, "eu west", 1, "base") for i in range(130)] + [_row(i, "são paulo", 1, "base") for i in range(130, 170)]
+    rows = ([_row(i, "eu west", 1, "base") for i in range(130)] + [_row(i, "são paulo", 1, "base") for i in range(130, 170)]
+            + [_row(i, "", 1, "base") for i in range(170, 180)] + [_row(i, None, 1, "base") for i in range(180, 190)])
     upsert(_options(uri, write_batch(tmp_path / f"base-{index}.parquet", rows), index, "base", table_type))
     return uri, rows
 
@@ -139,7 +141,10 @@ def three_writers_overlapping_then_disjoint(upsert: Upsert, validate: Validate, 
     # same partition (the small file group takes inserts), one also deletes a key of its own
     disjoint = [[_row(40 + 20 * w + i, "eu west", 9, f"r2-w{w}") for i in range(10)]
                 + [_row(2000 + 100 * w + i, "eu west", 9, f"r2-w{w}") for i in range(10)]
-                + [_row(140 + w, "são paulo", 9, f"r2-w{w}", deleted=True)] for w in range(WRITERS)]
+                + [_row(140 + w, "são paulo", 9, f"r2-w{w}", deleted=True)]
+                # one writer each on the "" and the null partition's group: a delete, an update
+                + {0: [_row(170, "", 9, "r2-w0", deleted=True)], 1: [_row(180, None, 9, "r2-w1")]}.get(w, [])
+                for w in range(WRITERS)]
     status = _round(validate, engine, tmp_path, uri, index, "r2", disjoint, [[], [], []], history)
     assert all(rc == 0 for rc in status.values()), status  # writers on disjoint keys all commit
 

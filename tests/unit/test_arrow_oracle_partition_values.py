@@ -27,7 +27,7 @@ pytestmark = pytest.mark.unit
 #: The long one is 125 bytes; a value whose marker name would pass 255 bytes is
 #: ``test_value_whose_marker_name_exceeds_a_file_name``.
 REGIONS: list[str | None] = [
-    "south east", "a+b", "100%", "x/y", "k=v", "são paulo", "東京", "a*b", "long-" + "value-" * 20, None,
+    "south east", "a+b", "100%", "x/y", "k=v", "são paulo", "東京", "a*b", "long-" + "value-" * 20, None, "",
 ]
 KEY_SHAPES = ["k {}", "k+{}", "k%{}", "k/{}", "k={}", "chave-ção-{}", "鍵{}", "long-" * 40 + "{}"]
 ROWS_PER_REGION = 45

@@ -36,14 +36,15 @@ pytestmark = pytest.mark.unit
 Upsert = Callable[[UpsertOptions], Any]
 Validate = Callable[[str], dict]
 
-#: users' data: keys and partition values with spaces, /, %, + and non-ASCII; the literal
-#: "__NULL__" (a directory of its own since format.md §1 step 2); a CJK address whose
+#: users' data: keys and partition values with spaces, /, %, + and non-ASCII; null and "" (two
+#: directories, format.md §1); the literal "__NULL__" (a directory of its own since format.md §1
+#: step 2); a CJK address whose
 #: directory name passes 200 bytes (shortened, with hashed markers) -- the crash matrix
 #: covers the names a killed writer leaves behind and a rollback deletes
 KEY = "k{:03d} /%+é"
-B1 = [{"id": KEY.format(i), "region": ["eu west/1", "sã%o+paulo"][i % 2], "ts": i, "amount": float(i),
+B1 = [{"id": KEY.format(i), "region": ["eu west/1", "sã%o+paulo", "", None][i % 4], "ts": i, "amount": float(i),
        "is_deleted": False} for i in range(120)]
-B2 = ([{"id": KEY.format(i), "region": ["__NULL__", "東京都千代田区千代田一丁目一番一号皇居東御苑内"][i % 2],
+B2 = ([{"id": KEY.format(i), "region": ["__NULL__", "東京都千代田区千代田一丁目一番一号皇居東御苑内", None, ""][i % 4],
         "ts": 1000 + i, "amount": -1.0, "is_deleted": i % 7 == 0} for i in range(60, 180)])
 
 
