@@ -435,12 +435,12 @@ def cmd_read(args: argparse.Namespace, submitted: bool) -> int:
         sys.stdout.write(show(args.table, args.as_of, args.limit))
         return 0
     if args.output and choice.engine == ARROW:
-        import pyarrow.parquet as pq
+        from spark_jobs.io import parquet
 
         assert io is not None and out is not None
         t = read_arrow(args.table, args.as_of)
         try:
-            pq.write_table(t, out, filesystem=io.fs)  # the store's configured client, not one of pyarrow's
+            parquet.write_table(t, out, filesystem=io.fs)  # the store's configured client, not one of pyarrow's
         except BaseException:
             io.delete(out)  # a torn output (a full disk) must not look like a snapshot
             raise

@@ -31,6 +31,7 @@ import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from spark_jobs.exceptions import BadInputError, EngineUnsupportedError
+from spark_jobs.io import parquet
 from spark_jobs.io.filesystem import FileIO, is_glob, is_unreachable, resolve
 from spark_jobs.table.schema import STORED_TZ, check_timestamp_units
 
@@ -203,7 +204,7 @@ def _read_parquet(io: FileIO, files: list[pafs.FileInfo], uri: str) -> pa.Table:
     for f in files:
         try:
             with io.fs.open_input_file(f.path) as fh:
-                pf = pq.ParquetFile(fh)
+                pf = parquet.open_file(fh)  # pages with a checksum verified
                 if any(pf.schema.column(i).physical_type == "INT96" for i in range(len(pf.schema))):
                     raise EngineUnsupportedError(f"source file {f.path} holds INT96 timestamps: {_USE_SPARK}")
                 try:
@@ -522,7 +523,7 @@ def _opened(io: FileIO, path: str, uri: str) -> Iterator[pq.ParquetFile]:
     """A source file opened as Parquet: its footer read, or the one line naming it."""
     try:
         fh = io.fs.open_input_file(path)
-        pf = pq.ParquetFile(fh)
+        pf = parquet.open_file(fh)  # pages with a checksum verified
     except (pa.ArrowInvalid, OSError) as e:
         raise_if_unreachable(e, uri)
         raise _corrupt(uri, path) from e

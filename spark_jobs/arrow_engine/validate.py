@@ -74,6 +74,8 @@ def _validate(table: Table, view: FileSystemView) -> dict[str, Any]:
     report, problems = validation.new_report(table, view)
     if validation.check_files(table, view, problems):  # reading them would fail or read other rows
         return validation.finish(report)
+    if validation.add_damaged(problems, _damaged(table, view)):  # the same: their rows cannot be trusted
+        return validation.finish(report)
     slices = view.slices()
     if not slices and not any(view.index_files.values()):
         return validation.finish(report)
@@ -97,6 +99,14 @@ def _validate(table: Table, view: FileSystemView) -> dict[str, Any]:
         report["index_entries"] = entries.num_rows
         _check_record_index(problems, rows, entries, nb)
     return validation.finish(report)
+
+
+def _damaged(table: Table, view: FileSystemView) -> list[tuple[str, str]]:
+    """``(path, why)`` of every damaged file of the snapshot: ``verify_files`` over all of them."""
+    files = pa.RecordBatch.from_pydict({"path": validation.files_to_verify(view)},
+                                       schema=pa.schema([("path", pa.string())]))
+    return [(p, w) for b in tasks.verify_files([files], table_uri=table.uri)
+            for p, w in zip(b.column("path").to_pylist(), b.column("problem").to_pylist())]
 
 
 def _keys_with_location(table: Table, view: FileSystemView) -> pa.Table:

@@ -63,6 +63,7 @@ __all__ = [
     "write_index_file",
     "SEALED_SUFFIX",
     "is_sealed_base",
+    "index_file_problem",
 ]
 
 BLOCK_ROWS = 65_536
@@ -228,6 +229,50 @@ class IndexFile:
     def sealed(self) -> bool:
         """A base compaction wrote past the bucket's cap: later compactions leave it as it is."""
         return bool(self.metadata.get("sealed", False))
+
+
+def index_file_problem(io: FileIO, path: str) -> str | None:
+    """Why the index file at ``path`` is damaged, or None: what ``validate`` checks of it.
+
+    An index file is Arrow IPC without checksums (memory-mapped lookups read only the pages
+    they touch, format.md §6), so a damaged one is found by its invariants instead: it decodes
+    whole; its columns are ``fp_hi``, ``fp_lo`` (uint64) and a signed ``loc``; the fingerprints
+    are strictly increasing; each block starts at the ``fp_hi`` its block index records; the
+    entry count is the recorded one; every ``loc`` is a tombstone or names a location of its
+    table, and every location is a ``[partition, file id]`` pair of strings. What these do not
+    catch -- a fingerprint changed to another in sorted order, or a ``loc`` to another valid
+    one -- ``validate``'s join of entries and rows does (an entry without its row and a row
+    without its entry, or an entry pointing at the wrong file)."""
+    try:
+        with IndexFile(io, path) as f:
+            batches = [f._reader.get_batch(i) for i in range(f.num_blocks)]
+            if any(not (isinstance(p, tuple) and len(p) == 2 and all(isinstance(x, str) for x in p))
+                   for p in f.locations):
+                return "its location table is not a list of [partition, file id] pairs"
+            names = [fl.name for fl in f._reader.schema]
+            if names != ["fp_hi", "fp_lo", "loc"] or not all(
+                    f._reader.schema.field(n).type == pa.uint64() for n in ("fp_hi", "fp_lo")) or not \
+                    pa.types.is_signed_integer(f._reader.schema.field("loc").type):
+                return f"its columns are {f._reader.schema}, not fp_hi, fp_lo (uint64) and loc"
+            for b in batches:
+                b.validate(full=True)
+            hi = np.concatenate([b.column(0).to_numpy() for b in batches]) if batches else np.empty(0, np.uint64)
+            lo = np.concatenate([b.column(1).to_numpy() for b in batches]) if batches else np.empty(0, np.uint64)
+            loc = np.concatenate([b.column(2).to_numpy() for b in batches]) if batches else np.empty(0, np.int64)
+            if len(hi) != f.num_entries:
+                return f"it holds {len(hi)} entries, its metadata says {f.num_entries}"
+            firsts = [int(b.column(0)[0].as_py()) for b in batches if b.num_rows]
+            if firsts != [int(x) for x in f.block_first_hi.tolist()]:
+                return "its block index does not match its blocks"
+            if len(hi) > 1 and not np.all((hi[1:] > hi[:-1]) | ((hi[1:] == hi[:-1]) & (lo[1:] > lo[:-1]))):
+                return "its fingerprints are not strictly increasing"
+            if len(loc) and (loc.min() < TOMBSTONE or loc.max() >= len(f.locations)):
+                return "an entry names a location its table does not hold"
+    except (pa.ArrowException, OSError, ValueError, KeyError, TypeError) as e:
+        if isinstance(e, (FileNotFoundError, PermissionError)) or (isinstance(e, OSError) and e.errno is not None):
+            raise
+        return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+    return None
 
 
 @dataclass

@@ -214,8 +214,8 @@ def write_one_parquet(spark: SparkSession, df: DataFrame, uri: str) -> int:
     import uuid
 
     import pyarrow.fs as pafs
-    import pyarrow.parquet as pq
 
+    from spark_jobs.io import parquet
     from spark_jobs.io.filesystem import resolve
     from spark_jobs.jobs.session import job_conf
 
@@ -232,7 +232,7 @@ def write_one_parquet(spark: SparkSession, df: DataFrame, uri: str) -> int:
         if not parts:  # nothing written for an empty snapshot: an empty file with its schema
             from pyspark.sql.pandas.types import to_arrow_schema
 
-            pq.write_table(to_arrow_schema(df.schema).empty_table(), path, filesystem=io.fs)
+            parquet.write_table(to_arrow_schema(df.schema).empty_table(), path, filesystem=io.fs)
         else:
             assert len(parts) == 1, parts
             io.fs.move(parts[0], path)
@@ -240,7 +240,7 @@ def write_one_parquet(spark: SparkSession, df: DataFrame, uri: str) -> int:
         if io.exists(tmp):
             io.delete_dir(tmp)
     with io.open_input_file(path) as f:
-        return pq.ParquetFile(f).metadata.num_rows
+        return parquet.open_file(f).metadata.num_rows
 
 
 def _write_one_parquet_in_task(spark: SparkSession, df: DataFrame, uri: str) -> int:
@@ -248,9 +248,9 @@ def _write_one_parquet_in_task(spark: SparkSession, df: DataFrame, uri: str) -> 
     Spark's own writer cannot open (no hadoop-aws for ``s3a://``). An object store makes the
     file visible only when its upload completes, so a failed task leaves nothing half
     written; an empty snapshot is an empty file with its schema, written here."""
-    import pyarrow.parquet as pq
     from pyspark.sql.pandas.types import to_arrow_schema
 
+    from spark_jobs.io import parquet
     from spark_jobs.io.filesystem import resolve
 
     schema = to_arrow_schema(df.schema, timezone="UTC")
@@ -259,7 +259,7 @@ def _write_one_parquet_in_task(spark: SparkSession, df: DataFrame, uri: str) -> 
     io, path = resolve(uri)
     if not written:  # no partition, no task: nothing was read
         with io.fs.open_output_stream(path) as f:
-            pq.write_table(schema.empty_table(), f)
+            parquet.write_table(schema.empty_table(), f)
     return sum(written)
 
 
@@ -267,13 +267,13 @@ def write_parquet_file(batches: Any, *, uri: str, schema: Any) -> Any:
     """mapInArrow in the one task of :func:`_write_one_parquet_in_task`: its rows, one file
     (row groups as they come, timestamps in microseconds as Spark's writer is told to)."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
+    from spark_jobs.io import parquet
     from spark_jobs.io.filesystem import resolve
 
     io, path = resolve(uri)
     n = 0
-    with io.fs.open_output_stream(path) as f, pq.ParquetWriter(f, schema, coerce_timestamps="us") as w:
+    with io.fs.open_output_stream(path) as f, parquet.writer(f, schema, coerce_timestamps="us") as w:
         for b in batches:
             w.write_batch(b.cast(schema) if not b.schema.equals(schema) else b)
             n += b.num_rows

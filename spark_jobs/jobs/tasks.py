@@ -16,9 +16,8 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
-from spark_jobs.io import storage
+from spark_jobs.io import parquet, storage
 from spark_jobs.index.record_index import (
     SEALED_SUFFIX,
     IndexEntries,
@@ -48,6 +47,8 @@ __all__ = [
     "FILE_LIST_SCHEMA",
     "bind_batches",
     "read_file_keys",
+    "verify_files",
+    "VERIFY_OUTPUT",
     "read_slices",
     "slice_drops",
     "read_partial_slices",
@@ -310,7 +311,7 @@ def write_marked_parquet(t: Table, instant: str, rel: str, rows: pa.Table, *, sn
 
     def write() -> None:
         with t.io.open_output_stream(path) as out:
-            pq.write_table(rows, out, compression="zstd")
+            parquet.write_table(rows, out, compression="zstd")  # every page checksummed (io.parquet)
         maybe_crash("after_data_file")
 
     t.write_marked(instant, rel, write, snapshot_seq=snapshot_seq)
@@ -492,6 +493,48 @@ def read_file_keys(files: Iterable[pa.RecordBatch], *, table_uri: str, part: str
                 yield from _keys_of_file(t, rel, p, f, names=[KEY, part, fid])
 
 
+#: what :func:`verify_files` yields: a damaged file (absolute path) and why
+VERIFY_OUTPUT = pa.schema([("path", pa.string()), ("problem", pa.string())])
+
+
+def verify_files(files: Iterable[pa.RecordBatch], *, table_uri: str) -> Iterator[pa.RecordBatch]:
+    """mapInArrow over ``path string`` rows (relative paths of a snapshot's files): one
+    ``VERIFY_OUTPUT`` row per file that is damaged, for ``validate``.
+
+    A Parquet file (base, log, reference file) is read whole -- footer, every dictionary and
+    data page, checksums verified (``io.parquet.verify``) -- a row group at a time; an index
+    file is decoded whole and its invariants checked (``record_index.index_file_problem``).
+    Keys alone (what the other checks read) would miss a damaged page of any other column.
+    A file gone since the snapshot was listed is named too (``missing``)."""
+    from spark_jobs.index.record_index import index_file_problem
+
+    t: Table | None = None
+    for b in files:
+        out: list[tuple[str, str]] = []
+        for rel in b.column("path").to_pylist():
+            if t is None:
+                t = _table(table_uri)
+            path = t.abs(rel)
+            try:
+                if rel.endswith(".parquet") or is_reference(rel):
+                    with t.io.open_input_file(path) as f:
+                        parquet.verify(f, statistics=not is_reference(rel))  # a user's file: its writer's
+                    problem = None
+                else:
+                    problem = index_file_problem(t.io, path)
+            except FileNotFoundError:
+                problem = "missing"
+            except Exception as e:  # noqa: BLE001 - damage is a finding; anything else is raised
+                if not parquet.is_damage(e):
+                    raise
+                problem = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+            if problem is not None:
+                out.append((path, problem))
+        if out:
+            yield pa.RecordBatch.from_arrays([pa.array([p for p, _ in out], pa.string()),
+                                              pa.array([w for _, w in out], pa.string())], schema=VERIFY_OUTPUT)
+
+
 def read_slices(files: Iterable[pa.RecordBatch], *, table_uri: str, schema: pa.Schema,
                 precombine: str | None) -> Iterator[pa.RecordBatch]:
     """mapInArrow over ``FILE_LIST_SCHEMA`` rows: every live row of each merge-on-read slice,
@@ -554,8 +597,8 @@ def read_partial_slices(files: Iterable[pa.RecordBatch], *, table_uri: str, sche
 
 def _is_partial_log(t: Table, rel: str) -> bool:
     """Whether a log is partial (``merge.LOG_COLUMNS_KEY`` in its footer's schema metadata)."""
-    with t.io.open_input_file(t.abs(rel)) as f:
-        return log_columns(pq.ParquetFile(f).schema_arrow.empty_table()) is not None
+    with t.io.open_input_file(t.abs(rel)) as f, parquet.table_file(t.abs(rel)):
+        return log_columns(parquet.open_file(f).schema_arrow.empty_table()) is not None
 
 
 def _keys_of_file(t: Table, rel: str, part: str, fid: str, *, names: list[str]) -> Iterator[pa.RecordBatch]:
@@ -564,7 +607,13 @@ def _keys_of_file(t: Table, rel: str, part: str, fid: str, *, names: list[str]) 
         yield _labelled(read_data_file(t, rel, [KEY]).column(KEY).combine_chunks(), part, fid, names=names)
         return
     with t.io.open_input_file(t.abs(rel)) as src:
-        for b in pq.ParquetFile(src).iter_batches(batch_size=READ_BATCH_ROWS, columns=[KEY]):
+        with parquet.table_file(t.abs(rel)):
+            batches = parquet.open_file(src).iter_batches(batch_size=READ_BATCH_ROWS, columns=[KEY])
+        while True:
+            with parquet.table_file(t.abs(rel)):  # a damaged page is named, not read as other keys
+                b = next(batches, None)
+            if b is None:
+                return
             yield _labelled(b.column(0), part, fid, names=names)
 
 

@@ -54,6 +54,8 @@ def _validate(spark: SparkSession, table: Table, view: FileSystemView) -> dict[s
     report, problems = validation.new_report(table, view)
     if validation.check_files(table, view, problems):  # reading them would fail or read other rows
         return validation.finish(report)
+    if validation.add_damaged(problems, _damaged(spark, table, view)):  # the same: their rows cannot be trusted
+        return validation.finish(report)
     if rows is None and not any(view.index_files.values()):
         return validation.finish(report)
     if rows is not None:
@@ -100,6 +102,19 @@ def _validate(spark: SparkSession, table: Table, view: FileSystemView) -> dict[s
     if rows is not None:
         rows.unpersist()
     return validation.finish(report)
+
+
+def _damaged(spark: SparkSession, table: Table, view: FileSystemView) -> list[tuple[str, str]]:
+    """``(path, why)`` of every damaged file of the snapshot: ``tasks.verify_files`` in tasks,
+    each reading its files whole (a file a partition, so big files spread over executors)."""
+    files = validation.files_to_verify(view)
+    if not files:
+        return []
+    listing = spark.createDataFrame([(f,) for f in files], "path string").repartition(
+        min(len(files), max(1, default_parallelism(spark) * 2)))
+    found = listing.mapInArrow(tasks.bind_batches(tasks.verify_files, table_uri=table.uri),
+                               "path string, problem string").collect()
+    return [(r["path"], r["problem"]) for r in found]
 
 
 def count_and_sample(problems: dict[str, Any], df: DataFrame, checks: dict[str, tuple[Column, Column]], *,

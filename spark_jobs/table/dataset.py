@@ -36,6 +36,7 @@ import pyarrow.fs as pafs
 import pyarrow.ipc as ipc
 
 from spark_jobs.exceptions import TableNotFoundError
+from spark_jobs.io import parquet
 from spark_jobs.io.filesystem import refuse_uncommittable, refuse_uncommittable_uri, resolve
 from spark_jobs.io.storage import normalise_options
 from spark_jobs.table.config import TableConfig
@@ -107,7 +108,9 @@ def snapshot_dataset(table: Table, view: FileSystemView) -> ds.Dataset:
     parts: list[ds.Dataset] = []
     if plain or not merged:
         parts.append(ds.FileSystemDataset.from_paths(
-            [table.abs(s.path) for s in plain], schema=schema, format=ds.ParquetFileFormat(), filesystem=table.io.fs,
+            [table.abs(s.path) for s in plain], schema=schema, filesystem=table.io.fs,
+            # every page's checksum verified: a damaged page is an error, never other values
+            format=ds.ParquetFileFormat(default_fragment_scan_options=parquet.scan_options()),
             partitions=[_guarantee(table, s, schema) for s in plain]))
     if merged:
         files = MergedSliceFiles(table=table, view=view, slices=merged, schema=schema)

@@ -8,9 +8,10 @@ from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from spark_jobs.exceptions import TableCorruptError
+from spark_jobs.io import parquet
+from spark_jobs.io.parquet import table_file
 from spark_jobs.table.layout import is_reference
 from spark_jobs.table.schema import conform
 from spark_jobs.table.merge import LOG_OP, SlicePlan, merge_slice, plan_slice
@@ -82,21 +83,21 @@ def read_data_file(table: Table, rel: str, columns: Sequence[str] | None = None,
         f = table.io.open_input_file(table.abs(rel))
     except FileNotFoundError as e:
         raise missing_file_error(table.abs(rel)) from e
-    with f:
+    with f, table_file(table.abs(rel)):  # a damaged file is named (exit 1), never read as other values
         if not is_reference(rel):
             if not threads:  # the file's own reader, in this thread (it skips a column the file lacks)
-                return pq.ParquetFile(f).read(columns=cols, use_threads=False)
+                return parquet.open_file(f).read(columns=cols, use_threads=False)
             try:
-                return pq.read_table(f, columns=cols)
+                return parquet.read_table(f, columns=cols)
             except pa.ArrowInvalid:
                 if cols is None:
                     raise
                 # a partial log (format.md §5.1) holds only some columns: read those it has
                 f.seek(0)
-                have = set(pq.ParquetFile(f).schema_arrow.names)
+                have = set(parquet.open_file(f).schema_arrow.names)
                 f.seek(0)
-                return pq.read_table(f, columns=[c for c in cols if c in have])
-        pf = pq.ParquetFile(f)
+                return parquet.read_table(f, columns=[c for c in cols if c in have])
+        pf = parquet.open_file(f)
         stored = pf.schema_arrow.names
         assert table.config is not None and table.config.reference is not None, f"{rel}: not a reference table"
         keys = list(table.config.record_key_fields)

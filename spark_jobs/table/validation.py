@@ -7,6 +7,10 @@ shows is decided here, so both engines give the same report for the same snapsho
 
 * ``data_files_missing`` / ``reference_files_changed``: a file the snapshot reads is not on
   storage (or a reference file no longer has its recorded size); nothing else is checked then.
+* ``damaged_files``: a file the snapshot reads (base, log, reference or index file) whose
+  bytes are wrong -- a Parquet page failing its checksum or not decoding, a footer that does
+  not parse, an index file breaking its invariants -- sampled as ``"<path>: <why>"``; every
+  file is read whole for it (``tasks.verify_files``). Nothing else is checked then either.
 * ``row_count_mismatch``: a file group whose rows read differ from the ``num_rows`` its
   commit recorded (also one read from zero rows, or read and not in the view).
 * ``duplicate_keys``: a key read more than once (per partition for the bucket index): one
@@ -33,7 +37,7 @@ from spark_jobs.table.table import Table
 from spark_jobs.table.view import FileSystemView
 
 __all__ = [
-    "SAMPLES", "KEY", "new_report", "finish", "check_files", "row_count_mismatches", "add_problem",
+    "SAMPLES", "KEY", "new_report", "finish", "check_files", "files_to_verify", "add_damaged", "row_count_mismatches", "add_problem",
     "duplicate_identity", "fingerprint_sample", "RECORD_INDEX_CHECKS",
 ]
 
@@ -85,6 +89,19 @@ def check_files(table: Table, view: FileSystemView, problems: dict[str, Any]) ->
     if bad:
         problems["reference_files_changed"] = {"count": len(bad), "samples": bad[:SAMPLES]}
     return bool(bad or missing)
+
+
+def files_to_verify(view: FileSystemView) -> list[str]:
+    """Every file of the snapshot, relative and sorted: what ``damaged_files`` reads whole."""
+    return sorted(view.all_files())
+
+
+def add_damaged(problems: dict[str, Any], damaged: Iterable[tuple[str, str]]) -> bool:
+    """Record ``damaged_files`` from ``(path, why)`` pairs; True when there is one (the rows
+    cannot be checked then: reading them fails, or reads other values)."""
+    found = sorted(f"{path}: {why}" for path, why in damaged)
+    add_problem(problems, "damaged_files", len(found), found)
+    return bool(found)
 
 
 def row_count_mismatches(view: FileSystemView, read: Mapping[tuple[str, str], int]) -> list[str]:
