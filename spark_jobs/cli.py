@@ -48,8 +48,12 @@ def _csv(text: str) -> list[str]:
     return [p.strip() for p in text.split(",") if p.strip()]
 
 
+#: where a table may live, and where not: a store without a create-if-absent is refused when the
+#: table is opened (``refuse_uncommittable_uri``), so the help offers only the stores that commit
+TABLE_STORES = ("a local directory or a file:// or s3:// URI (s3a://, s3n:// alike); tables on hdfs://, gs:// "
+                "or abfs:// are refused (no create-if-absent to commit with), though sources there can be read")
 #: the positional TABLE of the verbs that work on an existing table
-TABLE_HELP = "the table: a local directory or a URI (file://, s3://, hdfs://, ...)"
+TABLE_HELP = f"the table: {TABLE_STORES}"
 
 REMOTE_HELP = "run on this Spark Connect server instead of a Spark of our own (default: $SPARK_REMOTE unless --master)"
 
@@ -103,8 +107,7 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
                                     "later upserts read them from the table's table.json, so those options may be "
                                     "left out, and a given one that contradicts the table is refused (exit 2) "
                                     "before any engine starts.")
-    up.add_argument("table", help="the table's directory or URI (file://, s3://, hdfs://); created by the first "
-                                  "upsert")
+    up.add_argument("table", help=f"the table, created by the first upsert: {TABLE_STORES}")
     up.add_argument("source", help="the batch: a file, a directory of files (Hive-style partition directories "
                                    "included) or a glob, in --source-format")
     up.add_argument("--record-key", type=_csv, metavar="FIELD[,FIELD...]",

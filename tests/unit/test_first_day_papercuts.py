@@ -100,3 +100,35 @@ def test_a_reader_that_closes_stdout_ends_show_without_a_traceback(table):
     assert "Traceback" not in p.stderr and "BrokenPipeError" not in p.stderr, p.stderr
     assert p.stderr == "", p.stderr
     assert p.returncode == 1
+
+
+# -- 14 (c): the stores `--help` offers for a table are the ones a table may live on ----------------------
+
+
+def _table_helps() -> dict[str, str]:
+    """verb -> the help of its TABLE argument, from the CLI's own parser."""
+    from spark_jobs.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "verb")
+    return {verb: next(a.help for a in p._actions if a.dest == "table")
+            for verb, p in sub.choices.items() if any(a.dest == "table" for a in p._actions)}
+
+
+def test_help_offers_no_table_store_that_is_refused_at_open():
+    import re
+
+    from spark_jobs.exceptions import UnsupportedStorageError
+    from spark_jobs.io.filesystem import refuse_uncommittable_uri
+
+    helps = _table_helps()
+    assert {"upsert", "show", "read"} <= set(helps)
+    for verb, text in helps.items():
+        offered = text.split(";")[0]  # what follows a ';' may only name stores that are refused
+        for scheme in re.findall(r"([a-z0-9]+)://", offered):
+            refuse_uncommittable_uri(f"{scheme}://bucket/t")  # raises for a refused store
+        for scheme in re.findall(r"([a-z0-9]+)://", text.split(";", 1)[1] if ";" in text else ""):
+            with pytest.raises(UnsupportedStorageError):
+                refuse_uncommittable_uri(f"{scheme}://nn:8020/t")
+    # and the CLI says the same in one line when such a table is given
+    p = cli("show", "hdfs://nn:8020/t")
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "hdfs://" in p.stderr, p.stderr
