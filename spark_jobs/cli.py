@@ -851,7 +851,11 @@ def cmd_mirror(args: argparse.Namespace, submitted: bool) -> int:
     if args.enable:
         from spark_jobs.table.action.mirror import enable_mirror
 
+        # the commit's own post-commit hook writes the history, before enable_mirror's repair
+        # (which then finds nothing to write): count what is in the log now and was not before
+        before = set(delta.versions_present(Table.open(args.table)))
         result = enable_mirror(args.table, args.enable)
+        result["written"] = sorted(set(delta.versions_present(Table.open(args.table))) - before)
     else:
         table = Table.load(args.table)
         if not delta.enabled(table):

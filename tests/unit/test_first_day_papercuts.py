@@ -132,3 +132,22 @@ def test_help_offers_no_table_store_that_is_refused_at_open():
     # and the CLI says the same in one line when such a table is given
     p = cli("show", "hdfs://nn:8020/t")
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "hdfs://" in p.stderr, p.stderr
+
+
+# -- 14 (d): `mirror --enable` counts the versions it wrote ------------------------------------------------
+
+
+def test_mirror_enable_reports_the_versions_it_wrote(table):
+    d, uri = table
+    for i in range(2):  # two more commits: the history the projection writes
+        rows = [dict(r, v=f"{r['v']}-{i}", ts=r["ts"] + dt.timedelta(hours=i + 1)) for r in ROWS[i:]]
+        result(cli("upsert", uri, _write(d / "in" / f"u{i}" / "part-0.parquet", rows), "--engine", "arrow"))
+    assert not (Path(uri) / "_delta_log").exists()
+    p = cli("mirror", uri, "--enable", "delta")
+    out = result(p)
+    log = sorted(n for n in os.listdir(Path(uri) / "_delta_log") if n.endswith(".json"))
+    assert len(log) >= 4  # three upserts and the commit that turned the projection on
+    assert out["written"] == [int(n.split(".")[0]) for n in log]
+    assert p.stdout.strip().splitlines()[-1].endswith(f": {len(log)} versions written"), p.stdout
+    again = cli("mirror", uri, "--enable", "delta")  # on already: nothing committed, nothing written
+    assert result(again)["written"] == [] and again.stdout.strip().endswith(": 0 versions written")
