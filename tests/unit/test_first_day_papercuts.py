@@ -151,3 +151,40 @@ def test_mirror_enable_reports_the_versions_it_wrote(table):
     assert p.stdout.strip().splitlines()[-1].endswith(f": {len(log)} versions written"), p.stdout
     again = cli("mirror", uri, "--enable", "delta")  # on already: nothing committed, nothing written
     assert result(again)["written"] == [] and again.stdout.strip().endswith(": 0 versions written")
+
+
+# -- 13: a delete flag sent without --delete-field ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("column,kind,values", [
+    ("is_deleted", pa.bool_(), [False, True, None, False]),
+    ("__deleted", pa.string(), ["false", "true", "false", "false"]),  # Debezium's unwrap transform
+    ("gone", pa.bool_(), [False, False, True, False]),  # any boolean column the table lacks
+])
+def test_a_delete_flag_without_delete_field_is_refused_naming_delete_field_first(table, column, kind, values):
+    d, uri = table
+    rows = [dict(r, ts=r["ts"] + dt.timedelta(hours=1), **{column: v}) for r, v in zip(ROWS, values)]
+    src = _write(d / "in" / "flag" / "part-0.parquet", rows, SCHEMA.append(pa.field(column, kind)))
+    before = tree_digest(Path(uri))
+    for engine in ("arrow", "auto"):
+        p = cli("upsert", uri, src, "--engine", engine)
+        assert p.returncode == 2, p.stderr
+        line = p.stderr.strip()
+        assert len(line.splitlines()) == 1, line
+        assert f"--delete-field {column}" in line, line
+        assert line.index("--delete-field") < line.index("--schema-evolution add-columns"), line
+        assert tree_digest(Path(uri)) == before
+    # following the advice deletes the flagged key
+    result(cli("upsert", uri, src, "--delete-field", column, "--engine", "arrow"))
+    from spark_jobs.table.reader import read_arrow
+
+    deleted = {r["id"] for r, v in zip(ROWS, values) if v in (True, "true")}
+    assert {r["id"] for r in read_arrow(uri).to_pylist()} == {r["id"] for r in ROWS} - deleted
+
+
+def test_a_plain_new_column_keeps_the_schema_evolution_advice(table):
+    d, uri = table
+    rows = [dict(r, note="x") for r in ROWS]
+    p = cli("upsert", uri, _write(d / "in" / "note" / "part-0.parquet", rows, SCHEMA.append(pa.field("note", pa.string()))),
+            "--engine", "arrow")
+    assert p.returncode == 2 and "--delete-field" not in p.stderr and "--schema-evolution add-columns" in p.stderr
