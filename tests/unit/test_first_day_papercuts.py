@@ -188,3 +188,51 @@ def test_a_plain_new_column_keeps_the_schema_evolution_advice(table):
     p = cli("upsert", uri, _write(d / "in" / "note" / "part-0.parquet", rows, SCHEMA.append(pa.field("note", pa.string()))),
             "--engine", "arrow")
     assert p.returncode == 2 and "--delete-field" not in p.stderr and "--schema-evolution add-columns" in p.stderr
+
+
+# -- 12: files of one batch whose timestamps differ only in zone ------------------------------------------
+
+
+def _zoned(path: Path, rows: list[dict], zone: str) -> None:
+    schema = pa.schema([("id", pa.string()), ("region", pa.string()), ("ts", pa.timestamp("us", tz=zone)),
+                        ("v", pa.string()), ("seen", pa.list_(pa.timestamp("ms", tz=zone)))])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
+
+
+def test_files_whose_timestamps_differ_only_in_zone_stay_on_arrow_and_keep_their_instants(tmp_path: Path):
+    from zoneinfo import ZoneInfo
+
+    from spark_jobs.arrow_engine.source import read_source
+    from tests.oracle import reduce_batches
+    from spark_jobs.table.reader import read_arrow
+
+    paris, ny = ZoneInfo("Europe/Paris"), ZoneInfo("America/New_York")
+
+    def rows(n: int, zone: ZoneInfo, hour: int) -> list[dict]:
+        ts = dt.datetime(2024, 3, 31, hour, 30, tzinfo=zone)  # the night Paris moves to summer time
+        return [{"id": k, "region": r, "ts": ts + dt.timedelta(minutes=i), "v": f"{k}@{zone.key}",
+                 "seen": [ts, None]} for i, (k, r) in enumerate([("a b", "eu west"), ("c/d", None), ("Zoë", ""),
+                                                                 (f"k{n}%+", "us/east")])]
+
+    uri = str(tmp_path / "t")
+    batches = []
+    for n, (hour_paris, hour_ny) in enumerate([(1, 2), (4, 1)]):
+        b1, b2 = rows(n, paris, hour_paris), rows(n, ny, hour_ny)
+        _zoned(tmp_path / "in" / f"b{n}" / "part-0.parquet", b1, "Europe/Paris")
+        _zoned(tmp_path / "in" / f"b{n}" / "part-1.parquet", b2, "America/New_York")
+        batches.append(b1 + b2)
+        # the Arrow reader takes the two files as one schema (on the old code: "different schemas")
+        read = read_source(str(tmp_path / "in" / f"b{n}"), "parquet", table_schema=None)
+        assert read.schema.field("ts").type == pa.timestamp("us", tz="UTC") and read.num_rows == 8
+        out = result(cli("upsert", uri, str(tmp_path / "in" / f"b{n}"), "--record-key", "id",
+                         "--precombine-field", "ts", "--partition-field", "region"))
+        assert out["engine"] == "arrow", out
+        assert commits(uri)[-1]["engine"]["name"] == "arrow"
+    stored = {r["id"]: r for r in read_arrow(uri).to_pylist()}
+    expected = reduce_batches(batches, delete_field=None)
+    assert stored.keys() == expected.keys()
+    for k, want in expected.items():  # aware datetimes compare as instants
+        got = stored[k]
+        assert got["ts"] == want["ts"] and got["v"] == want["v"] and got["seen"] == want["seen"], (got, want)
+        assert got["ts"].utcoffset() == dt.timedelta(0)
