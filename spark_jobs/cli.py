@@ -412,7 +412,7 @@ def cmd_upsert(args: argparse.Namespace, submitted: bool) -> int:
 
 
 def cmd_read(args: argparse.Namespace, submitted: bool) -> int:
-    from spark_jobs.table.action.engine import ARROW, AUTO, choose_engine, memory_budget
+    from spark_jobs.table.action.engine import ARROW, budget_given, choose_engine, memory_budget, needs_sizing
     from spark_jobs.table.reader import read_arrow
 
     if args.as_of is not None:  # before a JVM starts: `--as-of yesterday` must not read the latest snapshot
@@ -424,14 +424,14 @@ def cmd_read(args: argparse.Namespace, submitted: bool) -> int:
         resolve_as_of(Table.load(args.table).timeline, args.as_of)
     spark_requested = _spark_requested(args, submitted)
     needed = 0
-    if args.engine == AUTO and not spark_requested:
+    if needs_sizing(args.engine, spark_requested=spark_requested, override=args.memory_budget):
         from spark_jobs.arrow_engine.read import needed_bytes
         from spark_jobs.table.table import Table
 
         # printing reads the first slices only (one row more than shown: "only showing top N rows")
         needed = needed_bytes(Table.load(args.table).view(args.as_of), None if args.output else max(args.limit, 0) + 1)
     choice = choose_engine(requested=args.engine, needed_bytes=needed, spark_requested=spark_requested,
-                           budget=memory_budget(args.memory_budget))
+                           budget=memory_budget(args.memory_budget), budget_set=budget_given(args.memory_budget))
     if choice.engine == ARROW and not args.output:
         from spark_jobs.arrow_engine.read import show
 
@@ -636,18 +636,18 @@ def _human_bytes(n: float) -> str:
 
 
 def cmd_validate(args: argparse.Namespace, submitted: bool) -> int:
-    from spark_jobs.table.action.engine import ARROW, AUTO, choose_engine, memory_budget
+    from spark_jobs.table.action.engine import ARROW, budget_given, choose_engine, memory_budget, needs_sizing
 
     spark_requested = _spark_requested(args, submitted)
     needed = 0
-    if args.engine == AUTO and not spark_requested:
+    if needs_sizing(args.engine, spark_requested=spark_requested, override=args.memory_budget):
         from spark_jobs.arrow_engine.validate import needed_bytes
         from spark_jobs.table.table import Table
 
         table = Table.load(args.table)
         needed = needed_bytes(table, table.view())
     choice = choose_engine(requested=args.engine, needed_bytes=needed, spark_requested=spark_requested,
-                           budget=memory_budget(args.memory_budget))
+                           budget=memory_budget(args.memory_budget), budget_set=budget_given(args.memory_budget))
     if choice.engine == ARROW:
         from spark_jobs.arrow_engine.validate import run_validate as run_in_process
 
@@ -675,12 +675,12 @@ def cmd_shadow_compare(args: argparse.Namespace, submitted: bool) -> int:
     table = Table.load(args.table)
     assert table.config is not None
     check_options(table.config.index_type, opts)  # before a JVM starts: bad input is one line, nothing written
-    from spark_jobs.table.action.engine import ARROW, AUTO, choose_engine, memory_budget
+    from spark_jobs.table.action.engine import ARROW, budget_given, choose_engine, memory_budget, needs_sizing
 
     spark_requested = _spark_requested(args, submitted)
     budget = memory_budget(args.memory_budget)  # a bad --memory-budget: exit 2 whatever the engine
     needed, touched = 0, None
-    if args.engine == AUTO and not spark_requested:
+    if needs_sizing(args.engine, spark_requested=spark_requested, override=args.memory_budget):
         from spark_jobs.arrow_engine.shadow_compare import needed_bytes
         from spark_jobs.table.shadow import touched_since
 
@@ -688,7 +688,7 @@ def cmd_shadow_compare(args: argparse.Namespace, submitted: bool) -> int:
         touched = touched_since(table, opts.since) if opts.since is not None else None
         needed = needed_bytes(table, table.view(), opts, touched)
     choice = choose_engine(requested=args.engine, needed_bytes=needed, spark_requested=spark_requested,
-                           budget=budget)
+                           budget=budget, budget_set=budget_given(args.memory_budget))
     if choice.engine == ARROW:
         from spark_jobs.arrow_engine import shadow_compare as in_process
 

@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 
 from spark_jobs.exceptions import BadInputError, EngineUnsupportedError
 from spark_jobs.io.filesystem import FileIO, is_glob, is_unreachable, resolve
+from spark_jobs.resources import is_out_of_memory
 from spark_jobs.table.schema import STORED_TZ, check_timestamp_units
 
 __all__ = ["SOURCE_FORMATS", "cast_to_table", "read_source", "spark_schema", "spark_type", "spark_type_name",
@@ -209,9 +210,13 @@ def _read_parquet(io: FileIO, files: list[pafs.FileInfo], uri: str) -> pa.Table:
                 try:
                     t = pf.read()
                 except (pa.ArrowException, OSError) as e:
+                    if is_out_of_memory(e):  # the machine's limit, not the batch's fault: exit 1
+                        raise
                     first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
                     raise BadInputError(f"cannot read parquet source {uri}: {first}") from e
         except (pa.ArrowInvalid, OSError) as e:  # no footer: junk, empty or truncated
+            if is_out_of_memory(e):
+                raise
             raise _corrupt(uri, f.path) from e
         # zone-aware timestamps as UTC instants: Spark's view of them (Parquet records only that
         # they are instants; the zone is Arrow's metadata), and what the table stores anyway, so
@@ -533,6 +538,8 @@ def read_source_files(files: Iterable[pa.RecordBatch], *, uri: str, paths: list[
                         yield pa.RecordBatch.from_arrays(cols, schema=schema)
                 except (pa.ArrowException, OSError) as e:
                     raise_if_unreachable(e, uri)
+                    if is_out_of_memory(e):
+                        raise
                     first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
                     raise BadInputError(f"cannot read parquet source {uri}: {first}") from e
 
@@ -545,6 +552,8 @@ def _opened(io: FileIO, path: str, uri: str) -> Iterator[pq.ParquetFile]:
         pf = pq.ParquetFile(fh)
     except (pa.ArrowInvalid, OSError) as e:
         raise_if_unreachable(e, uri)
+        if is_out_of_memory(e):
+            raise
         raise _corrupt(uri, path) from e
     with fh:
         yield pf
