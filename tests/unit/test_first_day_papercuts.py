@@ -236,3 +236,34 @@ def test_files_whose_timestamps_differ_only_in_zone_stay_on_arrow_and_keep_their
         got = stored[k]
         assert got["ts"] == want["ts"] and got["v"] == want["v"] and got["seen"] == want["seen"], (got, want)
         assert got["ts"].utcoffset() == dt.timedelta(0)
+
+
+# -- 14 (a): rows that lost are reported -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("table_type", ["copy_on_write", "merge_on_read"])
+def test_the_upsert_result_reports_ignored_rows_by_reason(tmp_path: Path, table_type):
+    from tests.oracle import reduce_batches
+
+    schema = pa.schema([("id", pa.string()), ("p", pa.string()), ("ts", pa.int64()), ("gone", pa.bool_())])
+    first = [{"id": "a b", "p": "x/1", "ts": 5, "gone": False}, {"id": "50%+", "p": "x/1", "ts": 5, "gone": False},
+             {"id": "Zoë", "p": "", "ts": 5, "gone": False}]
+    second = [{"id": "a b", "p": "x/1", "ts": 1, "gone": False},  # stale update
+              {"id": "nobody", "p": "x/1", "ts": 9, "gone": True},  # delete of an absent key
+              {"id": "50%+", "p": "x/1", "ts": 1, "gone": True},  # stale delete
+              {"id": "Zoë", "p": None, "ts": 9, "gone": False},  # a move: an update
+              {"id": "e€", "p": "x/1", "ts": 1, "gone": False},  # insert
+              {"id": "e€", "p": "x/1", "ts": 0, "gone": False}]  # in-batch duplicate: not a key of its own
+    uri = str(tmp_path / "t")
+    result(cli("upsert", uri, _write(tmp_path / "b1.parquet", first, schema), "--record-key", "id",
+               "--precombine-field", "ts", "--partition-field", "p", "--delete-field", "gone", "--engine", "arrow",
+               "--table-type", table_type))
+    out = result(cli("upsert", uri, _write(tmp_path / "b2.parquet", second, schema), "--delete-field", "gone",
+                     "--engine", "arrow"))
+    assert out["counts"]["keys_in_batch"] == 5 and out["counts"]["inserted"] == 1 and out["counts"]["updated"] == 1
+    assert out["ignored"] == {"stale_upserts": 1, "stale_or_absent_deletes": 2}, out
+    assert commits(uri)[-1]["ignored"] == out["ignored"]
+    from spark_jobs.table.reader import read_arrow
+
+    assert {r["id"]: r["ts"] for r in read_arrow(uri).to_pylist()} == {
+        k: r["ts"] for k, r in reduce_batches([first, second], delete_field="gone").items()}
