@@ -267,3 +267,29 @@ def test_the_upsert_result_reports_ignored_rows_by_reason(tmp_path: Path, table_
 
     assert {r["id"]: r["ts"] for r in read_arrow(uri).to_pylist()} == {
         k: r["ts"] for k, r in reduce_batches([first, second], delete_field="gone").items()}
+
+
+# -- 14 (f): a partition directory replaced by a symlink leaving the table -----------------------------------
+
+
+def test_a_partition_directory_that_is_a_symlink_leaving_the_table_is_refused(table):
+    import shutil
+
+    d, uri = table
+    root = Path(uri)
+    parts = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
+    assert parts, list(root.iterdir())
+    victim = parts[0]
+    outside = d / "elsewhere"
+    shutil.move(str(victim), str(outside))
+    victim.symlink_to(outside, target_is_directory=True)
+    before_outside = tree_digest(outside)
+    rows = [dict(r, ts=r["ts"] + dt.timedelta(hours=1), v=r["v"] + "'") for r in ROWS]
+    p = cli("upsert", uri, _write(d / "in" / "b2" / "part-0.parquet", rows), "--engine", "arrow")
+    assert p.returncode == 1, p.stderr
+    line = p.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in p.stderr and "symlink leaving the table" in line and str(victim) in line, p.stderr
+    assert tree_digest(outside) == before_outside
+    c = cli("clean", uri, "--retain-commits", "1")
+    assert tree_digest(outside) == before_outside, c.stderr
+    assert victim.is_symlink()
