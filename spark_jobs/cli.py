@@ -48,8 +48,12 @@ def _csv(text: str) -> list[str]:
     return [p.strip() for p in text.split(",") if p.strip()]
 
 
+#: where a table may live, and where not: a store without a create-if-absent is refused when the
+#: table is opened (``refuse_uncommittable_uri``), so the help offers only the stores that commit
+TABLE_STORES = ("a local directory or a file:// or s3:// URI (s3a://, s3n:// alike); tables on hdfs://, gs:// "
+                "or abfs:// are refused (no create-if-absent to commit with), though sources there can be read")
 #: the positional TABLE of the verbs that work on an existing table
-TABLE_HELP = "the table: a local directory or a URI (file://, s3://, hdfs://, ...)"
+TABLE_HELP = f"the table: {TABLE_STORES}"
 
 REMOTE_HELP = "run on this Spark Connect server instead of a Spark of our own (default: $SPARK_REMOTE unless --master)"
 
@@ -103,8 +107,7 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
                                     "later upserts read them from the table's table.json, so those options may be "
                                     "left out, and a given one that contradicts the table is refused (exit 2) "
                                     "before any engine starts.")
-    up.add_argument("table", help="the table's directory or URI (file://, s3://, hdfs://); created by the first "
-                                  "upsert")
+    up.add_argument("table", help=f"the table, created by the first upsert: {TABLE_STORES}")
     up.add_argument("source", help="the batch: a file, a directory of files (Hive-style partition directories "
                                    "included) or a glob, in --source-format")
     up.add_argument("--record-key", type=_csv, metavar="FIELD[,FIELD...]",
@@ -409,7 +412,7 @@ def cmd_upsert(args: argparse.Namespace, submitted: bool) -> int:
 
 
 def cmd_read(args: argparse.Namespace, submitted: bool) -> int:
-    from spark_jobs.table.action.engine import ARROW, AUTO, choose_engine, memory_budget
+    from spark_jobs.table.action.engine import ARROW, budget_given, choose_engine, memory_budget, needs_sizing
     from spark_jobs.table.reader import read_arrow
 
     if args.as_of is not None:  # before a JVM starts: `--as-of yesterday` must not read the latest snapshot
@@ -421,14 +424,14 @@ def cmd_read(args: argparse.Namespace, submitted: bool) -> int:
         resolve_as_of(Table.load(args.table).timeline, args.as_of)
     spark_requested = _spark_requested(args, submitted)
     needed = 0
-    if args.engine == AUTO and not spark_requested:
+    if needs_sizing(args.engine, spark_requested=spark_requested, override=args.memory_budget):
         from spark_jobs.arrow_engine.read import needed_bytes
         from spark_jobs.table.table import Table
 
         # printing reads the first slices only (one row more than shown: "only showing top N rows")
         needed = needed_bytes(Table.load(args.table).view(args.as_of), None if args.output else max(args.limit, 0) + 1)
     choice = choose_engine(requested=args.engine, needed_bytes=needed, spark_requested=spark_requested,
-                           budget=memory_budget(args.memory_budget))
+                           budget=memory_budget(args.memory_budget), budget_set=budget_given(args.memory_budget))
     if choice.engine == ARROW and not args.output:
         from spark_jobs.arrow_engine.read import show
 
@@ -633,18 +636,18 @@ def _human_bytes(n: float) -> str:
 
 
 def cmd_validate(args: argparse.Namespace, submitted: bool) -> int:
-    from spark_jobs.table.action.engine import ARROW, AUTO, choose_engine, memory_budget
+    from spark_jobs.table.action.engine import ARROW, budget_given, choose_engine, memory_budget, needs_sizing
 
     spark_requested = _spark_requested(args, submitted)
     needed = 0
-    if args.engine == AUTO and not spark_requested:
+    if needs_sizing(args.engine, spark_requested=spark_requested, override=args.memory_budget):
         from spark_jobs.arrow_engine.validate import needed_bytes
         from spark_jobs.table.table import Table
 
         table = Table.load(args.table)
         needed = needed_bytes(table, table.view())
     choice = choose_engine(requested=args.engine, needed_bytes=needed, spark_requested=spark_requested,
-                           budget=memory_budget(args.memory_budget))
+                           budget=memory_budget(args.memory_budget), budget_set=budget_given(args.memory_budget))
     if choice.engine == ARROW:
         from spark_jobs.arrow_engine.validate import run_validate as run_in_process
 
@@ -672,12 +675,12 @@ def cmd_shadow_compare(args: argparse.Namespace, submitted: bool) -> int:
     table = Table.load(args.table)
     assert table.config is not None
     check_options(table.config.index_type, opts)  # before a JVM starts: bad input is one line, nothing written
-    from spark_jobs.table.action.engine import ARROW, AUTO, choose_engine, memory_budget
+    from spark_jobs.table.action.engine import ARROW, budget_given, choose_engine, memory_budget, needs_sizing
 
     spark_requested = _spark_requested(args, submitted)
     budget = memory_budget(args.memory_budget)  # a bad --memory-budget: exit 2 whatever the engine
     needed, touched = 0, None
-    if args.engine == AUTO and not spark_requested:
+    if needs_sizing(args.engine, spark_requested=spark_requested, override=args.memory_budget):
         from spark_jobs.arrow_engine.shadow_compare import needed_bytes
         from spark_jobs.table.shadow import touched_since
 
@@ -685,7 +688,7 @@ def cmd_shadow_compare(args: argparse.Namespace, submitted: bool) -> int:
         touched = touched_since(table, opts.since) if opts.since is not None else None
         needed = needed_bytes(table, table.view(), opts, touched)
     choice = choose_engine(requested=args.engine, needed_bytes=needed, spark_requested=spark_requested,
-                           budget=budget)
+                           budget=budget, budget_set=budget_given(args.memory_budget))
     if choice.engine == ARROW:
         from spark_jobs.arrow_engine import shadow_compare as in_process
 
@@ -848,7 +851,11 @@ def cmd_mirror(args: argparse.Namespace, submitted: bool) -> int:
     if args.enable:
         from spark_jobs.table.action.mirror import enable_mirror
 
+        # the commit's own post-commit hook writes the history, before enable_mirror's repair
+        # (which then finds nothing to write): count what is in the log now and was not before
+        before = set(delta.versions_present(Table.open(args.table)))
         result = enable_mirror(args.table, args.enable)
+        result["written"] = sorted(set(delta.versions_present(Table.open(args.table))) - before)
     else:
         table = Table.load(args.table)
         if not delta.enabled(table):
@@ -913,7 +920,11 @@ def main(argv: list[str] | None = None, *, submitted: bool = False,
     status = 1
     try:
         status = _main(argv, submitted=submitted, extra_verbs=extra_verbs)
+        sys.stdout.flush()  # a reader that went away (`show | head`) is told here, not at the interpreter's exit
         return status
+    except BrokenPipeError:
+        _stdout_gone()
+        return 1
     finally:
         while _SPARK_LOG:
             from spark_jobs.home import finish_spark_log
@@ -924,6 +935,22 @@ def main(argv: list[str] | None = None, *, submitted: bool = False,
                     print(f"bucketindex: Spark's log of this run: {path}", file=sys.stderr)
                 else:  # a handled failure stays one line; -v (no log file then) or the logs folder tell more
                     log.debug("Spark's log of this run: %s", path)
+
+
+def _stdout_gone() -> None:
+    """Standard output's reader closed it (``bucketindex show T | head``): stop without a
+    traceback, as Python's documentation on SIGPIPE recommends -- point stdout at devnull so
+    the interpreter's own flush at exit cannot raise again; the caller exits 1, the status a
+    Python program that lost its output has (the work itself finished or stopped where it was)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, ValueError, OSError):  # replaced by a test's capture: nothing to redirect
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
 
 
 def _main(argv: list[str] | None = None, *, submitted: bool = False,

@@ -20,8 +20,10 @@ from spark_jobs.table.action.engine import (
     IN_MEMORY_EXPANSION,
     SPARK,
     EngineChoice,
+    budget_given,
     choose_engine,
     memory_budget,
+    needs_sizing,
 )
 from spark_jobs.table.action.upsert import UpsertOptions
 from spark_jobs.table.config import INDEX_GLOBAL_SIMPLE, INDEX_RECORD
@@ -108,10 +110,12 @@ def upsert(opts: UpsertOptions, *, spark: Callable[[], Any] | None = None,
     :param spark_requested: why Spark is implied (``--master yarn``), if it is
     """
     requested = opts.engine or AUTO
-    needed = upsert_footprint(opts) if requested == AUTO and not spark_requested else 0
     budget = memory_budget(opts.memory_budget)
+    sized = needs_sizing(requested, spark_requested=spark_requested, override=opts.memory_budget)
+    needed = upsert_footprint(opts) if sized else 0
     choice = choose_engine(requested=requested, needed_bytes=needed, spark_requested=spark_requested,
-                           budget=budget, announce=False)  # the action logs it with its first phase
+                           budget=budget, announce=False,  # the action logs it with its first phase
+                           budget_set=budget_given(opts.memory_budget))
     if choice.engine == ARROW:
         from spark_jobs.arrow_engine.upsert import run_upsert as run_arrow
 

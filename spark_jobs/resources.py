@@ -23,6 +23,7 @@ __all__ = [
     "is_local_master",
     "shuffle_partitions",
     "describe_resource_failure",
+    "is_out_of_memory",
 ]
 
 #: the user's override of the derived local-mode heap, e.g. ``8g`` (the CLI's ``--driver-memory`` wins)
@@ -82,6 +83,28 @@ _JVM_GONE = re.compile(r"(Py4JNetworkError|Answer from Java side is empty|"
 _DISK = re.compile(r"No space left on device")
 
 
+#: the words of a thread this process could not start: its stack is memory it could not map
+#: (an address-space limit) or a process limit -- a resource of the machine, never the input's
+_NO_THREAD = "can't start new thread"
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` says this process ran out of memory: a ``MemoryError`` (pyarrow's
+    ``ArrowMemoryError`` is one: ``realloc of size ... failed``), an ``OSError`` ENOMEM anywhere
+    in its cause chain, or a thread that could not start. Readers that turn a library's errors
+    into bad input (exit 2) ask first: memory is a resource (exit 1), and Airflow retries it."""
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, MemoryError) or (isinstance(e, OSError) and e.errno == errno.ENOMEM):
+            return True
+        if isinstance(e, RuntimeError) and _NO_THREAD in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
 def describe_resource_failure(error: BaseException, *, master: str | None = None,
                               driver_memory: str | None = None, table_root: str | None = None,
                               output: str | None = None) -> str | None:
@@ -96,6 +119,12 @@ def describe_resource_failure(error: BaseException, *, master: str | None = None
     local = is_local_master(master)
     if _DISK.search(text) or _errno(error) in (errno.ENOSPC, errno.EDQUOT):
         return _describe_disk_full(error, text, table_root=table_root, output=output)
+    if is_out_of_memory(error):  # raised in this process (a Spark worker's arrives as text, below)
+        from spark_jobs.table.action.engine import BUDGET_SETTING
+
+        return (f"out of memory: this process could not allocate memory ({_first_line(error)}); the in-process "
+                f"Arrow engine plans to hold at most {BUDGET_SETTING}: set it below the memory this process may "
+                f"use (--engine auto then runs larger work on Spark), or give the process more memory")
     if _OOM.search(text):
         if local:
             return ("out of memory: the Spark driver JVM ran out of heap (local mode runs the executors "
@@ -114,6 +143,10 @@ def describe_resource_failure(error: BaseException, *, master: str | None = None
         return ("the Spark driver JVM stopped responding (it usually died of memory exhaustion); raise "
                 "--driver-memory (or $BUCKETINDEX_DRIVER_MEMORY) and see the Spark log for the cause")
     return None
+
+
+def _first_line(error: BaseException) -> str:
+    return ((str(error).strip().splitlines() or [""])[0][:200] or type(error).__name__)
 
 
 #: a local filesystem with less free space than this counts as the one that filled up

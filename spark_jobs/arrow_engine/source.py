@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 from spark_jobs.exceptions import BadInputError, EngineUnsupportedError
 from spark_jobs.io import parquet
 from spark_jobs.io.filesystem import FileIO, is_glob, is_unreachable, resolve
+from spark_jobs.resources import is_out_of_memory
 from spark_jobs.table.schema import STORED_TZ, check_timestamp_units
 
 __all__ = ["SOURCE_FORMATS", "cast_to_table", "read_source", "spark_schema", "spark_type", "spark_type_name",
@@ -210,22 +211,46 @@ def _read_parquet(io: FileIO, files: list[pafs.FileInfo], uri: str) -> pa.Table:
                 try:
                     t = pf.read()
                 except (pa.ArrowException, OSError) as e:
+                    if is_out_of_memory(e):  # the machine's limit, not the batch's fault: exit 1
+                        raise
                     first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
                     raise BadInputError(f"cannot read parquet source {uri}: {first}") from e
         except (pa.ArrowInvalid, OSError) as e:  # no footer: junk, empty or truncated
+            if is_out_of_memory(e):
+                raise
             raise _corrupt(uri, f.path) from e
-        s = t.schema.remove_metadata()
+        # zone-aware timestamps as UTC instants: Spark's view of them (Parquet records only that
+        # they are instants; the zone is Arrow's metadata), and what the table stores anyway, so
+        # files of one batch written in different zones are one schema
+        s = _instants_in_utc(t.schema.remove_metadata())
         if schema is None:
             schema = s
         elif not s.equals(schema):  # Spark takes one file's schema and reads the others with it
             raise EngineUnsupportedError(f"the files of source {uri} have different schemas: {_USE_SPARK}")
-        tables.append(t)
+        tables.append(t if t.schema.remove_metadata().equals(s) else t.cast(s))
     table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
     if len({n.lower() for n in table.column_names}) != table.num_columns:  # Spark resolves names ignoring case
         raise EngineUnsupportedError(f"source {uri} has columns whose names differ only in case: {_USE_SPARK}")
     target = spark_schema(table.schema)
     return pa.table([_to_spark(table.column(i), target.field(i).type) for i in range(table.num_columns)],
                     schema=target)
+
+
+def _utc(t: pa.DataType) -> pa.DataType:
+    """``t`` with every zone-aware timestamp in it (nested ones too) in zone UTC: the same
+    instants, as a cast keeps them (Arrow stores a zone-aware timestamp as UTC already)."""
+    if pa.types.is_timestamp(t):
+        return pa.timestamp(t.unit, tz=STORED_TZ) if t.tz is not None else t
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        field = t.value_field.with_type(_utc(t.value_type))
+        return pa.list_(field) if pa.types.is_list(t) else pa.large_list(field)
+    if pa.types.is_struct(t):
+        return pa.struct([t.field(i).with_type(_utc(t.field(i).type)) for i in range(t.num_fields)])
+    return t
+
+
+def _instants_in_utc(schema: pa.Schema) -> pa.Schema:
+    return pa.schema([f.with_type(_utc(f.type)) for f in schema])
 
 
 def _to_spark(col: pa.ChunkedArray | pa.Array, t: pa.DataType) -> pa.Array:
@@ -514,6 +539,8 @@ def read_source_files(files: Iterable[pa.RecordBatch], *, uri: str, paths: list[
                         yield pa.RecordBatch.from_arrays(cols, schema=schema)
                 except (pa.ArrowException, OSError) as e:
                     raise_if_unreachable(e, uri)
+                    if is_out_of_memory(e):
+                        raise
                     first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
                     raise BadInputError(f"cannot read parquet source {uri}: {first}") from e
 
@@ -526,6 +553,8 @@ def _opened(io: FileIO, path: str, uri: str) -> Iterator[pq.ParquetFile]:
         pf = parquet.open_file(fh)  # pages with a checksum verified
     except (pa.ArrowInvalid, OSError) as e:
         raise_if_unreachable(e, uri)
+        if is_out_of_memory(e):
+            raise
         raise _corrupt(uri, path) from e
     with fh:
         yield pf

@@ -232,6 +232,27 @@ def _unlink_quietly(path: str) -> None:
 class LocalFileIO(FileIO):
     scheme = "file"
 
+    def _guard(self, path: str) -> None:
+        """The lexical check, and on a local disk the resolved one: a table directory replaced by
+        a symlink leaving the root (``region=eu -> /elsewhere``) would have the table's files
+        written, and cleaned, through it. The deepest part of ``path`` that exists must resolve
+        inside the resolved root (the root itself may be a symlink): PathEscapeError otherwise,
+        one line naming the link, before anything is written or deleted."""
+        super()._guard(path)
+        if self.root is None:
+            return
+        existing = path
+        while existing != self.root and not os.path.lexists(existing):
+            parent = posixpath.dirname(existing)
+            if parent == existing:
+                break
+            existing = parent
+        real, real_root = os.path.realpath(existing), os.path.realpath(self.root)
+        if not is_inside(real, real_root):
+            raise PathEscapeError(f"refusing to write or delete {path}: {existing} resolves to {real}, outside the "
+                                  f"table root {self.root} (a symlink leaving the table); replace the link with "
+                                  f"the directory it should be")
+
     def write_atomic(self, path: str, data: bytes) -> None:
         tmp = self._tmp_name(path)
         self.mkdirs(posixpath.dirname(path))

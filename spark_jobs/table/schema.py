@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from spark_jobs.table.config import TableConfig
 
 __all__ = ["STORED_TZ", "stored_type", "stored_schema", "check_timestamp_units", "check_batch_columns",
+           "looks_like_delete_flag", "extra_columns_message",
            "refuse_missing_columns", "missing_columns_message", "carried_columns", "refuse_missing_fields",
            "check_batch_schema", "footer_schema", "SCHEMA_EVOLUTION_CHOICES", "parse_schema_evolution", "parse_type_name", "type_name",
            "widens", "widening_problem", "evolve", "schema_changes", "conform"]
@@ -97,10 +98,34 @@ def check_batch_columns(*, table_columns: Sequence[str], batch_columns: Sequence
     data = [c for c in batch_columns if c != delete_field]
     extra = [c for c in data if c not in table_columns]
     if extra:
-        raise BadInputError(f"source columns {', '.join(extra)} are not in the table schema; add them with "
-                            f"--schema-evolution add-columns, or first with `bucketindex alter TABLE "
-                            f"--add-column NAME:TYPE`")
+        raise BadInputError(extra_columns_message(extra))
     return [c for c in table_columns if c != _KEY_COLUMN and c not in batch_columns]
+
+
+#: names of a column that marks deletes in CDC and lake-table exports (compared in lower case,
+#: leading underscores dropped: ``_deleted``, ``__deleted`` of Debezium, ``__op``); with a boolean
+#: column, what :func:`looks_like_delete_flag` takes for one
+DELETE_FLAG_NAMES = frozenset({"deleted", "is_deleted", "delete", "is_delete", "op"})
+
+
+def looks_like_delete_flag(name: str, type_: pa.DataType | None = None) -> bool:
+    """Whether a column the table lacks is more likely a delete marker sent without
+    ``--delete-field`` than data: a name in :data:`DELETE_FLAG_NAMES`, or a boolean column.
+    Only the advice depends on it: storing such a column as data makes deletes silently stop."""
+    return name.lower().lstrip("_") in DELETE_FLAG_NAMES or (type_ is not None and pa.types.is_boolean(type_))
+
+
+def extra_columns_message(extra: Sequence[str], *, types: "dict[str, pa.DataType] | None" = None) -> str:
+    """The refusal of batch columns the table lacks. A column that looks like a delete flag
+    (:func:`looks_like_delete_flag`) is named first with ``--delete-field``: following the
+    usual advice (add it as a column) would store the flag as data and stop the deletes."""
+    flags = [c for c in extra if looks_like_delete_flag(c, (types or {}).get(c))]
+    add = "--schema-evolution add-columns, or first with `bucketindex alter TABLE --add-column NAME:TYPE`"
+    if not flags:
+        return f"source columns {', '.join(extra)} are not in the table schema; add them with {add}"
+    return (f"source columns {', '.join(extra)} are not in the table schema, and {flags[0]} looks like a delete "
+            f"flag: if it marks deletes, pass --delete-field {flags[0]} (it is then not stored); to store "
+            f"{'them' if len(extra) > 1 else 'it'} as data, add {'them' if len(extra) > 1 else 'it'} with {add}")
 
 
 def missing_columns_message(missing: Sequence[str]) -> str:
@@ -420,9 +445,7 @@ def evolve(table_schema: pa.Schema, batch_schema: pa.Schema, *, modes: "frozense
             raise BadInputError(f"column {name!r}: the table's {type_name(old)} cannot become the batch's "
                                 f"{type_name(new)}: {problem}; nothing was written")
     if extra and ADD_COLUMNS not in modes:
-        raise BadInputError(f"source columns {', '.join(extra)} are not in the table schema; add them with "
-                            f"--schema-evolution add-columns, or first with `bucketindex alter TABLE "
-                            f"--add-column NAME:TYPE`")
+        raise BadInputError(extra_columns_message(extra, types={f.name: f.type for f in batch_schema}))
     if not changed and not added:
         return table_schema
     user = [fields[f.name] for f in table_schema if f.name != _KEY_COLUMN]

@@ -31,6 +31,7 @@ def test_rows_and_keys_in_batch_agree_between_the_engines(spark, tmp_path: Path)
                           delete_field="is_deleted", batch_id="b1"))
         out = run(UpsertOptions(table=uri, source=b2, delete_field="is_deleted", batch_id="b2"))
         assert out["counts"]["rows_in_batch"] == 5 and out["counts"]["keys_in_batch"] == 4, (name, out["counts"])
+        assert out["ignored"] == {"stale_upserts": 1, "stale_or_absent_deletes": 0}, (name, out)  # Zoë's stale row
         assert snapshot(uri) == oracle(rows_1(), rows_2()), name
         counts[name] = [c["counts"] for c in commits(uri)]
     assert counts["arrow"] == counts["spark"]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from spark_jobs.exceptions import BadInputError
 
 __all__ = ["ENGINES", "AUTO", "SPARK", "ARROW", "EngineChoice", "memory_budget", "choose_engine",
-           "IN_MEMORY_EXPANSION", "parse_size"]
+           "IN_MEMORY_EXPANSION", "parse_size", "budget_given", "needs_sizing", "BUDGET_SETTING"]
 
 log = logging.getLogger("bucketindex.engine")
 
@@ -63,6 +63,25 @@ def memory_budget(override: str | None = None) -> int:
     return int(_physical_memory() * BUDGET_FRACTION)
 
 
+#: how a user sets the budget, as errors name it
+BUDGET_SETTING = f"--memory-budget (or ${BUDGET_ENV})"
+
+
+def budget_given(override: str | None = None) -> bool:
+    """Whether the user set the budget (``override``, the CLI's ``--memory-budget``, or the
+    environment): then ``--engine arrow`` is held to it too (:func:`choose_engine`); the
+    derived default only steers ``auto``."""
+    return bool(override or os.environ.get(BUDGET_ENV))
+
+
+def needs_sizing(requested: str | None, *, spark_requested: str | None, override: str | None) -> bool:
+    """Whether an action must size its work before :func:`choose_engine`: under ``auto``, and
+    under ``--engine arrow`` with a budget the user set (which it must honour or refuse)."""
+    if spark_requested:
+        return False
+    return (requested or AUTO) == AUTO or (requested == ARROW and budget_given(override))
+
+
 @dataclass(frozen=True)
 class EngineChoice:
     engine: str  # spark | arrow
@@ -81,7 +100,8 @@ def _human(n: float) -> str:
 
 
 def choose_engine(*, requested: str | None, needed_bytes: int, spark_requested: str | None = None,
-                  unsupported: str | None = None, budget: int | None = None, announce: bool = True) -> EngineChoice:
+                  unsupported: str | None = None, budget: int | None = None, announce: bool = True,
+                  budget_set: bool = False) -> EngineChoice:
     """The engine for one action.
 
     :param requested: ``auto`` (None means auto), ``spark`` or ``arrow``
@@ -90,6 +110,10 @@ def choose_engine(*, requested: str | None, needed_bytes: int, spark_requested: 
     :param unsupported: why the Arrow engine cannot run this work, if it cannot
     :param announce: log the choice now; an upsert logs it with its first phase instead, so a bad
         batch still prints exactly one line (the error)
+    :param budget_set: the user set ``budget`` (:func:`budget_given`): ``--engine arrow`` on work
+        estimated over it is refused (BadInputError, exit 2, before anything is written) rather
+        than run past the limit the same command set -- a contradiction in the command, which a
+        retry would meet again, so not a resource failure (exit 1)
     """
     requested = requested or AUTO
     if requested not in ENGINES:
@@ -104,7 +128,12 @@ def choose_engine(*, requested: str | None, needed_bytes: int, spark_requested: 
             from spark_jobs.exceptions import EngineUnsupportedError
 
             raise EngineUnsupportedError(f"--engine arrow cannot run this: {unsupported}; use --engine spark")
-        choice = EngineChoice(ARROW, "--engine arrow")
+        if budget_set and needed_bytes > budget:
+            raise BadInputError(f"--engine arrow would hold about {_human(needed_bytes)} in memory, over the "
+                                f"{_human(budget)} budget set by {BUDGET_SETTING}: raise the budget, or use "
+                                f"--engine auto or spark")
+        choice = EngineChoice(ARROW, "--engine arrow" + (f", about {_human(needed_bytes)} in memory, within the "
+                                                         f"{_human(budget)} budget" if budget_set else ""))
     elif spark_requested:
         choice = EngineChoice(SPARK, f"{spark_requested} given")
     elif unsupported:

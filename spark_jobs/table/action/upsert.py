@@ -581,6 +581,7 @@ def _commit(engine: UpsertEngine, opts: UpsertOptions, table: "Table", cfg: Tabl
         # (in-batch duplicates included) and distinct identities after dedupe
         metadata["counts"] = {**result.get("counts", {}), "rows_in_batch": batch.n if batch.rows is None
                               else batch.rows, "keys_in_batch": batch.n}
+        metadata["ignored"] = ignored_counts(metadata["counts"], upserts=batch.upserts)
         session_ms = engine.session_start_ms()
         if session_ms is not None:  # JVM and session start, apart from the phases
             metadata["session_start_ms"] = session_ms
@@ -598,10 +599,27 @@ def _commit(engine: UpsertEngine, opts: UpsertOptions, table: "Table", cfg: Tabl
              counts["deleted"], f" after {plural(len(retries), 'conflict')}" if retries else "")
     # the stored total stops at the commit point; the caller's total includes committing
     total = int((time.perf_counter() - started) * 1000)
-    return {"instant": ts, "batch_id": batch_id, "noop": False, "counts": counts, "retries": len(retries),
+    return {"instant": ts, "batch_id": batch_id, "noop": False, "counts": counts, "ignored": metadata["ignored"],
+            "retries": len(retries),
             "engine": engine.name, "timings_ms": {**metadata["timings_ms"], **phases.timings, "total_ms": total},
             "session_start_ms": engine.session_start_ms(),
             **({"shadow": metadata["shadow"]} if "shadow" in metadata else {})}
+
+
+def ignored_counts(counts: dict[str, int], *, upserts: int) -> dict[str, int]:
+    """The batch's identities that changed nothing, by reason, from the counts both engines
+    report alike: each identity left after the dedupe (``keys_in_batch``) is an insert, an
+    update (a key moving partitions included), a delete, or nothing --
+
+    * ``stale_upserts``: an upsert older than the stored row of its key (``--precombine-field``);
+    * ``stale_or_absent_deletes``: a delete of a key the table does not hold, or older than
+      its stored row.
+
+    Without them a batch whose rows lost looked fully applied (issue 36)."""
+    applied = int(counts.get("inserted", 0)) + int(counts.get("updated", 0))
+    deletes = int(counts.get("keys_in_batch", 0)) - upserts
+    return {"stale_upserts": max(0, upserts - applied),
+            "stale_or_absent_deletes": max(0, deletes - int(counts.get("deleted", 0)))}
 
 
 def _noop_result(table: "Table", done: Any, batch_id: str) -> dict[str, Any]:
