@@ -15,11 +15,8 @@ defines, a JSON or CSV source into a new table (Spark's schema inference), the t
 from __future__ import annotations
 
 import logging
-import math
 import os
 from concurrent.futures import ThreadPoolExecutor
-from datetime import date, datetime
-from decimal import Decimal
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -55,6 +52,7 @@ from spark_jobs.table.action.upsert import (
 )
 from spark_jobs.table.config import INDEX_BUCKET, INDEX_RECORD, TableConfig
 from spark_jobs.table.layout import legacy_partition_aliases
+from spark_jobs.table.ordering import older, ranks, sort_key
 from spark_jobs.table.reader import read_slice
 from spark_jobs.table.schema import evolve, text_fixed_columns
 from spark_jobs.table.schema import carried_columns, check_batch_columns, refuse_missing_columns
@@ -383,8 +381,9 @@ def _has_map(t: pa.DataType) -> bool:
 
 def _dedupe(identity: pa.Array | pa.ChunkedArray, precombine: Any, order_cols: list[Any], has_map: bool) -> np.ndarray:
     """Row positions of the winner of each identity, in first-seen order (action rule: highest
-    precombine value, nulls lowest; then the greatest source row compared column by column as
-    Spark orders structs). Identities seen once need no comparison."""
+    precombine value in format.md §8's order -- nulls lowest, NaN highest, -0.0 equal to 0.0;
+    then the greatest source row compared column by column as Spark orders structs).
+    Identities seen once need no comparison."""
     if isinstance(identity, pa.ChunkedArray):
         identity = identity.combine_chunks()
     codes = pc.dictionary_encode(identity).indices.to_numpy(zero_copy_only=False)
@@ -393,12 +392,14 @@ def _dedupe(identity: pa.Array | pa.ChunkedArray, precombine: Any, order_cols: l
         return np.arange(len(codes))
     dup_rows = np.nonzero(counts[codes] > 1)[0]
     winners: dict[int, int] = {}
-    pre_vals = precombine.take(pa.array(dup_rows)).to_pylist() if precombine is not None else None
+    # the precombine values as their ranks in format.md §8's order (the staleness check and the
+    # read-time merge rank by the same function); the rows a tie compares by their sort keys
+    pre_rank = ranks(precombine.take(pa.array(dup_rows))).tolist() if precombine is not None else None
     rows = [c.take(pa.array(dup_rows)).to_pylist() for c in order_cols]
     best: dict[int, tuple[Any, int]] = {}
     for j, r in enumerate(dup_rows.tolist()):
         code = int(codes[r])
-        order = (_spark_order(pre_vals[j]) if pre_vals is not None else (), )
+        order = (pre_rank[j] if pre_rank is not None else (), )
         prev = best.get(code)
         if prev is not None:
             if order < prev[0]:
@@ -407,8 +408,8 @@ def _dedupe(identity: pa.Array | pa.ChunkedArray, precombine: Any, order_cols: l
                 if has_map:
                     raise EngineUnsupportedError("rows of one key tie on the precombine field in a table with map "
                                                  "columns (Spark compares such rows by their JSON text)")
-                mine = tuple(_spark_order(col[j]) for col in rows)
-                theirs = tuple(_spark_order(col[prev[1]]) for col in rows)
+                mine = tuple(sort_key(col[j]) for col in rows)
+                theirs = tuple(sort_key(col[prev[1]]) for col in rows)
                 if mine <= theirs:
                     continue
         best[code] = (order, j)
@@ -416,25 +417,6 @@ def _dedupe(identity: pa.Array | pa.ChunkedArray, precombine: Any, order_cols: l
         winners[code] = int(dup_rows[j])
     keep = np.nonzero(counts[codes] == 1)[0]
     return np.sort(np.concatenate([keep, np.fromiter(winners.values(), dtype=np.int64, count=len(winners))]))
-
-
-def _spark_order(v: Any) -> tuple:
-    """A sort key ordering Python values as Spark orders SQL values: null lowest, NaN above every
-    number and equal to itself, -0.0 equal to 0.0, strings by UTF-8 bytes (= code points),
-    arrays element by element then by length, structs field by field."""
-    if v is None:
-        return (0,)
-    if isinstance(v, bool):
-        return (1, int(v))
-    if isinstance(v, float):
-        return (1, (1, 0.0) if math.isnan(v) else (0, v + 0.0))
-    if isinstance(v, (int, Decimal, str, bytes, date, datetime)):
-        return (1, v)
-    if isinstance(v, dict):
-        return (1, tuple(_spark_order(x) for x in v.values()))
-    if isinstance(v, (list, tuple)):
-        return (1, tuple(_spark_order(x) for x in v))
-    return (1, v)
 
 
 def _keep_legacy_dirs(frame: pa.Table, cfg: TableConfig, view: FileSystemView | None) -> pa.Table:
@@ -498,9 +480,7 @@ def _drop_stale_moves(table: Any, cfg: TableConfig, view: FileSystemView, tagged
         for s in slices])
     pos = pc.index_in(tagged.column(KEY), value_set=stored.column(KEY).combine_chunks())
     prev = pc.take(stored.column(pcf), pos)
-    inc = tagged.column(pcf)
-    stale = pc.and_(pc.and_(moved, pc.is_valid(prev)), pc.or_(pc.is_null(inc), pc.fill_null(pc.greater(prev, inc),
-                                                                                             False)))
+    stale = pc.and_(pc.and_(moved, pc.is_valid(prev)), older(tagged.column(pcf), prev))  # format.md §8's order
     keep = pc.invert(pc.fill_null(stale, False))
     return tagged.filter(keep), pc.filter(moved, keep)
 

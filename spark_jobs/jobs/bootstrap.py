@@ -194,9 +194,11 @@ def check_bucket(key: tuple, t: pa.Table, *, precombine: str | None) -> pa.Table
     """applyInArrow per index bucket of the key scan: ``file`` rows (a file's rows, its null
     or empty keys, its schema problem), one ``dups`` row (keys seen more than once, the rows
     holding them), up to SAMPLES ``sample`` keys, and with ``precombine`` the ``loser`` rows:
-    of each duplicated key every row but the one with the highest value (ties: the later
-    file, then the later row)."""
+    of each duplicated key every row but the one with the highest value (format.md §8's order:
+    nulls lowest, NaN highest; ties: the later file, then the later row)."""
     import pyarrow.compute as pc
+
+    from spark_jobs.table.ordering import ranks
 
     out: list[dict[str, Any]] = []
     for r in t.filter(pc.is_valid(t.column("problem"))).group_by("fno").aggregate(
@@ -218,9 +220,11 @@ def check_bucket(key: tuple, t: pa.Table, *, precombine: str | None) -> pa.Table
             out.append({"kind": "sample", "key": key_})
         if precombine:
             rows = good.filter(pc.is_in(good.column(KEY), value_set=dup.column(KEY)))
-            order = pc.sort_indices(rows, sort_keys=[(KEY, "ascending"), ("pre", "descending"),
-                                                     ("fno", "descending"), ("row", "descending")],
-                                    null_placement="at_end")
+            # by rank in format.md §8's order (an Arrow sort by value, descending, would put NaN
+            # below every number and disagree with the upserts and the read-time merge)
+            rows = rows.append_column("_rank", pa.array(ranks(rows.column("pre")), pa.int64()))
+            order = pc.sort_indices(rows, sort_keys=[(KEY, "ascending"), ("_rank", "descending"),
+                                                     ("fno", "descending"), ("row", "descending")])
             rows = rows.take(order)
             keys_ = rows.column(KEY).combine_chunks()
             first = pc.not_equal(keys_.slice(1), keys_.slice(0, len(keys_) - 1))

@@ -27,6 +27,7 @@ from spark_jobs.index.record_index import (
 )
 from spark_jobs.table.layout import data_file_name, is_reference, log_file_name
 from spark_jobs.table.merge import LOG_DELETE, LOG_MOVE_OUT, LOG_OP, LOG_UPSERT, log_columns, partial_log_metadata
+from spark_jobs.table.ordering import older
 from spark_jobs.table.reader import read_data_file, read_slice, read_slice_plan
 from spark_jobs.table.table import Table
 from spark_jobs.testing import faults
@@ -193,13 +194,6 @@ class MergeContext:
     carried: list[str] | None = None
 
 
-def _stale(incoming: pa.Array, stored: pa.Array) -> pa.Array:
-    """Incoming rows older than the stored row (nulls order lowest)."""
-    older = pc.fill_null(pc.greater(stored, incoming), False)
-    incoming_null_stored_not = pc.and_(pc.is_null(incoming), pc.is_valid(stored))
-    return pc.or_(older, incoming_null_stored_not)
-
-
 def merge_file_group(key: tuple, incoming: pa.Table, *, ctx: MergeContext) -> pa.Table:
     """Copy-on-write merge of one file group with its incoming upserts and deletes.
 
@@ -224,7 +218,7 @@ def merge_file_group(key: tuple, incoming: pa.Table, *, ctx: MergeContext) -> pa
     if ctx.precombine and base.num_rows:
         stored = pc.take(base.column(ctx.precombine), pos)
         inc = incoming.column(ctx.precombine).cast(ctx.schema.field(ctx.precombine).type)
-        stale = pc.and_(pc.and_(in_base, _stale(inc, stored)), pc.not_equal(ops, MOVE_OUT))
+        stale = pc.and_(pc.and_(in_base, older(inc, stored)), pc.not_equal(ops, MOVE_OUT))
         effective = pc.invert(pc.fill_null(stale, False))
     is_upsert = pc.is_in(ops, value_set=pa.array([UPSERT, MOVE_IN]))
     is_delete = pc.is_in(ops, value_set=pa.array([DELETE, MOVE_OUT]))
@@ -357,7 +351,7 @@ def append_log(key: tuple, incoming: pa.Table, *, ctx: MergeContext) -> pa.Table
         if ctx.precombine and stored.num_rows:
             prev = pc.take(stored.column(ctx.precombine), pos)
             inc = incoming.column(ctx.precombine).cast(ctx.schema.field(ctx.precombine).type)
-            stale = pc.and_(pc.and_(in_base, _stale(inc, prev)), pc.not_equal(ops, MOVE_OUT))
+            stale = pc.and_(pc.and_(in_base, older(inc, prev)), pc.not_equal(ops, MOVE_OUT))
             effective = pc.invert(pc.fill_null(stale, False))
     else:
         in_base = pc.fill_null(found, False)

@@ -11,9 +11,10 @@ logs (positions 1.. in commit order):
   precombine value checked when it was written), so a delete is final, and a re-insert
   after it is a new row whatever its precombine value, exactly as with copy-on-write;
 * of the ``upsert`` rows after the key's last barrier, the one with the greatest
-  precombine value wins (nulls lowest), ties going to the later position. That is the
-  copy-on-write rule "an incoming row older than the stored one is stale" applied at read
-  time instead of write time, which is what lets an upsert write only its batch;
+  precombine value wins (format.md §8's order, :mod:`spark_jobs.table.ordering`: nulls lowest,
+  NaN highest), ties going to the later position. That is the copy-on-write rule "an
+  incoming row older than the stored one is stale" applied at read time instead of write
+  time, which is what lets an upsert write only its batch;
 * a key whose last row is a barrier is absent.
 
 Without a precombine field the later position always wins.
@@ -36,6 +37,8 @@ from typing import NamedTuple, Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from spark_jobs.table.ordering import ranks
 
 __all__ = ["LOG_OP", "LOG_UPSERT", "LOG_DELETE", "LOG_MOVE_OUT", "LOG_COLUMNS_KEY", "merge_slice", "plan_slice",
            "SlicePlan", "log_columns", "partial_log_metadata"]
@@ -183,9 +186,7 @@ def _merge_partial(base: pa.Table | None, logs: Sequence[pa.Table], carried: lis
         cand = np.flatnonzero(~barrier & (pos > last_barrier[gid]))
         order = cand[np.lexsort((pos[cand], gid[cand]))]  # by key, then position
         if precombine and order.size:
-            values = allrows.column(precombine).take(pa.array(order))
-            rank = pc.rank(values, sort_keys="ascending", tiebreaker="dense").to_numpy().astype(np.int64)
-            rank = np.where(pc.is_null(values).to_numpy(zero_copy_only=False), 0, rank)  # nulls lowest
+            rank = ranks(allrows.column(precombine).take(pa.array(order)))  # format.md §8's order
             v = gid[order] * (int(rank.max()) + 1) + rank  # the key's offset resets the running max per key
             order = order[v == np.maximum.accumulate(v)]
         if order.size:
@@ -235,8 +236,9 @@ def _winners(parts: list[pa.Table], key: str, precombine: str | None) -> tuple[n
     """(position, row) of the live row of every key over ``parts`` (the rules above).
 
     Keys and precombine values become integers first (a dictionary code per key, a dense
-    rank per value, nulls lowest), so the grouping is numpy sorts of integers rather than
-    sorts of strings: this runs for every file group with logs on every read.
+    rank per value in format.md §8's order: :func:`~spark_jobs.table.ordering.ranks`), so the
+    grouping is numpy sorts of integers rather than sorts of strings: this runs for every file
+    group with logs on every read.
     """
     empty = np.zeros(0, dtype=np.int64)
     if not parts:
@@ -258,9 +260,7 @@ def _winners(parts: list[pa.Table], key: str, precombine: str | None) -> tuple[n
     # 3. the winner per key: greatest (precombine, position); nulls lowest
     sort_cols = [pos[cand], gid[cand]]
     if precombine:
-        values = allrows.column(precombine).take(pa.array(cand))
-        rank = pc.rank(values, sort_keys="ascending", tiebreaker="dense").to_numpy().astype(np.int64)
-        sort_cols.insert(1, np.where(pc.is_null(values).to_numpy(zero_copy_only=False), 0, rank))  # nulls lowest
+        sort_cols.insert(1, ranks(allrows.column(precombine).take(pa.array(cand))))  # format.md §8's order
     order = cand[np.lexsort(sort_cols)]  # by key, then precombine, then position
     g = gid[order]
     last = np.append(np.flatnonzero(g[1:] != g[:-1]), len(g) - 1)

@@ -83,6 +83,8 @@ def read_view(table: "Table", view: FileSystemView) -> pa.Table:
 
 
 def sorted_rows(t: pa.Table, names: list[str]) -> list[tuple[Any, ...]]:
-    """The rows of ``t`` in ``names``' order, as a sorted list (a multiset to compare)."""
+    """The rows of ``t`` in ``names``' order, as a sorted list (a multiset to compare); a NaN
+    (a precombine value may be one) as the text ``"NaN"``, since NaN is not equal to itself."""
     d = t.select(names).to_pylist()
-    return sorted((tuple(r[n] for n in names) for r in d), key=repr)
+    nan = lambda v: "NaN" if isinstance(v, float) and v != v else v  # noqa: E731
+    return sorted((tuple(nan(r[n]) for n in names) for r in d), key=repr)

@@ -242,7 +242,7 @@ class _Gen:
 
 def generate(seed: int, *, spark: bool = False, kills: bool = True, overlaps: bool = True,
              min_steps: int = 4, max_steps: int = 12, mirror_share: float = 0.25,
-             long_share: float = 0.0) -> dict[str, Any]:
+             long_share: float = 0.0, float_share: float = 0.3) -> dict[str, Any]:
     """A sequence from ``seed`` alone: settings and steps as JSON-ready dicts.
 
     ``spark`` adds Spark upserts, rehash (bucket and record indexes) and, as a first step,
@@ -250,8 +250,10 @@ def generate(seed: int, *, spark: bool = False, kills: bool = True, overlaps: bo
     ``mirror_share`` of the sequences mirror their table to Delta (from creation, or turned on
     by a ``mirror --enable`` step), with kills between a commit and its Delta version;
     ``long_share`` of them run 40-48 steps with a checkpoint every 2 entries, so archival runs
-    (and is killed). Both are drawn from a second random stream, so a seed's other steps are
-    what they were before these options existed.
+    (and is killed). ``float_share`` of them store the precombine field ``ts`` as a double or
+    a float, with NaN and -0.0 among its values (:func:`_float_precombine`). These are drawn
+    from a second random stream, so a seed's other steps are what they were before these
+    options existed.
     """
     g = _Gen(seed, spark=spark, kills=kills, overlaps=overlaps)
     rng = g.rng
@@ -336,7 +338,37 @@ def generate(seed: int, *, spark: bool = False, kills: bool = True, overlaps: bo
             if st.get("kill") and (st["op"] == "rollback" or st["op"] == "upsert" and prev.get("kill")) \
                     and ext.random() < 0.4:
                 st["kill"] = ROLLBACK_MIRROR_POINT
-    return {"seed": seed, "settings": settings, "steps": steps}
+    seq = {"seed": seed, "settings": settings, "steps": steps}
+    if ext.random() < float_share:  # drawn last: the draws above stay what they were
+        _float_precombine(seq, ext)
+    return seq
+
+
+#: the share of a floating-point sequence's ``ts`` values drawn as NaN
+NAN_SHARE = 0.2
+#: the spelling of NaN in a sequence's rows (standard JSON has none); :func:`_typed` reads it
+NAN = "NaN"
+
+
+def _float_precombine(seq: dict[str, Any], rng: random.Random) -> None:
+    """Make ``ts`` a double or a float column (``settings["ts_type"]``) whose values include NaN
+    (above every number, format.md §8) and -0.0 (equal to 0.0) beside the integers drawn: NaN
+    stored then a number (stale), a number then NaN (wins), NaN then NaN (a tie), and in-batch
+    duplicates with NaN on one side or both. Every copy of a batch id gets the same values
+    (a retry, an overlap's two tries of one task carry the same rows)."""
+    seq["settings"]["ts_type"] = rng.choice(["double", "float"])
+    for bid in _batch_ids(seq):
+        copies = _rows_of(seq, bid)
+        values: list[Any] = []
+        for r in copies[0]:
+            ts = float(r["ts"])
+            if rng.random() < NAN_SHARE:
+                values.append(NAN)
+            else:
+                values.append(-0.0 if ts == 0 and rng.random() < 0.5 else ts)
+        for rows in copies:
+            for r, v in zip(rows, values):
+                r["ts"] = v
 
 
 def _bootstrap_step(g: _Gen, settings: dict[str, Any]) -> dict[str, Any]:
@@ -387,17 +419,23 @@ def _overlap_step(g: _Gen, settings: dict[str, Any]) -> dict[str, Any]:
 
 
 def _value_order(v: Any) -> tuple:
-    """Spark's struct ordering of one field (nulls lowest; strings by their UTF-8 bytes)."""
+    """Spark's ordering of one value (format.md §8): nulls lowest, NaN above every number (NaNs
+    tie), -0.0 equal to 0.0, strings by their UTF-8 bytes. Written here, not imported: the
+    oracle must not share the code it checks."""
     if v is None:
         return (0,)
+    if isinstance(v, float):
+        return (2,) if v != v else (1, v + 0.0)
     if isinstance(v, str):
         return (1, v.encode())
     return (1, v)
 
 
 def _typed(row: dict[str, Any]) -> dict[str, Any]:
-    """A row as the table stores it: decimals, UTC timestamps."""
+    """A row as the table stores it: decimals, UTC timestamps, NaN (:data:`NAN`)."""
     out = dict(row)
+    if out.get("ts") == NAN:
+        out["ts"] = float("nan")
     if "amount" in out and out["amount"] is not None:
         out["amount"] = decimal.Decimal(out["amount"])
     if "at" in out and out["at"] is not None:
@@ -414,7 +452,8 @@ class _State:
 def _reduce(state: _State, batch: list[dict[str, Any]], columns: list[str], *, per_partition: bool,
             partitioned: bool) -> _State:
     """format.md §8 over typed rows: in-batch winner by (ts, the row in the table's column order
-    then the delete flag), then applied when not lower than the stored row's ts."""
+    then the delete flag), then applied when not lower than the stored row's ts (both in
+    :func:`_value_order`'s order: NaN highest)."""
     def ident(r: dict[str, Any]) -> Any:
         return (r.get("region"), r["id"]) if per_partition and partitioned else r["id"]
 
@@ -423,13 +462,13 @@ def _reduce(state: _State, batch: list[dict[str, Any]], columns: list[str], *, p
     for r in batch:
         k = ident(r)
         cur = winners.get(k)
-        rank = (r["ts"], tuple(_value_order(r.get(c)) for c in order))
-        if cur is None or rank > (cur["ts"], tuple(_value_order(cur.get(c)) for c in order)):
+        rank = (_value_order(r["ts"]), tuple(_value_order(r.get(c)) for c in order))
+        if cur is None or rank > (_value_order(cur["ts"]), tuple(_value_order(cur.get(c)) for c in order)):
             winners[k] = r
     rows = dict(state.rows)
     for k, r in winners.items():
         stored = rows.get(k)
-        if stored is not None and stored["ts"] > r["ts"]:
+        if stored is not None and _value_order(stored["ts"]) > _value_order(r["ts"]):
             continue  # a late, older row: the stored one stays
         if r.get("is_deleted"):
             rows.pop(k, None)
@@ -513,7 +552,7 @@ class _Runner:
         for r in step["rows"]:
             d = f"region={quote(r['region'], safe='')}" if self.settings["partitioned"] else ""
             by_dir.setdefault(d, []).append(r)
-        schema = pa.schema([("id", pa.string()), ("ts", pa.int64()), ("amount", pa.decimal128(12, 2)),
+        schema = pa.schema([("id", pa.string()), ("ts", self._ts_type()), ("amount", pa.decimal128(12, 2)),
                             ("at", pa.timestamp("us", tz="UTC"))])
         for i, (d, rows) in enumerate(sorted(by_dir.items())):
             typed = [_typed({c: r[c] for c in ("id", "ts", "amount", "at")}) for r in rows]
@@ -525,6 +564,12 @@ class _Runner:
                 pq.write_table(pa.Table.from_pylist(typed, schema=schema), out)
 
     # -- sources -------------------------------------------------------------------------
+    def _ts_type(self) -> Any:
+        """The precombine column's type: bigint, or double/float in a sequence drawing NaN."""
+        import pyarrow as pa
+
+        return {"double": pa.float64(), "float": pa.float32()}.get(self.settings.get("ts_type", ""), pa.int64())
+
     def _table_columns(self) -> list[str] | None:
         from spark_jobs.table import Table
 
@@ -542,7 +587,7 @@ class _Runner:
         cols = self._table_columns()
         if cols is None:
             cols = ["id"] + (["region"] if self.settings["partitioned"] else []) + ["ts", "amount", "at"]
-        types = {"id": pa.string(), "region": pa.string(), "ts": pa.int64(), "amount": pa.decimal128(12, 2),
+        types = {"id": pa.string(), "region": pa.string(), "ts": self._ts_type(), "amount": pa.decimal128(12, 2),
                  "at": pa.timestamp("us", tz=step["zone"]), "note": pa.string(), "is_deleted": pa.bool_()}
         cols = cols + ["is_deleted"]
         sent = [{c: r.get(c) for c in cols} for r in step["rows"]]
@@ -916,13 +961,13 @@ class _Runner:
             k = (r.get("region"), r["id"]) if per_partition else r["id"]
             if k in actual:
                 raise Divergence(self.step_no, f"{what}: duplicate", f"record {_short(k)} appears twice")
-            actual[k] = r
-        if actual == expected.rows:
+            actual[k] = _nan_equal(r)
+        want = {k: _nan_equal(r) for k, r in expected.rows.items()}
+        if actual == want:
             return
-        missing = [k for k in expected.rows if k not in actual]
-        extra = [k for k in actual if k not in expected.rows]
-        wrong = [(k, actual[k], expected.rows[k]) for k in expected.rows
-                 if k in actual and actual[k] != expected.rows[k]]
+        missing = [k for k in want if k not in actual]
+        extra = [k for k in actual if k not in want]
+        wrong = [(k, actual[k], want[k]) for k in want if k in actual and actual[k] != want[k]]
         raise Divergence(self.step_no, f"{what} != oracle",
                          f"missing {_short(missing[:3])} extra {_short(extra[:3])} "
                          f"differ {_short(wrong[:2])} ({len(missing)}/{len(extra)}/{len(wrong)})")
@@ -1045,6 +1090,12 @@ class _Runner:
                 continue
             out[info.path[len(base) + 1:]] = hashlib.sha256(self.io.read_bytes(info.path)).hexdigest()
         return out
+
+
+def _nan_equal(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` with NaN spelled :data:`NAN`: NaN is equal to itself in format.md §8's order, and
+    a row read back holding it must compare equal to the oracle's."""
+    return {c: NAN if isinstance(v, float) and v != v else v for c, v in row.items()}
 
 
 def _short(x: Any) -> str:

@@ -140,9 +140,9 @@ def _untied(batches: list[list[dict]], per_partition: bool) -> list[list[dict]]:
 
 
 def _row_order(r: dict) -> tuple:
-    from spark_jobs.arrow_engine.upsert import _spark_order
+    from spark_jobs.table.ordering import sort_key
 
-    return tuple(_spark_order(r[c]) for c in SCHEMA.names)
+    return tuple(sort_key(r[c]) for c in SCHEMA.names)
 
 
 @pytest.mark.parametrize("index", ["record", "bucket"])
