@@ -275,13 +275,26 @@ def _operation(entry: dict[str, Any]) -> str:
 
 
 def _add(table: "Table", s: FileSlice, schema: pa.Schema, *, ts_ms: int, data_change: bool) -> dict[str, Any]:
+    assert table.config is not None
     footer = _footer(table, s.path)
-    part_values = _partition_values(table, s, schema, footer)
+    fields = [f for f in table.config.partition_fields or [] if f in schema.names]
+    published = partition_columns(table, schema)
+    part_values: dict[str, str | None] = {}
+    known: dict[str, Any] = {}
+    if fields:
+        field, typ = fields[0], schema.field(fields[0]).type
+        value: Any = _value_from_file(table, s, field, typ, footer)
+        if field in published:
+            part_values[field] = None if value is None else partition_string(value, typ)
+        else:
+            # published as a data column: the file holds this one value, so its statistics are
+            # exact whatever its length, and readers skip files on it as on a partition column
+            known[field] = value
     add: dict[str, Any] = {"path": _delta_path(table, s.path), "partitionValues": part_values,
                            "size": int(s.size), "modificationTime": _instant_ms(s.instant) if s.instant else ts_ms,
                            "dataChange": data_change}
     if footer is not None:
-        add["stats"] = json.dumps(_stats(footer, schema, skip=set(part_values)), sort_keys=True,
+        add["stats"] = json.dumps(_stats(footer, schema, skip=set(part_values), known=known), sort_keys=True,
                                   separators=(",", ":"))
     return add
 
@@ -308,19 +321,34 @@ def _footer(table: "Table", rel: str) -> pq.FileMetaData | None:
 
 # -- partition values ----------------------------------------------------------------------
 
-def _partition_values(table: "Table", s: FileSlice, schema: pa.Schema, footer: pq.FileMetaData | None
-                      ) -> dict[str, str | None]:
-    """``{field: value as Delta's string form | None}``: the value the file's rows hold, from
-    its footer statistics (or its column, or a reference file's Hive path) -- never decoded
-    from the form-encoded directory name, which may be shortened (format.md §1)."""
+def partition_columns(table: "Table", schema: pa.Schema) -> list[str]:
+    """The table's partition fields that the projection publishes as Delta **partition
+    columns** (``metaData.partitionColumns``); the others are published as ordinary data
+    columns (format.md §11).
+
+    Why: Delta (and Hive) readers read an empty partition value as null -- measured with
+    ``deltalake`` 1.6: ``{"country": ""}`` reads back null, and a filter on ``""`` finds
+    nothing -- so a string (or binary) partition field cannot tell ``""`` from null through
+    ``partitionValues``. Every data file carries its partition field as a column (what
+    :func:`_value_from_file` reads), so published as a data column it reads back exactly, and
+    its exact min/max statistics (:func:`_add`) still let readers skip files on it. Integers,
+    dates, booleans and timestamps have no empty text form and read back exactly: they stay
+    partition columns (``tests/unit/test_delta_exact.py`` reads each back, null included).
+    Decimals do not (``deltalake`` reads the partition value ``-12.50`` as ``-12.-50``), nor
+    do floats (a Spark-only partition type here): data columns. A reference
+    file (§5.3) lacks its Hive path column, so a partition field that is one stays a partition
+    column whatever its type (a Hive directory cannot hold ``""`` either)."""
     assert table.config is not None
-    fields = [f for f in table.config.partition_fields or [] if f in schema.names]
-    if not fields:
-        return {}
-    field = fields[0]
-    typ = schema.field(field).type
-    value: Any = _value_from_file(table, s, field, typ, footer)
-    return {field: None if value is None else partition_string(value, typ)}
+    ref = (table.config.reference or {}).get("path_columns", {})
+    out = []
+    for f in table.config.partition_fields or []:
+        if f not in schema.names:
+            continue
+        t = schema.field(f).type
+        if f in ref or pa.types.is_integer(t) or pa.types.is_date32(t) or pa.types.is_boolean(t) \
+                or pa.types.is_timestamp(t):
+            out.append(f)
+    return out
 
 
 _NO_VALUE = object()
@@ -398,20 +426,41 @@ def partition_string(value: Any, typ: pa.DataType) -> str:
 
 # -- statistics ----------------------------------------------------------------------------
 
-def _stats(footer: pq.FileMetaData, schema: pa.Schema, *, skip: set[str]) -> dict[str, Any]:
+def _stats(footer: pq.FileMetaData, schema: pa.Schema, *, skip: set[str], known: dict[str, Any]
+           ) -> dict[str, Any]:
     """``numRecords`` and, from the row-group statistics of top-level primitive columns,
-    ``nullCount`` and (integers, dates, short strings: exact and cheap) ``minValues``/``maxValues``.
-    A column the file lacks (added since) or whose statistics are missing gets none: Delta
-    readers then just do not skip on it."""
+    ``nullCount`` and (integers, dates, booleans, short strings: exact and cheap)
+    ``minValues``/``maxValues``. A column the file lacks (added since) is all null. ``known``:
+    columns whose one value in the file is known (a partition field published as a data
+    column), whatever its length.
+
+    ``minValues``/``maxValues`` are written only when *every* column with a non-null value in
+    the file has both: ``deltalake`` 1.6 turns a column missing from ``minValues`` into the
+    fragment guarantee ``col >= null``, so a filter on it (``to_pyarrow_table(filters=...)``)
+    skips the file and returns no rows (measured: a float, a 100-character string, a boolean).
+    Without the two maps readers do not skip on values, which is slower, never wrong."""
     out: dict[str, Any] = {"numRecords": int(footer.num_rows)}
     names = footer.schema.to_arrow_schema().names
     mins: dict[str, Any] = {}
     maxs: dict[str, Any] = {}
     nulls: dict[str, int] = {}
+    complete = True  # every column with a value has exact min/max
     for f in schema:
-        if f.name.startswith(INTERNAL_PREFIX) or f.name in skip or f.name not in names:
+        if f.name.startswith(INTERNAL_PREFIX) or f.name in skip:
             continue
         if pa.types.is_nested(f.type):
+            continue
+        if f.name not in names:  # added after the file was written: readers fill null
+            nulls[f.name] = int(footer.num_rows)
+            continue
+        if f.name in known:
+            one = known[f.name]
+            nulls[f.name] = int(footer.num_rows) if one is None else 0
+            j = None if one is None else _stat_json(one, f.type, exact=True)
+            if j is not None and footer.num_rows:
+                mins[f.name] = maxs[f.name] = j
+            elif one is not None:
+                complete = False
             continue
         idx = names.index(f.name)
         total_nulls, lo, hi, ok_minmax = 0, None, None, True
@@ -430,25 +479,33 @@ def _stats(footer: pq.FileMetaData, schema: pa.Schema, *, skip: set[str]) -> dic
             lo = st.min if lo is None else min(lo, st.min)
             hi = st.max if hi is None else max(hi, st.max)
         if total_nulls < 0:
+            complete = False
             continue
         nulls[f.name] = total_nulls
+        if total_nulls == footer.num_rows:
+            continue  # all null: nullCount says so
+        lo_j = hi_j = None
         if ok_minmax and lo is not None:
             lo_j, hi_j = _stat_json(lo, f.type), _stat_json(hi, f.type)
-            if lo_j is not None and hi_j is not None:
-                mins[f.name], maxs[f.name] = lo_j, hi_j
-    if footer.num_rows:
+        if lo_j is None or hi_j is None:
+            complete = False
+        else:
+            mins[f.name], maxs[f.name] = lo_j, hi_j
+    if footer.num_rows and complete:
         out["minValues"], out["maxValues"] = mins, maxs
     out["nullCount"] = nulls
     return out
 
 
-def _stat_json(value: Any, typ: pa.DataType) -> Any:
+def _stat_json(value: Any, typ: pa.DataType, *, exact: bool = False) -> Any:
     if pa.types.is_integer(typ) and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if pa.types.is_boolean(typ) and isinstance(value, bool):
         return value
     if pa.types.is_date32(typ) and isinstance(value, _dt.date):
         return value.isoformat()
     if (pa.types.is_string(typ) or pa.types.is_large_string(typ)) and isinstance(value, str) \
-            and len(value) <= MAX_STAT_STRING:
+            and (exact or len(value) <= MAX_STAT_STRING):
         return value
     return None
 
@@ -530,7 +587,7 @@ def _metadata(table: "Table", schema: pa.Schema) -> dict[str, Any]:
     assert table.config is not None
     return {"id": _table_id(table), "format": {"provider": "parquet", "options": {}},
             "schemaString": json.dumps(delta_schema(schema), separators=(",", ":")),
-            "partitionColumns": [f for f in table.config.partition_fields or [] if f in schema.names],
+            "partitionColumns": partition_columns(table, schema),
             "configuration": configuration(table), "createdTime": _created_ms(table)}
 
 
