@@ -305,3 +305,25 @@ def test_repair_names_a_version_it_cannot_place(tmp_path, capsys):
     assert len(err) == 1 and "version 9" in err[0] and f"{9:020d}.json" in err[0], err
     assert (log_dir / f"{9:020d}.json").exists()
     assert (log_dir / f"{2:020d}.json").stat().st_size > 0, "the damaged version before it is repaired"
+
+
+def test_repair_after_clean_leaves_sound_old_versions(tmp_path, capsys):
+    """Versions older than clean's window list deleted files, whose footers (stats) cannot be
+    read again: repair leaves a sound one as written and still rewrites a damaged one."""
+    uri, _ = _mirrored_history(tmp_path, 4)
+    _cli("clean", uri, "--retain-commits", "1")
+    table = Table.load(uri)
+    earliest = table.retained_from()["earliest_retained_seq"]
+    assert earliest > 2
+    log_dir = Path(uri, "_delta_log")
+    before = _digests(str(log_dir))
+    capsys.readouterr()
+    assert main(["mirror", uri, "--repair"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[0])["rewritten"] == []
+    assert _digests(str(log_dir)) == before
+    (log_dir / f"{2:020d}.json").write_bytes(b"")
+    assert main(["mirror", uri, "--repair"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[0])["rewritten"] == [2]
+    assert [json.loads(x) for x in (log_dir / f"{2:020d}.json").read_text().splitlines()][-1]["commitInfo"][
+        "bucketindex"]["seq"] == 2
+    assert deltalake.DeltaTable(uri).version() == table.timeline.last_seq
