@@ -327,11 +327,14 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
                         description="A table with the Delta projection gets _delta_log/<seq>.json after every "
                                     "commit (Delta version = commit sequence number; merge-on-read tables show "
                                     "the read-optimized view). --enable delta turns it on and writes every version "
-                                    "so far; --repair writes the versions missing after the last one present.")
+                                    "so far; --repair compares every version with what the timeline projects and "
+                                    "writes the missing ones, rewrites the damaged or outdated ones and the "
+                                    "checkpoints built from them.")
     mi.add_argument("table", help="the table's directory or URI")
     mig = mi.add_mutually_exclusive_group(required=True)
     mig.add_argument("--enable", choices=("delta",), help="turn the projection on (writes every version so far)")
-    mig.add_argument("--repair", action="store_true", help="write the missing versions up to the current commit")
+    mig.add_argument("--repair", action="store_true",
+                     help="check every version against the timeline: write missing ones, rewrite damaged ones")
     for verb in (up, rd, sh, va, sc, rb, co, cl, al, rh, bs, mi):
         verb.add_argument("--storage-option", action="append", default=[], type=_storage_option,
                           metavar="KEY=VALUE", help=STORAGE_OPTION_HELP)
@@ -861,7 +864,13 @@ def cmd_mirror(args: argparse.Namespace, submitted: bool) -> int:
         if not delta.enabled(table):
             raise BadInputError(f"the table {args.table} has no Delta projection; turn it on with "
                                 f"`bucketindex mirror {args.table} --enable delta`")
-        result = {"written": delta.repair(table), "version": table.timeline.last_seq}
+        report = delta.verify_and_repair(table)
+        print(json.dumps(report.as_dict(), sort_keys=True))
+        print(f"Delta log at version {report.version}: every version checked; "
+              f"{plural(len(report.written), 'missing version')} written, "
+              f"{plural(len(report.rewritten), 'damaged or outdated version')} rewritten, "
+              f"{plural(len(report.checkpoints), 'checkpoint')} rewritten")
+        return 0
     print(json.dumps(result, sort_keys=True))
     print(f"Delta log at version {result['version']}: {plural(len(result['written']), 'version')} written")
     return 0

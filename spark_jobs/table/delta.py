@@ -21,8 +21,10 @@ actions and finding it already there is fine; a *different* one is a bug and rai
 
 A crash between the commit point and the log write leaves Delta readers at the previous
 version (consistent, only stale). The next commit's hook sees its predecessor missing and
-calls :func:`repair`, which writes every missing version up to the current sequence;
-``bucketindex mirror TABLE --repair`` does the same on demand.
+calls :func:`repair`, which writes every missing version up to the current sequence (one
+HEAD per commit: a version that is present but damaged is not seen there).
+``bucketindex mirror TABLE --repair`` (:func:`verify_and_repair`) checks every version against
+the timeline and rewrites what differs, and the checkpoints built from it.
 
 **Merge-on-read**: the projection is the *read-optimized view* -- bases only, so a log's rows
 reach Delta readers when compaction folds them into a new base. Deletion vectors would show
@@ -63,6 +65,7 @@ if TYPE_CHECKING:
     from spark_jobs.table.table import Table
 
 __all__ = ["MIRROR_DELTA", "MIRRORS", "DELTA_LOG", "CHECKPOINT_INTERVAL", "mirror_commit", "repair",
+           "verify_and_repair", "RepairReport", "partition_columns",
            "after_commit", "mirrors", "enabled", "delta_schema", "versions_present", "version_actions",
            "reader_uri", "reader_storage_options"]
 
@@ -206,10 +209,14 @@ def _advance(tl: Any, prev: FileSystemView, seq: int) -> FileSystemView:
     return view
 
 
+def _encode(actions: list[dict[str, Any]]) -> bytes:
+    return "".join(json.dumps(a, sort_keys=True, separators=(",", ":")) + "\n" for a in actions).encode()
+
+
 def _publish(table: "Table", version: int, actions: list[dict[str, Any]]) -> bool:
     """Create version ``version`` if absent; an identical existing one is fine (another process
     mirrored the same entry), a different one is a bug. Returns whether this call wrote it."""
-    data = "".join(json.dumps(a, sort_keys=True, separators=(",", ":")) + "\n" for a in actions).encode()
+    data = _encode(actions)
     path = version_file(table, version)
     try:
         table.io.create_exclusive(path, data)
@@ -226,6 +233,186 @@ def _publish(table: "Table", version: int, actions: list[dict[str, Any]]) -> boo
 
 def _comparable(data: bytes) -> list[Any]:
     return [json.loads(line) for line in data.decode().splitlines() if line.strip()]
+
+
+def _parsed(data: bytes) -> list[Any] | None:
+    """A version file's actions, or None when it is not a Delta version at all (empty,
+    truncated, not UTF-8, not JSON, a line that is not one action)."""
+    try:
+        acts = _comparable(data)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not acts or not all(isinstance(a, dict) and len(a) == 1 for a in acts):
+        return None
+    return acts
+
+
+def _without_file_facts(actions: list[Any]) -> list[Any]:
+    """A version's actions without what only a data file's footer gives (``stats``, the
+    partition *values*; their keys stay, so the published form is still compared): how a
+    version whose files clean deleted is compared, since they cannot be read again."""
+    out = []
+    for a in actions:
+        if "add" in a:
+            add = {k: v for k, v in a["add"].items() if k != "stats"}
+            add["partitionValues"] = sorted(add.get("partitionValues") or {})
+            a = {"add": add}
+        out.append(a)
+    return out
+
+
+# -- verify and repair (`bucketindex mirror --repair`) ------------------------------------------
+
+_CHECKPOINT_NAME = re.compile(r"^(\d{20})\.checkpoint(?:\.\d+\.\d+)?\.parquet$")
+LAST_CHECKPOINT = "_last_checkpoint"
+
+
+@dataclass
+class RepairReport:
+    """What :func:`verify_and_repair` did: versions it created (missing), versions it
+    replaced (present but not what the timeline projects), Parquet checkpoints it wrote again."""
+
+    version: int
+    written: list[int]
+    rewritten: list[int]
+    checkpoints: list[int]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"version": self.version, "written": self.written, "rewritten": self.rewritten,
+                "checkpoints": self.checkpoints}
+
+
+def verify_and_repair(table: "Table") -> RepairReport:
+    """``bucketindex mirror TABLE --repair``: compare **every** version file with what the
+    timeline projects and make the log what it should be.
+
+    The log is derived (module docstring), so each version ``v`` is recomputed from the
+    timeline (:func:`version_actions`, archived entries included) and compared with the file:
+    a missing one is created (create-if-absent, as a writer would), one that differs --
+    truncated, garbage, hand-edited, or written by an older release in another form (before
+    issue 36 a string partition field was in ``partitionColumns``: version 0's ``metaData``
+    and every ``add`` differ, so the whole log is rewritten) -- is replaced. A version older
+    than clean's retained window lists files clean deleted, whose footers cannot be read
+    again: it is compared without what only a footer gives (:func:`_without_file_facts`), so a
+    sound old version is left as it is and a damaged one is rewritten with what is known.
+
+    Then the Parquet checkpoints: one at or after the first version replaced was built from
+    the log as it was (a damaged version makes ``deltalake`` build a wrong one, or none), and
+    one that does not parse is damaged; both are deleted and written again in version order
+    (each from the previous good checkpoint plus the repaired versions), with
+    ``_last_checkpoint`` (deleted first: it may name a checkpoint being replaced; ``deltalake``
+    lists the log without it, and writes it again with the checkpoint).
+
+    What it cannot fix it says in one line (TableCorruptError, exit 1): a version file past
+    the last sequence entry was written by something else, and a Delta reader takes it for
+    the latest version; it is not deleted (a person decides), the versions before it are
+    repaired first.
+
+    **Overwriting is safe against concurrent writers.** Writers publish a version only if
+    absent (:func:`_publish`); the only process that replaces an existing version is this
+    one, and it replaces version ``v`` only with the bytes :func:`version_actions` computes
+    for it -- a function of sequence entries ``<= v``, which never change once committed. So
+    two repairs racing write the same bytes (the replace is atomic: rename on disk, one PUT
+    on S3, so a reader sees the old file or the new one), and a writer that finds ``v``
+    present compares it with the same expected bytes: before the replace it reports the
+    difference as a warning (its commit is done, the hook never fails it), after it finds
+    what it computed. A version that already holds the expected content is never written.
+    (A clean racing the repair may delete the footer of a file a retained version lists;
+    that version is then written without that file's ``stats`` -- statistics are optional,
+    never a wrong value.)"""
+    present_before = set(versions_present(table))  # listed before the timeline is read (see above)
+    tl = table.timeline.reload()
+    last = tl.last_seq
+    written: list[int] = []
+    rewritten: list[int] = []
+    first = _first_schema(table, last)
+    stray = sorted(v for v in present_before if v > last)
+    if first is not None:
+        kept = table.retained_from()
+        earliest = int(kept["earliest_retained_seq"]) if kept else 0
+        present = set(versions_present(table))
+        prev: FileSystemView | None = None
+        for v in range(last + 1):
+            if v == 0:
+                acts = version_actions(table, 0, None, None, first_schema=first)
+                cur = FileSystemView.at_seq(tl, 0)
+            else:
+                assert prev is not None
+                cur = _advance(tl, prev, v)
+                acts = version_actions(table, v, prev, cur, first_schema=first)
+            prev = cur
+            if v not in present:
+                if _publish(table, v, acts):
+                    written.append(v)
+                continue
+            path = version_file(table, v)
+            got = _parsed(table.io.read_bytes(path))
+            want = _comparable(_encode(acts))
+            if got is not None and (got == want or v < earliest
+                                    and _without_file_facts(got) == _without_file_facts(want)):
+                continue
+            table.io.write_atomic(path, _encode(acts))
+            rewritten.append(v)
+            log.warning("rewrote Delta log version %d of %s: it was %s", v, table.uri,
+                        "not a Delta version (empty or not JSON)" if got is None else
+                        "not what sequence entry %d projects to" % v)
+    changed = min(written + rewritten, default=None)
+    checkpoints = _repair_checkpoints(table, last, since=changed)
+    if stray:
+        raise TableCorruptError(
+            f"Delta log version {stray[0]} of {table.uri} has no sequence entry (the last is {last}): something "
+            f"else wrote it, and Delta readers take it for the latest version; move "
+            f"{', '.join(version_file(table, v) for v in stray)} aside (versions 0..{last} are repaired)",
+            path=version_file(table, stray[0]))
+    return RepairReport(version=last, written=written, rewritten=rewritten, checkpoints=checkpoints)
+
+
+def _checkpoint_ok(table: "Table", name: str) -> bool:
+    try:
+        with table.io.open_input_file(posixpath.join(log_dir(table), name)) as f:
+            pq.read_metadata(f)
+        return True
+    except (OSError, pa.ArrowInvalid):
+        return False
+
+
+def _repair_checkpoints(table: "Table", last: int, *, since: int | None) -> list[int]:
+    """Delete and write again every Parquet checkpoint built from versions that changed (at or
+    after ``since``) or that does not parse, plus those :func:`_maybe_checkpoint` would have
+    written for the changed versions; a damaged ``_last_checkpoint`` is replaced with the
+    latest checkpoint's. Returns the checkpoint versions written (those ``deltalake`` wrote)."""
+    names = table.io.list_names(log_dir(table))
+    by_version: dict[int, list[str]] = {}
+    for n in names:
+        m = _CHECKPOINT_NAME.match(n)
+        if m:
+            by_version.setdefault(int(m.group(1)), []).append(n)
+    bad = {c for c, files in by_version.items()
+           if (since is not None and c >= since) or c > last or not all(_checkpoint_ok(table, f) for f in files)}
+    want = {c for c in bad if c <= last}
+    if since is not None:
+        want |= {c for c in range(CHECKPOINT_INTERVAL, last + 1, CHECKPOINT_INTERVAL) if c >= since}
+    pointer = posixpath.join(log_dir(table), LAST_CHECKPOINT)
+    good = sorted(set(by_version) - bad)
+    if LAST_CHECKPOINT in names:
+        try:
+            pointed = json.loads(table.io.read_bytes(pointer))["version"]
+        except (ValueError, KeyError, TypeError):
+            pointed = None
+        if want or pointed not in good or good and pointed != good[-1]:
+            if good and not want:
+                want.add(good[-1])  # written again, it writes the pointer
+            table.io.delete(pointer)
+    if not want and not bad:
+        return []
+    table.io.delete_many([posixpath.join(log_dir(table), f) for c in sorted(bad) for f in by_version[c]])
+    done = []
+    for c in sorted(want):
+        _maybe_checkpoint(table, c, every=1)
+        if any(_CHECKPOINT_NAME.match(n) and int(_CHECKPOINT_NAME.match(n).group(1)) == c  # type: ignore[union-attr]
+               for n in table.io.list_names(log_dir(table))):
+            done.append(c)
+    return done
 
 
 # -- one version ---------------------------------------------------------------------------
@@ -275,13 +462,26 @@ def _operation(entry: dict[str, Any]) -> str:
 
 
 def _add(table: "Table", s: FileSlice, schema: pa.Schema, *, ts_ms: int, data_change: bool) -> dict[str, Any]:
+    assert table.config is not None
     footer = _footer(table, s.path)
-    part_values = _partition_values(table, s, schema, footer)
+    fields = [f for f in table.config.partition_fields or [] if f in schema.names]
+    published = partition_columns(table, schema)
+    part_values: dict[str, str | None] = {}
+    known: dict[str, Any] = {}
+    if fields:
+        field, typ = fields[0], schema.field(fields[0]).type
+        value: Any = _value_from_file(table, s, field, typ, footer)
+        if field in published:
+            part_values[field] = None if value is None else partition_string(value, typ)
+        else:
+            # published as a data column: the file holds this one value, so its statistics are
+            # exact whatever its length, and readers skip files on it as on a partition column
+            known[field] = value
     add: dict[str, Any] = {"path": _delta_path(table, s.path), "partitionValues": part_values,
                            "size": int(s.size), "modificationTime": _instant_ms(s.instant) if s.instant else ts_ms,
                            "dataChange": data_change}
     if footer is not None:
-        add["stats"] = json.dumps(_stats(footer, schema, skip=set(part_values)), sort_keys=True,
+        add["stats"] = json.dumps(_stats(footer, schema, skip=set(part_values), known=known), sort_keys=True,
                                   separators=(",", ":"))
     return add
 
@@ -308,19 +508,34 @@ def _footer(table: "Table", rel: str) -> pq.FileMetaData | None:
 
 # -- partition values ----------------------------------------------------------------------
 
-def _partition_values(table: "Table", s: FileSlice, schema: pa.Schema, footer: pq.FileMetaData | None
-                      ) -> dict[str, str | None]:
-    """``{field: value as Delta's string form | None}``: the value the file's rows hold, from
-    its footer statistics (or its column, or a reference file's Hive path) -- never decoded
-    from the form-encoded directory name, which may be shortened (format.md §1)."""
+def partition_columns(table: "Table", schema: pa.Schema) -> list[str]:
+    """The table's partition fields that the projection publishes as Delta **partition
+    columns** (``metaData.partitionColumns``); the others are published as ordinary data
+    columns (format.md §11).
+
+    Why: Delta (and Hive) readers read an empty partition value as null -- measured with
+    ``deltalake`` 1.6: ``{"country": ""}`` reads back null, and a filter on ``""`` finds
+    nothing -- so a string (or binary) partition field cannot tell ``""`` from null through
+    ``partitionValues``. Every data file carries its partition field as a column (what
+    :func:`_value_from_file` reads), so published as a data column it reads back exactly, and
+    its exact min/max statistics (:func:`_add`) still let readers skip files on it. Integers,
+    dates, booleans and timestamps have no empty text form and read back exactly: they stay
+    partition columns (``tests/unit/test_delta_exact.py`` reads each back, null included).
+    Decimals do not (``deltalake`` reads the partition value ``-12.50`` as ``-12.-50``), nor
+    do floats (a Spark-only partition type here): data columns. A reference
+    file (§5.3) lacks its Hive path column, so a partition field that is one stays a partition
+    column whatever its type (a Hive directory cannot hold ``""`` either)."""
     assert table.config is not None
-    fields = [f for f in table.config.partition_fields or [] if f in schema.names]
-    if not fields:
-        return {}
-    field = fields[0]
-    typ = schema.field(field).type
-    value: Any = _value_from_file(table, s, field, typ, footer)
-    return {field: None if value is None else partition_string(value, typ)}
+    ref = (table.config.reference or {}).get("path_columns", {})
+    out = []
+    for f in table.config.partition_fields or []:
+        if f not in schema.names:
+            continue
+        t = schema.field(f).type
+        if f in ref or pa.types.is_integer(t) or pa.types.is_date32(t) or pa.types.is_boolean(t) \
+                or pa.types.is_timestamp(t):
+            out.append(f)
+    return out
 
 
 _NO_VALUE = object()
@@ -398,20 +613,41 @@ def partition_string(value: Any, typ: pa.DataType) -> str:
 
 # -- statistics ----------------------------------------------------------------------------
 
-def _stats(footer: pq.FileMetaData, schema: pa.Schema, *, skip: set[str]) -> dict[str, Any]:
+def _stats(footer: pq.FileMetaData, schema: pa.Schema, *, skip: set[str], known: dict[str, Any]
+           ) -> dict[str, Any]:
     """``numRecords`` and, from the row-group statistics of top-level primitive columns,
-    ``nullCount`` and (integers, dates, short strings: exact and cheap) ``minValues``/``maxValues``.
-    A column the file lacks (added since) or whose statistics are missing gets none: Delta
-    readers then just do not skip on it."""
+    ``nullCount`` and (integers, dates, booleans, short strings: exact and cheap)
+    ``minValues``/``maxValues``. A column the file lacks (added since) is all null. ``known``:
+    columns whose one value in the file is known (a partition field published as a data
+    column), whatever its length.
+
+    ``minValues``/``maxValues`` are written only when *every* column with a non-null value in
+    the file has both: ``deltalake`` 1.6 turns a column missing from ``minValues`` into the
+    fragment guarantee ``col >= null``, so a filter on it (``to_pyarrow_table(filters=...)``)
+    skips the file and returns no rows (measured: a float, a 100-character string, a boolean).
+    Without the two maps readers do not skip on values, which is slower, never wrong."""
     out: dict[str, Any] = {"numRecords": int(footer.num_rows)}
     names = footer.schema.to_arrow_schema().names
     mins: dict[str, Any] = {}
     maxs: dict[str, Any] = {}
     nulls: dict[str, int] = {}
+    complete = True  # every column with a value has exact min/max
     for f in schema:
-        if f.name.startswith(INTERNAL_PREFIX) or f.name in skip or f.name not in names:
+        if f.name.startswith(INTERNAL_PREFIX) or f.name in skip:
             continue
         if pa.types.is_nested(f.type):
+            continue
+        if f.name not in names:  # added after the file was written: readers fill null
+            nulls[f.name] = int(footer.num_rows)
+            continue
+        if f.name in known:
+            one = known[f.name]
+            nulls[f.name] = int(footer.num_rows) if one is None else 0
+            j = None if one is None else _stat_json(one, f.type, exact=True)
+            if j is not None and footer.num_rows:
+                mins[f.name] = maxs[f.name] = j
+            elif one is not None:
+                complete = False
             continue
         idx = names.index(f.name)
         total_nulls, lo, hi, ok_minmax = 0, None, None, True
@@ -430,25 +666,33 @@ def _stats(footer: pq.FileMetaData, schema: pa.Schema, *, skip: set[str]) -> dic
             lo = st.min if lo is None else min(lo, st.min)
             hi = st.max if hi is None else max(hi, st.max)
         if total_nulls < 0:
+            complete = False
             continue
         nulls[f.name] = total_nulls
+        if total_nulls == footer.num_rows:
+            continue  # all null: nullCount says so
+        lo_j = hi_j = None
         if ok_minmax and lo is not None:
             lo_j, hi_j = _stat_json(lo, f.type), _stat_json(hi, f.type)
-            if lo_j is not None and hi_j is not None:
-                mins[f.name], maxs[f.name] = lo_j, hi_j
-    if footer.num_rows:
+        if lo_j is None or hi_j is None:
+            complete = False
+        else:
+            mins[f.name], maxs[f.name] = lo_j, hi_j
+    if footer.num_rows and complete:
         out["minValues"], out["maxValues"] = mins, maxs
     out["nullCount"] = nulls
     return out
 
 
-def _stat_json(value: Any, typ: pa.DataType) -> Any:
+def _stat_json(value: Any, typ: pa.DataType, *, exact: bool = False) -> Any:
     if pa.types.is_integer(typ) and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if pa.types.is_boolean(typ) and isinstance(value, bool):
         return value
     if pa.types.is_date32(typ) and isinstance(value, _dt.date):
         return value.isoformat()
     if (pa.types.is_string(typ) or pa.types.is_large_string(typ)) and isinstance(value, str) \
-            and len(value) <= MAX_STAT_STRING:
+            and (exact or len(value) <= MAX_STAT_STRING):
         return value
     return None
 
@@ -530,7 +774,7 @@ def _metadata(table: "Table", schema: pa.Schema) -> dict[str, Any]:
     assert table.config is not None
     return {"id": _table_id(table), "format": {"provider": "parquet", "options": {}},
             "schemaString": json.dumps(delta_schema(schema), separators=(",", ":")),
-            "partitionColumns": [f for f in table.config.partition_fields or [] if f in schema.names],
+            "partitionColumns": partition_columns(table, schema),
             "configuration": configuration(table), "createdTime": _created_ms(table)}
 
 
@@ -605,10 +849,10 @@ class _Checkpointer:
                    storage_options=reader_storage_options(self.table)).create_checkpoint()
 
 
-def _maybe_checkpoint(table: "Table", version: int) -> None:
+def _maybe_checkpoint(table: "Table", version: int, *, every: int = CHECKPOINT_INTERVAL) -> None:
     """Every :data:`CHECKPOINT_INTERVAL` versions, a Parquet checkpoint; never fails the caller
-    (readers replay the JSON versions without one)."""
-    if version == 0 or version % CHECKPOINT_INTERVAL:
+    (readers replay the JSON versions without one). ``every=1``: at ``version`` (repair)."""
+    if version == 0 or version % every:
         return
     try:
         _Checkpointer(table).write(version)
