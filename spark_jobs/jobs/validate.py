@@ -52,6 +52,7 @@ def _validate(spark: SparkSession, table: Table, view: FileSystemView) -> dict[s
     rows = keys_with_location(spark, table, view)
     nb = table.num_buckets(view)
     report, problems = validation.new_report(table, view)
+    damaged = validation.check_index_files(table, view, problems)  # left out of the record-index checks
     if validation.check_files(table, view, problems):  # reading them would fail or read other rows
         return validation.finish(report)
     if rows is None and not any(view.index_files.values()):
@@ -68,7 +69,7 @@ def _validate(spark: SparkSession, table: Table, view: FileSystemView) -> dict[s
         wrong = rows.filter(F.lpad(bucket_expr(F.col(tasks.KEY), nb).cast("string"), 8, "0") != F.col("fid"))
         _collect(problems, "rows_in_wrong_bucket", wrong.select(tasks.KEY))
     if cfg.index_type == INDEX_RECORD:
-        files = {b: list(f) for b, f in view.index_files.items() if f}
+        files = {b: list(f) for b, f in view.index_files.items() if f and b not in damaged}
         entries = (
             spark.createDataFrame([(b,) for b in files], "bucket int").groupBy("bucket")
             .applyInArrow(tasks.bind(tasks.read_bucket_entries, table_uri=table.uri, files=files), ENTRY_SCHEMA)
@@ -82,6 +83,8 @@ def _validate(spark: SparkSession, table: Table, view: FileSystemView) -> dict[s
                 tasks.fingerprint_keys, f"{tasks.KEY} string, part string, fid string, fp_hi long, fp_lo long"
             )
         data = data.withColumn("data_bucket", bucket_expr(F.col(tasks.KEY), nb))
+        if damaged:  # a damaged bucket's keys: no entries to compare them with
+            data = data.filter(~F.col("data_bucket").isin(sorted(damaged)))
         j = data.alias("d").join(entries.alias("i"), ["fp_hi", "fp_lo"], "full_outer")
         d_key = F.col("d." + tasks.KEY)
         checks = {  # the rules: spark_jobs.table.validation
