@@ -260,6 +260,12 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
                     help="plan only data compaction (merge-on-read logs) or only index compaction (default both)")
     co.add_argument("--heartbeat-timeout", type=float,
                     help="seconds without a heartbeat before an attempt at the plan counts as dead (default 60)")
+    co.add_argument("--rebuild-index", action="store_true",
+                    help="repair the record index: rebuild its buckets (every one, or those of --bucket) from the "
+                         "table's data instead of folding their files, as one compaction commit; for an index file "
+                         "that is missing or damaged (validate's index_files_unreadable). Runs in-process")
+    co.add_argument("--bucket", type=int, action="append", metavar="N",
+                    help="with --rebuild-index: only this index bucket (repeat for more; default every bucket)")
     _add_spark_options(co)
     _add_engine_options(co)  # auto: arrow when the slices and index buckets a plan folds at once fit the budget
     cl = sub.add_parser("clean", help="delete file versions no retained snapshot reads (from a plan on the timeline)")
@@ -664,6 +670,12 @@ def cmd_validate(args: argparse.Namespace, submitted: bool) -> int:
         missing = report["problems"].get("data_files_missing")
         files = (f" ({missing['count']} data files missing, e.g. {', '.join(missing['samples'][:3])})"
                  if missing else "")
+        from spark_jobs.table.validation import index_repair_hint
+
+        unreadable = report["problems"].get("index_files_unreadable")
+        if unreadable:
+            files += (f" ({plural(unreadable['count'], 'index file')} unreadable, e.g. {unreadable['samples'][0]}: "
+                      f"rebuild with `{index_repair_hint(args.table, report)}`)")
         print(f"bucketindex: validate found problems: {', '.join(report['problems'])}{files}", file=sys.stderr)
         return 1
     return 0
@@ -733,13 +745,17 @@ def cmd_compact(args: argparse.Namespace, submitted: bool) -> int:
         CompactionPolicy,
     )
 
+    if args.heartbeat_timeout is not None and args.heartbeat_timeout <= 0:
+        raise BadInputError(f"--heartbeat-timeout must be positive, got {args.heartbeat_timeout}")
+    if args.rebuild_index:
+        return _rebuild_index(args, submitted)
+    if args.bucket:
+        raise BadInputError("--bucket names the index buckets --rebuild-index rebuilds; add --rebuild-index")
     scheduling = (args.min_logs, args.log_ratio, args.max_groups, args.min_deltas, args.delta_ratio, args.only,
                   args.index_base_cap)
     if args.execute and any(v is not None for v in scheduling):
         raise BadInputError("--execute runs a plan as scheduled; --min-logs, --log-ratio, --max-groups, "
                             "--min-deltas, --delta-ratio, --index-base-cap and --only apply when scheduling")
-    if args.heartbeat_timeout is not None and args.heartbeat_timeout <= 0:
-        raise BadInputError(f"--heartbeat-timeout must be positive, got {args.heartbeat_timeout}")
     if args.execute is not None:
         check_instant(args.execute, option="--execute")
     policy = CompactionPolicy(
@@ -791,6 +807,35 @@ def cmd_compact(args: argparse.Namespace, submitted: bool) -> int:
         print("nothing to compact: no file group or index bucket is due")
     elif args.schedule_only:
         print(result["instant"])  # the last line: scripts pass it to --execute
+    return 0
+
+
+def _rebuild_index(args: argparse.Namespace, submitted: bool) -> int:
+    """``compact --rebuild-index``: record-index buckets rebuilt from the data, in this process."""
+    from spark_jobs.exceptions import EngineUnsupportedError
+
+    others = {"--schedule-only": args.schedule_only, "--execute": args.execute, "--min-logs": args.min_logs,
+              "--log-ratio": args.log_ratio, "--max-groups": args.max_groups, "--min-deltas": args.min_deltas,
+              "--delta-ratio": args.delta_ratio, "--only": args.only}
+    given = [name for name, v in others.items() if v not in (None, False)]
+    if given:
+        raise BadInputError(f"--rebuild-index plans and executes one rebuild of the index from the data: "
+                            f"{', '.join(given)} do not apply to it")
+    spark_requested = _spark_requested(args, submitted)
+    if spark_requested == "$SPARK_REMOTE":  # the environment's default for Spark verbs: no Spark runs here
+        spark_requested = None
+    if args.engine == "spark" or spark_requested:
+        raise EngineUnsupportedError(f"--rebuild-index runs in-process (the arrow engine), not on Spark "
+                                     f"({'--engine spark' if args.engine == 'spark' else spark_requested}): "
+                                     f"drop that option")
+    from spark_jobs.arrow_engine.compact import run_rebuild_index
+
+    result = run_rebuild_index(args.table, buckets=args.bucket, index_base_cap=args.index_base_cap,
+                               heartbeat_timeout_s=args.heartbeat_timeout)
+    print(json.dumps(result, sort_keys=True))
+    counts = result.get("counts", {})
+    print(f"rebuilt {plural(len(result['buckets']), 'index bucket')} from the data at instant {result['instant']} "
+          f"({plural(counts.get('index_entries', 0), 'entry')})")
     return 0
 
 
@@ -1048,7 +1093,7 @@ def _check_table(args: argparse.Namespace) -> None:
 #: errno values that mean the store refused access: the store's (or its owner's) problem, not the input's
 _DENIED = {errno.EACCES, errno.EPERM, errno.EROFS}
 _TEMP_NAME = re.compile(r"/\.[^/]+\.[0-9a-f]{32}\.tmp$")
-_CORRUPT_IN_TASK = re.compile(r"TableCorruptError: ([^\n]+)")
+_CORRUPT_IN_TASK = re.compile(r"(?:Table|Index)CorruptError: ([^\n]+)")
 _UNAVAILABLE_IN_TASK = re.compile(r"StorageUnavailableError: ([^\n]+)")
 _MISSING_DEPENDENCY_IN_TASK = re.compile(r"MissingDependencyError: ([^\n]+)")
 _MISSING = re.compile(r"PATH_NOT_FOUND|FileNotFoundError|No such file or directory")

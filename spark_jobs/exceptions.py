@@ -10,13 +10,16 @@ its exit status) maps it to one:
   conditional put left undecided): exit 3, nothing committed, a scheduler retries;
 * :class:`MissingDependencyError` -- install what is named: exit 1, one line;
 * :class:`TableCorruptError` -- repair the table (a damaged or missing file of its own, a path
-  recorded outside its root): exit 1, one line naming the file.
+  recorded outside its root): exit 1, one line naming the file; :class:`IndexCorruptError`
+  when the file is a record-index file, which a command rebuilds from the data.
 
 This module imports nothing of the package, so every layer (io, table, jobs, cli, the
 provider) can raise and catch the same types.
 """
 
 from __future__ import annotations
+
+import shlex
 
 __all__ = [
     "BucketIndexError",
@@ -29,6 +32,7 @@ __all__ = [
     "WriterAliveError",
     "InstantRolledBackError",
     "TableCorruptError",
+    "IndexCorruptError",
     "PathEscapeError",
     "UnsupportedStorageError",
     "StorageUnavailableError",
@@ -94,8 +98,9 @@ class InstantRolledBackError(RetryableError):
 
 
 class TableCorruptError(BucketIndexError, RuntimeError):
-    """The table's own files are damaged or gone: a metadata file that does not parse, or a
-    data file a committed snapshot reads that is missing. Exit status 1, one line naming the
+    """The table's own files are damaged or gone: a metadata file that does not parse, a
+    data file a committed snapshot reads that is missing, or a record-index file that is
+    missing or unreadable (:class:`IndexCorruptError`). Exit status 1, one line naming the
     file and what to do.
 
     Not bad input (exit 2): the command and the batch are fine, and the same command works
@@ -114,6 +119,36 @@ class TableCorruptError(BucketIndexError, RuntimeError):
         outside bucketindex (a copy tool, a full disk, a hand edit)."""
         return cls(f"{what} {path} is damaged ({why}): restore it from a backup of the table's .bucketindex "
                    f"directory; the table cannot be read or written until then", path=path)
+
+
+#: how a damaged record-index bucket is rebuilt from the table's data (format.md §6.2)
+REBUILD_INDEX_COMMAND = "bucketindex compact {table} --rebuild-index --bucket {bucket}"
+
+
+class IndexCorruptError(TableCorruptError):
+    """A record-index file a committed snapshot reads is missing or unreadable (deleted,
+    truncated or overwritten outside bucketindex). Exit status 1, one line naming the file
+    and the command that repairs it.
+
+    Unlike a damaged data file, nothing is lost: the index is derived from the data, and
+    ``bucketindex compact TABLE --rebuild-index --bucket N`` rebuilds the bucket from the
+    snapshot's rows as one compaction commit. Until then every verb that reads the bucket
+    (upsert, compact, rehash, shadow-compare) stops with this error; ``validate`` reports it
+    as the finding ``index_files_unreadable`` and checks the rest; ``read`` does not use the
+    index and keeps working. Not retryable: running again fails the same way.
+    """
+
+    def __init__(self, path: str, *, table: str, bucket: int, why: str) -> None:
+        self.table = table
+        self.bucket = bucket
+        self.why = why
+        super().__init__(f"index file {path} of bucket {bucket} is {why}: rebuild the bucket from the table's data "
+                         f"with `{self.repair_command}`; the table cannot be written until then", path=path)
+
+    @property
+    def repair_command(self) -> str:
+        """The command line that rebuilds the damaged bucket."""
+        return REBUILD_INDEX_COMMAND.format(table=shlex.quote(self.table), bucket=self.bucket)
 
 
 class PathEscapeError(TableCorruptError):

@@ -21,8 +21,10 @@ import posixpath
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator
 
+import numpy as np
 import pyarrow as pa
 
+from spark_jobs.exceptions import TableCorruptError
 from spark_jobs.jobs import tasks
 from spark_jobs.table.action import compact as action
 from spark_jobs.table.action.compact import CompactionPolicy, plan_index_base_cap
@@ -31,7 +33,7 @@ from spark_jobs.table.action.transaction import Transaction
 from spark_jobs.table.layout import is_reference
 from spark_jobs.table.table import Table
 
-__all__ = ["run_compact", "write_plan", "needed_bytes", "WORKERS"]
+__all__ = ["run_compact", "run_rebuild_index", "write_plan", "needed_bytes", "WORKERS"]
 
 log = logging.getLogger("bucketindex.compact")
 
@@ -40,6 +42,8 @@ log = logging.getLogger("bucketindex.compact")
 WORKERS = 2
 #: what a compaction run through the Python API records as its engine choice
 API_CHOICE = EngineChoice(ARROW, "spark_jobs.arrow_engine.compact.run_compact")
+#: an index rebuild scans the snapshot's keys in this process: the only engine that runs it
+REBUILD_CHOICE = EngineChoice(ARROW, "an index rebuild runs in-process")
 
 _GROUP_INPUT = pa.schema([("part", pa.string()), ("fid", pa.string()), ("base", pa.string()),
                           ("logs", pa.list_(pa.string()))])
@@ -56,6 +60,17 @@ def run_compact(uri: str, *, policy: CompactionPolicy | None = None, schedule_on
     choice recorded in the commit (default: this API's)."""
     return action.run(uri, lambda table, plan: (write_plan, choice or API_CHOICE), policy=policy,
                       schedule_only=schedule_only, instant=instant, heartbeat_timeout_s=heartbeat_timeout_s)
+
+
+def run_rebuild_index(uri: str, *, buckets: list[int] | None = None, index_base_cap: int | None = None,
+                      heartbeat_timeout_s: float | None = None, choice: EngineChoice | None = None
+                      ) -> dict[str, Any]:
+    """Rebuild record-index buckets (default: all) from the table's data in this process, as one
+    compaction commit (:func:`spark_jobs.table.action.compact.run_rebuild`): what
+    ``bucketindex compact TABLE --rebuild-index [--bucket N ...]`` runs."""
+    cap = action.DEFAULT_INDEX_BASE_CAP if index_base_cap is None else index_base_cap
+    return action.run_rebuild(uri, write_plan, buckets=buckets, index_base_cap=cap,
+                              heartbeat_timeout_s=heartbeat_timeout_s, choice=choice or REBUILD_CHOICE)
 
 
 def needed_bytes(table: Table, plan: dict[str, Any]) -> int:
@@ -100,6 +115,10 @@ def write_plan(table: Table, txn: Transaction) -> tuple[list[dict[str, Any]], li
 
         written = _parallel(fold, groups)
     index_written: list[dict[str, Any]] = []
+    rebuilt = [b for b in buckets if b.get("rebuild")]
+    buckets = [b for b in buckets if not b.get("rebuild")]
+    if rebuilt:
+        index_written += _rebuild_buckets(table, txn, [int(b["bucket"]) for b in rebuilt])
     if buckets:
         cap = plan_index_base_cap(plan)
 
@@ -109,8 +128,54 @@ def write_plan(table: Table, txn: Transaction) -> tuple[list[dict[str, Any]], li
             return tasks.compact_index_buckets([rows], table_uri=table.uri, instant=txn.ts, attempt=txn.attempt,
                                                snapshot_seq=view.seq, cap=cap)
 
-        index_written = _parallel(fold_bucket, buckets)
+        index_written += _parallel(fold_bucket, buckets)
     return written, index_written
+
+
+def _rebuild_buckets(table: Table, txn: Transaction, buckets: list[int]) -> list[dict[str, Any]]:
+    """New bases for an index rebuild's ``buckets`` (:func:`spark_jobs.table.action.compact.plan_index_rebuild`),
+    from the rows of the snapshot ``txn`` runs on: every live key -- read as ``validate`` reads
+    the truth (:func:`spark_jobs.arrow_engine.validate.keys_with_location`) -- hashing to one of
+    them, with the (partition, file id) of the file group holding it. No index file is opened.
+
+    A data file the snapshot reads that is missing stops it (the index would lose its keys);
+    so does a key held by two file groups (which one is live cannot be told from the data:
+    ``validate`` reports it as ``duplicate_keys``)."""
+    from spark_jobs.arrow_engine.validate import keys_with_location
+    from spark_jobs.index.hashing import buckets_of, fingerprints
+    from spark_jobs.index.record_index import IndexEntries
+    from spark_jobs.table.reader import missing_file_error
+
+    view = txn.view
+    assert view is not None and txn.attempt
+    missing = table.missing_files(view)
+    if missing:
+        raise missing_file_error(missing[0])
+    rows = keys_with_location(table, view)
+    keys = rows.column(tasks.KEY).to_pylist()
+    of_bucket = np.asarray(buckets_of(keys, table.num_buckets(view)), dtype=np.int64)
+    hi, lo = fingerprints(keys)
+    parts, fids = rows.column("part").to_pylist(), rows.column("fid").to_pylist()
+    cap = plan_index_base_cap(txn.plan)
+    out = []
+    for b in buckets:
+        at = np.nonzero(of_bucket == b)[0]
+        _refuse_duplicates(hi[at], lo[at], [keys[i] for i in at.tolist()])
+        entries = IndexEntries.from_fingerprints(hi[at], lo[at], [(parts[i], fids[i]) for i in at.tolist()])
+        out.append(tasks.write_index_base(table, b, entries, instant=txn.ts, attempt=txn.attempt,
+                                          snapshot_seq=view.seq, cap=cap))
+        log.info("index rebuild %s: bucket %d rebuilt from the data (%d entries)", txn.ts, b, len(entries))
+    return out
+
+
+def _refuse_duplicates(hi: np.ndarray, lo: np.ndarray, keys: list[str]) -> None:
+    """A key in two file groups has no single location to index: TableCorruptError naming it."""
+    order = np.lexsort((lo, hi))
+    same = (hi[order][1:] == hi[order][:-1]) & (lo[order][1:] == lo[order][:-1])
+    if same.any():
+        key = keys[int(order[int(np.nonzero(same)[0][0])])]
+        raise TableCorruptError(f"key {key!r} is held by two file groups: the index cannot be rebuilt until the "
+                                f"duplicate is removed (`bucketindex validate` lists duplicate_keys)")
 
 
 def _check_distinct_targets(groups: list[dict[str, Any]]) -> None:

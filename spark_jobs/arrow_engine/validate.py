@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from spark_jobs.exceptions import IndexCorruptError
 from spark_jobs.index.hashing import buckets_of, fingerprints
 from spark_jobs.jobs import tasks
 from spark_jobs.table import validation
@@ -31,7 +32,7 @@ from spark_jobs.table.config import INDEX_BUCKET, INDEX_RECORD
 from spark_jobs.table.table import Table
 from spark_jobs.table.view import FileSystemView
 
-__all__ = ["run_validate", "needed_bytes", "KEY_SHARE", "ROW_BYTES", "ENTRY_BYTES"]
+__all__ = ["run_validate", "keys_with_location", "needed_bytes", "KEY_SHARE", "ROW_BYTES", "ENTRY_BYTES"]
 
 log = logging.getLogger("bucketindex.validate")
 
@@ -72,14 +73,15 @@ def _validate(table: Table, view: FileSystemView) -> dict[str, Any]:
     assert cfg is not None
     nb = table.num_buckets(view)
     report, problems = validation.new_report(table, view)
+    damaged = validation.check_index_files(table, view, problems)  # left out of the record-index checks
     if validation.check_files(table, view, problems):  # reading them would fail or read other rows
         return validation.finish(report)
-    if validation.add_damaged(problems, _damaged(table, view)):  # the same: their rows cannot be trusted
+    if validation.add_damaged(problems, _damaged(table, view, unreadable=damaged)):  # the same: their rows cannot be trusted
         return validation.finish(report)
     slices = view.slices()
     if not slices and not any(view.index_files.values()):
         return validation.finish(report)
-    rows = _keys_with_location(table, view) if slices else None
+    rows = keys_with_location(table, view) if slices else None
     if rows is not None:
         report["rows"] = rows.num_rows
         counts = rows.group_by(["part", "fid"]).aggregate([([], "count_all")])
@@ -95,21 +97,25 @@ def _validate(table: Table, view: FileSystemView) -> dict[str, Any]:
         wrong = pc.fill_null(pc.not_equal(bucket_fid, rows.column("fid")), False)
         validation.add_problem(problems, "rows_in_wrong_bucket", _count(wrong), _smallest(keys.filter(wrong)))
     if cfg.index_type == INDEX_RECORD:
-        entries = _index_entries(table, view)
+        entries = _index_entries(table, view, damaged, problems)
         report["index_entries"] = entries.num_rows
+        if damaged and rows is not None:  # a damaged bucket's keys: no entries to compare them with
+            rows = rows.filter(pc.invert(pc.is_in(pa.array(buckets_of(rows.column(KEY).to_pylist(), nb), pa.int64()),
+                                                  value_set=pa.array(sorted(damaged), pa.int64()))))
         _check_record_index(problems, rows, entries, nb)
     return validation.finish(report)
 
 
-def _damaged(table: Table, view: FileSystemView) -> list[tuple[str, str]]:
-    """``(path, why)`` of every damaged file of the snapshot: ``verify_files`` over all of them."""
-    files = pa.RecordBatch.from_pydict({"path": validation.files_to_verify(view)},
+def _damaged(table: Table, view: FileSystemView, *, unreadable: set[int]) -> list[tuple[str, str]]:
+    """``(path, why)`` of every damaged file of the snapshot: ``verify_files`` over all of them
+    (but the index files of the ``unreadable`` buckets, reported already)."""
+    files = pa.RecordBatch.from_pydict({"path": validation.files_to_verify(view, unreadable=unreadable)},
                                        schema=pa.schema([("path", pa.string())]))
     return [(p, w) for b in tasks.verify_files([files], table_uri=table.uri)
             for p, w in zip(b.column("path").to_pylist(), b.column("problem").to_pylist())]
 
 
-def _keys_with_location(table: Table, view: FileSystemView) -> pa.Table:
+def keys_with_location(table: Table, view: FileSystemView) -> pa.Table:
     """``(_bi_key, part, fid)`` for every live row: ``read_file_keys`` over every live slice."""
     slices = view.slices()
     files = pa.RecordBatch.from_pydict(
@@ -121,11 +127,20 @@ def _keys_with_location(table: Table, view: FileSystemView) -> pa.Table:
     return pa.Table.from_batches(batches, schema=_ROWS) if batches else _ROWS.empty_table()
 
 
-def _index_entries(table: Table, view: FileSystemView) -> pa.Table:
-    """Every live entry of every index bucket (``ENTRY_SCHEMA``): ``read_bucket_entries`` per bucket."""
-    files = {b: list(f) for b, f in view.index_files.items() if f}
-    parts = [tasks.read_bucket_entries((pa.scalar(b, pa.int32()),), None, table_uri=table.uri, files=files)
-             for b in files]
+def _index_entries(table: Table, view: FileSystemView, damaged: set[int], problems: dict[str, Any]) -> pa.Table:
+    """Every live entry of every index bucket (``ENTRY_SCHEMA``): ``read_bucket_entries`` per bucket.
+
+    ``damaged`` buckets (a file that does not open) are skipped; a bucket whose file opens but
+    whose entries do not read joins them (``damaged`` grows) and the finding names its file."""
+    files = {b: list(f) for b, f in view.index_files.items() if f and b not in damaged}
+    parts = []
+    for b in files:
+        try:
+            parts.append(tasks.read_bucket_entries((pa.scalar(b, pa.int32()),), None, table_uri=table.uri,
+                                                   files=files))
+        except IndexCorruptError as e:
+            validation.add_index_problems(problems, [e])
+            damaged.add(b)
     return pa.concat_tables([p.cast(_ENTRIES) for p in parts]) if parts else _ENTRIES.empty_table()
 
 

@@ -38,14 +38,17 @@ bucket's blocks (the bytes read are then about the same, the request count is no
 from __future__ import annotations
 
 import json
+import re
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
+from spark_jobs.exceptions import IndexCorruptError
 from spark_jobs.index.hashing import fingerprints
 from spark_jobs.io.filesystem import FileIO
 
@@ -64,6 +67,7 @@ __all__ = [
     "SEALED_SUFFIX",
     "is_sealed_base",
     "index_file_problem",
+    "index_file_error",
 ]
 
 BLOCK_ROWS = 65_536
@@ -89,6 +93,37 @@ def is_sealed_base(rel: str) -> bool:
     """
     name = rel.rsplit("/", 1)[-1]
     return name.startswith("base_") and name.split(".", 1)[0].endswith(SEALED_SUFFIX)
+
+
+#: ``<table root>/.bucketindex/index/bucket=<n>/<file>`` (spark_jobs.table.layout.TableLayout)
+_INDEX_PATH = re.compile(r"^(?P<root>.*)/\.bucketindex/index/bucket=(?P<bucket>\d+)/[^/]+$")
+
+
+def index_file_error(io: FileIO, path: str, *, why: str) -> IndexCorruptError:
+    """The one-line error for index file ``path`` (absolute, on ``io``) that is ``why`` (missing,
+    truncated, not an index file): names the file and the command that rebuilds its bucket.
+
+    The table and the bucket are read off the path, whose shape the layout fixes, so every
+    caller -- a lookup in a Spark task, a compaction, a conflict check -- gets the same line
+    without passing the table along."""
+    m = _INDEX_PATH.match(path)
+    root, bucket = (m.group("root"), int(m.group("bucket"))) if m else (path, -1)
+    table = root if io.scheme in ("file", "generic") else f"{io.scheme}://{root}"
+    return IndexCorruptError(path, table=table, bucket=bucket, why=why)
+
+
+@contextmanager
+def _readable(io: FileIO, path: str) -> Iterator[None]:
+    """Turn a missing file, or bytes that are not an index file, into :class:`IndexCorruptError`
+    naming it. Other I/O errors (a store that did not answer) pass through: they are not the
+    file's fault and a retry may succeed."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise index_file_error(io, path, why="missing (deleted outside bucketindex?)") from None
+    except (pa.ArrowInvalid, ValueError, KeyError, TypeError, IndexError) as e:  # ArrowInvalid: not Arrow IPC
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise index_file_error(io, path, why=f"damaged ({why})") from None
 
 
 @dataclass
@@ -182,15 +217,27 @@ class IndexFile:
     """An open index file: memory-mapped where the filesystem allows, blocks read on demand."""
 
     def __init__(self, io: FileIO, path: str) -> None:
+        """Open ``path``: IndexCorruptError (naming it) when it is missing or not an index file."""
         self.path = path
-        self._source = io.memory_map(path)
+        self._io = io
+        with _readable(io, path):
+            self._source = io.memory_map(path)
         self.memory_mapped = isinstance(self._source, pa.MemoryMappedFile)
-        self._reader = ipc.open_file(self._source)
-        md = self._reader.schema.metadata or {}
-        self.locations: list[tuple[str, str]] = [tuple(x) for x in json.loads(md.get(_META_LOCATIONS, b"[]"))]
-        self.block_first_hi = np.array([int(x) for x in json.loads(md.get(_META_BLOCKS, b"[]"))], dtype=np.uint64)
-        self.metadata: dict = json.loads(md.get(_META_EXTRA, b"{}"))
-        self.num_blocks = self._reader.num_record_batches
+        try:
+            with _readable(io, path):
+                self._reader = ipc.open_file(self._source)
+                md = self._reader.schema.metadata or {}
+                names = self._reader.schema.names
+                if names != ["fp_hi", "fp_lo", "loc"]:
+                    raise ValueError(f"columns {names}, not fp_hi, fp_lo, loc")
+                self.locations: list[tuple[str, str]] = [tuple(x) for x in json.loads(md.get(_META_LOCATIONS, b"[]"))]
+                self.block_first_hi = np.array([int(x) for x in json.loads(md.get(_META_BLOCKS, b"[]"))],
+                                               dtype=np.uint64)
+                self.metadata: dict = json.loads(md.get(_META_EXTRA, b"{}"))
+                self.num_blocks = self._reader.num_record_batches
+        except BaseException:
+            self._source.close()
+            raise
 
     def __enter__(self) -> "IndexFile":
         return self
@@ -202,15 +249,17 @@ class IndexFile:
         self._source.close()
 
     def block(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        b = self._reader.get_batch(i)
+        with _readable(self._io, self.path):
+            b = self._reader.get_batch(i)
         return tuple(c.to_numpy(zero_copy_only=True) for c in b.columns)  # type: ignore[return-value]
 
     def read_all(self) -> pa.Table:
-        if self.memory_mapped:
-            return self._reader.read_all()
-        # Without a memory map the IPC reader issues range reads per block; read the whole
-        # file in one request instead (what scan is for on HDFS / object stores).
-        return ipc.open_file(self._source.read_at(self._source.size(), 0)).read_all()
+        with _readable(self._io, self.path):
+            if self.memory_mapped:
+                return self._reader.read_all()
+            # Without a memory map the IPC reader issues range reads per block; read the whole
+            # file in one request instead (what scan is for on HDFS / object stores).
+            return ipc.open_file(self._source.read_at(self._source.size(), 0)).read_all()
 
     def entries(self) -> IndexEntries:
         t = self.read_all()
@@ -268,6 +317,8 @@ def index_file_problem(io: FileIO, path: str) -> str | None:
                 return "its fingerprints are not strictly increasing"
             if len(loc) and (loc.min() < TOMBSTONE or loc.max() >= len(f.locations)):
                 return "an entry names a location its table does not hold"
+    except IndexCorruptError as e:  # it broke after check_index_files opened it: the same finding
+        return e.why
     except (pa.ArrowException, OSError, ValueError, KeyError, TypeError) as e:
         if isinstance(e, (FileNotFoundError, PermissionError)) or (isinstance(e, OSError) and e.errno is not None):
             raise
@@ -403,8 +454,10 @@ def lookup(
     n = hi.size
     order = np.argsort(hi)
     shi, slo = hi[order], lo[order]
-    files = [IndexFile(io, p) for p in paths]
+    files: list[IndexFile] = []
     try:
+        for p in paths:  # opened inside the try: a damaged file closes the ones opened before it
+            files.append(IndexFile(io, p))
         mapped = all(f.memory_mapped for f in files)
         touched = 0.0
         if mode == "auto" and not mapped:

@@ -59,6 +59,7 @@ __all__ = [
     "COMPACT_OUTPUT",
     "COMPACT_INDEX_INPUT",
     "COMPACT_INDEX_OUTPUT",
+    "write_index_base",
 ]
 
 KEY = "_bi_key"  # the canonical record key, stored in every data file
@@ -680,17 +681,27 @@ def compact_index_buckets(buckets: Iterable[pa.RecordBatch], *, table_uri: str, 
             if t is None:
                 t = Table.open(table_uri)
             merged = compact_entries(t.io, [t.abs(f) for f in files], sealed=[t.abs(f) for f in sealed or []])
-            seal = len(merged) > cap
-            # sealed or not shows in the name (is_sealed_base): the view knows without opening it
-            path = t.layout.index_file(bucket, "base", f"{instant}_{attempt}{SEALED_SUFFIX if seal else ''}")
-            rel = t.layout.rel(path)
+            row = write_index_base(t, bucket, merged, instant=instant, attempt=attempt, snapshot_seq=snapshot_seq,
+                                   cap=cap)
+            yield pa.RecordBatch.from_pylist([row], schema=out_schema)
 
-            def write(merged: IndexEntries = merged, path: str = path, bucket: int = bucket, seal: bool = seal) -> int:
-                size = write_index_file(t.io, path, merged,  # type: ignore[union-attr]
-                                        metadata={"instant": instant, "bucket": bucket, "sealed": seal})
-                maybe_crash("after_index_file")
-                return size
 
-            size = t.write_marked(instant, rel, write, snapshot_seq=snapshot_seq)
-            yield pa.RecordBatch.from_pylist([{"bucket": bucket, "path": rel, "entries": len(merged),
-                                               "size": size, "sealed": seal}], schema=out_schema)
+def write_index_base(t: Table, bucket: int, entries: IndexEntries, *, instant: str, attempt: str, snapshot_seq: int,
+                     cap: int) -> dict[str, Any]:
+    """Write ``entries`` as the new base of ``bucket`` for compaction ``instant`` under its marker
+    (an index compaction's merge, or an index rebuild's scan of the data); one
+    ``COMPACT_INDEX_OUTPUT`` row. More than ``cap`` entries: written *sealed* (format.md §6.1).
+    The name carries the instant and the attempt's token, so a retried or concurrent attempt
+    never overwrites another's file."""
+    seal = len(entries) > cap
+    # sealed or not shows in the name (is_sealed_base): the view knows without opening it
+    path = t.layout.index_file(bucket, "base", f"{instant}_{attempt}{SEALED_SUFFIX if seal else ''}")
+    rel = t.layout.rel(path)
+
+    def write() -> int:
+        size = write_index_file(t.io, path, entries, metadata={"instant": instant, "bucket": bucket, "sealed": seal})
+        maybe_crash("after_index_file")
+        return size
+
+    size = t.write_marked(instant, rel, write, snapshot_seq=snapshot_seq)
+    return {"bucket": bucket, "path": rel, "entries": len(entries), "size": size, "sealed": seal}

@@ -52,9 +52,10 @@ def _validate(spark: SparkSession, table: Table, view: FileSystemView) -> dict[s
     rows = keys_with_location(spark, table, view)
     nb = table.num_buckets(view)
     report, problems = validation.new_report(table, view)
+    damaged = validation.check_index_files(table, view, problems)  # left out of the record-index checks
     if validation.check_files(table, view, problems):  # reading them would fail or read other rows
         return validation.finish(report)
-    if validation.add_damaged(problems, _damaged(spark, table, view)):  # the same: their rows cannot be trusted
+    if validation.add_damaged(problems, _damaged(spark, table, view, unreadable=damaged)):  # the same: their rows cannot be trusted
         return validation.finish(report)
     if rows is None and not any(view.index_files.values()):
         return validation.finish(report)
@@ -70,7 +71,7 @@ def _validate(spark: SparkSession, table: Table, view: FileSystemView) -> dict[s
         wrong = rows.filter(F.lpad(bucket_expr(F.col(tasks.KEY), nb).cast("string"), 8, "0") != F.col("fid"))
         _collect(problems, "rows_in_wrong_bucket", wrong.select(tasks.KEY))
     if cfg.index_type == INDEX_RECORD:
-        files = {b: list(f) for b, f in view.index_files.items() if f}
+        files = {b: list(f) for b, f in view.index_files.items() if f and b not in damaged}
         entries = (
             spark.createDataFrame([(b,) for b in files], "bucket int").groupBy("bucket")
             .applyInArrow(tasks.bind(tasks.read_bucket_entries, table_uri=table.uri, files=files), ENTRY_SCHEMA)
@@ -84,6 +85,8 @@ def _validate(spark: SparkSession, table: Table, view: FileSystemView) -> dict[s
                 tasks.fingerprint_keys, f"{tasks.KEY} string, part string, fid string, fp_hi long, fp_lo long"
             )
         data = data.withColumn("data_bucket", bucket_expr(F.col(tasks.KEY), nb))
+        if damaged:  # a damaged bucket's keys: no entries to compare them with
+            data = data.filter(~F.col("data_bucket").isin(sorted(damaged)))
         j = data.alias("d").join(entries.alias("i"), ["fp_hi", "fp_lo"], "full_outer")
         d_key = F.col("d." + tasks.KEY)
         checks = {  # the rules: spark_jobs.table.validation
@@ -104,10 +107,12 @@ def _validate(spark: SparkSession, table: Table, view: FileSystemView) -> dict[s
     return validation.finish(report)
 
 
-def _damaged(spark: SparkSession, table: Table, view: FileSystemView) -> list[tuple[str, str]]:
-    """``(path, why)`` of every damaged file of the snapshot: ``tasks.verify_files`` in tasks,
-    each reading its files whole (a file a partition, so big files spread over executors)."""
-    files = validation.files_to_verify(view)
+def _damaged(spark: SparkSession, table: Table, view: FileSystemView, *,
+             unreadable: set[int]) -> list[tuple[str, str]]:
+    """``(path, why)`` of every damaged file of the snapshot (but the index files of the
+    ``unreadable`` buckets, reported already): ``tasks.verify_files`` in tasks, each reading
+    its files whole (a file a partition, so big files spread over executors)."""
+    files = validation.files_to_verify(view, unreadable=unreadable)
     if not files:
         return []
     listing = spark.createDataFrame([(f,) for f in files], "path string").repartition(

@@ -7,10 +7,16 @@ shows is decided here, so both engines give the same report for the same snapsho
 
 * ``data_files_missing`` / ``reference_files_changed``: a file the snapshot reads is not on
   storage (or a reference file no longer has its recorded size); nothing else is checked then.
-* ``damaged_files``: a file the snapshot reads (base, log, reference or index file) whose
-  bytes are wrong -- a Parquet page failing its checksum or not decoding, a footer that does
-  not parse, an index file breaking its invariants -- sampled as ``"<path>: <why>"``; every
-  file is read whole for it (``tasks.verify_files``). Nothing else is checked then either.
+* ``index_files_unreadable`` (record index): an index file the snapshot reads is missing or
+  is not an index file (truncated, overwritten), sampled as ``<path>: <why>``. Its bucket is
+  left out of the record-index checks below (its entries cannot be known: every key would
+  count as missing, or an older entry as pointing elsewhere); every other bucket is checked.
+  ``bucketindex compact TABLE --rebuild-index --bucket N`` rebuilds it.
+* ``damaged_files``: a file the snapshot reads (base, log, reference or index file, but those
+  already ``index_files_unreadable``) whose bytes are wrong -- a Parquet page failing its
+  checksum or not decoding, a footer that does not parse, an index file breaking its
+  invariants -- sampled as ``"<path>: <why>"``; every file is read whole for it
+  (``tasks.verify_files``). Nothing else is checked then either.
 * ``row_count_mismatch``: a file group whose rows read differ from the ``num_rows`` its
   commit recorded (also one read from zero rows, or read and not in the view).
 * ``duplicate_keys``: a key read more than once (per partition for the bucket index): one
@@ -29,15 +35,19 @@ A problem is ``{"count": N, "samples": [...]}``: the ``SAMPLES`` smallest sample
 
 from __future__ import annotations
 
+import shlex
 from typing import Any, Iterable, Mapping
 
-from spark_jobs.table.config import INDEX_BUCKET
+from spark_jobs.exceptions import IndexCorruptError
+from spark_jobs.index.record_index import IndexFile
+from spark_jobs.table.config import INDEX_BUCKET, INDEX_RECORD
 from spark_jobs.table.layout import is_reference
 from spark_jobs.table.table import Table
 from spark_jobs.table.view import FileSystemView
 
 __all__ = [
-    "SAMPLES", "KEY", "new_report", "finish", "check_files", "files_to_verify", "add_damaged", "row_count_mismatches", "add_problem",
+    "SAMPLES", "KEY", "new_report", "finish", "check_files", "check_index_files", "files_to_verify", "add_damaged",
+    "row_count_mismatches", "add_problem",
     "duplicate_identity", "fingerprint_sample", "RECORD_INDEX_CHECKS",
 ]
 
@@ -91,9 +101,11 @@ def check_files(table: Table, view: FileSystemView, problems: dict[str, Any]) ->
     return bool(bad or missing)
 
 
-def files_to_verify(view: FileSystemView) -> list[str]:
-    """Every file of the snapshot, relative and sorted: what ``damaged_files`` reads whole."""
-    return sorted(view.all_files())
+def files_to_verify(view: FileSystemView, *, unreadable: Iterable[int] = ()) -> list[str]:
+    """Every file of the snapshot, relative and sorted: what ``damaged_files`` reads whole --
+    but the index files of the ``unreadable`` buckets (:func:`check_index_files` named them)."""
+    skip = {rel for b in unreadable for rel in view.index_files.get(b, ())}
+    return sorted(view.all_files() - skip)
 
 
 def add_damaged(problems: dict[str, Any], damaged: Iterable[tuple[str, str]]) -> bool:
@@ -102,6 +114,42 @@ def add_damaged(problems: dict[str, Any], damaged: Iterable[tuple[str, str]]) ->
     found = sorted(f"{path}: {why}" for path, why in damaged)
     add_problem(problems, "damaged_files", len(found), found)
     return bool(found)
+
+
+def check_index_files(table: Table, view: FileSystemView, problems: dict[str, Any]) -> set[int]:
+    """Open every record-index file the snapshot reads (its footer and metadata: what a lookup
+    opens first): a missing or damaged one is the finding ``index_files_unreadable`` naming it,
+    not a crash of the entries' read after it. Returns the buckets holding one, which the
+    record-index checks leave out."""
+    assert table.config is not None
+    if table.config.index_type != INDEX_RECORD:
+        return set()
+    found: list[IndexCorruptError] = []
+    for bucket, files in sorted(view.index_files.items()):
+        for rel in files:
+            try:
+                IndexFile(table.io, table.abs(rel)).close()
+            except IndexCorruptError as e:
+                found.append(e)
+    add_index_problems(problems, found)
+    return {e.bucket for e in found}
+
+
+def add_index_problems(problems: dict[str, Any], found: Iterable[IndexCorruptError]) -> None:
+    """Add unreadable index files (``index_files_unreadable``) to the findings already there."""
+    samples = [f"{e.path}: {e.why}" for e in found]
+    if not samples:
+        return
+    old = problems.get("index_files_unreadable", {"count": 0, "samples": []})
+    problems["index_files_unreadable"] = {"count": old["count"] + len(samples),
+                                          "samples": sorted([*old["samples"], *samples])[:SAMPLES]}
+
+
+def index_repair_hint(table_uri: str, report: Mapping[str, Any]) -> str | None:
+    """The command that repairs the report's unreadable index files, if it found any."""
+    if "index_files_unreadable" not in report.get("problems", {}):
+        return None
+    return f"bucketindex compact {shlex.quote(table_uri)} --rebuild-index"
 
 
 def row_count_mismatches(view: FileSystemView, read: Mapping[tuple[str, str], int]) -> list[str]:

@@ -13,6 +13,10 @@ task's duplicate loses to, what the commit records, and the order of a run (wait
 then a new one: :func:`run`) live here. An engine only writes a plan's new bases: Spark
 (``spark_jobs.jobs.compact``) or in-process on Arrow (``spark_jobs.arrow_engine.compact``),
 both through the task functions of ``spark_jobs.jobs.tasks``.
+
+An *index rebuild* (:func:`run_rebuild`, ``compact --rebuild-index``) is the same action and
+commit with its buckets' new bases built from a scan of the snapshot's rows instead of the
+files they replace: the repair of a missing or damaged index file (format.md §6.2).
 """
 
 from __future__ import annotations
@@ -20,14 +24,14 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from spark_jobs.exceptions import BadInputError
-from spark_jobs.index.record_index import is_sealed_base
+from spark_jobs.exceptions import BadInputError, WriterAliveError
+from spark_jobs.index.record_index import IndexFile, index_file_error, is_sealed_base
 from spark_jobs.table.action.rollback import is_writer_alive
 from spark_jobs.table.action.service import execute, execute_waiting, pending_plans, schedule
 from spark_jobs.table.config import INDEX_RECORD
-from spark_jobs.table.timeline import Action
+from spark_jobs.table.timeline import Action, State
 from spark_jobs.table.view import FileSlice, FileSystemView, is_index_delta
 from spark_jobs.text import plural
 
@@ -37,7 +41,8 @@ if TYPE_CHECKING:
     from spark_jobs.table.table import Table
 
 __all__ = ["CompactionPolicy", "plan_compaction", "schedule_compaction", "compaction_metadata", "compactable",
-           "DEFAULT_INDEX_BASE_CAP", "check_plan", "plan_index_base_cap", "execute_plan", "run", "Write", "Pick"]
+           "DEFAULT_INDEX_BASE_CAP", "check_plan", "plan_index_base_cap", "execute_plan", "run", "Write", "Pick",
+           "REBUILD_OPERATION", "is_rebuild", "plan_index_rebuild", "run_rebuild"]
 
 log = logging.getLogger("bucketindex.compact")
 
@@ -210,12 +215,35 @@ def _due_index_buckets(table: "Table", view: FileSystemView, policy: CompactionP
             deltas.append(f)
         if not deltas:
             continue
-        delta_bytes = sum(table.io.size(table.abs(f)) for f in deltas)
-        base_bytes = sum(table.io.size(table.abs(f)) for f in open_base)
+        sizes = _index_sizes(table, [*open_base, *deltas])
+        delta_bytes = sum(sizes[f] for f in deltas)
+        base_bytes = sum(sizes[f] for f in open_base)
         if policy.index_due(len(deltas), delta_bytes, base_bytes):
+            _check_readable(table, [*sealed, *open_base, *deltas])
             out.append({"bucket": bucket, "files": [*open_base, *deltas], "sealed": sealed, "deltas": len(deltas),
                         "delta_bytes": delta_bytes, "base_bytes": base_bytes})
     return out
+
+
+def _index_sizes(table: "Table", rels: list[str]) -> dict[str, int]:
+    """Bytes of each index file; a missing one is the table's fault, named with its repair
+    (IndexCorruptError), not a sum that fails on ``None``."""
+    sizes = table.io.sizes([table.abs(r) for r in rels])
+    out = {}
+    for r in rels:
+        size = sizes[table.abs(r)]
+        if size is None:
+            raise index_file_error(table.io, table.abs(r), why="missing (deleted outside bucketindex?)")
+        out[r] = size
+    return out
+
+
+def _check_readable(table: "Table", rels: list[str]) -> None:
+    """Open each index file a plan is about to fold (its footer: what the fold opens first), so a
+    truncated or overwritten one fails the planning with IndexCorruptError naming it and its
+    repair, before a plan that could never run is written."""
+    for r in rels:
+        IndexFile(table.io, table.abs(r)).close()
 
 
 def _index_file_instant(rel: str) -> str:
@@ -248,7 +276,7 @@ def compaction_metadata(instant: str, plan: dict[str, Any], written: list[dict[s
     return {
         "action": Action.COMPACTION,
         "instant": instant,
-        "operation": "compaction",
+        "operation": plan.get("operation") or "compaction",
         "file_groups": groups,
         "index": {"added": added, "removed": removed},
         "counts": {"file_groups": len(groups),
@@ -348,6 +376,8 @@ def run(uri: str, pick: Pick, *, policy: CompactionPolicy | None = None, schedul
     started = time.perf_counter()
     out: dict[str, Any] = {"instant": instant, "scheduled": False, "executed": False, "noop": False}
     engines: dict[str, dict[str, str]] = {}
+    if instant is not None:
+        _refuse_rebuild(table, instant)
 
     def work(txn: "Transaction") -> dict[str, Any]:
         write, choice = pick(table, txn.plan)
@@ -359,7 +389,8 @@ def run(uri: str, pick: Pick, *, policy: CompactionPolicy | None = None, schedul
         out["resumed"] = [{"instant": d.instant, "noop": d.noop, "counts": d.metadata.get("counts", {}),
                            **({"engine": engines[d.instant]} if d.instant in engines else {})}
                           for d in execute_waiting(table, Action.COMPACTION, work,
-                                                   heartbeat_timeout_s=heartbeat_timeout_s)]
+                                                   heartbeat_timeout_s=heartbeat_timeout_s,
+                                                   select=lambda plan: not is_rebuild(plan))]
     if instant is None:
         planned = schedule_compaction(table, policy or CompactionPolicy(), heartbeat_timeout_s=heartbeat_timeout_s)
         if planned is None:
@@ -384,3 +415,121 @@ def run(uri: str, pick: Pick, *, policy: CompactionPolicy | None = None, schedul
     if engine:
         out["engine"] = engine
     return out
+
+
+# -- rebuilding the record index from the data ----------------------------------------------
+
+#: the ``operation`` of a compaction that rebuilds index buckets from the snapshot's rows
+#: instead of folding their files (format.md §6.2)
+REBUILD_OPERATION = "index_rebuild"
+
+
+def is_rebuild(plan: dict[str, Any]) -> bool:
+    """Whether a compaction plan rebuilds index buckets from the data (its buckets' entries are
+    a scan of the snapshot's rows, not a merge of the files it replaces)."""
+    return plan.get("operation") == REBUILD_OPERATION
+
+
+def _refuse_rebuild(table: "Table", instant: str) -> None:
+    """An index rebuild runs in-process (a scan of every live key): ``compact --execute`` on
+    another engine must not fold the damaged files it replaces."""
+    inst = table.timeline.find(instant)
+    if inst is None or inst.is_completed or inst.action != Action.COMPACTION:
+        return  # execute() says what is wrong, or that it is done
+    if is_rebuild(table.timeline.read_plan(inst)):
+        raise BadInputError(f"compaction {instant} rebuilds the record index from the data: finish it with "
+                            f"`bucketindex compact {table.uri} --rebuild-index`")
+
+
+def plan_index_rebuild(table: "Table", view: FileSystemView, buckets: Sequence[int], *,
+                       index_base_cap: int = DEFAULT_INDEX_BASE_CAP) -> dict[str, Any]:
+    """The plan of an index rebuild on ``view``: for each bucket, every index file it reads now
+    (sealed and open bases, deltas) is replaced by one base holding, for each live row whose
+    key hashes to the bucket, its (partition, file id) -- whatever those files say, so a
+    missing or damaged one is never opened. Deltas committed after the plan stay on top of the
+    new base, as after a compaction (they are newer than any snapshot the rebuild scans)."""
+    out = []
+    for b in sorted(set(buckets)):
+        files = list(view.index_files.get(b, []))
+        out.append({"bucket": b, "files": files, "sealed": [], "deltas": sum(1 for f in files if is_index_delta(f)),
+                    "rebuild": True})
+    return {"operation": REBUILD_OPERATION, "snapshot_seq": view.seq, "index_base_cap": index_base_cap,
+            "file_groups": [], "index_buckets": out}
+
+
+def run_rebuild(uri: str, write: Write, *, buckets: Sequence[int] | None = None,
+                index_base_cap: int = DEFAULT_INDEX_BASE_CAP, heartbeat_timeout_s: float | None = None,
+                choice: "EngineChoice | None" = None) -> dict[str, Any]:
+    """Rebuild record-index buckets (default: every bucket) from the latest snapshot's rows, as
+    one compaction commit (:func:`plan_index_rebuild`); ``write`` is an engine's
+    :data:`Write` that can build a rebuild plan's bases.
+
+    Crash-safe as every table service: the plan is scheduled first, and a run killed anywhere
+    leaves the old snapshot (or, past the commit point, the new one); the next rebuild resumes
+    a waiting rebuild plan before planning anew, and its commit's marker cleanup deletes the
+    dead attempt's files. A pending ordinary compaction plan holding one of the buckets folds
+    the very files being replaced (and cannot read a damaged one): it is cancelled first, unless
+    a live process is executing it (WriterAliveError: busy, retry).
+
+    Returns ``{"instant", "executed", "noop", "buckets", "resumed", "counts", "engine"}``.
+    """
+    from spark_jobs.table.table import Table
+
+    table = Table.load(uri)
+    assert table.config is not None
+    if table.config.index_type != INDEX_RECORD:
+        raise BadInputError(f"{table.uri} has the {table.config.index_type} index, which keeps no index files: "
+                            f"there is nothing to rebuild (--rebuild-index is for the record index)")
+    if not isinstance(index_base_cap, int) or index_base_cap < 1:
+        raise BadInputError(f"--index-base-cap must be at least 1, got {index_base_cap}")
+    started = time.perf_counter()
+    nb = table.num_buckets()
+    wanted = sorted(set(range(nb) if buckets is None else buckets))
+    wrong = [b for b in wanted if not 0 <= b < nb]
+    if wrong:
+        raise BadInputError(f"--bucket {wrong[0]}: {table.uri} has {plural(nb, 'index bucket')} (0 to {nb - 1})")
+
+    def work(txn: "Transaction") -> dict[str, Any]:
+        return execute_plan(table, txn, write, choice)
+
+    # a rebuild killed before it completed: finish it first (its plan holds its buckets)
+    resumed = execute_waiting(table, Action.COMPACTION, work, heartbeat_timeout_s=heartbeat_timeout_s,
+                              select=is_rebuild)
+    out: dict[str, Any] = {"instant": None, "executed": False, "noop": False, "buckets": [],
+                           "resumed": [{"instant": d.instant, "noop": d.noop, "counts": d.metadata.get("counts", {})}
+                                       for d in resumed]}
+    if choice is not None:
+        out["engine"] = choice.as_metadata()
+    done_buckets = {int(b["bucket"]) for d in resumed for b in d.metadata.get("index", {}).get("added", [])}
+    todo = [b for b in wanted if b not in done_buckets]
+    if not todo:
+        last = resumed[-1]
+        out.update(instant=last.instant, executed=not last.noop, noop=last.noop, buckets=wanted,
+                   counts=last.metadata.get("counts", {}), total_ms=int((time.perf_counter() - started) * 1000))
+        return out
+    _cancel_plans_holding(table, set(todo), heartbeat_timeout_s)
+    plan = plan_index_rebuild(table, table.view(), todo, index_base_cap=index_base_cap)
+    inst = schedule(table, Action.COMPACTION, plan)
+    log.info("index rebuild %s planned: %s from the data of commit %d (%s replaced)", inst.timestamp,
+             plural(len(todo), "bucket"), plan["snapshot_seq"],
+             plural(sum(len(b["files"]) for b in plan["index_buckets"]), "index file"))
+    done = execute(table, inst.timestamp, Action.COMPACTION, work, heartbeat_timeout_s=heartbeat_timeout_s)
+    out.update(instant=inst.timestamp, executed=not done.noop, noop=done.noop, buckets=todo,
+               counts=done.metadata.get("counts", {}), total_ms=int((time.perf_counter() - started) * 1000))
+    return out
+
+
+def _cancel_plans_holding(table: "Table", buckets: set[int], heartbeat_timeout_s: float | None) -> None:
+    """Cancel the pending compaction plans that fold files of ``buckets`` (WriterAliveError when
+    a live process executes one): the rebuild replaces every file of those buckets, so such a
+    plan could never commit after it -- and a plan folding a damaged file can never run."""
+    for inst, plan in pending_plans(table, Action.COMPACTION):
+        held = {int(b["bucket"]) for b in plan.get("index_buckets", [])} & buckets
+        if not held:
+            continue
+        if inst.state == State.INFLIGHT and is_writer_alive(table, inst, heartbeat_timeout_s):
+            raise WriterAliveError(f"busy: compaction {inst.timestamp} is folding index bucket {min(held)} in a "
+                                   f"live process; rebuild it once that completes")
+        log.info("cancelling compaction %s: it folds index files of bucket %s, which the rebuild replaces",
+                 inst.timestamp, ", ".join(map(str, sorted(held))))
+        table.rollback(inst.timestamp, force=True)

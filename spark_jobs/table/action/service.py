@@ -144,14 +144,18 @@ def _cancel_if_rehashed(table: "Table", inst: Instant) -> str | None:
 
 
 def execute_waiting(table: "Table", action: str, run: Callable[[Transaction], dict[str, Any]], *,
-                    heartbeat_timeout_s: float | None = None) -> list[Executed]:
+                    heartbeat_timeout_s: float | None = None,
+                    select: Callable[[dict[str, Any]], bool] | None = None) -> list[Executed]:
     """Execute, oldest first, the scheduled ``action`` plans no live process is executing: a
     plan whose scheduler died before reporting it, or whose executor crashed. They hold their
-    files back from every new plan until they run, so a service runs them before planning."""
+    files back from every new plan until they run, so a service runs them before planning.
+    ``select(plan)``: only the plans this caller can execute (default: every one)."""
     from spark_jobs.table.action.rollback import is_writer_alive
 
     out = []
-    for inst, _ in pending_plans(table, action):
+    for inst, plan in pending_plans(table, action):
+        if select is not None and not select(plan):
+            continue
         if inst.state == State.INFLIGHT and is_writer_alive(table, inst, heartbeat_timeout_s):
             continue  # its executor is at work
         cancelled = _cancel_if_rehashed(table, inst)
