@@ -1097,6 +1097,10 @@ _CORRUPT_IN_TASK = re.compile(r"(?:Table|Index)CorruptError: ([^\n]+)")
 _UNAVAILABLE_IN_TASK = re.compile(r"StorageUnavailableError: ([^\n]+)")
 _MISSING_DEPENDENCY_IN_TASK = re.compile(r"MissingDependencyError: ([^\n]+)")
 _MISSING = re.compile(r"PATH_NOT_FOUND|FileNotFoundError|No such file or directory")
+#: Spark's own Parquet scan of a table file whose bytes are wrong (a page failing its checksum,
+#: verified as the session's ``parquet.page.verify-checksum.enabled`` asks, or not decoding)
+_SPARK_FAILED_FILE = re.compile(r"FAILED_READ_FILE[.\w]*\] Encountered error while reading file (\S+?)\.?(?:\s|$)")
+_SPARK_DAMAGE = re.compile(r"CRC checksum verification failed|ParquetDecodingException|could not verify page integrity")
 
 
 def _told_apart(args: argparse.Namespace, e: BaseException) -> tuple[int, str] | None:
@@ -1107,6 +1111,17 @@ def _told_apart(args: argparse.Namespace, e: BaseException) -> tuple[int, str] |
     m = _CORRUPT_IN_TASK.search(text)
     if m:
         return 1, f"bucketindex: {args.verb} failed: {m.group(1).strip()}" + _nothing_committed(args)
+    m = _SPARK_FAILED_FILE.search(text)
+    if m and _SPARK_DAMAGE.search(text):
+        from urllib.parse import unquote
+
+        from spark_jobs.io.parquet import damaged_file_error
+
+        uri = m.group(1)
+        path = unquote(uri.removeprefix("file://")) if uri.startswith("file:") else uri  # Spark's URI-encoded name
+        why = _SPARK_DAMAGE.search(text).group(0)  # type: ignore[union-attr]
+        return 1, (f"bucketindex: {args.verb} failed: {_one_line(damaged_file_error(path, ValueError(why)))}"
+                   + _nothing_committed(args))
     m = _UNAVAILABLE_IN_TASK.search(text)
     if m:  # a task's store stopped answering: retryable, whatever engine error wraps it
         return 3, f"bucketindex: {m.group(1).strip()}"

@@ -363,7 +363,9 @@ def server_command(port: int, *, host: str = "127.0.0.1", master: str = "local[*
            "--name", "bucketindex-connect",
            "--conf", f"spark.connect.grpc.binding.address={host}",
            "--conf", f"spark.connect.grpc.binding.port={port}"]
-    conf = dict(conf or {})
+    from spark_jobs.jobs.session import VERIFY_CHECKSUMS
+
+    conf = {**VERIFY_CHECKSUMS, **(conf or {})}  # a static setting: the server's, for every session
     if is_local_master(master) and "spark.driver.memory" not in conf:
         # local mode runs every task in the driver's JVM: size it to the machine, as the
         # classic CLI does, rather than Spark's 1 GiB default
