@@ -487,8 +487,8 @@ class Timeline:
         deleted outside bucketindex, or the entry after the gap was planted (copied in by
         hand or a tool). Which one, only the user can tell, so both files are named. An error
         path: the one extra LIST costs nothing on the paths that succeed."""
-        later = sorted(n for n in (int(m.group(1)) for m in map(_SEQ_NAME.match, self.io.list_names(self.layout.sequence))
-                                   if m) if n > seq)
+        listed = (int(m.group(1)) for m in map(_SEQ_NAME.match, self.io.list_names(self.layout.sequence)) if m)
+        later = sorted(n for n in listed if n > seq)
         missing = self.layout.sequence_file(seq)
         if not later:
             return TableCorruptError.damaged(missing, what="commit sequence entry", why="missing")
