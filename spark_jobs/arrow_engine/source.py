@@ -442,10 +442,10 @@ def partition_schema(values: list[dict[str, str | None]], *, uri: str) -> pa.Sch
 
 def _value_kind(raw: str, *, name: str, uri: str) -> str:
     if _INT.fullmatch(raw):
-        v = int(raw)
-        if -2**31 <= v < 2**31:
+        v = _java_long(raw)
+        if v is not None and -2**31 <= v < 2**31:
             return "int"
-        if -2**63 <= v < 2**63:
+        if v is not None:
             return "bigint"
         raise EngineUnsupportedError(f"source {uri}: partition column {name!r} holds integers beyond a long, "
                                      f"which Spark types as decimals: {_USE_SPARK}")
@@ -467,7 +467,7 @@ def _partition_array(raw: str | None, t: pa.DataType, n: int) -> pa.Array:
     if raw is None:
         return pa.nulls(n, t)
     if pa.types.is_integer(t):
-        value: object = int(raw)
+        value: object = _java_long(raw)  # a kind _value_kind gave: within a long
     elif pa.types.is_floating(t):
         value = float(raw.strip(_TRIM).rstrip("dDfF"))
     elif pa.types.is_date(t):
@@ -672,8 +672,11 @@ def _read_csv(data: list[bytes], uri: str) -> pa.Table:
         if not values or any(_surely_string(v) for v in values):
             cols[name] = arr
         elif all(_INT.fullmatch(v) for v in values):  # Java's parseInt: "+7", "007", "-0"
-            ints = [None if v is None else int(v) for v in arr.to_pylist()]
+            ints = [None if v is None else _java_long(v) for v in arr.to_pylist()]
             live = [i for i in ints if i is not None]
+            if len(live) < len(values):  # some value beyond a long
+                raise EngineUnsupportedError(f"source {uri}: CSV column {name!r} holds integers beyond a long: "
+                                             f"{_USE_SPARK}")
             if all(-2**31 <= i < 2**31 for i in live):
                 cols[name] = pa.array(ints, pa.int32())
             elif all(-2**63 <= i < 2**63 for i in live):
@@ -761,12 +764,27 @@ def _float_to_int(arr: pa.Array, t: pa.DataType) -> tuple[pa.Array, int]:
     return pc.cast(kept, t, safe=False), bad
 
 
+def _java_long(text: str) -> int | None:
+    """The value of a plain integer text (``_INT``) as Java's and Spark's parsers read it, digit
+    by digit -- leading zeros count for nothing, so ``"0" * 5000 + "1"`` is 1 -- or None when it
+    is beyond a long (then beyond every Spark integer type).
+
+    Never builds a Python int from more than 19 digits: CPython refuses a text of more than
+    4,300 digits (``sys.set_int_max_str_digits``), and a value that long overflows anyway."""
+    sign = text[0] if text[0] in "+-" else ""
+    digits = text[len(sign):].lstrip("0") or "0"
+    if len(digits) > 19:
+        return None
+    v = int(sign + digits)
+    return v if -2**63 <= v < 2**63 else None
+
+
 def _str_to_int(s: str, lo: int, hi: int) -> object:
     t = _java_trim(s)
     if not _INT.fullmatch(t):
         return _BAD  # ANSI try_cast: no fraction, exponent, hex or non-ASCII digits (checked)
-    v = int(t)
-    return v if lo <= v <= hi else _BAD
+    v = _java_long(t)
+    return v if v is not None and lo <= v <= hi else _BAD  # beyond the type: try_cast's null
 
 
 def _str_to_bool(s: str) -> object:

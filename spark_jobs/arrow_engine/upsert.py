@@ -54,7 +54,7 @@ from spark_jobs.table.config import INDEX_BUCKET, INDEX_RECORD, TableConfig
 from spark_jobs.table.layout import legacy_partition_aliases
 from spark_jobs.table.ordering import older, ranks, sort_key
 from spark_jobs.table.reader import read_slice
-from spark_jobs.table.schema import evolve, text_fixed_columns
+from spark_jobs.table.schema import evolve, refuse_kind_changes, text_fixed_columns
 from spark_jobs.table.schema import carried_columns, check_batch_columns, refuse_missing_columns
 from spark_jobs.table.view import FileSystemView
 from spark_jobs.text import plural
@@ -101,7 +101,10 @@ class ArrowUpsertEngine:
         missing: list[str] = []
         if table_schema is not None:
             # the schema the batch writes: the table's, evolved as --schema-evolution allows (the rule
-            # is schema.evolve's, which the Spark engine and the pre-check apply too)
+            # is schema.evolve's, which the Spark engine and the pre-check apply too); a column whose
+            # shape changed is bad input on every engine, never "decided by Spark alone"
+            refuse_kind_changes(table_schema=table_schema, batch_schema=raw.select(data_cols).schema,
+                                delete_field=opts.delete_field)
             data_schema = evolve(table_schema, spark_schema(raw.select(data_cols).schema), modes=opts.evolution_modes,
                                  delete_field=opts.delete_field, text_fixed=text_fixed_columns(cfg))
             missing = check_batch_columns(table_columns=[n for n in data_schema.names if n != KEY],

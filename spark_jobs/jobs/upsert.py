@@ -74,7 +74,7 @@ from spark_jobs.table.action.upsert import (
 )
 from spark_jobs.table.config import INDEX_BUCKET, INDEX_RECORD, TableConfig
 from spark_jobs.table.layout import legacy_partition_aliases
-from spark_jobs.table.schema import evolve, text_fixed_columns
+from spark_jobs.table.schema import evolve, refuse_kind_changes, text_fixed_columns
 from spark_jobs.table.schema import STORED_TZ, carried_columns, check_batch_columns, refuse_missing_columns
 from spark_jobs.table.shadow import SAMPLES
 from spark_jobs.table.table import Table
@@ -106,7 +106,9 @@ def _validated_batch(
         # the column rules (spark_jobs.table.schema): a new column or a wider type only as
         # --schema-evolution allows (schema.evolve, as the Arrow engine and the pre-check);
         # a missing one only if every row deletes
-        evolved = evolve(view.schema, _stored_schema(raw, data_cols, view.schema), modes=opts.evolution_modes,
+        stored = _stored_schema(raw, data_cols, view.schema)
+        refuse_kind_changes(table_schema=view.schema, batch_schema=stored, delete_field=opts.delete_field)
+        evolved = evolve(view.schema, stored, modes=opts.evolution_modes,
                          delete_field=opts.delete_field, text_fixed=text_fixed_columns(cfg))
         missing = check_batch_columns(table_columns=[n for n in evolved.names if n != KEY], batch_columns=cols,
                                       delete_field=opts.delete_field)

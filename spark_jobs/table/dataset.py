@@ -35,13 +35,13 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.ipc as ipc
 
-from spark_jobs.exceptions import TableNotFoundError
+from spark_jobs.exceptions import TableCorruptError, TableNotFoundError
 from spark_jobs.io import parquet
 from spark_jobs.io.filesystem import refuse_uncommittable, refuse_uncommittable_uri, resolve
 from spark_jobs.io.storage import normalise_options
 from spark_jobs.table.config import TableConfig
 from spark_jobs.table.layout import NULL_PARTITION, TableLayout, is_reference, partition_path
-from spark_jobs.table.reader import META_PREFIX, hive_values, read_slice
+from spark_jobs.table.reader import META_PREFIX, hive_values, missing_during_read, read_slice
 from spark_jobs.table.schema import conform
 from spark_jobs.table.table import Table
 from spark_jobs.table.view import FileSlice, FileSystemView
@@ -232,6 +232,7 @@ class MergedSliceFiles(pafs.FileSystemHandler):
     def __init__(self, *, table: Table, view: FileSystemView, slices: Sequence[FileSlice], schema: pa.Schema) -> None:
         assert table.config is not None
         self.table = table
+        self.view = view
         self.view_schema = view.schema
         self.schema = schema
         self.precombine = table.config.precombine_field
@@ -256,8 +257,13 @@ class MergedSliceFiles(pafs.FileSystemHandler):
                 raise FileNotFoundError(path)
             # on a pyarrow pool thread (the scan opening a fragment): a read that waited on the
             # pools would wait on the very threads blocked here, so it reads in this thread alone
-            rows = read_slice(self.table, s.path, [lf.path for lf in s.logs], precombine=self.precombine,
-                              schema=self.view_schema, threads=False)
+            try:
+                rows = read_slice(self.table, s.path, [lf.path for lf in s.logs], precombine=self.precombine,
+                                  schema=self.view_schema, threads=False)
+            except TableCorruptError as e:  # a clean since the dataset was made, or a file lost
+                if e.path is None or self.table.io.exists(e.path):
+                    raise
+                raise missing_during_read(self.table, self.view, e.path) from e
             rows = conform(rows, self.schema, self.schema.names)
             sink = pa.BufferOutputStream()
             with ipc.new_file(sink, self.schema) as w:

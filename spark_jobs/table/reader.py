@@ -9,16 +9,18 @@ from urllib.parse import unquote
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_jobs.exceptions import TableCorruptError
+from spark_jobs.exceptions import BadInputError, BucketIndexError, RetryableError, TableCorruptError
 from spark_jobs.io import parquet
 from spark_jobs.io.parquet import table_file
 from spark_jobs.table.layout import is_reference
 from spark_jobs.table.schema import conform
 from spark_jobs.table.merge import LOG_OP, SlicePlan, merge_slice, plan_slice
 from spark_jobs.table.table import Table
+from spark_jobs.table.view import FileSystemView
 
 __all__ = ["read_arrow", "read_slice", "read_slice_plan", "read_data_file", "canonical_keys", "hive_values",
-           "META_PREFIX", "HIVE_NULL", "missing_file_error"]
+           "META_PREFIX", "HIVE_NULL", "missing_file_error", "missing_during_read",
+           "read_view"]
 
 META_PREFIX = "_bi_"
 #: the record key column of every data file (``spark_jobs.jobs.tasks.KEY``)
@@ -115,6 +117,40 @@ def missing_file_error(path: str) -> TableCorruptError:
         f"from a backup; `bucketindex validate` lists every missing file", path=path)
 
 
+def missing_during_read(table: Table, view: FileSystemView, path: str) -> BucketIndexError:
+    """The error for file ``path`` of ``view`` found missing while the view was being read.
+
+    The timeline is read again first: when a ``clean`` (completed, or pending: its deletions
+    may have begun) now retains only snapshots after ``view``'s, the file was removed by that
+    clean while the snapshot was being read -- not lost -- and the error says so, naming the
+    snapshot and the clean. Which exit (README's exit-status table):
+
+    * the latest snapshot (no ``as_of``): :class:`RetryableError`, exit 3. The reader did
+      nothing wrong and the table is fine; the same call now reads the newer latest snapshot,
+      so a scheduler's retry succeeds;
+    * an ``as_of`` snapshot: :class:`BadInputError`, exit 2, in the words of ``--as-of``
+      older than the retained window (``Table.view``): running again gives that very answer,
+      so retrying is useless, and the fix is the caller's (a retained instant, or a wider
+      ``clean --retain-commits/--retain-hours``).
+
+    Otherwise the file was deleted outside bucketindex: :func:`missing_file_error` (exit 1).
+    """
+    try:
+        table.timeline.reload()
+        kept = table.retained_from()
+    except Exception:  # noqa: BLE001 - a diagnosis must not replace the error it explains
+        kept = None
+    if kept is None or view.seq >= kept["earliest_retained_seq"]:
+        return missing_file_error(path)
+    left = (f"left the retained window while it was being read: clean {kept['instant']} removed its files "
+            f"({path}) and kept the snapshots from instant {kept['earliest_retained_instant']} on")
+    if view.as_of is None:
+        return RetryableError(f"the latest snapshot when the read began (sequence entry {view.seq}) {left}; "
+                              f"read again for the current one")
+    return BadInputError(f"--as-of {view.as_of} {left} (see `bucketindex show`; `clean --retain-commits/"
+                         f"--retain-hours` sets the window)")
+
+
 def _adopt(table: Table, rel: str, data: pa.Table, want: list[str]) -> pa.Table:
     """A reference file's rows with the columns a table file holds and it does not."""
     assert table.config is not None and table.config.reference is not None
@@ -181,7 +217,12 @@ def read_arrow(uri: str, as_of: str | None = None, *, with_meta: bool = False, l
     (:func:`~spark_jobs.table.timeline.resolve_as_of`); default: latest -- as one Arrow table; with ``limit``, its
     first ``limit`` rows, reading file slices (in the view's order) only until they hold them."""
     table = Table.load(uri)
-    view = table.view(as_of)
+    return read_view(table, table.view(as_of), with_meta=with_meta, limit=limit)
+
+
+def read_view(table: Table, view: FileSystemView, *, with_meta: bool = False, limit: int | None = None) -> pa.Table:
+    """:func:`read_arrow`'s rows of a view already built: the files are read only now, so a
+    file removed since (a ``clean`` in between) is explained by :func:`missing_during_read`."""
     assert table.config is not None
     precombine = table.config.precombine_field
     # cast to the snapshot's schema: a reference file keeps its source's time zone (format.md §5)
@@ -189,8 +230,13 @@ def read_arrow(uri: str, as_of: str | None = None, *, with_meta: bool = False, l
     for s in view.slices():
         if limit is not None and got >= limit:
             break
-        parts.append(read_slice(table, s.path, [lf.path for lf in s.logs], precombine=precombine,
-                                schema=view.schema))
+        try:
+            parts.append(read_slice(table, s.path, [lf.path for lf in s.logs], precombine=precombine,
+                                    schema=view.schema))
+        except TableCorruptError as e:
+            if e.path is None or table.io.exists(e.path):
+                raise
+            raise missing_during_read(table, view, e.path) from e
         got += parts[-1].num_rows
     if parts and limit is not None and view.schema is not None:
         parts.append(view.schema.empty_table())  # every column, though the slices read lack one added later

@@ -22,7 +22,8 @@ __all__ = ["STORED_TZ", "stored_type", "stored_schema", "check_timestamp_units",
            "looks_like_delete_flag", "extra_columns_message",
            "refuse_missing_columns", "missing_columns_message", "carried_columns", "refuse_missing_fields",
            "check_batch_schema", "footer_schema", "SCHEMA_EVOLUTION_CHOICES", "parse_schema_evolution", "parse_type_name", "type_name",
-           "widens", "widening_problem", "evolve", "schema_changes", "conform"]
+           "widens", "widening_problem", "evolve", "schema_changes", "conform", "kind_problem",
+           "refuse_kind_changes"]
 
 #: the time zone of every zone-aware timestamp a table stores (format.md §5). Spark holds a
 #: zone-aware timestamp as a UTC instant and forgets the zone it came in, so storing instants in
@@ -185,6 +186,7 @@ def check_batch_schema(*, batch: pa.Schema, config: "TableConfig", table_schema:
     if partial_update:  # a partial batch still needs these; the validation would say so after a JVM start
         refuse_missing_fields(columns=names, record_key=config.record_key_fields,
                               partition_fields=config.partition_fields, precombine_field=config.precombine_field)
+    refuse_kind_changes(table_schema=table_schema, batch_schema=batch, delete_field=delete_field)
     if any(k not in names for k in record_key) or any(c.startswith("_bi_") for c in names):
         return  # the validation names the key column, or the reserved prefix
     schema = table_schema
@@ -388,6 +390,77 @@ def widening_problem(old: pa.DataType, new: pa.DataType, *, text_fixed: str | No
     return (f"a change of kind ({ko if ko != 'other' else type_name(old)} to "
             f"{kn if kn != 'other' else type_name(new)}) would change stored values or their meaning; "
             f"only widening within a kind is schema evolution")
+
+
+def _shape(t: pa.DataType) -> str:
+    """A type's shape as Spark's cast sees it: ``array``, ``struct``, ``map``, ``null`` (an
+    all-null column: Spark casts it to anything) or ``scalar``, whatever Arrow's spelling
+    (large and view lists, dictionaries)."""
+    while pa.types.is_dictionary(t):
+        t = t.value_type
+    if pa.types.is_null(t):
+        return "null"
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t) \
+            or pa.types.is_list_view(t) or pa.types.is_large_list_view(t):
+        return "array"
+    if pa.types.is_struct(t):
+        return "struct"
+    if pa.types.is_map(t):
+        return "map"
+    return "scalar"
+
+
+def kind_problem(old: pa.DataType, new: pa.DataType) -> str | None:
+    """Why no value of a batch type ``new`` casts to a table type ``old`` -- told from the two
+    types alone -- or None when the cast may succeed and the values decide.
+
+    Spark's cast (``try_cast`` included) refuses a type pair before reading a row
+    (``DATATYPE_MISMATCH.CAST_WITHOUT_SUGGESTION``) when the shapes differ: a scalar and a
+    nested type, a list and a struct or map, structs of a different field count (it casts
+    structs by position), at any depth. Any type casts to a string, and an all-null column
+    to anything; two scalars are left to the cast (numeric strings to numbers, double to
+    bigint, int to string are Spark's, row by row). So this refuses only what Spark would
+    refuse after a JVM start, and the Arrow engine can refuse the same batch in the same words.
+    """
+    while pa.types.is_dictionary(new):
+        new = new.value_type
+    so, sn = _shape(old), _shape(new)
+    if sn == "null" or (so == "scalar" and (pa.types.is_string(old) or pa.types.is_large_string(old))):
+        return None
+    if so == "scalar" and sn == "scalar":
+        return None
+    if so != sn:
+        words = {"array": "a list", "struct": "a struct", "map": "a map", "scalar": "a single value"}
+        return f"{words[sn]} cannot become {words[so]}"
+    if so == "array":
+        return kind_problem(old.value_type, new.value_type)
+    if so == "map":
+        return kind_problem(old.key_type, new.key_type) or kind_problem(old.item_type, new.item_type)
+    if old.num_fields != new.num_fields:
+        return f"a struct of {new.num_fields} fields cannot become one of {old.num_fields} (Spark casts by position)"
+    return next((p for p in (kind_problem(old.field(i).type, new.field(i).type) for i in range(old.num_fields))
+                 if p), None)
+
+
+def refuse_kind_changes(*, table_schema: pa.Schema, batch_schema: pa.Schema, delete_field: str | None) -> None:
+    """BadInputError (exit 2, one line naming the column and both types) for the first batch
+    column, in batch order, whose type can never be cast to the table's (:func:`kind_problem`).
+
+    Every engine asks this before anything is written -- the pre-check from the Parquet
+    footers before a JVM starts, the Arrow engine, the Spark job -- so such a batch is bad
+    input everywhere, never a cast crash (exit 1) that a scheduler retries. It holds with any
+    ``--schema-evolution``: a change of shape is never evolution. ``batch_schema`` may hold the
+    source's own Arrow types or Spark's (an all-null column: ``null``, cast to anything)."""
+    from spark_jobs.arrow_engine.source import spark_type_name  # it imports this module
+
+    have = {f.name: f.type for f in table_schema}
+    for f in batch_schema:
+        if f.name == delete_field or f.name.startswith("_bi_") or f.name not in have:
+            continue
+        problem = kind_problem(have[f.name], f.type)
+        if problem:
+            raise BadInputError(f"column {f.name!r}: the batch's {spark_type_name(f.type)} cannot be cast to the "
+                                f"table's {spark_type_name(have[f.name])}: {problem}; nothing was written")
 
 
 def _evolvable(t: pa.DataType) -> bool:

@@ -465,16 +465,39 @@ class Timeline:
         except FileNotFoundError:  # archived (after we listed, or long ago)
             self._read_archive_covering(seq)
             entry = self._entries.get(seq)
-            if entry is None:  # pragma: no cover - a hand-edited table
-                raise RuntimeError(f"commit sequence of {self.layout.root} has no entry {seq}") from None
+            if entry is None:  # neither listed nor archived: deleted, or the entries after it planted
+                raise self._gap_error(seq) from None
             return entry
         if not isinstance(entry, dict) or not {"seq", "instant", "action", "metadata"} <= entry.keys():
             raise TableCorruptError.damaged(self.layout.sequence_file(seq), what="commit sequence entry",
                                             why="not a sequence entry")
-        if entry["seq"] != seq:  # pragma: no cover - a hand-edited table
-            raise RuntimeError(f"sequence entry {seq} of {self.layout.root} says it is {entry['seq']}")
+        if entry["seq"] != seq:  # a copy of another entry
+            raise TableCorruptError.damaged(self.layout.sequence_file(seq), what="commit sequence entry",
+                                            why=f"it says it is entry {entry['seq']}")
         self._entries[seq] = entry
         return entry
+
+    def _gap_error(self, seq: int) -> TableCorruptError:
+        """Entry ``seq`` is neither in ``sequence/`` nor in ``archive/``: the one-line error a
+        damaged entry gets (:meth:`TableCorruptError.damaged`), naming the missing file and the
+        first entry after the gap.
+
+        Archival copies entries before deleting them, and a writer claims a slot only after the
+        one before it exists, so bucketindex never leaves a gap: either the missing entry was
+        deleted outside bucketindex, or the entry after the gap was planted (copied in by
+        hand or a tool). Which one, only the user can tell, so both files are named. An error
+        path: the one extra LIST costs nothing on the paths that succeed."""
+        listed = (int(m.group(1)) for m in map(_SEQ_NAME.match, self.io.list_names(self.layout.sequence)) if m)
+        later = sorted(n for n in listed if n > seq)
+        missing = self.layout.sequence_file(seq)
+        if not later:
+            return TableCorruptError.damaged(missing, what="commit sequence entry", why="missing")
+        gap = f"entry {seq}" if later[0] == seq + 1 else f"entries {seq}-{later[0] - 1}"
+        return TableCorruptError(
+            f"commit sequence entry {missing} is missing ({gap} absent, yet {self.layout.sequence_file(later[0])} "
+            f"follows): restore the missing entries from a backup of the table's .bucketindex directory, or move "
+            f"the later ones away if bucketindex did not write them; every command that reads this entry fails "
+            f"until then", path=missing)
 
     def archives(self, *, refresh: bool = False) -> list[tuple[int, int]]:
         """``(first, last)`` sequence ranges moved to ``archive/``."""

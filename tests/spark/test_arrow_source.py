@@ -253,6 +253,8 @@ def test_casts_to_the_table_types_equal_spark_try_cast(spark, tmp_path: Path):
     ("n", ["yes", "maybe", None, "2"], pa.string(), pa.bool_()),
     ("n", [Decimal("123.45"), Decimal("1.00"), None, Decimal("-999.99")], pa.decimal128(5, 2), pa.decimal128(4, 2)),
     ("n", [300, -129, 5, None], pa.int32(), pa.int8()),
+    # longer than CPython's 4,300-digit int text: leading zeros cast (to 1 and -12), only the overflow fails
+    ("n", ["0" * 5000 + "1", "9" * 5000, "-" + "0" * 4400 + "12", None], pa.string(), pa.int64()),
 ])
 def test_uncastable_values_fail_with_the_spark_line(spark, tmp_path: Path, column, values, src, dst):
     f = tmp_path / "batch.parquet"

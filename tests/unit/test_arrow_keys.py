@@ -238,3 +238,62 @@ def test_arrow_engine_modules_never_import_pyspark(tmp_path: Path):
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_numeric_strings_longer_than_4300_digits_cast_as_spark_parses_them(tmp_path: Path):
+    """Spark parses an integer text digit by digit: leading zeros count for nothing, and a value
+    beyond the type is try_cast's null (refused, one line). CPython would refuse to build an
+    int from more than 4,300 digits (issue 36, item 10): the Arrow engine must not try."""
+    zeros = "0" * 5000
+    out = cast_to_table(pa.table({"id": [zeros + "1", "-" + zeros + "12", f" +{zeros}9 ", None]}),
+                        pa.schema([("id", pa.int64())]))
+    assert out.column("id").to_pylist() == [1, -12, 9, None]
+    for big in ("9" * 5000, "1" + zeros, "9223372036854775808", "-9223372036854775809"):
+        with pytest.raises(BadInputError, match=r"^column 'id': 1 value\(s\) of type string cannot be cast to the "
+                                                r"table's bigint$"):
+            cast_to_table(pa.table({"id": [zeros + "1", big]}), pa.schema([("id", pa.int64())]))
+    csv = read_source(_write(tmp_path / "z.csv", f"id,n\nu 1,{zeros}7\nu/2,-{zeros}\n"), "csv",
+                      table_schema=pa.schema([]))
+    assert csv.schema.field("n").type == pa.int32() and csv.column("n").to_pylist() == [7, 0]
+    with pytest.raises(EngineUnsupportedError, match="beyond a long"):
+        read_source(_write(tmp_path / "big.csv", f"id,n\nu 1,{'9' * 5000}\n"), "csv", table_schema=pa.schema([]))
+
+
+def test_a_bigint_key_sent_as_a_5001_digit_string_upserts_on_the_arrow_engine(tmp_path: Path):
+    import hashlib
+    import json
+
+    from spark_jobs.arrow_engine.upsert import run_upsert
+    from spark_jobs.table.action.upsert import UpsertOptions
+    from spark_jobs.table.reader import read_arrow
+
+    uri = str(tmp_path / "t")
+    first = tmp_path / "b1.parquet"
+    pq.write_table(pa.table({"id": pa.array([1, 2], pa.int64()), "region": ["eu west", None], "v": ["a", "b"]}), first)
+    run_upsert(UpsertOptions(table=uri, source=str(first), record_key=["id"], partition_field="region", batch_id="b1"))
+
+    def cli(src: Path) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "spark_jobs.cli", "upsert", uri, str(src), "--engine", "arrow"],
+                              capture_output=True, text=True, timeout=120)
+
+    def digest() -> str:
+        h = hashlib.sha256()
+        for p in sorted(Path(uri).rglob("*")):
+            h.update(str(p.relative_to(uri)).encode() + (p.read_bytes() if p.is_file() else b""))
+        return h.hexdigest()
+
+    update = tmp_path / "b2.parquet"
+    pq.write_table(pa.table({"id": ["0" * 5000 + "1"], "region": ["eu west"], "v": ["a2"]}), update)
+    p = cli(update)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert json.loads(p.stdout.strip().splitlines()[-1])["counts"]["updated"] == 1
+    assert sorted((r["id"], r["v"]) for r in read_arrow(uri).to_pylist()) == [(1, "a2"), (2, "b")]
+
+    overflow = tmp_path / "b3.parquet"
+    pq.write_table(pa.table({"id": ["9" * 5000], "region": ["eu west"], "v": ["x"]}), overflow)
+    before = digest()
+    p = cli(overflow)
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert p.stderr.strip().splitlines() == [
+        "bucketindex: error: column 'id': 1 value(s) of type string cannot be cast to the table's bigint"]
+    assert digest() == before
