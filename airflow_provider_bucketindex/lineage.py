@@ -24,6 +24,8 @@ from urllib.parse import urlsplit
 
 from airflow.sdk import Asset, AssetAlias
 
+from spark_jobs.io.storage import redact_uri
+
 __all__ = ["TABLE_UPDATES", "TABLE_UPDATES_ALIAS", "openlineage_dataset", "table_asset", "table_asset_uri"]
 
 #: name of the alias table-writing operators emit their table's Asset events through
@@ -33,8 +35,9 @@ TABLE_UPDATES = AssetAlias(name=TABLE_UPDATES_ALIAS)
 
 def table_asset_uri(table_uri: str) -> str:
     """The Asset URI of a table: ``file://`` + absolute path for a local path, else the URI
-    (trailing ``/`` dropped, so ``s3://b/t/`` and ``s3://b/t`` are one Asset)."""
-    uri = str(table_uri).strip()
+    (trailing ``/`` dropped, so ``s3://b/t/`` and ``s3://b/t`` are one Asset), credentials in its
+    query redacted: an Asset's URI is stored in the metadata DB and shown in the UI."""
+    uri = redact_uri(str(table_uri).strip())
     if "://" not in uri:
         return "file://" + os.path.abspath(uri)
     if uri.startswith("file://"):
@@ -59,5 +62,5 @@ def openlineage_dataset(uri: str) -> tuple[str, str]:
     path = parts.path.rstrip("/")
     if parts.scheme in ("s3", "s3a", "s3n", "gs", "gcs", "wasbs", "abfss"):
         scheme = {"s3a": "s3", "s3n": "s3", "gcs": "gs"}.get(parts.scheme, parts.scheme)
-        return f"{scheme}://{parts.netloc}", path.lstrip("/")
-    return f"{parts.scheme}://{parts.netloc}", path or "/"
+        return f"{scheme}://{parts.netloc.rpartition('@')[2]}", path.lstrip("/")  # no user part: lineage is stored
+    return redact_uri(f"{parts.scheme}://{parts.netloc}"), path or "/"

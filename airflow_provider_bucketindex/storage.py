@@ -213,6 +213,16 @@ def check_no_secrets(options: Mapping[str, str] | None, *, what: str) -> None:
             f"put credentials in a connection (storage_conn_id, or the connection's storage_options extra)")
 
 
+def check_uri_no_secrets(uri: Any, *, what: str) -> None:
+    """Refuse a URI whose query or user part carries a secret where it would be stored (a
+    trigger's arguments), as :func:`check_no_secrets` refuses such options."""
+    if isinstance(uri, str) and storage.uri_secrets(uri):
+        raise StorageOptionsError(
+            f"{what}: {storage.redact_uri(uri)} carries credentials in its query, which a deferred task would "
+            f"store in the metadata DB; put them in a connection (storage_conn_id, or the connection's "
+            f"storage_options extra)")
+
+
 def mask(options: Mapping[str, str] | None) -> None:
     """Register each secret value with Airflow's secrets masker: any log line that prints it
     (an exception text, a command, a JSON dump) shows ``***`` instead."""
@@ -259,11 +269,34 @@ def storage_scope(options: Mapping[str, str] | None) -> Iterator[None]:
                 storage.configure(previous)
 
 
+#: the operator attributes that name a table, a source or a report (a URI that may carry credentials)
+URI_FIELDS = ("table_uri", "source_uri", "report_uri", "reports_dir")
+
+
+def mask_uris(*uris: Any) -> None:
+    """Register the secrets a URI's query or user part carries
+    (:func:`spark_jobs.io.storage.uri_secrets`) with Airflow's secrets masker, as :func:`mask`
+    does for options: a task log line, a rendered template field or an error that quotes the URI
+    shows ``***``. What the provider stores itself (XCom, Asset URIs, lineage) is redacted with
+    :func:`spark_jobs.io.storage.redact_uri` where it is built."""
+    values = sorted({v for u in uris if isinstance(u, str) for v in storage.uri_secrets(u)})
+    if not values:
+        return
+    try:
+        from airflow.sdk.log import mask_secret
+    except ImportError:  # pragma: no cover - older task SDKs
+        return
+    for value in values:
+        mask_secret(value, "uri_secret")
+
+
 def scoped(method: Callable[..., _T]) -> Callable[..., _T]:
-    """Decorate an operator method (``execute``): run it inside ``self.storage_scope()``."""
+    """Decorate an operator method (``execute``): run it inside ``self.storage_scope()``, with the
+    secrets of its URIs (:data:`URI_FIELDS`, rendered by now) masked in its logs."""
 
     @functools.wraps(method)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> _T:
+        mask_uris(*(getattr(self, name, None) for name in URI_FIELDS))
         with self.storage_scope():
             return method(self, *args, **kwargs)
 

@@ -23,6 +23,7 @@ import sys
 from typing import TYPE_CHECKING, Callable
 
 from spark_jobs.exceptions import BadInputError, MissingDependencyError, RetryableError, TableCorruptError
+from spark_jobs.io.storage import redact_uri
 from spark_jobs.table.config import INDEX_TYPES, TABLE_TYPES
 from spark_jobs.table.timeline import AS_OF_FORMS, check_instant, parse_as_of, resolve_as_of
 from spark_jobs.text import plural
@@ -456,14 +457,14 @@ def cmd_read(args: argparse.Namespace, submitted: bool) -> int:
         except BaseException:
             io.delete(out)  # a torn output (a full disk) must not look like a snapshot
             raise
-        print(f"wrote {plural(t.num_rows, 'row')} to {args.output}")
+        print(f"wrote {plural(t.num_rows, 'row')} to {redact_uri(args.output)}")
         return 0
     if args.output:  # written beside the output and moved into place: never torn
         from spark_jobs.jobs.read import read_table, write_one_parquet
 
         spark = _spark(args, submitted)
         n = write_one_parquet(spark, read_table(spark, args.table, args.as_of), args.output)
-        print(f"wrote {plural(n, 'row')} to {args.output}")
+        print(f"wrote {plural(n, 'row')} to {redact_uri(args.output)}")
         return 0
     from spark_jobs.jobs.read import read_table
 
@@ -1016,6 +1017,12 @@ def _main(argv: list[str] | None = None, *, submitted: bool = False,
         stream=sys.stderr,
     )
     logging.getLogger("py4j").setLevel(logging.WARNING)
+    for handler in logging.getLogger().handlers:  # the handler basicConfig made (or the embedding app's)
+        if isinstance(handler, logging.StreamHandler) and type(handler.formatter) is logging.Formatter:
+            handler.setFormatter(_RedactingFormatter(handler.formatter._fmt, handler.formatter.datefmt))
+    # botocore's debug lines print each request's headers, a session token among them: never, even with -v
+    for name in ("botocore", "boto3", "s3transfer", "urllib3"):
+        logging.getLogger(name).setLevel(max(logging.INFO, logging.getLogger(name).getEffectiveLevel()))
     if hasattr(args, "storage_option"):  # this run's settings, carried to Spark tasks by the jobs
         from spark_jobs.io import storage
 
@@ -1053,7 +1060,7 @@ def _main(argv: list[str] | None = None, *, submitted: bool = False,
         told = _told_apart(args, e)
         if told is not None:
             status, line = told
-            print(line, file=sys.stderr)
+            print(redact_uri(line), file=sys.stderr)
             return status
         what = describe_resource_failure(e, master=_master(args, submitted),
                                          driver_memory=getattr(args, "driver_memory", None),
@@ -1063,7 +1070,7 @@ def _main(argv: list[str] | None = None, *, submitted: bool = False,
             raise
         log.debug("resource failure", exc_info=True)
         tail = "; nothing was committed (the write was rolled back)" if args.verb == "upsert" else ""
-        print(f"bucketindex: {args.verb} failed: {what}{tail}", file=sys.stderr)
+        print(redact_uri(f"bucketindex: {args.verb} failed: {what}{tail}"), file=sys.stderr)
         return 1
 
 
@@ -1196,7 +1203,17 @@ def _absolute(uri: str) -> str:
 
 
 def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split())
+    """An error as the one line the CLI prints: whitespace folded, a URI's secrets redacted (an
+    error may quote a URI as given, or a store's error text may)."""
+    return redact_uri(" ".join(str(e).split()))
+
+
+class _RedactingFormatter(logging.Formatter):
+    """Every log line of a run -- its own and its libraries' (pyarrow's errors, a traceback with
+    ``-v``) -- with a URI's secrets redacted (:func:`~spark_jobs.io.storage.redact_uri`)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact_uri(super().format(record))
 
 
 

@@ -13,8 +13,11 @@ its exit status) maps it to one:
   recorded outside its root): exit 1, one line naming the file; :class:`IndexCorruptError`
   when the file is a record-index file, which a command rebuilds from the data.
 
-This module imports nothing of the package, so every layer (io, table, jobs, cli, the
-provider) can raise and catch the same types.
+This module imports nothing of the package when it is loaded, so every layer (io, table,
+jobs, cli, the provider) can raise and catch the same types. A message may quote a URI as the
+user gave it, credentials in its query included: :class:`BucketIndexError` passes its message
+through :func:`spark_jobs.io.storage.redact_uri` (imported when an error is made), so no error
+of ours -- printed, logged, or kept by a caller -- carries a secret.
 """
 
 from __future__ import annotations
@@ -42,6 +45,11 @@ __all__ = [
 
 class BucketIndexError(Exception):
     """The root: an error bucketindex raised knowing what it means."""
+
+    def __init__(self, *args: object) -> None:
+        from spark_jobs.io.storage import redact_uri  # not at load: io.storage imports this module
+
+        super().__init__(*(redact_uri(a) if isinstance(a, str) else a for a in args))
 
 
 class BadInputError(BucketIndexError, ValueError):

@@ -738,7 +738,7 @@ def _summary(t: "Table", inst: "Instant") -> dict[str, Any]:
     counts = meta.get("counts") or {}
     engine = meta.get("engine")
     return {
-        "table_uri": t.uri,
+        "table_uri": t.display_uri,  # XCom and lineage: no secret of the URI's query
         "instant": inst.timestamp,
         "action": inst.action,
         "batch_id": meta.get("batch_id"),

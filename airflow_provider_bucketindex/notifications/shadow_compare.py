@@ -155,7 +155,9 @@ class IndexMismatchNotifier(BaseNotifier):
                 io, path = resolve(uri)
                 report = json.loads(io.read_bytes(path))
         except Exception as e:
-            self.log.warning("could not read the shadow-compare report %s: %s", uri, e)
+            from spark_jobs.io.storage import redact_uri
+
+            self.log.warning("could not read the shadow-compare report %s: %s", redact_uri(uri), redact_uri(str(e)))
             return None
         return summarize(report, str(report.get("table") or ""), uri) if isinstance(report, dict) else None
 

@@ -8,6 +8,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_bucketindex.hooks.bucketindex import EXIT_BAD_INPUT, EXIT_RETRYABLE, SparkJobFailed
 from airflow_provider_bucketindex.operators.base import BucketIndexSparkOperator, storage_scoped
+from spark_jobs.io.storage import redact_uri
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -225,7 +226,7 @@ class BootstrapTableOperator(BucketIndexSparkOperator):
         self.emit_table_update(context, table_uri, instant=done["instant"], batch_id=done["batch_id"],
                                action="bootstrap", mode=done["mode"], inserted=rows, updated=0, deleted=0)
         self.push_xcom(context, instant=done["instant"], counts=counts)
-        return {"table_uri": table_uri, "batch_id": done["batch_id"], "instant": done["instant"], "noop": noop,
+        return {"table_uri": redact_uri(table_uri), "batch_id": done["batch_id"], "instant": done["instant"], "noop": noop,
                 "mode": done["mode"], "index_type": done["index_type"], "counts": counts}
 
     def _completed(self, table_uri: str, batch_id: str) -> dict[str, Any] | None:

@@ -9,6 +9,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_bucketindex import DEFAULT_CONN_ID
 from airflow_provider_bucketindex.operators.base import BucketIndexTableMixin, storage_scoped
+from spark_jobs.io.storage import redact_uri
 from spark_jobs.text import plural
 
 if TYPE_CHECKING:
@@ -108,7 +109,7 @@ class CleanTableOperator(BucketIndexTableMixin, BaseOperator):
         except RetryableError as e:  # busy: the task's retries try again
             raise AirflowException(f"clean {table_uri}: {_one_line(e)}") from e
         result = {
-            "table_uri": table_uri,
+            "table_uri": redact_uri(table_uri),
             "instant": out.get("instant"),
             "noop": bool(out.get("noop")),
             "files": int(out.get("files") or 0),

@@ -8,6 +8,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from airflow_provider_bucketindex.hooks.bucketindex import EXIT_BAD_INPUT, SparkJobFailed
 from airflow_provider_bucketindex.operators.base import BucketIndexSparkOperator, storage_scoped
+from spark_jobs.io.storage import redact_uri
 from spark_jobs.text import plural
 
 if TYPE_CHECKING:
@@ -85,7 +86,7 @@ class AsyncIndexCompactionOperator(BucketIndexSparkOperator):
     @storage_scoped
     def execute(self, context: Context) -> dict[str, Any]:
         table_uri = str(self.table_uri)
-        result: dict[str, Any] = {"table_uri": table_uri}
+        result: dict[str, Any] = {"table_uri": redact_uri(table_uri)}
         if self.mode in ("schedule", "both"):
             planned = self._schedule(table_uri)
             if planned is None:

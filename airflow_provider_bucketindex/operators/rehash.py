@@ -8,6 +8,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_provider_bucketindex.hooks.bucketindex import EXIT_BAD_INPUT, SparkJobFailed
 from airflow_provider_bucketindex.operators.base import BucketIndexSparkOperator, storage_scoped
+from spark_jobs.io.storage import redact_uri
 from spark_jobs.text import plural
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ class RehashOperator(BucketIndexSparkOperator):
             check = validate_rehash(table_uri, count, heartbeat_timeout_s=self.heartbeat_timeout_s)
         except BadInputError as e:  # a wrong count, no table, a rehash running: no job, no retry
             raise AirflowFailException(f"rehash of {table_uri} refused: {e}") from e
-        result: dict[str, Any] = {"table_uri": table_uri, "num_buckets": count,
+        result: dict[str, Any] = {"table_uri": redact_uri(table_uri), "num_buckets": count,
                                   "previous_num_buckets": check["previous_num_buckets"], "noop": check["noop"],
                                   "instant": None, "counts": {}}
         if check["noop"]:

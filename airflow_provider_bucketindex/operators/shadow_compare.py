@@ -12,6 +12,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_provider_bucketindex.hooks.bucketindex import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, SparkJobFailed
 from airflow_provider_bucketindex.operators.base import BucketIndexSparkOperator, storage_scoped
+from spark_jobs.io.storage import redact_uri
 from spark_jobs.text import plural
 
 if TYPE_CHECKING:
@@ -77,7 +78,7 @@ def summarize(report: dict[str, Any], table_uri: str, report_uri: str) -> dict[s
         kind: [str(k)[:XCOM_SAMPLE_CHARS] for k in list((report.get("samples") or {}).get(kind) or [])[:XCOM_SAMPLES]]
         for kind in MISMATCH_KINDS
     }
-    out: dict[str, Any] = {"table_uri": table_uri, "report_uri": report_uri}
+    out: dict[str, Any] = {"table_uri": redact_uri(table_uri), "report_uri": redact_uri(report_uri) if report_uri else report_uri}
     for k in ("ok", "instant", "against", "since", "sample_fraction", "index_type", "keys_checked", "mismatches",
               "max_mismatches", *MISMATCH_KINDS, "commits_since", "elapsed_ms"):
         out[k] = report.get(k)

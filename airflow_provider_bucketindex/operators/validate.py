@@ -15,6 +15,7 @@ from airflow_provider_bucketindex.operators.base import (
     one_line,
     storage_scoped,
 )
+from spark_jobs.io.storage import redact_uri
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -77,7 +78,7 @@ class ValidateTableOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
                 raise
         self.set_lineage(inputs=[table_uri])
         last = self.hook.last_commit(table_uri)
-        return {"table_uri": table_uri, "valid": True, "instant": last["instant"] if last else None, "engine": engine}
+        return {"table_uri": redact_uri(table_uri), "valid": True, "instant": last["instant"] if last else None, "engine": engine}
 
     def _run_in_task(self, table_uri: str) -> str | None:
         """Decide the engine; on ``arrow`` check the table in this process and return ``"arrow"``

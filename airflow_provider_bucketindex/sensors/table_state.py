@@ -97,13 +97,21 @@ class TableStateSensor(BaseSensorOperator):
         return PokeReturnValue(is_done=result.done, xcom_value=result.value if result.done else None)
 
     def execute(self, context: Context) -> Any:
+        from airflow_provider_bucketindex.storage import (
+            StorageOptionsError,
+            check_no_secrets,
+            check_uri_no_secrets,
+            mask_uris,
+            parse_options,
+        )
+
+        mask_uris(self.table_uri)
         if not self.deferrable:
             # blocks (poke) or raises to be rescheduled (reschedule) until poke succeeds
             return super().execute(context)
-        from airflow_provider_bucketindex.storage import StorageOptionsError, check_no_secrets, parse_options
-
         try:  # before any work: a secret in the trigger's arguments would be stored in the metadata DB
             check_no_secrets(parse_options(self.storage_options, where="storage_options"), what=self.task_id)
+            check_uri_no_secrets(self.table_uri, what=self.task_id)
         except StorageOptionsError as e:
             raise AirflowFailException(str(e)) from None
         first = self._poke_once(context)

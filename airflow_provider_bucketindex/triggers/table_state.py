@@ -90,10 +90,12 @@ class TableStateTrigger(BaseTrigger):
         raise NotImplementedError
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        from airflow_provider_bucketindex.storage import check_no_secrets, parse_options
+        from airflow_provider_bucketindex.storage import check_no_secrets, check_uri_no_secrets, parse_options
+        from spark_jobs.io.storage import redact_uri
 
-        check_no_secrets(parse_options(self.storage_options, where="storage_options"),
-                         what=f"{type(self).__name__} of {self.table_uri}")
+        what = f"{type(self).__name__} of {redact_uri(self.table_uri)}"
+        check_no_secrets(parse_options(self.storage_options, where="storage_options"), what=what)
+        check_uri_no_secrets(self.table_uri, what=what)
         cls = type(self)
         # only what differs from the defaults: a trigger stored before these arguments existed
         # (no storage keys) re-creates as it was, reading bucketindex_default's extras

@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 
 from spark_jobs.arrow_engine import validate as arrow_validate
 from spark_jobs.index.hashing import buckets_of, fingerprints
+from spark_jobs.io.storage import redact_uri
 from spark_jobs.jobs import tasks
 from spark_jobs.table import shadow
 from spark_jobs.table.config import INDEX_RECORD
@@ -101,7 +102,7 @@ def run_shadow_compare(uri: str, opts: ShadowOptions | None = None, *,
     report = shadow.build_report(table=table, index_type=table.config.index_type, instant=instant, opts=opts,
                                  keys_checked=keys_checked, found=found, touched=touched,
                                  elapsed_ms=int((time.monotonic() - start) * 1000))
-    log.info("shadow-compare %s against %s: %s, %s (in-process)", uri, opts.against,
+    log.info("shadow-compare %s against %s: %s, %s (in-process)", redact_uri(uri), opts.against,
              plural(keys_checked, "key"), plural(report["mismatches"], "mismatch"))
     return report
 

@@ -36,7 +36,7 @@ from spark_jobs.exceptions import BadInputError, PathEscapeError, StorageUnavail
 from spark_jobs.io.storage import StorageConfig, split_uri_options
 
 __all__ = ["FileIO", "InstantExistsError", "PathEscapeError", "is_inside", "resolve", "refuse_uncommittable",
-           "normalise_uri", "scheme_of", "clear_cache", "is_unreachable", "GLOB_CHARS", "is_glob"]
+           "normalise_uri", "scheme_of", "clear_cache", "is_unreachable", "GLOB_CHARS", "is_glob", "split_query"]
 
 #: what a delete treats as "not there": a missing file, a missing or non-directory parent,
 #: and a name too long to exist at all (a write that failed on it created nothing)
@@ -663,8 +663,22 @@ GLOB_CHARS = "*?[{"
 
 
 def is_glob(path: str) -> bool:
-    """Whether Spark reads ``path`` (a source, a path component) as a Hadoop glob."""
+    """Whether Spark reads ``path`` (a source, a path component) as a Hadoop glob. A URI's
+    query (storage options: :func:`split_query`) is not part of its path: ask about the path."""
     return any(ch in path for ch in GLOB_CHARS)
+
+
+def split_query(uri: str) -> tuple[str, str]:
+    """``uri`` without its query, and the query with its ``?`` (``""`` when there is none).
+
+    Only a URI with a scheme has a query (the storage options of
+    :func:`~spark_jobs.io.storage.split_uri_options`); a local path may hold ``?`` literally,
+    where Spark reads it as a glob character."""
+    parsed = urlparse(uri)
+    if len(parsed.scheme) <= 1 or "?" not in uri:
+        return uri, ""
+    base, _, query = uri.partition("?")
+    return base, "?" + query
 
 
 def scheme_of(uri: str) -> str:

@@ -35,10 +35,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from spark_jobs.exceptions import BadInputError, MissingDependencyError
 
@@ -57,6 +58,9 @@ __all__ = [
     "normalise_options",
     "split_uri_options",
     "redacted",
+    "redact_uri",
+    "uri_secrets",
+    "REDACTED",
 ]
 
 #: the environment variable through which a parent process (an Airflow operator) hands its
@@ -159,9 +163,17 @@ def split_uri_options(uri: str) -> tuple[str, dict[str, str]]:
     Only URIs with a scheme carry options: a local path may contain ``?`` literally.
     """
     parts = urlsplit(uri)
-    if len(parts.scheme) <= 1 or not parts.query:
+    if len(parts.scheme) <= 1:
+        return uri, {}
+    if parts.password:  # never sent on as part of a bucket name, never printed
+        raise BadInputError(f"credentials in the user part of {redact_uri(uri)} are not read: give them as "
+                            f"?access_key_id=...&secret_access_key=... or --storage-option")
+    if not parts.query:
         return uri, {}
     options = normalise_options(dict(parse_qsl(parts.query, keep_blank_values=True)))
+    if any(options.get(k) == REDACTED for k in SECRET_OPTIONS):
+        raise BadInputError(f"{uri.split('?', 1)[0]}: the URI's credentials were redacted ({REDACTED}) where it was "
+                            f"printed or stored; give the secret itself (or --storage-option)")
     return uri.split("?", 1)[0], options
 
 
@@ -218,9 +230,68 @@ def layer(levels: Iterable[Mapping[str, str]]) -> dict[str, str]:
     return merged
 
 
+#: what a secret is replaced with, in options and in URIs
+REDACTED = "***"
+
+
 def redacted(options: Mapping[str, str]) -> dict[str, str]:
     """``options`` fit for a log line: secrets replaced by ``***``."""
-    return {k: ("***" if k in SECRET_OPTIONS and v else v) for k, v in options.items()}
+    return {k: (REDACTED if k in SECRET_OPTIONS and v else v) for k, v in options.items()}
+
+
+#: parameter names that hold a secret in other URIs a run may print (a Spark Connect URL's
+#: ``;token=``, a presigned or SAS URL's signature, a database URL's password), beside every
+#: spelling of :data:`SECRET_OPTIONS`
+_SECRET_PARAMS = frozenset({"password", "passwd", "pwd", "secret", "signature", "sig", "x-amz-signature",
+                            "x-amz-security-token", "client_secret", "sas_token", "api_key", "apikey"})
+#: ``?key=value``, ``&key=value`` (a query) and ``;key=value`` (Spark Connect's parameters): the value
+#: runs to the next separator, or to what ends a URI inside a message (space, quote, bracket)
+_PARAM = re.compile(r"(?P<sep>[?&;])(?P<key>[^=&;?#\s'\"<>()\[\]{}]+)=(?P<value>[^&;#\s'\"<>()\[\]{}]*)")
+#: the password of a URI's user part: ``scheme://user:password@host``
+_USERINFO = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^/@:\s'\"]*):(?P<password>[^@\s'\"]*)@")
+
+
+def _is_secret_param(key: str) -> bool:
+    k = unquote(key).strip().lower()
+    return _ALIASES.get(k, k) in SECRET_OPTIONS or k in _SECRET_PARAMS
+
+
+def redact_uri(text: str) -> str:
+    """``text`` -- a URI, or a message naming URIs -- with every secret a URI can carry replaced
+    by ``***``: the value of a query or ``;`` parameter whose name is a secret storage option
+    (:data:`SECRET_OPTIONS`, in any spelling :func:`normalise_options` accepts and any case) or
+    another secret's usual name (:data:`_SECRET_PARAMS`), and the password of a user part.
+
+    The one redaction of URIs: what a run stores (a plan's ``source``, a report), logs or
+    prints, and every error it raises (:class:`~spark_jobs.exceptions.BucketIndexError`) goes
+    through it, as ``--storage-option`` values go through :func:`redacted`. The store, the
+    region and the key id stay readable (they say where, not how to get in). A redacted URI
+    is refused if given back (:func:`split_uri_options`), never sent to a store with ``***``
+    for a secret.
+    """
+    if not text or ("=" not in text and "@" not in text):
+        return text
+
+    def param(m: "re.Match[str]") -> str:
+        if not m.group("value") or not _is_secret_param(m.group("key")):
+            return m.group(0)
+        return f"{m.group('sep')}{m.group('key')}={REDACTED}"
+
+    text = _PARAM.sub(param, text)
+    return _USERINFO.sub(lambda m: f"{m.group('head')}:{REDACTED}@" if m.group("password") else m.group(0), text)
+
+
+def uri_secrets(text: str) -> list[str]:
+    """The secret values :func:`redact_uri` hides in ``text``, each as written and decoded (for a
+    log masker that matches literal values, e.g. Airflow's)."""
+    found: list[str] = []
+    for m in _PARAM.finditer(text or ""):
+        if m.group("value") and _is_secret_param(m.group("key")):
+            found += [m.group("value"), unquote(m.group("value").replace("+", " ")), unquote(m.group("value"))]
+    for m in _USERINFO.finditer(text or ""):
+        if m.group("password"):
+            found += [m.group("password"), unquote(m.group("password"))]
+    return sorted({v for v in found if v and v != REDACTED})
 
 
 @dataclass(frozen=True)

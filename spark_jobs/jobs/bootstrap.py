@@ -30,6 +30,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from spark_jobs.exceptions import BadInputError, ConflictError
+from spark_jobs.io.storage import redact_uri
 from spark_jobs.jobs import tasks
 from spark_jobs.jobs.keys import bucket_expr, key_expr, partition_expr
 from spark_jobs.jobs.session import default_parallelism, job_conf, session_start_ms
@@ -110,13 +111,14 @@ def run_bootstrap(spark: SparkSession | Callable[[], SparkSession], opts: Bootst
     batch_id = opts.batch_id or default_batch_id(opts.source)
     done = existing_bootstrap(table, batch_id)
     if done is not None:
-        log.info("%s was bootstrapped from %s already (instant %s): nothing to do", opts.table, opts.source,
+        log.info("%s was bootstrapped from %s already (instant %s): nothing to do", redact_uri(opts.table),
+                 redact_uri(opts.source),
                  done.timestamp)
         meta = table.timeline.read_metadata(done)
         return {"instant": done.timestamp, "batch_id": batch_id, "noop": True, "mode": mode,
                 "index_type": meta.get("index_type"), "counts": (meta.get("bootstrap") or {}).get("counts", {}),
                 "timings_ms": {}}
-    log.info("bootstrapping %s from %s (%s mode, %s, %s index)", opts.table, opts.source, mode,
+    log.info("bootstrapping %s from %s (%s mode, %s, %s index)", redact_uri(opts.table), redact_uri(opts.source), mode,
              plural(len(source.files), "file"), opts.index)
     # the session's start is reported beside the total, not inside it, as an upsert's is: the
     # commit (which ``show`` prints) records the same two figures
@@ -357,7 +359,7 @@ def _reference_scanned(spark: SparkSession, table: Table, source: SourceDataset,
         **({"target_file_rows": opts.target_file_rows} if opts.target_file_rows else {}),
         format_version=REFERENCE_FORMAT_VERSION,
         mirrors=[opts.mirror] if opts.mirror else [],
-        reference={"source": opts.source,
+        reference={"source": redact_uri(opts.source),
                    "path_columns": {c: str(source.schema.field(c).type) for c in source.path_columns}},
     )
     existing = table.create(cfg)  # a rerun after a crash finds it: the options must agree
@@ -374,11 +376,12 @@ def _reference_scanned(spark: SparkSession, table: Table, source: SourceDataset,
     # timestamps are stored in microseconds, zone-aware ones in UTC (format.md §5), as an upsert
     # or a rewrite stores them; the files keep their own types, and every reader casts to this schema
     data_schema = stored_schema(source.schema).append(pa.field(KEY, pa.string()))
-    plan = {"batch_id": batch_id, "operation": "bootstrap", "mode": MODE_REFERENCE, "source": opts.source,
+    plan = {"batch_id": batch_id, "operation": "bootstrap", "mode": MODE_REFERENCE, "source": redact_uri(opts.source),
             "index_type": INDEX_RECORD, "num_buckets": num_buckets}
     txn = Transaction(table, Action.BOOTSTRAP, plan, view=view).begin()
     ts = txn.ts
-    log.info("instant %s: bootstrapping %d files of %s into %s", ts, len(source.files), opts.source, opts.table)
+    log.info("instant %s: bootstrapping %d files of %s into %s", ts, len(source.files), redact_uri(opts.source),
+             redact_uri(opts.table))
 
     def attempt(view: FileSystemView, retries: list[dict[str, Any]]) -> dict[str, Any]:
         t1 = time.perf_counter()
@@ -423,7 +426,7 @@ def _reference_scanned(spark: SparkSession, table: Table, source: SourceDataset,
                 groups.append({"partition": fparts[fno], "file_id": fids[fno], "path": rels[fno],
                                "num_rows": live_rows, "size": f.size, "reference": True})
         live_total = sum(g["num_rows"] for g in groups)
-        summary = {"source": opts.source, "mode": MODE_REFERENCE,
+        summary = {"source": redact_uri(opts.source), "mode": MODE_REFERENCE,
                    "counts": {"rows": live_total, "source_rows": n_rows,
                               "files_referenced": sum(1 for g in groups if g.get("reference")),
                               "files_rewritten": len(rewritten), "duplicate_keys": n_dup,
@@ -548,7 +551,7 @@ def _rewrite_read(spark: SparkSession, source: SourceDataset, opts: BootstrapOpt
         num_buckets=opts.num_buckets, table_type=opts.table_type, batch_id=batch_id,
         target_file_rows=opts.target_file_rows, heartbeat_timeout_s=opts.heartbeat_timeout_s, mirror=opts.mirror,
         source_df=df, action=Action.BOOTSTRAP, operation="bootstrap",
-        extra_metadata={"bootstrap": {"source": opts.source, "mode": MODE_REWRITE, "counts": out_counts}},
+        extra_metadata={"bootstrap": {"source": redact_uri(opts.source), "mode": MODE_REWRITE, "counts": out_counts}},
     )
     result = run_upsert(spark, upsert)
     return {"instant": result["instant"], "batch_id": batch_id, "noop": result["noop"], "mode": MODE_REWRITE,

@@ -40,6 +40,7 @@ import tempfile
 import time
 from typing import TYPE_CHECKING, Any, Sequence
 
+from spark_jobs.io.storage import redact_uri
 from spark_jobs.processes import stop_with_parent
 from spark_jobs.resources import is_local_master, local_driver_memory
 
@@ -113,9 +114,9 @@ def remote_session(url: str, *, app_name: str = "bucketindex", conf: dict[str, s
         if is_connection_error(e):
             from spark_jobs.exceptions import RetryableError
 
-            raise RetryableError(f"cannot reach the Spark Connect server at {_redact(url)}: {_first_line(e)}") from e
+            raise RetryableError(f"cannot reach the Spark Connect server at {redact_uri(url)}: {_first_line(e)}") from e
         raise
-    log.debug("Spark Connect session %s at %s", spark.session_id, _redact(url))
+    log.debug("Spark Connect session %s at %s", spark.session_id, redact_uri(url))
     return spark
 
 
@@ -248,13 +249,6 @@ def release_on_exit(spark: "SparkSession") -> None:
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, _on_term)
-
-
-def _redact(url: str) -> str:
-    """``url`` with a ``token=`` parameter hidden."""
-    import re
-
-    return re.sub(r"(token=)[^;]*", r"\1***", url)
 
 
 def _first_line(e: BaseException) -> str:

@@ -27,6 +27,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark_jobs.exceptions import BadInputError, ConflictError
+from spark_jobs.io.storage import redact_uri
 from spark_jobs.jobs import rehash_tasks, tasks
 from spark_jobs.jobs.keys import bucket_expr
 from spark_jobs.jobs.read import READ_WAVES, keys_with_location
@@ -70,7 +71,7 @@ def run_rehash(spark: SparkSession | Callable[[], SparkSession], uri: str, num_b
     # its commit point cleaned, as every writer does -- also when there is nothing else to do
     repaired = table.rollback(timeout_s=heartbeat_timeout_s)
     if plan is None:
-        log.info("%s already has %s: nothing to do", uri, plural(num_buckets, "bucket"))
+        log.info("%s already has %s: nothing to do", redact_uri(uri), plural(num_buckets, "bucket"))
         return {"instant": None, "noop": True, "num_buckets": int(num_buckets),
                 "previous_num_buckets": int(num_buckets)}
     if repaired:

@@ -22,6 +22,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from spark_jobs.io.storage import redact_uri
 from spark_jobs.jobs import tasks
 from spark_jobs.jobs.keys import bucket_expr, file_id_for_bucket_expr
 from spark_jobs.jobs.read import keys_with_location
@@ -63,7 +64,7 @@ def run_shadow_compare(spark: SparkSession, uri: str, opts: ShadowOptions | None
     report = shadow.build_report(table=table, index_type=table.config.index_type, instant=instant, opts=opts,
                                  keys_checked=keys_checked, found=found, touched=touched,
                                  elapsed_ms=int((time.monotonic() - start) * 1000))
-    log.info("shadow-compare %s against %s: %s, %s", uri, opts.against, plural(keys_checked, "key"),
+    log.info("shadow-compare %s against %s: %s, %s", redact_uri(uri), opts.against, plural(keys_checked, "key"),
              plural(report["mismatches"], "mismatch"))
     return report
 

@@ -55,6 +55,7 @@ import pyarrow.parquet as pq
 
 from spark_jobs.exceptions import BadInputError, TableCorruptError
 from spark_jobs.io.filesystem import InstantExistsError
+from spark_jobs.io.storage import redact_uri
 from spark_jobs.table.config import MIRRORS
 from spark_jobs.table.layout import is_reference
 from spark_jobs.table.timeline import Action
@@ -136,7 +137,8 @@ def after_commit(table: "Table", seq: int, *, properties: dict[str, Any],
         mirror_commit(table, seq)
     except Exception as e:  # noqa: BLE001 - the commit is done; the projection is derived
         log.warning("the Delta log of %s was not written for sequence %d (%s); the next commit or "
-                    "`bucketindex mirror %s --repair` writes it", table.uri, seq, e, table.uri, exc_info=True)
+                    "`bucketindex mirror %s --repair` writes it", table.display_uri, seq, redact_uri(str(e)),
+                    table.display_uri, exc_info=True)
 
 
 def mirror_commit(table: "Table", seq: int) -> list[int]:
@@ -857,4 +859,4 @@ def _maybe_checkpoint(table: "Table", version: int, *, every: int = CHECKPOINT_I
     try:
         _Checkpointer(table).write(version)
     except Exception as e:  # noqa: BLE001 - a missing checkpoint costs readers time, not correctness
-        log.warning("no Delta checkpoint at version %d of %s: %s", version, table.uri, e)
+        log.warning("no Delta checkpoint at version %d of %s: %s", version, table.display_uri, redact_uri(str(e)))

@@ -223,9 +223,9 @@ def _source_schema(source: str) -> pa.Schema | None:
     import pyarrow.fs as pafs
     import pyarrow.parquet as pq
 
-    from spark_jobs.io.filesystem import is_glob, resolve
+    from spark_jobs.io.filesystem import is_glob, resolve, split_query
 
-    if is_glob(source):
+    if is_glob(split_query(source)[0]):
         return None
     io, path = resolve(source)
     info = io.fs.get_file_info(path)

@@ -317,7 +317,7 @@ def build_report(*, table: Table, index_type: str, instant: str | None, opts: Sh
     counts = {k: int(found.get(k, {}).get("count", 0)) for k in KINDS}
     total = sum(counts.values())
     return {
-        "table": table.uri, "index_type": index_type, "instant": instant, "against": opts.against,
+        "table": table.display_uri, "index_type": index_type, "instant": instant, "against": opts.against,
         "since": opts.since, "sample_fraction": opts.sample_fraction,
         "commits_since": touched.actions if touched is not None else None,
         "since_files_gone": touched.gone if touched is not None else None,

@@ -21,6 +21,7 @@ from spark_jobs.exceptions import (
     WriterAliveError,
 )
 from spark_jobs.io.filesystem import FileIO, refuse_uncommittable, refuse_uncommittable_uri, resolve
+from spark_jobs.io.storage import redact_uri
 from spark_jobs.table.config import TableConfig
 from spark_jobs.table.layout import META_DIR, TableLayout, is_reference
 from spark_jobs.table.timeline import Action, Instant, State, Timeline, resolve_as_of
@@ -62,6 +63,13 @@ class Table:
         return t
 
     @property
+    def display_uri(self) -> str:
+        """The table's URI as it may be logged, printed or stored: credentials in its query
+        redacted (:func:`~spark_jobs.io.storage.redact_uri`). :attr:`uri` keeps them, for the
+        tasks that open the table again."""
+        return redact_uri(self.uri)
+
+    @property
     def exists(self) -> bool:
         return self.config is not None
 
@@ -86,7 +94,7 @@ class Table:
         if new is not current:
             self.io.write_atomic(self.layout.config_file, new.to_json())
             log.info("table %s upgraded to format version %d (%s); releases that do not know version %d "
-                     "refuse it", self.uri, version, why, version)
+                     "refuse it", self.display_uri, version, why, version)
         self.config = new
 
     # -- state -----------------------------------------------------------------------
@@ -302,7 +310,7 @@ class Table:
 
         return {
             "bucket_sizes": bucket_sizes(self, view),
-            "uri": self.uri,
+            "uri": self.display_uri,
             "config": {
                 "record_key_fields": self.config.record_key_fields,
                 "partition_fields": self.config.partition_fields,

@@ -56,7 +56,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 __all__ = [
     "POST_COMMIT",
@@ -169,6 +169,18 @@ class Storage:
             return f"{self.bucket}/{name}"
         return str(workdir / "store")
 
+    def uri_query(self, wanted: bool) -> str:
+        """The query a table URI carries when a sequence draws ``uri_options``: on S3, the store's
+        settings and credentials from this process's ``AWS_*`` (which reach the same server), so
+        every verb resolves them from the URI and must keep them out of what it writes and
+        prints; a local path takes no query (``""``)."""
+        if not wanted or self.kind != "s3":
+            return ""
+        env = os.environ
+        options = {"endpoint_url": env.get("AWS_ENDPOINT_URL"), "region": env.get("AWS_REGION"),
+                   "access_key_id": env.get("AWS_ACCESS_KEY_ID"), "secret_access_key": env.get("AWS_SECRET_ACCESS_KEY")}
+        return "?" + urlencode({k: v for k, v in options.items() if v})
+
 
 # -- the generator ----------------------------------------------------------------------
 
@@ -243,7 +255,8 @@ class _Gen:
 
 def generate(seed: int, *, spark: bool = False, kills: bool = True, overlaps: bool = True,
              min_steps: int = 4, max_steps: int = 12, mirror_share: float = 0.25,
-             long_share: float = 0.0, float_share: float = 0.3) -> dict[str, Any]:
+             long_share: float = 0.0, float_share: float = 0.3,
+             uri_options_share: float = 0.5) -> dict[str, Any]:
     """A sequence from ``seed`` alone: settings and steps as JSON-ready dicts.
 
     ``spark`` adds Spark upserts, rehash (bucket and record indexes) and, as a first step,
@@ -252,7 +265,9 @@ def generate(seed: int, *, spark: bool = False, kills: bool = True, overlaps: bo
     by a ``mirror --enable`` step), with kills between a commit and its Delta version;
     ``long_share`` of them run 40-48 steps with a checkpoint every 2 entries, so archival runs
     (and is killed). ``float_share`` of them store the precombine field ``ts`` as a double or
-    a float, with NaN and -0.0 among its values (:func:`_float_precombine`). These are drawn
+    a float, with NaN and -0.0 among its values (:func:`_float_precombine`). ``uri_options_share``
+    of them name their table by a URI carrying its store's settings and credentials in the query
+    (``settings["uri_options"]``: on S3 storage; a local path takes no query). These are drawn
     from a second random stream, so a seed's other steps are what they were before these
     options existed.
     """
@@ -340,6 +355,8 @@ def generate(seed: int, *, spark: bool = False, kills: bool = True, overlaps: bo
                     and ext.random() < 0.4:
                 st["kill"] = ROLLBACK_MIRROR_POINT
         _empty_beside_null(steps, ext)
+    if ext.random() < uri_options_share:
+        settings["uri_options"] = True
     seq = {"seed": seed, "settings": settings, "steps": steps}
     if ext.random() < float_share:  # drawn last: the draws above stay what they were
         _float_precombine(seq, ext)
@@ -529,7 +546,7 @@ class _Runner:
         self.sources = workdir / "sources"
         self.sources.mkdir(parents=True, exist_ok=True)
         self.base = storage.seq_uri(workdir, f"seq-{seq['seed']}-{os.getpid()}-{time.monotonic_ns() % 10**9}")
-        self.uri = f"{self.base}/table"
+        self.uri = f"{self.base}/table" + storage.uri_query(bool(self.settings.get("uri_options")))
         self.dataset = f"{self.base}/dataset"
         self.io, self.base_path = resolve(self.base)
         _, self.root_path = resolve(self.uri)

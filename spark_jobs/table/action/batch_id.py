@@ -40,13 +40,14 @@ def source_listing(source: str) -> list[tuple[str, int, int]]:
     ``_SUCCESS`` marker does not change the id."""
     import pyarrow.fs as pafs
 
-    from spark_jobs.io.filesystem import GLOB_CHARS, is_glob, resolve
+    from spark_jobs.io.filesystem import GLOB_CHARS, is_glob, resolve, split_query
 
     root = source
-    if is_glob(source):
-        cut = min(source.find(ch) for ch in GLOB_CHARS if ch in source)
-        prefix = source[:cut]
-        root = (prefix.rsplit("/", 1)[0] or "/") if "/" in prefix else "."
+    path, query = split_query(source)  # a query's ``?`` is no glob; its storage options reach the listing
+    if is_glob(path):
+        cut = min(path.find(ch) for ch in GLOB_CHARS if ch in path)
+        prefix = path[:cut]
+        root = ((prefix.rsplit("/", 1)[0] or "/") if "/" in prefix else ".") + query
     io, path = resolve(root)
     info = io.fs.get_file_info(path)
     if info.type == pafs.FileType.File:

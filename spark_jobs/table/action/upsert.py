@@ -59,6 +59,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import pyarrow as pa
 
 from spark_jobs.exceptions import BadInputError, ConfigConflictError
+from spark_jobs.io.storage import redact_uri
 from spark_jobs.table.action.transaction import Transaction
 from spark_jobs.table.commit import FileGroupChange, LogChange
 from spark_jobs.table.config import (
@@ -526,17 +527,23 @@ def _commit(engine: UpsertEngine, opts: UpsertOptions, table: "Table", cfg: Tabl
             started: float, choice: "EngineChoice | None") -> dict[str, Any]:
     if table.config is None:
         cfg = table.create(cfg)
-        log.info("created table %s (%s index, %s)", opts.table, cfg.index_type, plural(cfg.num_buckets, "bucket"))
+        log.info("created table %s (%s index, %s)", redact_uri(opts.table), cfg.index_type,
+                 plural(cfg.num_buckets, "bucket"))
     repaired = table.rollback(timeout_s=opts.heartbeat_timeout_s)  # abandoned instants only; live writers go on
     if repaired:
         log.info("rolled back abandoned instants %s", ", ".join(repaired))
     if view is None:
         view = table.view()
-    plan = {"batch_id": batch_id, "operation": opts.operation, "source": opts.source, "index_type": cfg.index_type,
+    # the source as it may be shown: every reader of the timeline reads the plan (nothing reads the
+    # source back from it; a retry or a rerun is given the source again, and the batch id is derived
+    # from the source's listing, not from this text)
+    plan = {"batch_id": batch_id, "operation": opts.operation, "source": redact_uri(opts.source),
+            "index_type": cfg.index_type,
             "num_buckets": table.num_buckets(view)}
     txn = Transaction(table, opts.action, plan, view=view).begin()
     ts = txn.ts
-    log.info("instant %s: upserting %s into %s (snapshot at commit %d)", ts, opts.source, opts.table, view.seq)
+    log.info("instant %s: upserting %s into %s (snapshot at commit %d)", ts, redact_uri(opts.source),
+             redact_uri(opts.table), view.seq)
     planned_seq = view.seq  # a rollback of this instant can only decide after this position
 
     def attempt(view: FileSystemView, retries: list[dict[str, Any]]) -> dict[str, Any]:
