@@ -47,7 +47,7 @@ import posixpath
 import re
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 from urllib.parse import quote
 
 import pyarrow as pa
@@ -181,6 +181,18 @@ def repair(table: "Table", *, upto: int | None = None) -> list[int]:
     if first is None:  # nothing with a schema committed yet: version 0 waits for it
         return []
     written: list[int] = []
+    for v, acts in _projected(table, tl, first=first, start=start, last=last):
+        if v not in present:
+            if _publish(table, v, acts):
+                written.append(v)
+            _maybe_checkpoint(table, v)
+    return written
+
+
+def _projected(table: "Table", tl: Any, *, first: pa.Schema, start: int,
+               last: int) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+    """Versions ``start..last`` with the actions the timeline projects each to
+    (:func:`version_actions`), the snapshots replayed once, in order."""
     prev = FileSystemView.at_seq(tl, start - 1) if start > 0 else None
     for v in range(start, last + 1):
         if v == 0:
@@ -190,12 +202,8 @@ def repair(table: "Table", *, upto: int | None = None) -> list[int]:
             assert prev is not None
             cur = _advance(tl, prev, v)
             acts = version_actions(table, v, prev, cur, first_schema=first)
-        if v not in present and _publish(table, v, acts):
-            written.append(v)
+        yield v, acts
         prev = cur
-        if v not in present:
-            _maybe_checkpoint(table, v)
-    return written
 
 
 def _advance(tl: Any, prev: FileSystemView, seq: int) -> FileSystemView:
@@ -333,16 +341,7 @@ def verify_and_repair(table: "Table") -> RepairReport:
         kept = table.retained_from()
         earliest = int(kept["earliest_retained_seq"]) if kept else 0
         present = set(versions_present(table))
-        prev: FileSystemView | None = None
-        for v in range(last + 1):
-            if v == 0:
-                acts = version_actions(table, 0, None, None, first_schema=first)
-                cur = FileSystemView.at_seq(tl, 0)
-            else:
-                assert prev is not None
-                cur = _advance(tl, prev, v)
-                acts = version_actions(table, v, prev, cur, first_schema=first)
-            prev = cur
+        for v, acts in _projected(table, tl, first=first, start=0, last=last):
             if v not in present:
                 if _publish(table, v, acts):
                     written.append(v)
