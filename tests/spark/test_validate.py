@@ -307,6 +307,20 @@ def test_cli_read_auto_over_budget_writes_on_spark(spark, tmp_path):
     assert sorted(os.listdir(tmp_path)) == sorted(["b.parquet", "snap.parquet", "t"])  # no temp directory left
 
 
+def _flip_in_last_page(uri: str, column: str) -> str:
+    """Flip a byte inside ``column``'s last page of the first row group of the table's first
+    slice (a damaged page, issue 36 item 3); the file's path."""
+    t = Table.load(uri)
+    path = t.abs(t.view().slices()[0].path)
+    group = pq.ParquetFile(path).metadata.row_group(0)
+    col = next(group.column(i) for i in range(group.num_columns) if group.column(i).path_in_schema == column)
+    data = bytearray(open(path, "rb").read())
+    start = col.dictionary_page_offset if col.has_dictionary_page else col.data_page_offset
+    data[start + col.total_compressed_size - 20] ^= 0x5A
+    open(path, "wb").write(bytes(data))
+    return path
+
+
 def test_damaged_page_is_named_by_spark_validate(spark, tmp_path):
     """A flipped byte in a data page (issue 36 item 3): Spark's validate reads every file whole
     (page checksums verified, in tasks) and names it."""
@@ -320,13 +334,7 @@ def test_damaged_page_is_named_by_spark_validate(spark, tmp_path):
     uri = str(tmp_path / "t")
     arrow_upsert(UpsertOptions(table=uri, source=write_batch(tmp_path / "b.parquet", rows), record_key=["id"],
                                precombine_field="ts", partition_field="region"))
-    t = Table.load(uri)
-    path = t.abs(t.view().slices()[0].path)
-    group = pq.ParquetFile(path).metadata.row_group(0)
-    col = next(group.column(i) for i in range(group.num_columns) if group.column(i).path_in_schema == "v")
-    data = bytearray(open(path, "rb").read())
-    data[col.data_page_offset + col.total_compressed_size - 20] ^= 0x5A
-    open(path, "wb").write(bytes(data))
+    path = _flip_in_last_page(uri, "v")
     report = run_validate(spark, uri)
     assert not report["ok"] and list(report["problems"]) == ["damaged_files"], report
     assert report["problems"]["damaged_files"]["samples"][0].startswith(f"{path}: ")
@@ -346,14 +354,7 @@ def test_a_damaged_page_fails_a_spark_read_naming_the_file(spark, tmp_path, caps
     uri = str(tmp_path / "t")
     arrow_upsert(UpsertOptions(table=uri, source=write_batch(tmp_path / "b.parquet", rows), record_key=["id"],
                                precombine_field="ts", partition_field="region"))
-    t = Table.load(uri)
-    path = t.abs(t.view().slices()[0].path)
-    group = pq.ParquetFile(path).metadata.row_group(0)
-    col = next(group.column(i) for i in range(group.num_columns) if group.column(i).path_in_schema == "v")
-    data = bytearray(open(path, "rb").read())
-    start = col.dictionary_page_offset if col.has_dictionary_page else col.data_page_offset
-    data[start + col.total_compressed_size - 20] ^= 0x5A  # inside the column's last page
-    open(path, "wb").write(bytes(data))
+    path = _flip_in_last_page(uri, "v")
     capsys.readouterr()
     out = tmp_path / "snap.parquet"
     assert main(["read", uri, "--engine", "spark", "--output", str(out)]) == 1
