@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import resource
@@ -23,6 +22,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
+from tests.unit.test_cli_newcomer import tree_digest
 
 pytestmark = pytest.mark.unit
 
@@ -44,15 +45,6 @@ def cli(*args: str, env: dict[str, str] | None = None, address_space: int | None
 
     return subprocess.run([sys.executable, "-m", "spark_jobs.cli", *args], capture_output=True, text=True,
                           timeout=300, env=env or _env(), preexec_fn=limit)
-
-
-def tree_digest(root: Path) -> str:
-    h = hashlib.sha256()
-    for p in sorted(root.rglob("*")):
-        h.update(str(p.relative_to(root)).encode())
-        if p.is_file():
-            h.update(p.read_bytes())
-    return h.hexdigest()
 
 
 @pytest.fixture()

@@ -13,7 +13,6 @@ operators see).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -27,6 +26,7 @@ import pytest
 
 from spark_jobs.arrow_engine.upsert import run_upsert
 from spark_jobs.table.action.upsert import UpsertOptions
+from tests.unit.test_cli_newcomer import tree_digest
 
 pytestmark = pytest.mark.unit
 
@@ -65,15 +65,6 @@ def _copy(pristine: tuple[Path, str], tmp_path: Path) -> Path:
     return root
 
 
-def _digest(root: Path) -> str:
-    h = hashlib.sha256()
-    for p in sorted(root.rglob("*")):
-        h.update(str(p.relative_to(root)).encode())
-        if p.is_file():
-            h.update(p.read_bytes())
-    return h.hexdigest()
-
-
 def _cli(*args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "SPARK_REMOTE"}
     return subprocess.run([sys.executable, "-m", "spark_jobs.cli", *args], capture_output=True, text=True,
@@ -98,12 +89,12 @@ def _assert_named(p: subprocess.CompletedProcess, *paths: Path) -> None:
 def test_a_deleted_entry_after_the_checkpoint_is_named_by_every_verb(pristine, tmp_path):
     root = _copy(pristine, tmp_path)
     _seq(root, 11).unlink()
-    before = _digest(root)
+    before = tree_digest(root)
     for verb, argv in _verbs(root, pristine[1]).items():
         p = _cli(*argv)
         _assert_named(p, _seq(root, 11), _seq(root, 12))
         assert "commit sequence entry" in p.stderr, (verb, p.stderr)
-        assert _digest(root) == before, verb  # nothing written, not even by a write verb
+        assert tree_digest(root) == before, verb  # nothing written, not even by a write verb
 
 
 def test_a_planted_entry_is_named_with_the_gap_before_it(pristine, tmp_path):
@@ -111,12 +102,12 @@ def test_a_planted_entry_is_named_with_the_gap_before_it(pristine, tmp_path):
     planted = json.loads(_seq(root, COMMITS).read_text())
     planted["seq"] = 99
     _seq(root, 99).write_text(json.dumps(planted))
-    before = _digest(root)
+    before = tree_digest(root)
     for verb, argv in _verbs(root, pristine[1]).items():
         p = _cli(*argv)
         _assert_named(p, _seq(root, 99), _seq(root, COMMITS + 1))
         assert f"entries {COMMITS + 1}-98" in p.stderr, (verb, p.stderr)
-        assert _digest(root) == before, verb
+        assert tree_digest(root) == before, verb
 
 
 def test_a_copied_entry_that_says_it_is_another_is_named(pristine, tmp_path):
@@ -130,11 +121,11 @@ def test_a_copied_entry_that_says_it_is_another_is_named(pristine, tmp_path):
 def test_a_gap_before_the_checkpoint_fails_only_the_verbs_that_read_it(pristine, tmp_path):
     root = _copy(pristine, tmp_path)
     _seq(root, 5).unlink()
-    before = _digest(root)
+    before = tree_digest(root)
     verbs = _verbs(root, pristine[1])
     for verb in ("show", "clean"):  # they read recent history past the checkpoint
         _assert_named(_cli(*verbs[verb]), _seq(root, 5), _seq(root, 6))
-        assert _digest(root) == before, verb
+        assert tree_digest(root) == before, verb
     for verb in ("read", "validate", "compact"):  # the checkpoint covers entry 5
         p = _cli(*verbs[verb])
         assert p.returncode == 0, (verb, p.stderr[-2000:])
