@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from spark_jobs.table.table import Table
+from tests.unit.test_cli_newcomer import commits
 
 pytestmark = pytest.mark.unit
 
@@ -43,11 +43,6 @@ def cli(*args: str, **kw) -> subprocess.CompletedProcess:  # type: ignore[no-unt
 def result(p: subprocess.CompletedProcess) -> dict:
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[0 if p.stdout.lstrip().startswith("{") else -1])
-
-
-def commits(uri: str) -> list[dict]:
-    tl = Table.open(uri).timeline.reload()
-    return [tl.read_metadata(i) for i in tl.completed()]
 
 
 def tree_digest(root: Path) -> str:
