@@ -1,6 +1,6 @@
 """The added cost per commit of the Delta Lake projection (issue 26): milliseconds and object-store requests.
 
-For local disk and the counting S3 server (moto on loopback, :mod:`spark_jobs.testing.s3_server`),
+For local disk and the counting S3 server (moto on loopback, :mod:`tests.harness.s3_server`),
 a table (``--table-type``, record index, partitioned, keys and partition values with spaces, ``/``,
 ``%``, ``+``, non-ASCII) is created and grown by ``--commits`` upserts of ``--rows`` rows through
 the in-process CLI (``--engine arrow``). Each upsert runs with the projection *off*; then the
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     server = None
     if "s3" in stores:
         from spark_jobs.io import storage
-        from spark_jobs.testing.s3_server import start_server
+        from tests.harness.s3_server import start_server
 
         server = start_server()
         os.environ.update(server.env())

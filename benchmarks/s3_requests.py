@@ -1,6 +1,6 @@
 """Object-storage requests per verb (issue 25): LIST/GET/HEAD/PUT/DELETE at a short and a long history.
 
-On the counting S3 server (:mod:`spark_jobs.testing.s3_server`: moto on loopback, in its own
+On the counting S3 server (:mod:`tests.harness.s3_server`: moto on loopback, in its own
 process, counting every request of every client), for each table type (``--table-types``,
 default copy_on_write and merge_on_read; record index, ``--buckets`` index buckets,
 partitioned by ``p``):
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.disable(logging.INFO)
 
     from spark_jobs.io import storage
-    from spark_jobs.testing.s3_server import start_server
+    from tests.harness.s3_server import start_server
 
     server = start_server()
     try:

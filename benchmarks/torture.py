@@ -1,6 +1,6 @@
 """The torture test's long run (issue 27): N random operation sequences, zero divergence expected.
 
-Each sequence is generated from one seed (``spark_jobs.testing.torture.generate``): table
+Each sequence is generated from one seed (``tests.harness.torture.generate``): table
 settings and 4-12 steps -- upserts (in-process, CLI, Spark), kills at fault points, 2-3
 racing writers (a table service beside them), forced rollbacks of live writers, compaction,
 clean, rollback, schema change, rehash and bootstrap (Spark) -- with the table checked against
@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from results import emit_result  # noqa: E402 (benchmarks/ is on sys.path)
 
-from spark_jobs.testing import torture  # noqa: E402
+from tests.harness import torture  # noqa: E402
 
 
 def log(msg: str) -> None:
@@ -60,7 +60,7 @@ def _storage(kind: str) -> tuple[torture.Storage, Any]:
     if kind == "local":
         return torture.Storage(), None
     from spark_jobs.io import storage as storage_config
-    from spark_jobs.testing.s3_server import start_server
+    from tests.harness.s3_server import start_server
 
     server = start_server()
     os.environ.update(server.env())  # this process, its CLI children and Spark's workers

@@ -16,8 +16,8 @@ os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.g
 @pytest.fixture(scope="session")
 def s3_server():  # type: ignore[no-untyped-def]
     """One counting S3-compatible server (moto, in its own process) on a free loopback port
-    per run (:mod:`spark_jobs.testing.s3_server`)."""
-    from spark_jobs.testing.s3_server import start_server
+    per run (:mod:`tests.harness.s3_server`)."""
+    from tests.harness.s3_server import start_server
 
     server = start_server()
     yield server

@@ -62,7 +62,7 @@ from spark_jobs.table.shadow import SAMPLES
 from spark_jobs.table.table import Table
 from spark_jobs.table.timeline import Action
 from spark_jobs.table.view import FileSystemView, encode_schema
-from spark_jobs.testing.faults import maybe_crash
+from spark_jobs.table.faults import maybe_crash
 from spark_jobs.text import plural
 
 __all__ = ["BootstrapOptions", "run_bootstrap"]

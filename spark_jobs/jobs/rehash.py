@@ -45,7 +45,7 @@ from spark_jobs.table.config import INDEX_BUCKET
 from spark_jobs.table.table import Table
 from spark_jobs.table.timeline import Action
 from spark_jobs.table.view import FileSystemView
-from spark_jobs.testing.faults import maybe_crash
+from spark_jobs.table.faults import maybe_crash
 from spark_jobs.text import plural
 
 __all__ = ["run_rehash"]

@@ -20,7 +20,7 @@ from spark_jobs.table.action.rehash import bucket_file_id
 from spark_jobs.table.layout import data_file_name
 from spark_jobs.table.reader import read_slice
 from spark_jobs.table.table import Table
-from spark_jobs.testing.faults import maybe_crash
+from spark_jobs.table.faults import maybe_crash
 
 __all__ = [
     "GROUPS_OUTPUT",

@@ -30,8 +30,8 @@ from spark_jobs.table.merge import LOG_DELETE, LOG_MOVE_OUT, LOG_OP, LOG_UPSERT,
 from spark_jobs.table.ordering import older
 from spark_jobs.table.reader import read_data_file, read_slice, read_slice_plan
 from spark_jobs.table.table import Table
-from spark_jobs.testing import faults
-from spark_jobs.testing.faults import maybe_crash
+from spark_jobs.table import faults
+from spark_jobs.table.faults import maybe_crash
 
 __all__ = [
     "KEY",
@@ -94,7 +94,7 @@ def bind(fn, **kwargs):  # type: ignore[no-untyped-def]
 
     PySpark 4.2's ``applyInArrow`` inspects the function's signature to pick the UDF kind
     and fails on ``functools.partial``; a closure inspects cleanly. The driver's fault
-    injection settings and storage options travel with it (see :mod:`spark_jobs.testing.faults`
+    injection settings and storage options travel with it (see :mod:`spark_jobs.table.faults`
     and :mod:`spark_jobs.io.storage`): executors on a cluster, and a Spark Connect server's
     workers, do not inherit the client's environment.
     """

@@ -60,7 +60,7 @@ from spark_jobs.table.config import MIRRORS
 from spark_jobs.table.layout import is_reference
 from spark_jobs.table.timeline import Action
 from spark_jobs.table.view import FileSlice, FileSystemView
-from spark_jobs.testing.faults import maybe_crash
+from spark_jobs.table.faults import maybe_crash
 
 if TYPE_CHECKING:
     from spark_jobs.table.table import Table

@@ -41,7 +41,7 @@ from spark_jobs.table.action.clean import run_clean
 from spark_jobs.table.reader import read_arrow
 from spark_jobs.table.table import Table
 from spark_jobs.table.view import FileSystemView
-from spark_jobs.testing.delta_reads import query_delta
+from tests.harness.delta_reads import query_delta
 from tests.oracle import reduce_batches
 from tests.spark.conftest import tree_digest, write_batch
 from tests.unit.test_delta_mirror import check_every_version

@@ -14,7 +14,7 @@ import pytest
 
 from spark_jobs.cli import main
 from spark_jobs.table import Table, delta
-from spark_jobs.testing.delta_reads import read_delta
+from tests.harness.delta_reads import read_delta
 from tests.oracle import reduce_batches, rows_by_identity
 from tests.unit.test_delta_mirror import KEY_ARGS, REGIONS, _row, _write, check_every_version
 

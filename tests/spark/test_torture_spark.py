@@ -3,7 +3,7 @@
 Bootstrap (reference and rewrite) as a first step, Spark upserts and rehash up and down run
 through the in-process CLI (``spark_jobs.cli.main``), which reuses this run's session (the
 ``spark`` fixture), between Arrow upserts, compaction, clean and a schema change; the same
-checks as the Arrow short run follow every step (``spark_jobs.testing.torture``). Kills and
+checks as the Arrow short run follow every step (``tests.harness.torture``). Kills and
 racing writers stay in tests/unit/test_torture.py: they run CLI subprocesses on the Arrow engine.
 
 Seed 127 (default tier, 56 s alone on a loaded 2-core machine, most of it Spark's first
@@ -19,8 +19,8 @@ import json
 
 import pytest
 
-from spark_jobs.testing import torture
-from spark_jobs.testing.torture import Divergence, generate, run_sequence
+from tests.harness import torture
+from tests.harness.torture import Divergence, generate, run_sequence
 
 pytestmark = pytest.mark.spark
 

@@ -28,8 +28,8 @@ from spark_jobs.cli import main
 from spark_jobs.exceptions import BadInputError
 from spark_jobs.table import Table, delta
 from spark_jobs.table.reader import read_arrow
-from spark_jobs.testing.delta_reads import read_delta, read_optimized, read_view
-from spark_jobs.testing.delta_reads import sorted_rows as _rows
+from tests.harness.delta_reads import read_delta, read_optimized, read_view
+from tests.harness.delta_reads import sorted_rows as _rows
 from spark_jobs.table.view import FileSystemView
 from tests.oracle import reduce_batches, rows_by_identity
 

@@ -1,6 +1,6 @@
 """The torture test's short run (issue 27), Arrow only: fixed seeds plus two random ones.
 
-Each seed is one random operation sequence (``spark_jobs.testing.torture``) on a fresh table:
+Each seed is one random operation sequence (``tests.harness.torture``) on a fresh table:
 in-process and CLI upserts, processes SIGKILLed at fault points, racing writers with a table
 service beside them, a forced rollback of a live writer, compaction, clean, rollback, a
 schema change, the Delta mirror; after every step the table must equal the oracle, pass
@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from spark_jobs.testing import torture
-from spark_jobs.testing.torture import Divergence, generate, run_sequence
+from tests.harness import torture
+from tests.harness.torture import Divergence, generate, run_sequence
 
 pytestmark = pytest.mark.unit
 

@@ -42,8 +42,8 @@ from spark_jobs.cli import main as cli_main
 from spark_jobs.table import Action, Table
 from spark_jobs.table.action.upsert import UpsertOptions
 from spark_jobs.table.reader import read_arrow
-from spark_jobs.testing import torture
-from spark_jobs.testing.torture import run_sequence
+from tests.harness import torture
+from tests.harness.torture import run_sequence
 from tests.oracle import reduce_batches, rows_by_identity
 
 pytestmark = pytest.mark.unit

@@ -42,7 +42,7 @@ from spark_jobs.table.timeline import (
     read_checkpoint,
 )
 from spark_jobs.table.view import FileSystemView
-from spark_jobs.testing.faults import maybe_crash
+from spark_jobs.table.faults import maybe_crash
 from spark_jobs.text import plural
 
 if TYPE_CHECKING:

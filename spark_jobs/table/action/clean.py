@@ -38,7 +38,7 @@ from spark_jobs.table.commit import parse as parse_commit
 from spark_jobs.table.layout import is_reference
 from spark_jobs.table.timeline import Action, checkpoint_seqs
 from spark_jobs.table.view import FileSystemView
-from spark_jobs.testing.faults import maybe_crash
+from spark_jobs.table.faults import maybe_crash
 from spark_jobs.text import plural
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ from spark_jobs.table.commit import parse as parse_commit
 from spark_jobs.table.delta import after_commit
 from spark_jobs.table.heartbeat import is_alive
 from spark_jobs.table.timeline import Action, Instant, SequenceTakenError, State
-from spark_jobs.testing.faults import maybe_crash
+from spark_jobs.table.faults import maybe_crash
 
 if TYPE_CHECKING:
     from spark_jobs.table.table import Table

@@ -26,7 +26,7 @@ from spark_jobs.exceptions import BadInputError, ConflictError, InstantRolledBac
 from spark_jobs.table.action.transaction import Transaction
 from spark_jobs.table.heartbeat import owner_info
 from spark_jobs.table.timeline import Action, Instant, InstantConflictError, State
-from spark_jobs.testing.faults import maybe_crash
+from spark_jobs.table.faults import maybe_crash
 
 if TYPE_CHECKING:
     from spark_jobs.table.table import Table

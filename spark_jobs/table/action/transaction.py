@@ -36,7 +36,7 @@ from spark_jobs.table.delta import after_commit
 from spark_jobs.table.heartbeat import Heartbeat, owner_info
 from spark_jobs.table.timeline import Action, Instant, InstantConflictError, SequenceTakenError, State
 from spark_jobs.table.view import FileSystemView
-from spark_jobs.testing.faults import maybe_crash
+from spark_jobs.table.faults import maybe_crash
 
 if TYPE_CHECKING:
     from spark_jobs.table.table import Table

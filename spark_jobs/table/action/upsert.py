@@ -75,7 +75,7 @@ from spark_jobs.table.delta import mirrors
 from spark_jobs.table.schema import parse_schema_evolution, refuse_missing_fields
 from spark_jobs.table.timeline import Action
 from spark_jobs.table.view import FileSystemView, encode_schema
-from spark_jobs.testing.faults import maybe_crash
+from spark_jobs.table.faults import maybe_crash
 from spark_jobs.text import plural
 
 if TYPE_CHECKING:

@@ -6,7 +6,7 @@ counter so that a test or a benchmark can read how many LIST/GET/HEAD/PUT/DELETE
 verb made -- every client counted, pyarrow's and boto3's, in every process (CLI
 subprocesses, Spark's Python workers), because they all talk to this one server.
 
-Run it in its own process (``python -m spark_jobs.testing.s3_server``; it prints
+Run it in its own process (``python tests/harness/s3_server.py``; it prints
 ``port <n>`` once it listens), so a SIGKILLed writer or a busy driver never stalls it:
 
 * ``GET /_bi/requests`` -> ``{"counts": {"LIST": n, ...}, "log": [[method, path, query], ...]}``
@@ -158,7 +158,7 @@ def start_server(port: int = 0, host: str = "127.0.0.1", *, timeout: float = 30.
     """Start the counting S3 server in a child process on a free port and wait until it listens."""
     env = dict(os.environ)
     env.pop("AWS_ENDPOINT_URL", None)
-    proc = subprocess.Popen([sys.executable, "-m", "spark_jobs.testing.s3_server", "--host", host,
+    proc = subprocess.Popen([sys.executable, __file__, "--host", host,
                              "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             env=env, preexec_fn=stop_with_parent())
     assert proc.stdout is not None

@@ -1087,7 +1087,7 @@ class _Runner:
         retained version read by ``deltalake`` equals the oracle at that entry (copy-on-write) or
         the snapshot's bases (merge-on-read: the read-optimized view)."""
         from spark_jobs.table import delta
-        from spark_jobs.testing.delta_reads import (
+        from tests.harness.delta_reads import (
             has_reference_files,
             published_names,
             query_delta,

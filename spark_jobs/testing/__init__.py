@@ -1,1 +1,0 @@
-"""Support for testing the product as a user would run it (fault injection)."""
