@@ -499,9 +499,21 @@ SHOW_BUCKETS = 8
 
 
 def cmd_show(args: argparse.Namespace, submitted: bool) -> int:
+    from spark_jobs.api import schema_history
+    from spark_jobs.table.dataset import public_schema
+    from spark_jobs.table.schema import type_name
     from spark_jobs.table.table import Table
 
-    d = Table.load(args.table).describe()
+    table = Table.load(args.table)
+    d = table.describe()
+    # the columns users read (no _bi_*), in Spark's type names as `alter` takes them; and, per
+    # listed entry, what it changed of the schema (an upsert's: schema evolution)
+    d["schema"] = [{"name": f.name, "type": type_name(f.type), "nullable": f.nullable}
+                   for f in public_schema(table.view().schema)]
+    changed = {e.instant: list(e.schema_changes) for e in schema_history(table, limit=len(d["timeline"]))}
+    for c in d["timeline"]:
+        if changed.get(c["instant"]):
+            c["schema_changes"] = changed[c["instant"]]
     if args.plot:  # first: a missing matplotlib is one error line, nothing else printed
         from spark_jobs.table.skew import plot_bucket_sizes
 
@@ -515,6 +527,10 @@ def cmd_show(args: argparse.Namespace, submitted: bool) -> int:
           + (f", partitioned by {','.join(c['partition_fields'])}" if c["partition_fields"] else "")
           + (f", precombine {c['precombine_field']}" if c["precombine_field"] else ""))
     print(f"type       {c['table_type']}")
+    print(f"schema     {plural(len(d['schema']), 'column')}")
+    width = max((len(f["name"]) for f in d["schema"]), default=0)
+    for f in d["schema"]:
+        print(f"  {f['name']:<{width}}  {f['type']}" + ("" if f["nullable"] else " not null"))
     print(f"snapshot   {plural(d['rows'], 'row')} in {plural(d['file_groups'], 'file group')}, "
           f"{plural(len(d['partitions']), 'partition')}, "
           f"{_human_bytes(d['data_bytes'])} of base files")
@@ -613,6 +629,8 @@ def cmd_show(args: argparse.Namespace, submitted: bool) -> int:
         start += f"  engine={engine['name']} ({engine.get('reason', '')})" if engine.get("name") else ""
         print(f"  {c['instant']} {c['action']:<10}{cnt}  batch={c['batch_id'] or '-'}"
               + (f"  total={t.get('total_ms')}ms [{phases}]{start}" if t else ""))
+        if c.get("schema_changes"):  # an upsert with --schema-evolution changed the table's schema
+            print(f"  {'':<17} schema evolved: {'; '.join(c['schema_changes'])}")
         if c.get("shadow"):
             print(f"  {'':<17} {_shadow_line(c['shadow'])}")
         if c.get("bootstrap"):

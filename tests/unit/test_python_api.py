@@ -5,6 +5,7 @@ Arrow engine only (``auto`` picks it for batches this small): no JVM."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -18,6 +19,7 @@ import pytest
 
 import spark_jobs
 from spark_jobs import BadInputError, HistoryEntry, Table, WriteResult
+from spark_jobs.cli import main
 from spark_jobs.table.action.compact import CompactionPolicy
 from tests.oracle import reduce_batches
 from tests.unit.test_cli_newcomer import tree_digest
@@ -171,6 +173,34 @@ def test_the_other_verbs_return_typed_results(tmp_path):
     assert t.mirror(repair=True).written == ()
     assert t.validate().ok and t.shadow_compare().ok
     assert rows(t.read()) == {k: {**r, "note": None} for k, r in expect.items()}
+
+
+def test_an_upsert_that_evolves_the_schema_is_marked_by_history_and_show(tmp_path, capsys):
+    uri = str(tmp_path / "t")
+    t = Table.create(uri, pa.table({"id": ["a b"], "qty": pa.array([1], pa.int32())}), record_key="id")
+    t.upsert(pa.table({"id": ["é"], "qty": pa.array([2], pa.int64()), "note": ["n"]}), schema_evolution="all")
+    t.upsert(pa.table({"id": ["x"], "qty": pa.array([3], pa.int64()), "note": ["m"]}))
+    evolved = t.history()[1]
+    assert evolved.schema_changes == ("widened qty int -> bigint", "added note string")
+    assert t.history()[0].schema_changes == () and t.history()[2].schema_changes == ()
+    assert t.schema(as_of=t.history()[2].instant).names == ["id", "qty"]
+
+    assert main(["show", uri, "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["schema"] == [{"name": "id", "type": "string", "nullable": True},
+                           {"name": "qty", "type": "bigint", "nullable": True},
+                           {"name": "note", "type": "string", "nullable": True}]
+    marked = {c["instant"]: c.get("schema_changes") for c in d["timeline"]}
+    assert marked == {t.history()[2].instant: None, evolved.instant: list(evolved.schema_changes),
+                      t.history()[0].instant: None}
+
+    assert main(["show", uri]) == 0
+    out = capsys.readouterr().out
+    assert "schema     3 columns\n  id    string\n  qty   bigint\n  note  string\n" in out
+    lines = out.splitlines()
+    at = next(i for i, ln in enumerate(lines) if ln.strip().startswith(evolved.instant))
+    assert lines[at + 1].strip() == "schema evolved: widened qty int -> bigint; added note string"
+    assert sum("schema evolved" in ln for ln in lines) == 1
 
 
 def test_import_and_an_arrow_upsert_import_neither_pyspark_nor_airflow(tmp_path):
