@@ -242,3 +242,40 @@ def test_the_package_root_is_curated():
         spark_jobs.no_such_name  # noqa: B018
     with pytest.raises(BadInputError):  # TableNotFoundError: opening is not creating
         Table("/nonexistent/table")
+
+
+def test_the_readme_python_example_runs_and_its_comments_are_true(tmp_path):
+    """The README's "From Python" block, run as a user pastes it, in an empty directory: every
+    ``# value`` comment on a print is what it prints, and the table equals the oracle."""
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    marker = "<!-- readme-python-api:"
+    assert text.count(marker) == 1
+    block = re.search(r"```python\n(.*?)\n```", text[text.index(marker):], re.S)
+    assert block is not None
+    p = subprocess.run([sys.executable, "-c", block.group(1)], capture_output=True, text=True, cwd=tmp_path,
+                       env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert p.returncode == 0, p.stderr[-2000:]
+    printed = p.stdout.splitlines()
+    said = [c.split(":")[0].strip() for c in re.findall(r"^print\(.*?\)\s+# (.*)$", block.group(1), re.M)]
+    for claim in said:
+        if claim.startswith(("order_id", "the ")):
+            continue
+        assert claim in printed, (claim, printed)
+    assert "[('eu', 11.0), ('us', 24.0)]" in printed
+    got = rows_by(Table(str(tmp_path / "orders")).read(), "order_id")
+    expect = reduce_batches([
+        [{"order_id": "A-1", "region": "eu", "updated_at": 1, "amount": 9.5},
+         {"order_id": "A-2", "region": "us", "updated_at": 1, "amount": 20.0},
+         {"order_id": "Zürich/3", "region": "eu", "updated_at": 1, "amount": 7.25}],
+        [{"order_id": "A-1", "region": "eu", "updated_at": 2, "amount": 11.0},
+         {"order_id": "B 7", "region": "us", "updated_at": 2, "amount": 3.0}],
+        [{"order_id": "A-2", "region": "us", "updated_at": 3, "amount": 21.0}],
+        [{"order_id": k, "updated_at": 4, "deleted": True} for k in ("Zürich/3", "no such key")],
+    ], key="order_id", precombine="updated_at", delete_field="deleted")
+    assert got == expect
+
+
+def rows_by(t: pa.Table, key: str) -> dict:
+    return {r[key]: r for r in t.to_pylist()}
