@@ -120,8 +120,11 @@ class HistoryEntry:
 
     sequence: int
     instant: str
-    #: the instant as an ISO-8601 UTC time (the instants' clock)
+    #: the instant (when the write began) as a UTC time, the instants' clock
     timestamp: _dt.datetime
+    #: when the entry completed (its commit point), None for an entry that does not say: a
+    #: ``read(as_of=completed)`` sees this entry, ``as_of=timestamp`` does not (it began then)
+    completed: _dt.datetime | None
     action: str
     operation: str | None
     batch_id: str | None
@@ -572,9 +575,10 @@ def schema_history(core: CoreTable, *, limit: int | None = None) -> list[History
             previous, known = FileSystemView.at_seq(tl, seq).schema, True
         engine = meta.engine.name if meta.engine is not None else None
         ignored = meta.get("ignored")
+        done = tl.entry(seq).get("completed") if seq else None
         out.append(HistoryEntry(
-            sequence=seq, instant=inst.timestamp,
-            timestamp=_dt.datetime.fromisoformat(instant_to_iso(inst.timestamp).replace("Z", "+00:00")),
+            sequence=seq, instant=inst.timestamp, timestamp=_utc(inst.timestamp),
+            completed=_utc(done) if isinstance(done, str) and done.isdigit() else None,
             action=inst.action, operation=meta.operation, batch_id=meta.batch_id, counts=_frozen(meta.counts),
             ignored=Ignored.from_json(ignored) if isinstance(ignored, Mapping) else None, engine=engine,
             timings_ms=_frozen(meta.timings_ms), schema_changes=changes, metadata=meta))
@@ -582,6 +586,11 @@ def schema_history(core: CoreTable, *, limit: int | None = None) -> list[History
 
 
 # -- helpers ----------------------------------------------------------------------------------
+def _utc(instant: str) -> _dt.datetime:
+    """An instant-form time (``20261125092400123``) as an aware UTC datetime."""
+    return _dt.datetime.fromisoformat(instant_to_iso(instant).replace("Z", "+00:00"))
+
+
 def _as_of(as_of: str | _dt.datetime | None) -> str | None:
     if isinstance(as_of, _dt.datetime):
         t = as_of if as_of.tzinfo is None else as_of.astimezone(_dt.timezone.utc).replace(tzinfo=None)

@@ -88,6 +88,8 @@ def test_a_delta_rs_user_session_matches_the_oracle(tmp_path):
     assert history[2].instant == after_pandas and history[2].engine == "arrow"
     assert history[-1].timestamp.tzinfo is not None and history[-1].schema_changes == ()
     assert rows(t.read(as_of=history[-1].instant)) == oracle(FIRST)
+    assert rows(t.read(as_of=history[2].completed)) == oracle(FIRST, PANDAS)  # by time: a datetime
+    assert history[2].timestamp <= history[2].completed < history[1].completed
 
     assert t.schema() == pa.schema([("id", pa.string()), ("region", pa.string()), ("ts", pa.int64()),
                                     ("amount", pa.float64())])
@@ -279,3 +281,19 @@ def test_the_readme_python_example_runs_and_its_comments_are_true(tmp_path):
 
 def rows_by(t: pa.Table, key: str) -> dict:
     return {r[key]: r for r in t.to_pylist()}
+
+
+def test_create_without_data_fixes_the_options_and_a_composite_key_deletes_by_tuples(tmp_path):
+    uri = str(tmp_path / "t")
+    t = Table.create(uri, record_key=["k1", "k2"], partition_field="p")
+    assert t.version() == 0 and t.schema() == pa.schema([]) and t.history() == []
+    assert t.config["record_key"] == ("k1", "k2") and t.config["partition_fields"] == ("p",)
+    batch = [{"k1": "a b", "k2": 1, "p": "x/y", "v": 1}, {"k1": "a b", "k2": 2, "p": "", "v": 2},
+             {"k1": "ä%", "k2": 1, "p": None, "v": 3}]
+    assert t.upsert(pa.Table.from_pylist(batch)).inserted == 3
+    d = t.delete([("a b", 2), ("ä%", 1), ("a b", 9)])
+    assert (d.deleted, d.ignored.stale_or_absent_deletes) == (2, 1)
+    assert t.read().to_pylist() == [batch[0]]
+    with pytest.raises(BadInputError, match="tuple of 2 values"):
+        t.delete(["a b"])
+    assert t.validate().ok
