@@ -259,6 +259,9 @@ class Table:
             else:
                 raise BadInputError(f"a table already exists at {uri}: open it with Table(uri)")
             if data is None:
+                if options:
+                    raise BadInputError(f"{', '.join(sorted(options))} apply to a batch: give data, or pass them "
+                                        f"to the first upsert")
                 from spark_jobs.table.action.upsert import resolve_config
                 from spark_jobs.table.table import Table as CoreTable
 
