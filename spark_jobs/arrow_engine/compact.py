@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from spark_jobs.exceptions import TableCorruptError
-from spark_jobs.jobs import tasks
+from spark_jobs.kernels import tasks
 from spark_jobs.table.action import compact as action
 from spark_jobs.table.action.compact import CompactionPolicy, plan_index_base_cap
 from spark_jobs.table.action.engine import ARROW, IN_MEMORY_EXPANSION, EngineChoice

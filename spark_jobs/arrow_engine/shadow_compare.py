@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 from spark_jobs.arrow_engine import validate as arrow_validate
 from spark_jobs.index.hashing import buckets_of, fingerprints
 from spark_jobs.io.storage import redact_uri
-from spark_jobs.jobs import tasks
+from spark_jobs.kernels import tasks
 from spark_jobs.table import shadow
 from spark_jobs.table.config import INDEX_RECORD
 from spark_jobs.table.shadow import ShadowOptions, Touched

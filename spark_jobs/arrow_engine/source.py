@@ -522,7 +522,7 @@ def read_source_files(files: Iterable[pa.RecordBatch], *, uri: str, paths: list[
     (:func:`parquet_source_schema`), its partition columns added. Runs in a Spark task: the
     errors it raises name the file (a file damaged after the driver read its footer is bad
     input; a store that stops answering is StorageUnavailableError)."""
-    from spark_jobs.jobs.tasks import READ_BATCH_ROWS
+    from spark_jobs.kernels.tasks import READ_BATCH_ROWS
 
     io, _ = resolve(uri)
     parts = [f for f in schema if f.name in (values[0] if values else {})]

@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from spark_jobs.exceptions import IndexCorruptError
 from spark_jobs.index.hashing import buckets_of, fingerprints
-from spark_jobs.jobs import tasks
+from spark_jobs.kernels import tasks
 from spark_jobs.table import validation
 from spark_jobs.table.action.engine import IN_MEMORY_EXPANSION
 from spark_jobs.table.config import INDEX_BUCKET, INDEX_RECORD
