@@ -3,7 +3,7 @@ on Arrow tables, with the same report.
 
 The rules (what is a problem, how it is counted and sampled) are
 :mod:`spark_jobs.table.validation`'s; the reads are the Spark job's task functions
-(:mod:`spark_jobs.jobs.tasks`) called in this process: the keys of every live row with the
+(:mod:`spark_jobs.kernels.tasks`) called in this process: the keys of every live row with the
 file group whose file was opened (``read_file_keys``), the live entries of every index
 bucket (``read_bucket_entries``), and the keys' fingerprints and buckets
 (:mod:`spark_jobs.index.hashing`, as ``fingerprint_keys`` and ``bucket_expr`` compute them).

@@ -25,7 +25,7 @@ environment); a ``profile`` applies only when no key id is given at that level o
 
 Spark executors do not share the driver's environment on a cluster: the jobs carry the
 driver's resolved options to every task (:func:`carried` / :func:`adopt`, called where
-``spark_jobs.jobs.tasks.bind`` carries fault settings), inside the task's pickled closure,
+``spark_jobs.kernels.tasks.bind`` carries fault settings), inside the task's pickled closure,
 never on a command line or in Spark's configuration.
 
 Kept free of ``pyspark`` and ``airflow``; ``boto3`` is imported only when an S3 store is used.

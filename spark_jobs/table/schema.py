@@ -31,7 +31,7 @@ __all__ = ["STORED_TZ", "stored_type", "stored_schema", "check_timestamp_units",
 #: name (``Asia/Tokyo``) is not kept, the instants are.
 STORED_TZ = "UTC"
 
-#: the record key column of every data file (``spark_jobs.jobs.tasks.KEY``): not a user column
+#: the record key column of every data file (``spark_jobs.kernels.tasks.KEY``): not a user column
 _KEY_COLUMN = "_bi_key"
 
 
