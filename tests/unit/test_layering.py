@@ -347,3 +347,41 @@ def test_the_cycle_finder_on_a_known_graph() -> None:
     assert [(i.source, i.target) for i in _a_cycle(graph, ["a", "b", "c"])] == [("a", "b"), ("b", "c"), ("c", "a")]
     del graph["c"]["a"]
     assert _strongly_connected(graph) == []
+
+
+def _readme_layout() -> list[str]:
+    """The paths README.md's "Project layout" block names, nesting by two-space indentation."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = text.split("## Project layout", 1)[1].split("```", 2)[1]
+    paths: list[str] = []
+    parents: list[tuple[int, str]] = []
+    for line in block.splitlines():
+        stripped = line.lstrip(" ")
+        head = stripped.split("  ", 1)[0].strip()
+        if not head or not (head.endswith("/") or head.endswith(".py")):
+            continue  # a continuation line of a description
+        indent = len(line) - len(stripped)
+        parents = [(i, p) for i, p in parents if i < indent]
+        base = parents[-1][1] if parents else ""
+        for name in (n.strip() for n in head.split(",")):
+            paths.append(base + name)
+        if head.endswith("/"):
+            parents.append((indent, base + head))
+    return paths
+
+
+def test_the_readme_layout_matches_the_tree() -> None:
+    """Every path the README's layout names exists, and it names every package of ``spark_jobs``
+    and every directory of ``tests`` (the layers of docs/architecture.md)."""
+    named = _readme_layout()
+    assert "spark_jobs/kernels/" in named and "spark_jobs/table/action/" in named
+    missing = [p for p in named if not (ROOT / p).exists()]
+    assert not missing, f"README's layout names what is not in the tree: {missing}"
+    packages = sorted(f"spark_jobs/{d.name}/" for d in (ROOT / "spark_jobs").iterdir()
+                      if (d / "__init__.py").exists())
+    unnamed = [p for p in packages if p not in named]
+    assert not unnamed, f"README's layout does not name: {unnamed}"
+    tests_dirs = sorted(d.name for d in (ROOT / "tests").iterdir() if d.is_dir() and not d.name.startswith((".", "_")))
+    block = (ROOT / "README.md").read_text(encoding="utf-8").split("## Project layout", 1)[1].split("```", 2)[1]
+    tests_line = next(line for line in block.splitlines() if line.startswith("tests/"))
+    assert all(d in tests_line for d in tests_dirs), (tests_dirs, tests_line)
