@@ -181,9 +181,9 @@ def test_layer_imports_only_what_its_layer_may(layer: Layer) -> None:
     assert not problems, f"{layer.name} breaks its import rule:\n  " + "\n  ".join(problems)
 
 
-def test_the_scanner_sees_function_level_and_type_checking_imports(tmp_path: pathlib.Path) -> None:
-    """The scanner's own rules, on the module that shows each case (so the tests above cannot
-    pass by not seeing an import): a function-level import, a TYPE_CHECKING one, a relative one."""
+def test_the_scanner_sees_function_level_and_type_checking_imports() -> None:
+    """The scanner's own rules, on modules that show each case (so the tests above cannot pass
+    by not seeing an import): a function-level import, a TYPE_CHECKING one, ``from pkg import mod``."""
     # spark_jobs.jobs.session imports connect inside get_spark, pyspark at module level
     session = {(i.target, i.in_function) for i in _imports_of("spark_jobs.jobs.session")}
     assert ("spark_jobs.jobs.connect", True) in session and ("pyspark.sql", False) in session
