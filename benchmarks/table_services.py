@@ -486,7 +486,7 @@ class CommitGenerator:
     def compact(self) -> None:
         """An index compaction at the default policy, scheduled and executed for real (the
         Spark task's body run in this process)."""
-        from spark_jobs.jobs import tasks
+        from spark_jobs.kernels import tasks
         from spark_jobs.table.action.compact import (
             DEFAULT_INDEX_BASE_CAP,
             CompactionPolicy,

@@ -13,16 +13,19 @@ its exit status) maps it to one:
   recorded outside its root): exit 1, one line naming the file; :class:`IndexCorruptError`
   when the file is a record-index file, which a command rebuilds from the data.
 
-This module imports nothing of the package when it is loaded, so every layer (io, table,
-jobs, cli, the provider) can raise and catch the same types. A message may quote a URI as the
-user gave it, credentials in its query included: :class:`BucketIndexError` passes its message
-through :func:`spark_jobs.io.storage.redact_uri` (imported when an error is made), so no error
-of ours -- printed, logged, or kept by a caller -- carries a secret.
+This module imports nothing of the package but :mod:`spark_jobs.redaction` (which imports
+nothing of it), so every layer (io, table, jobs, cli, the provider) can raise and catch the
+same types without an import cycle. A message may quote a URI as the user gave it, credentials
+in its query included: :class:`BucketIndexError` passes its message through
+:func:`spark_jobs.redaction.redact_uri`, so no error of ours -- printed, logged, or kept by a
+caller -- carries a secret.
 """
 
 from __future__ import annotations
 
 import shlex
+
+from spark_jobs.redaction import redact_uri
 
 __all__ = [
     "BucketIndexError",
@@ -47,8 +50,6 @@ class BucketIndexError(Exception):
     """The root: an error bucketindex raised knowing what it means."""
 
     def __init__(self, *args: object) -> None:
-        from spark_jobs.io.storage import redact_uri  # not at load: io.storage imports this module
-
         super().__init__(*(redact_uri(a) if isinstance(a, str) else a for a in args))
 
 

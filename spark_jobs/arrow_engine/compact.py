@@ -2,7 +2,7 @@
 
 The action decides what is due, writes the plan, checks it still holds, and commits; this
 engine only writes the plan's new bases, by the same task functions Spark's tasks run
-(:func:`spark_jobs.jobs.tasks.compact_slices`, :func:`~spark_jobs.jobs.tasks.compact_index_buckets`),
+(:func:`spark_jobs.kernels.tasks.compact_slices`, :func:`~spark_jobs.kernels.tasks.compact_index_buckets`),
 one file group or index bucket per call, :data:`WORKERS` at a time. A task names its file with
 the attempt's token (:meth:`Transaction.resume`) and the file group or bucket it folds -- the
 Spark task attempt's part of the name is ``0-0-0`` in this process -- so two calls of one
@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from spark_jobs.exceptions import TableCorruptError
-from spark_jobs.jobs import tasks
+from spark_jobs.kernels import tasks
 from spark_jobs.table.action import compact as action
 from spark_jobs.table.action.compact import CompactionPolicy, plan_index_base_cap
 from spark_jobs.table.action.engine import ARROW, IN_MEMORY_EXPANSION, EngineChoice

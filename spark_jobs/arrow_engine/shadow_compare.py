@@ -3,7 +3,7 @@ Arrow tables, with the same report.
 
 What is compared, what ``--since`` and ``--sample-fraction`` select, which samples a report
 shows and every report field are :mod:`spark_jobs.table.shadow`'s rules; the reads are the
-Spark job's task functions (:mod:`spark_jobs.jobs.tasks`) called in this process: the keys of
+Spark job's task functions (:mod:`spark_jobs.kernels.tasks`) called in this process: the keys of
 every live row with the file group whose file was opened (``read_file_keys``), the live
 entries of an index bucket (``read_bucket_entries``), the fingerprints of the index files a
 ``--since`` touched (``shadow.index_file_fingerprints``), and the keys' fingerprints and
@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 from spark_jobs.arrow_engine import validate as arrow_validate
 from spark_jobs.index.hashing import buckets_of, fingerprints
 from spark_jobs.io.storage import redact_uri
-from spark_jobs.jobs import tasks
+from spark_jobs.kernels import tasks
 from spark_jobs.table import shadow
 from spark_jobs.table.config import INDEX_RECORD
 from spark_jobs.table.shadow import ShadowOptions, Touched

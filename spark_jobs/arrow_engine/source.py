@@ -34,7 +34,7 @@ from spark_jobs.exceptions import BadInputError, EngineUnsupportedError
 from spark_jobs.io import parquet
 from spark_jobs.io.filesystem import FileIO, is_glob, is_unreachable, resolve
 from spark_jobs.resources import is_out_of_memory
-from spark_jobs.table.schema import STORED_TZ, check_timestamp_units
+from spark_jobs.table.schema import STORED_TZ, check_timestamp_units, spark_type, spark_type_name
 
 __all__ = ["SOURCE_FORMATS", "cast_to_table", "read_source", "spark_schema", "spark_type", "spark_type_name",
            "SourceListing", "list_source", "require_source", "partition_schema", "parquet_source_schema", "read_source_files",
@@ -47,48 +47,8 @@ _USE_SPARK = "use the Spark engine"
 
 
 # -- Spark's view of Arrow types -----------------------------------------------------------
-
-def spark_type(t: pa.DataType, *, name: str = "?") -> pa.DataType:
-    """The Arrow type a column of type ``t`` has once Spark read it from Parquet and handed it
-    back (``to_arrow_schema(..., timezone="UTC")``): unsigned ints widened to the next signed
-    type (uint64 to ``decimal(20,0)``), strings, binaries and lists to their plain forms,
-    dictionaries decoded, dates to date32, timestamps to microseconds -- zone-aware ones in UTC
-    (Spark keeps the instant, not the zone), naive ones naive (``timestamp_ntz``) -- and an
-    all-null column to int32. Types Spark cannot read (time, float16, decimals over 38 digits)
-    or that it reads differently from their Arrow meaning (durations) raise
-    :class:`EngineUnsupportedError`."""
-    if pa.types.is_dictionary(t):
-        return spark_type(t.value_type, name=name)
-    if pa.types.is_null(t):
-        return pa.int32()  # Parquet's UNKNOWN logical type: Spark reads it as a null int
-    if pa.types.is_boolean(t) or pa.types.is_signed_integer(t) or t in (pa.float32(), pa.float64()):
-        return t
-    if pa.types.is_unsigned_integer(t):
-        return {8: pa.int16(), 16: pa.int32(), 32: pa.int64()}.get(t.bit_width, pa.decimal128(20, 0))
-    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
-        return pa.string()
-    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t) \
-            or pa.types.is_binary_view(t):
-        return pa.binary()
-    if pa.types.is_date(t):
-        return pa.date32()
-    if pa.types.is_timestamp(t):
-        return pa.timestamp("us", tz=STORED_TZ if t.tz is not None else None)
-    if pa.types.is_decimal(t):
-        if t.precision > 38:
-            raise EngineUnsupportedError(f"column {name!r}: decimal precision {t.precision} exceeds Spark's 38")
-        return pa.decimal128(t.precision, t.scale)
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t) \
-            or pa.types.is_list_view(t) or pa.types.is_large_list_view(t):
-        return pa.list_(pa.field("element", spark_type(t.value_type, name=name), t.value_field.nullable))
-    if pa.types.is_struct(t):
-        return pa.struct([pa.field(t.field(i).name, spark_type(t.field(i).type, name=name), t.field(i).nullable)
-                          for i in range(t.num_fields)])
-    if pa.types.is_map(t):
-        return pa.map_(pa.field("key", spark_type(t.key_type, name=name), False),
-                       pa.field("value", spark_type(t.item_type, name=name), t.item_field.nullable))
-    raise EngineUnsupportedError(f"column {name!r} of type {t} is not read by Spark as Arrow types it: {_USE_SPARK}")
-
+# spark_type and spark_type_name live in the core (spark_jobs.table.schema, whose rules word their
+# errors with them); imported above and re-exported here under the same names.
 
 def spark_schema(schema: pa.Schema) -> pa.Schema:
     """``schema`` as Spark reads it (see :func:`spark_type`): what a new table's data schema
@@ -97,36 +57,6 @@ def spark_schema(schema: pa.Schema) -> pa.Schema:
     (:func:`spark_jobs.table.schema.check_timestamp_units`, BadInputError)."""
     check_timestamp_units(schema, source="the source")
     return pa.schema([pa.field(f.name, spark_type(f.type, name=f.name), True) for f in schema])
-
-
-def spark_type_name(t: pa.DataType) -> str:
-    """Spark's ``simpleString`` of the Spark type that Arrow type ``t`` stands for (after
-    :func:`spark_type`): the words the Spark path's errors use."""
-    if pa.types.is_dictionary(t):
-        return spark_type_name(t.value_type)
-    names = {pa.int8(): "tinyint", pa.int16(): "smallint", pa.int32(): "int", pa.int64(): "bigint",
-             pa.float32(): "float", pa.float64(): "double", pa.bool_(): "boolean", pa.date32(): "date",
-             pa.date64(): "date", pa.null(): "void"}
-    if t in names:
-        return names[t]
-    if pa.types.is_unsigned_integer(t):
-        return spark_type_name(spark_type(t))
-    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
-        return "string"
-    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
-        return "binary"
-    if pa.types.is_timestamp(t):
-        return "timestamp" if t.tz is not None else "timestamp_ntz"
-    if pa.types.is_decimal(t):
-        return f"decimal({t.precision},{t.scale})"
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        return f"array<{spark_type_name(t.value_type)}>"
-    if pa.types.is_struct(t):
-        return "struct<" + ",".join(f"{t.field(i).name}:{spark_type_name(t.field(i).type)}"
-                                    for i in range(t.num_fields)) + ">"
-    if pa.types.is_map(t):
-        return f"map<{spark_type_name(t.key_type)},{spark_type_name(t.item_type)}>"
-    return str(t)
 
 
 # -- reading ---------------------------------------------------------------------------------
@@ -522,7 +452,7 @@ def read_source_files(files: Iterable[pa.RecordBatch], *, uri: str, paths: list[
     (:func:`parquet_source_schema`), its partition columns added. Runs in a Spark task: the
     errors it raises name the file (a file damaged after the driver read its footer is bad
     input; a store that stops answering is StorageUnavailableError)."""
-    from spark_jobs.jobs.tasks import READ_BATCH_ROWS
+    from spark_jobs.kernels.tasks import READ_BATCH_ROWS
 
     io, _ = resolve(uri)
     parts = [f for f in schema if f.name in (values[0] if values else {})]

@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 from spark_jobs.arrow_engine.keys import bucket_ids, file_group_slots, partition_dirs, record_keys
 from spark_jobs.arrow_engine.source import cast_to_table, read_source, spark_schema
 from spark_jobs.exceptions import BadInputError, EngineUnsupportedError
-from spark_jobs.jobs import tasks
+from spark_jobs.kernels import tasks
 from spark_jobs.table.action import upsert as action
 from spark_jobs.table.action.upsert import (
     DEL,

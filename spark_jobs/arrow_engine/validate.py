@@ -3,7 +3,7 @@ on Arrow tables, with the same report.
 
 The rules (what is a problem, how it is counted and sampled) are
 :mod:`spark_jobs.table.validation`'s; the reads are the Spark job's task functions
-(:mod:`spark_jobs.jobs.tasks`) called in this process: the keys of every live row with the
+(:mod:`spark_jobs.kernels.tasks`) called in this process: the keys of every live row with the
 file group whose file was opened (``read_file_keys``), the live entries of every index
 bucket (``read_bucket_entries``), and the keys' fingerprints and buckets
 (:mod:`spark_jobs.index.hashing`, as ``fingerprint_keys`` and ``bucket_expr`` compute them).
@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from spark_jobs.exceptions import IndexCorruptError
 from spark_jobs.index.hashing import buckets_of, fingerprints
-from spark_jobs.jobs import tasks
+from spark_jobs.kernels import tasks
 from spark_jobs.table import validation
 from spark_jobs.table.action.engine import IN_MEMORY_EXPANSION
 from spark_jobs.table.config import INDEX_BUCKET, INDEX_RECORD

@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from spark_jobs.exceptions import BadInputError, PathEscapeError, StorageUnavailableError, UnsupportedStorageError
+from spark_jobs.io import storage
 from spark_jobs.io.storage import StorageConfig, split_uri_options
 
 __all__ = ["FileIO", "InstantExistsError", "PathEscapeError", "is_inside", "resolve", "refuse_uncommittable",
@@ -647,6 +648,9 @@ def clear_cache() -> None:
     """Forget the built FileIOs (the run's storage options changed)."""
     with _cache_lock:
         _cache.clear()
+
+
+storage.on_configure(clear_cache)  # storage.configure calls it: storage cannot import this module
 
 
 def normalise_uri(uri: str) -> str:

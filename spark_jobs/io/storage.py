@@ -25,7 +25,7 @@ environment); a ``profile`` applies only when no key id is given at that level o
 
 Spark executors do not share the driver's environment on a cluster: the jobs carry the
 driver's resolved options to every task (:func:`carried` / :func:`adopt`, called where
-``spark_jobs.jobs.tasks.bind`` carries fault settings), inside the task's pickled closure,
+``spark_jobs.kernels.tasks.bind`` carries fault settings), inside the task's pickled closure,
 never on a command line or in Spark's configuration.
 
 Kept free of ``pyspark`` and ``airflow``; ``boto3`` is imported only when an S3 store is used.
@@ -35,13 +35,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
-from urllib.parse import parse_qsl, unquote, urlsplit
+from typing import Any, Callable, Iterable, Mapping
+from urllib.parse import parse_qsl, urlsplit
 
 from spark_jobs.exceptions import BadInputError, MissingDependencyError
+from spark_jobs.redaction import REDACTED, SECRET_ALIASES, SECRET_OPTIONS, redact_uri, uri_secrets
 
 __all__ = [
     "OPTIONS_ENV",
@@ -49,6 +49,7 @@ __all__ = [
     "SECRET_OPTIONS",
     "StorageConfig",
     "configure",
+    "on_configure",
     "configured",
     "carried",
     "adopt",
@@ -94,18 +95,10 @@ _ALIASES: dict[str, str] = {
     "aws_access_key_id": "access_key_id",
     "s3.access-key-id": "access_key_id",
     "fs.s3a.access.key": "access_key_id",
-    "secret_key": "secret_access_key",
-    "aws_secret_access_key": "secret_access_key",
-    "s3.secret-access-key": "secret_access_key",
-    "fs.s3a.secret.key": "secret_access_key",
-    "token": "session_token",
-    "aws_session_token": "session_token",
-    "s3.session-token": "session_token",
-    "fs.s3a.session.token": "session_token",
+    **SECRET_ALIASES,  # the secrets' spellings: spark_jobs.redaction, which hides them
     "profile_name": "profile",
     "aws_profile": "profile",
 }
-SECRET_OPTIONS = frozenset({"secret_access_key", "session_token"})
 _CREDENTIALS = ("access_key_id", "secret_access_key", "session_token")
 _ADDRESSING = ("path", "virtual", "auto")
 #: environment variable -> option, first match wins per option
@@ -230,68 +223,9 @@ def layer(levels: Iterable[Mapping[str, str]]) -> dict[str, str]:
     return merged
 
 
-#: what a secret is replaced with, in options and in URIs
-REDACTED = "***"
-
-
 def redacted(options: Mapping[str, str]) -> dict[str, str]:
     """``options`` fit for a log line: secrets replaced by ``***``."""
     return {k: (REDACTED if k in SECRET_OPTIONS and v else v) for k, v in options.items()}
-
-
-#: parameter names that hold a secret in other URIs a run may print (a Spark Connect URL's
-#: ``;token=``, a presigned or SAS URL's signature, a database URL's password), beside every
-#: spelling of :data:`SECRET_OPTIONS`
-_SECRET_PARAMS = frozenset({"password", "passwd", "pwd", "secret", "signature", "sig", "x-amz-signature",
-                            "x-amz-security-token", "client_secret", "sas_token", "api_key", "apikey"})
-#: ``?key=value``, ``&key=value`` (a query) and ``;key=value`` (Spark Connect's parameters): the value
-#: runs to the next separator, or to what ends a URI inside a message (space, quote, bracket)
-_PARAM = re.compile(r"(?P<sep>[?&;])(?P<key>[^=&;?#\s'\"<>()\[\]{}]+)=(?P<value>[^&;#\s'\"<>()\[\]{}]*)")
-#: the password of a URI's user part: ``scheme://user:password@host``
-_USERINFO = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^/@:\s'\"]*):(?P<password>[^@\s'\"]*)@")
-
-
-def _is_secret_param(key: str) -> bool:
-    k = unquote(key).strip().lower()
-    return _ALIASES.get(k, k) in SECRET_OPTIONS or k in _SECRET_PARAMS
-
-
-def redact_uri(text: str) -> str:
-    """``text`` -- a URI, or a message naming URIs -- with every secret a URI can carry replaced
-    by ``***``: the value of a query or ``;`` parameter whose name is a secret storage option
-    (:data:`SECRET_OPTIONS`, in any spelling :func:`normalise_options` accepts and any case) or
-    another secret's usual name (:data:`_SECRET_PARAMS`), and the password of a user part.
-
-    The one redaction of URIs: what a run stores (a plan's ``source``, a report), logs or
-    prints, and every error it raises (:class:`~spark_jobs.exceptions.BucketIndexError`) goes
-    through it, as ``--storage-option`` values go through :func:`redacted`. The store, the
-    region and the key id stay readable (they say where, not how to get in). A redacted URI
-    is refused if given back (:func:`split_uri_options`), never sent to a store with ``***``
-    for a secret.
-    """
-    if not text or ("=" not in text and "@" not in text):
-        return text
-
-    def param(m: "re.Match[str]") -> str:
-        if not m.group("value") or not _is_secret_param(m.group("key")):
-            return m.group(0)
-        return f"{m.group('sep')}{m.group('key')}={REDACTED}"
-
-    text = _PARAM.sub(param, text)
-    return _USERINFO.sub(lambda m: f"{m.group('head')}:{REDACTED}@" if m.group("password") else m.group(0), text)
-
-
-def uri_secrets(text: str) -> list[str]:
-    """The secret values :func:`redact_uri` hides in ``text``, each as written and decoded (for a
-    log masker that matches literal values, e.g. Airflow's)."""
-    found: list[str] = []
-    for m in _PARAM.finditer(text or ""):
-        if m.group("value") and _is_secret_param(m.group("key")):
-            found += [m.group("value"), unquote(m.group("value").replace("+", " ")), unquote(m.group("value"))]
-    for m in _USERINFO.finditer(text or ""):
-        if m.group("password"):
-            found += [m.group("password"), unquote(m.group("password"))]
-    return sorted({v for v in found if v and v != REDACTED})
 
 
 @dataclass(frozen=True)
@@ -406,9 +340,21 @@ def configure(options: Mapping[str, Any] | None) -> None:
     global _configured
     with _lock:
         _configured = None if options is None else normalise_options(options)
-    from spark_jobs.io import filesystem
+    for forget in _ON_CONFIGURE:
+        forget()
 
-    filesystem.clear_cache()
+
+#: what to forget when the run's options change: :mod:`spark_jobs.io.filesystem` (which imports
+#: this module, so this one does not import it) registers its FileIO cache's ``clear_cache``
+_ON_CONFIGURE: list[Callable[[], None]] = []
+
+
+def on_configure(forget: Callable[[], None]) -> None:
+    """Call ``forget`` whenever :func:`configure` changes the run's options (a cache of clients
+    built from the old ones). The registry keeps this module below the FileIOs in the import
+    graph: a module-level import of :mod:`spark_jobs.io.filesystem` here would be a cycle."""
+    if forget not in _ON_CONFIGURE:
+        _ON_CONFIGURE.append(forget)
 
 
 def configured() -> dict[str, str]:

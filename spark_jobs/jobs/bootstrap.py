@@ -31,7 +31,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from spark_jobs.exceptions import BadInputError, ConflictError
 from spark_jobs.io.storage import redact_uri
-from spark_jobs.jobs import tasks
+from spark_jobs.kernels import tasks
 from spark_jobs.jobs.keys import bucket_expr, key_expr, partition_expr
 from spark_jobs.jobs.session import default_parallelism, job_conf, session_start_ms
 from spark_jobs.table.action import Transaction

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from pyspark.sql import SparkSession
 
-from spark_jobs.jobs import tasks
+from spark_jobs.kernels import tasks
 from spark_jobs.jobs.session import session_start_ms
 from spark_jobs.table.action import compact as action
 from spark_jobs.table.action.compact import CompactionPolicy, plan_index_base_cap

@@ -41,6 +41,7 @@ import time
 from typing import TYPE_CHECKING, Any, Sequence
 
 from spark_jobs.io.storage import redact_uri
+from spark_jobs.jobs.settings import SESSION_CONF as CLASSIC_CONF, VERIFY_CHECKSUMS
 from spark_jobs.processes import stop_with_parent
 from spark_jobs.resources import is_local_master, local_driver_memory
 
@@ -100,8 +101,6 @@ def remote_session(url: str, *, app_name: str = "bucketindex", conf: dict[str, s
     # pyspark.sql.functions build Connect columns only in a process marked as a Connect client
     # (PySpark's own builder sets this too, but refuses to run beside a classic SparkContext).
     os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
-    from spark_jobs.jobs.session import SESSION_CONF as CLASSIC_CONF
-
     runtime = {k: v for k, v in CLASSIC_CONF.items() if k.startswith("spark.sql.")}
     settings = {**runtime, **SESSION_CONF, "spark.app.name": app_name, **(conf or {})}
     try:
@@ -357,8 +356,6 @@ def server_command(port: int, *, host: str = "127.0.0.1", master: str = "local[*
            "--name", "bucketindex-connect",
            "--conf", f"spark.connect.grpc.binding.address={host}",
            "--conf", f"spark.connect.grpc.binding.port={port}"]
-    from spark_jobs.jobs.session import VERIFY_CHECKSUMS
-
     conf = {**VERIFY_CHECKSUMS, **(conf or {})}  # a static setting: the server's, for every session
     if is_local_master(master) and "spark.driver.memory" not in conf:
         # local mode runs every task in the driver's JVM: size it to the machine, as the

@@ -3,7 +3,7 @@
 Spark reads and writes through Hadoop filesystems: ``s3a://`` needs Hadoop's S3 connector
 (``hadoop-aws`` and its AWS SDK) on the JVM's classpath, which a pip-installed PySpark does
 not have. Every job reads the table's files with pyarrow inside tasks anyway (``mapInArrow``
-over a file list, the storage options carried to the tasks: :mod:`spark_jobs.jobs.tasks`),
+over a file list, the storage options carried to the tasks: :mod:`spark_jobs.kernels.tasks`),
 so Spark's native reader is an optimisation used only where :func:`hadoop_reads` says the
 connector is there; nothing depends on it.
 """

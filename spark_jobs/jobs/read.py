@@ -19,7 +19,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from spark_jobs.jobs import tasks
+from spark_jobs.kernels import tasks
 from spark_jobs.jobs.hadoop_fs import hadoop_reads
 from spark_jobs.jobs.session import default_parallelism
 from spark_jobs.table.config import EVOLVING_FORMAT_VERSION

@@ -28,7 +28,7 @@ from pyspark.sql import functions as F
 
 from spark_jobs.exceptions import BadInputError, ConflictError
 from spark_jobs.io.storage import redact_uri
-from spark_jobs.jobs import rehash_tasks, tasks
+from spark_jobs.kernels import rehash_tasks, tasks
 from spark_jobs.jobs.keys import bucket_expr
 from spark_jobs.jobs.read import READ_WAVES, keys_with_location
 from spark_jobs.jobs.session import default_parallelism, job_conf, session_start_ms

@@ -17,6 +17,7 @@ from typing import Iterator
 from pyspark.sql import SparkSession
 
 from spark_jobs.jobs.datasource import register as register_datasource
+from spark_jobs.jobs.settings import SESSION_CONF, VERIFY_CHECKSUMS
 from spark_jobs.resources import is_local_master, local_driver_memory
 
 __all__ = ["get_spark", "job_conf", "default_parallelism", "session_start_ms", "SESSION_CONF", "VERIFY_CHECKSUMS"]
@@ -25,24 +26,6 @@ log = logging.getLogger("bucketindex.session")
 
 #: time the last :func:`get_spark` of this process took to start the JVM and session
 _START_MS: int | None = None
-
-#: Spark's own Parquet scans (plain slices, sources) verify the pages' CRC-32 as pyarrow's
-#: reads do (:mod:`spark_jobs.io.parquet`): a damaged page is an error, never other values.
-#: A static (Hadoop) setting: a Connect server gets it at its start (``connect.server_command``)
-VERIFY_CHECKSUMS = {"spark.hadoop.parquet.page.verify-checksum.enabled": "true"}
-
-#: settings for a session this package starts itself (CLI, spark-submit entry point)
-SESSION_CONF = {
-    "spark.sql.session.timeZone": "UTC",
-    "spark.ui.showConsoleProgress": "false",
-    "spark.sql.execution.arrow.pyspark.enabled": "true",
-    # adaptive execution sizes shuffles to the data and skips empty partitions
-    "spark.sql.adaptive.enabled": "true",
-    "spark.sql.adaptive.coalescePartitions.enabled": "true",
-    # Python workers are reused across the job's stages: one interpreter start per core
-    "spark.python.worker.reuse": "true",
-    **VERIFY_CHECKSUMS,
-}
 
 
 def get_spark(master: str | None = None, app_name: str = "bucketindex", *, driver_memory: str | None = None,

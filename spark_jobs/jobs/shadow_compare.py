@@ -23,7 +23,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark_jobs.io.storage import redact_uri
-from spark_jobs.jobs import tasks
+from spark_jobs.kernels import tasks
 from spark_jobs.jobs.keys import bucket_expr, file_id_for_bucket_expr
 from spark_jobs.jobs.read import keys_with_location
 from spark_jobs.jobs.session import default_parallelism, job_conf

@@ -98,7 +98,7 @@ def _read_with_arrow(spark: SparkSession, uri: str, fmt: str, *, table_schema: A
     every record at once, so they are read on the driver. Whatever that reader leaves to
     Spark's own (EngineUnsupportedError) needs the connector: MissingDependencyError.
     """
-    from spark_jobs.jobs import tasks
+    from spark_jobs.kernels import tasks
     from spark_jobs.jobs.session import default_parallelism
 
     try:

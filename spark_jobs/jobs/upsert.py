@@ -41,7 +41,7 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
 from spark_jobs.exceptions import BadInputError
-from spark_jobs.jobs import tasks
+from spark_jobs.kernels import tasks
 from spark_jobs.jobs.keys import aliased_partition_expr, bucket_expr, file_id_for_bucket_expr, key_expr, partition_expr
 from spark_jobs.jobs.read import keys_with_location, read_slices
 from spark_jobs.jobs.session import default_parallelism, job_conf, session_start_ms

@@ -19,7 +19,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark_jobs.jobs import tasks
+from spark_jobs.kernels import tasks
 from spark_jobs.jobs.keys import bucket_expr
 from spark_jobs.jobs.read import keys_with_location
 from spark_jobs.jobs.session import default_parallelism, job_conf

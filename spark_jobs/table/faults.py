@@ -13,7 +13,7 @@ knows the writer has reached the point. Unset (the default), both are a dictiona
 Points inside Spark tasks (``after_data_file``, ``after_index_file``) run in Python
 workers. Under ``local[*]`` or spark-submit those inherit the driver's environment; on a
 Spark Connect server they do not (the server was started by someone else). So the jobs
-wrap every task function with :func:`carried` settings (``spark_jobs.jobs.tasks.bind``)
+wrap every task function with :func:`carried` settings (``spark_jobs.kernels.tasks.bind``)
 and the task re-applies them (:func:`adopt`), together with the driver's host and
 session id: a crash in a task kills the *driver's* session -- the writer -- and then only
 the task's own process where that is not the writer's session (a Connect server's

@@ -23,7 +23,7 @@ __all__ = ["read_arrow", "read_slice", "read_slice_plan", "read_data_file", "can
            "read_view"]
 
 META_PREFIX = "_bi_"
-#: the record key column of every data file (``spark_jobs.jobs.tasks.KEY``)
+#: the record key column of every data file (``spark_jobs.kernels.tasks.KEY``)
 KEY_COLUMN = "_bi_key"
 #: pyarrow's (and Hive's) directory value for a null partition value
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"

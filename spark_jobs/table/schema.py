@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import pyarrow as pa
 
-from spark_jobs.exceptions import BadInputError
+from spark_jobs.exceptions import BadInputError, EngineUnsupportedError
 
 if TYPE_CHECKING:
     from spark_jobs.table.config import TableConfig
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 __all__ = ["STORED_TZ", "stored_type", "stored_schema", "check_timestamp_units", "check_batch_columns",
            "looks_like_delete_flag", "extra_columns_message",
            "refuse_missing_columns", "missing_columns_message", "carried_columns", "refuse_missing_fields",
-           "check_batch_schema", "footer_schema", "SCHEMA_EVOLUTION_CHOICES", "parse_schema_evolution", "parse_type_name", "type_name",
+           "check_batch_schema", "footer_schema", "spark_type", "spark_type_name", "SCHEMA_EVOLUTION_CHOICES", "parse_schema_evolution", "parse_type_name", "type_name",
            "widens", "widening_problem", "evolve", "schema_changes", "conform", "kind_problem",
            "refuse_kind_changes"]
 
@@ -31,8 +31,83 @@ __all__ = ["STORED_TZ", "stored_type", "stored_schema", "check_timestamp_units",
 #: name (``Asia/Tokyo``) is not kept, the instants are.
 STORED_TZ = "UTC"
 
-#: the record key column of every data file (``spark_jobs.jobs.tasks.KEY``): not a user column
+#: the record key column of every data file (``spark_jobs.kernels.tasks.KEY``): not a user column
 _KEY_COLUMN = "_bi_key"
+
+
+# -- Spark's view of Arrow types (the type words of every engine's errors) ------------------
+
+def spark_type(t: pa.DataType, *, name: str = "?") -> pa.DataType:
+    """The Arrow type a column of type ``t`` has once Spark read it from Parquet and handed it
+    back (``to_arrow_schema(..., timezone="UTC")``): unsigned ints widened to the next signed
+    type (uint64 to ``decimal(20,0)``), strings, binaries and lists to their plain forms,
+    dictionaries decoded, dates to date32, timestamps to microseconds -- zone-aware ones in UTC
+    (Spark keeps the instant, not the zone), naive ones naive (``timestamp_ntz``) -- and an
+    all-null column to int32. Types Spark cannot read (time, float16, decimals over 38 digits)
+    or that it reads differently from their Arrow meaning (durations) raise
+    :class:`EngineUnsupportedError`."""
+    if pa.types.is_dictionary(t):
+        return spark_type(t.value_type, name=name)
+    if pa.types.is_null(t):
+        return pa.int32()  # Parquet's UNKNOWN logical type: Spark reads it as a null int
+    if pa.types.is_boolean(t) or pa.types.is_signed_integer(t) or t in (pa.float32(), pa.float64()):
+        return t
+    if pa.types.is_unsigned_integer(t):
+        return {8: pa.int16(), 16: pa.int32(), 32: pa.int64()}.get(t.bit_width, pa.decimal128(20, 0))
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return pa.string()
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t) \
+            or pa.types.is_binary_view(t):
+        return pa.binary()
+    if pa.types.is_date(t):
+        return pa.date32()
+    if pa.types.is_timestamp(t):
+        return pa.timestamp("us", tz=STORED_TZ if t.tz is not None else None)
+    if pa.types.is_decimal(t):
+        if t.precision > 38:
+            raise EngineUnsupportedError(f"column {name!r}: decimal precision {t.precision} exceeds Spark's 38")
+        return pa.decimal128(t.precision, t.scale)
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t) \
+            or pa.types.is_list_view(t) or pa.types.is_large_list_view(t):
+        return pa.list_(pa.field("element", spark_type(t.value_type, name=name), t.value_field.nullable))
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(t.field(i).name, spark_type(t.field(i).type, name=name), t.field(i).nullable)
+                          for i in range(t.num_fields)])
+    if pa.types.is_map(t):
+        return pa.map_(pa.field("key", spark_type(t.key_type, name=name), False),
+                       pa.field("value", spark_type(t.item_type, name=name), t.item_field.nullable))
+    raise EngineUnsupportedError(f"column {name!r} of type {t} is not read by Spark as Arrow types it: "
+                                 "use the Spark engine")
+
+
+def spark_type_name(t: pa.DataType) -> str:
+    """Spark's ``simpleString`` of the Spark type that Arrow type ``t`` stands for (after
+    :func:`spark_type`): the words the Spark path's errors use."""
+    if pa.types.is_dictionary(t):
+        return spark_type_name(t.value_type)
+    names = {pa.int8(): "tinyint", pa.int16(): "smallint", pa.int32(): "int", pa.int64(): "bigint",
+             pa.float32(): "float", pa.float64(): "double", pa.bool_(): "boolean", pa.date32(): "date",
+             pa.date64(): "date", pa.null(): "void"}
+    if t in names:
+        return names[t]
+    if pa.types.is_unsigned_integer(t):
+        return spark_type_name(spark_type(t))
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return "string"
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+        return "binary"
+    if pa.types.is_timestamp(t):
+        return "timestamp" if t.tz is not None else "timestamp_ntz"
+    if pa.types.is_decimal(t):
+        return f"decimal({t.precision},{t.scale})"
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return f"array<{spark_type_name(t.value_type)}>"
+    if pa.types.is_struct(t):
+        return "struct<" + ",".join(f"{t.field(i).name}:{spark_type_name(t.field(i).type)}"
+                                    for i in range(t.num_fields)) + ">"
+    if pa.types.is_map(t):
+        return f"map<{spark_type_name(t.key_type)},{spark_type_name(t.item_type)}>"
+    return str(t)
 
 
 def stored_type(t: pa.DataType) -> pa.DataType:
@@ -451,8 +526,6 @@ def refuse_kind_changes(*, table_schema: pa.Schema, batch_schema: pa.Schema, del
     input everywhere, never a cast crash (exit 1) that a scheduler retries. It holds with any
     ``--schema-evolution``: a change of shape is never evolution. ``batch_schema`` may hold the
     source's own Arrow types or Spark's (an all-null column: ``null``, cast to anything)."""
-    from spark_jobs.arrow_engine.source import spark_type_name  # it imports this module
-
     have = {f.name: f.type for f in table_schema}
     for f in batch_schema:
         if f.name == delete_field or f.name.startswith("_bi_") or f.name not in have:
@@ -576,9 +649,6 @@ def text_fixed_columns(cfg: object) -> dict[str, str]:
 
 def _stored_batch_schema(batch: pa.Schema) -> pa.Schema | None:
     """A footer schema in the types the engines read it as (Spark's), or None when only Spark decides."""
-    from spark_jobs.arrow_engine.source import spark_type  # it imports this module
-    from spark_jobs.exceptions import EngineUnsupportedError
-
     try:
         return pa.schema([pa.field(f.name, spark_type(f.type, name=f.name)) for f in batch])
     except EngineUnsupportedError:

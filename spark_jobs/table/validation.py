@@ -52,7 +52,7 @@ __all__ = [
 ]
 
 SAMPLES = 5
-#: the record key column every engine reads (``spark_jobs.jobs.tasks.KEY``)
+#: the record key column every engine reads (``spark_jobs.kernels.tasks.KEY``)
 KEY = "_bi_key"
 #: the record-index checks over the join of rows and entries, in report order
 RECORD_INDEX_CHECKS = ("keys_missing_from_index", "index_entries_without_row", "index_points_to_wrong_file",

@@ -151,7 +151,7 @@ def test_global_simple_broadcasts_the_tables_keys_only_when_they_are_small(spark
     """Spark sizes a Python task's output from its input (a few file names), so it would
     broadcast every key of any table; the tagging join decides from the snapshot's rows."""
     from spark_jobs.jobs import upsert
-    from spark_jobs.jobs.tasks import KEY
+    from spark_jobs.kernels.tasks import KEY
 
     uri = str(tmp_path / "t")
     run_upsert(spark, UpsertOptions(table=uri, source=write_batch(tmp_path / "b1.parquet", _rows(0, 600, 1)),

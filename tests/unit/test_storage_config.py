@@ -356,8 +356,8 @@ def test_carried_and_adopted_options_equal_the_drivers_resolved_ones(monkeypatch
 
 
 def test_a_task_bound_by_the_jobs_adopts_the_drivers_options(monkeypatch):
-    """``spark_jobs.jobs.tasks.bind_batches``, the wrapper every ``mapInArrow`` task runs in."""
-    from spark_jobs.jobs import tasks
+    """``spark_jobs.kernels.tasks.bind_batches``, the wrapper every ``mapInArrow`` task runs in."""
+    from spark_jobs.kernels import tasks
 
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9000")
     storage.configure({"region": "eu-west-3"})

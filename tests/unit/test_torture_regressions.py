@@ -146,7 +146,7 @@ def test_an_upsert_tags_keys_beside_a_group_compacted_to_nothing(tmp_path):
     Found by the 1,000-sequence run of the mirror generator (``benchmarks/torture.py --seed
     1128``, sequence 150, seed 1816365525): on a merge-on-read table, a key deleted through a
     log and the group then compacted leaves an empty base (compaction keeps the group for later
-    logs: ``spark_jobs.jobs.tasks.compact_slices``). global_simple tags a batch by reading every
+    logs: ``spark_jobs.kernels.tasks.compact_slices``). global_simple tags a batch by reading every
     live key of the snapshot, and that file yields no batch of keys, so
     ``pa.Table.from_batches([])`` raised ``ValueError: Must pass schema, or at least one
     RecordBatch`` and every later upsert of the table failed on the Arrow engine (Spark's

@@ -138,16 +138,15 @@ def _open_table(uri: str, _options: tuple[tuple[str, str], ...]) -> Table:
 def task_token() -> str:
     """``<partition>-<stage>-<attempt>``: unique per task attempt, so a retried or
     speculative attempt writes a different file and never clobbers a sibling."""
-    if "pyspark" not in sys.modules:  # not in a Spark task: never import a JVM's client for a name
+    # The kernels never import pyspark (tests/unit/test_layering.py): a Spark task's worker has
+    # loaded it already, so ask the loaded module; anywhere else there is no task attempt to name.
+    pyspark = sys.modules.get("pyspark")
+    task_context = getattr(pyspark, "TaskContext", None)
+    if task_context is None:  # not in a Spark task (the Arrow engine, unit tests)
         return "0-0-0"
-    try:
-        from pyspark import TaskContext  # executor side only
-
-        tc = TaskContext.get()
-        if tc is not None:
-            return f"{tc.partitionId()}-{tc.stageId()}-{tc.attemptNumber()}"
-    except ImportError:  # pragma: no cover - running outside Spark (unit tests)
-        pass
+    tc = task_context.get()
+    if tc is not None:
+        return f"{tc.partitionId()}-{tc.stageId()}-{tc.attemptNumber()}"
     return "0-0-0"
 
 

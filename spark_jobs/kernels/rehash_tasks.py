@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from spark_jobs.index.hashing import buckets_of
 from spark_jobs.index.record_index import TOMBSTONE, IndexEntries, merge_entries, write_index_file
-from spark_jobs.jobs.tasks import KEY, task_token, write_marked_parquet
+from spark_jobs.kernels.tasks import KEY, task_token, write_marked_parquet
 from spark_jobs.table.action.rehash import bucket_file_id
 from spark_jobs.table.layout import data_file_name
 from spark_jobs.table.reader import read_slice
