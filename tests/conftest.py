@@ -1,6 +1,16 @@
 """Test-wide environment: executors must run this interpreter (it has pyarrow); one local
 Spark Connect server and one S3-compatible server per run, each started only if a test asks
-for it; and the extended tier."""
+for it; and the three tiers.
+
+* the default run (``pytest``; ``addopts`` in setup.cfg says ``-m "not slow and not ci"``): the
+  table protocol's oracle, crash, concurrency, equivalence and S3 tests on the in-process
+  (Arrow) engine, and each Spark code path once -- the run people make between two changes;
+* the CI tier (``pytest -m ci``, :data:`CI_TIER`): Spark twins of Arrow tests, the standalone
+  cluster, Spark Connect, the end-to-end DAGs that run spark-submit. ``.ci/run`` runs it after
+  the default run;
+* the release tier (``pytest -m slow``, :data:`EXTENDED`): the extended crash matrix -- more
+  crash points and index or table types of scenarios the two other tiers run.
+"""
 
 import os
 import sys
@@ -64,11 +74,10 @@ def connect_server(tmp_path_factory):  # type: ignore[no-untyped-def]
     server.stop()
 
 
-#: The extended tier: more variations of a scenario whose default-tier case already runs --
-#: another index type, table type or crash point through the same code path. They are marked
-#: ``slow``, left out of the default run (``addopts`` in setup.cfg says ``-m "not slow"``) so
-#: the default run keeps to its budget; run it with ``pytest -m slow`` before a release (``.ci/run``
-#: runs the default run only: the extended tier alone took 17 to 37 minutes).
+#: The release tier (the extended crash matrix): more variations of a scenario whose default-tier
+#: or CI-tier case already runs -- another index type, table type or crash point through the same
+#: code path. They are marked ``slow``, left out of the default run and of ``.ci/run`` (it alone
+#: took 17 to 37 minutes); run it with ``pytest -m slow`` before a release.
 #: Each entry says which case stays in the default tier.
 EXTENDED = {
     "tests/spark/test_index_compaction.py::test_index_compaction_beside_upserts_matches_the_oracle[copy_on_write]":
@@ -141,14 +150,106 @@ EXTENDED = {
 }
 
 
+_SHADOW_TWIN = ("the same-named test of tests/unit/test_arrow_shadow_compare.py plants the same fault on Arrow; "
+                "tests/spark/test_shadow_compare_engines.py holds the Spark job's report equal to Arrow's on damaged "
+                "tables; the Spark-only cases of the file (odd partitions, --since after a delete, a compaction "
+                "and a clean) stay")
+
+#: The CI tier: left out of the default run, run by ``.ci/run`` after it (``pytest -m ci``). A key
+#: is a directory (``tests/connect/``), a file or a test id; each says which default-run test
+#: keeps the code path it exercises (or why none needs to).
+CI_TIER = {
+    "tests/connect/":
+        "Spark Connect: the same jobs as tests/spark over a local Connect server (a second JVM per run); "
+        "tests/unit/test_provider_connect.py builds the Connect commands",
+    "tests/cluster/":
+        "a standalone master and worker (two more JVMs) running the ingest DAG through spark-submit",
+    # end-to-end DAGs that run spark-submit: the operator's spark-submit path stays in the default
+    # run through tests/airflow/test_ingest_e2e.py (its killed writer is a real spark-submit), the
+    # DAGs' in-task Arrow path through test_engine_e2e.py and test_s3_ingest_e2e.py
+    "tests/airflow/test_connect_e2e.py": "the ingest DAG over Spark Connect (see tests/connect/)",
+    "tests/airflow/test_mapped_e2e.py":
+        "mapped upserts through spark-submit, one killed: test_ingest_e2e.py's killed writer and its "
+        "rollback branch, tests/unit/test_provider_operators.py's map-index rollback",
+    "tests/airflow/test_nightly_e2e.py::test_nightly_run_compacts_beside_a_concurrent_upsert_cleans_and_validates":
+        "the nightly DAG's services through spark-submit: tests/spark/test_merge_on_read.py and "
+        "test_index_compaction.py compact on Spark beside upserts; test_nothing_due_skips_the_services_and_the_run_"
+        "succeeds and test_deferred_sensor_resumes_through_its_trigger run the DAG's own logic",
+    "tests/airflow/test_nightly_e2e.py::test_failed_execute_cancels_the_compaction_and_fails_the_run":
+        "the nightly DAG's failure branch after a real spark-submit compaction (its table is the test above's)",
+    "tests/airflow/test_rehash_dag.py::test_triggered_rehash_waits_rehashes_and_validates":
+        "the rehash DAG through spark-submit: tests/spark/test_rehash.py rehashes on Spark; "
+        "test_params_are_validated_by_the_trigger_form stays",
+    "tests/airflow/test_rehash_dag.py::test_a_bad_count_fails_the_task_before_any_spark_job":
+        "needs the module's table, made by two cold CLI upserts; tests/unit/test_provider_rehash.py refuses "
+        "bad counts",
+    "tests/airflow/test_shadow_compare_dag.py":
+        "the shadow-compare DAG through spark-submit: tests/spark/test_shadow_compare.py and "
+        "tests/unit/test_arrow_shadow_compare.py find the same faults, tests/unit/test_provider_shadow_compare.py "
+        "covers the operator",
+    # Spark twins: the scenario stays in the default run on the Arrow engine, and the Spark code
+    # path it drives stays there through the case named
+    "tests/spark/test_concurrent_writers.py::test_forced_rollback_of_a_live_writer_never_leaves_a_broken_table"
+    "[after_index_file-operator]":
+        "tests/unit/test_arrow_concurrent_writers.py runs the same body on Arrow at every point; "
+        "tests/spark/test_conflict_reads_spark.py keeps a Spark writer losing a race and retrying",
+    "tests/spark/test_lean_job.py::test_cold_cli_merge_of_an_unpartitioned_table_runs_in_several_tasks":
+        "a cold CLI upsert of 400k rows, for the merge's task count: the job-count tests of the same file "
+        "keep the Spark upsert's phases; tests/spark/test_retry_and_crash.py runs a cold CLI Spark upsert",
+    "tests/spark/test_engine_equivalence.py::test_engines_alternating_on_one_table_match_oracle[bucket]":
+        "[record]; test_same_batches_same_table[bucket-merge_on_read] runs the bucket index on both engines",
+    "tests/spark/test_validate.py::test_engines_give_the_same_report[record-merge_on_read]":
+        "[record-copy_on_write], [bucket-merge_on_read]: each index type and table type once",
+    "tests/spark/test_validate.py::test_engines_give_the_same_report[bucket-copy_on_write]":
+        "[bucket-merge_on_read], [record-copy_on_write]",
+    "tests/spark/test_validate.py::test_engines_give_the_same_report[global_simple-merge_on_read]":
+        "[global_simple-copy_on_write], [bucket-merge_on_read]",
+    "tests/spark/test_merge_on_read.py::test_logs_not_rewrites_and_every_reader_merges_them[bucket]":
+        "[record], [global_simple]; tests/unit/test_arrow_merge_on_read.py on every index type; "
+        "tests/spark/test_engine_equivalence.py's [bucket-merge_on_read]",
+    "tests/s3/test_uri_secrets_s3.py::test_spark_verbs_keep_uri_secrets":
+        "every Spark verb as a cold CLI process on S3 (one JVM each): test_arrow_verbs_keep_uri_secrets "
+        "runs every verb through the same redaction (io.storage.redact_uri); tests/unit/test_uri_redaction.py",
+    "tests/s3/test_verbs_spark_s3.py::test_merge_on_read_chain":
+        "test_copy_on_write_chain runs Spark's S3 reads and writes from tasks (spark_jobs.jobs.hadoop_fs); "
+        "tests/s3/test_verbs_arrow_s3.py[merge_on_read] the merge-on-read verbs on S3",
+    "tests/spark/test_shadow_compare.py::test_index_entry_pointing_at_the_wrong_file_group": _SHADOW_TWIN,
+    "tests/spark/test_shadow_compare.py::test_index_entry_in_another_partition_is_a_wrong_location_also_against_bucket": _SHADOW_TWIN,
+    "tests/spark/test_shadow_compare.py::test_missing_index_entry": _SHADOW_TWIN,
+    "tests/spark/test_shadow_compare.py::test_extra_entry_for_a_deleted_key": _SHADOW_TWIN,
+    "tests/spark/test_shadow_compare.py::test_duplicated_key_in_the_data": _SHADOW_TWIN,
+    "tests/spark/test_shadow_compare.py::test_bucket_table_row_in_the_wrong_bucket": _SHADOW_TWIN,
+    "tests/spark/test_shadow_compare.py::test_since_compares_only_keys_touched_after_the_instant": _SHADOW_TWIN,
+    "tests/spark/test_shadow_compare.py::test_sample_fraction_is_deterministic": _SHADOW_TWIN,
+    "tests/spark/test_validate.py::test_cli_validate_exits_1_on_mismatch":
+        "a cold CLI process for validate's exit 1: the same report in-process in test_key_missing_from_index; "
+        "the CLI's exit 1 for validate's findings in tests/unit/test_arrow_read_validate.py",
+}
+
+
+def _tier_key(nodeid: str, table: dict[str, str]) -> str | None:
+    """The key of ``table`` naming ``nodeid``: itself, its file or a directory above it."""
+    if nodeid in table:
+        return nodeid
+    path = nodeid.split("::")[0]
+    if path in table:
+        return path
+    return next((k for k in table if k.endswith("/") and path.startswith(k)), None)
+
+
 def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]
     seen = set()
     for item in items:
         if item.nodeid in EXTENDED:
             item.add_marker(pytest.mark.slow)
             seen.add(item.nodeid)
-    # a renamed test or parameter must not fall out of both tiers unnoticed
+        key = _tier_key(item.nodeid, CI_TIER)
+        if key is not None:
+            seen.add(key)
+            if item.get_closest_marker("slow") is None:  # one tier each: the release tier keeps its own
+                item.add_marker(pytest.mark.ci)
+    # a renamed test, file or parameter must not fall out of every tier unnoticed
     files = {item.nodeid.split("::")[0] for item in items}
-    stale = [n for n in EXTENDED if n.split("::")[0] in files and n not in seen]
+    stale = [n for n in [*EXTENDED, *CI_TIER] if n.split("::")[0] in files and n not in seen]
     if stale and not config.getoption("keyword") and all("::" not in a for a in config.args):
-        raise pytest.UsageError(f"tests/conftest.py EXTENDED names tests that do not exist: {stale}")
+        raise pytest.UsageError(f"tests/conftest.py EXTENDED or CI_TIER names tests that do not exist: {stale}")
