@@ -22,14 +22,21 @@ import re
 import sys
 from typing import TYPE_CHECKING, Callable
 
-from spark_jobs.exceptions import BadInputError, MissingDependencyError, RetryableError, TableCorruptError
+from spark_jobs.exceptions import (
+    BadInputError,
+    BucketIndexError,
+    MissingDependencyError,
+    RetryableError,
+    StorageUnavailableError,
+    TableCorruptError,
+)
 from spark_jobs.io.storage import redact_uri
 from spark_jobs.table.config import INDEX_TYPES, TABLE_TYPES
-from spark_jobs.table.timeline import AS_OF_FORMS, check_instant, parse_as_of, resolve_as_of
+from spark_jobs.table.timeline import AS_OF_FORMS
 from spark_jobs.text import plural
 
 if TYPE_CHECKING:
-    from spark_jobs.io.filesystem import FileIO
+    from spark_jobs.table.action.compact import CompactOptions
 
 __all__ = ["main", "build_parser"]
 
@@ -73,7 +80,7 @@ ENGINE_HELP = ("where the work runs: arrow in this process (no JVM), spark on a 
 
 def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     """The engine choice (``spark_jobs.table.action.engine``) and the in-process memory budget."""
-    parser.add_argument("--engine", choices=("auto", "spark", "arrow"), default="auto", help=ENGINE_HELP)
+    parser.add_argument("--engine", choices=("auto", "spark", "arrow"), help=ENGINE_HELP)  # None: auto
     parser.add_argument("--memory-budget", metavar="SIZE",
                         help="bytes the arrow engine may hold, e.g. 4g (default: a quarter of physical memory, "
                              "or $BUCKETINDEX_ARROW_MEMORY_BUDGET)")
@@ -156,7 +163,7 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
                     help="tee: also tag the batch with this index, computed on the fly, and record where it "
                          "disagrees with the table's index in the commit metadata (`show` prints it); "
                          "what is written does not change")
-    up.add_argument("--schema-evolution", metavar="MODE[,MODE]", default="none",
+    up.add_argument("--schema-evolution", metavar="MODE[,MODE]",
                     help="what the batch may change of the table's schema: none (default: a column the table "
                          "lacks is refused, a wider type is cast back); add-columns (such columns are added, "
                          "nullable); widen (a column widens to the batch's type: tinyint->smallint->int->bigint, "
@@ -402,96 +409,31 @@ def _spark(args: argparse.Namespace, submitted: bool):  # type: ignore[no-untype
 
 
 def cmd_upsert(args: argparse.Namespace, submitted: bool) -> int:
-    from spark_jobs.engines import precheck_upsert, upsert
+    from spark_jobs.engines import precheck_upsert, run
     from spark_jobs.table.action.upsert import UpsertOptions
 
-    opts = UpsertOptions(
-        table=args.table, source=args.source, record_key=args.record_key, precombine_field=args.precombine_field,
-        partition_field=args.partition_field, index=args.index, num_buckets=args.num_buckets,
-        table_type=args.table_type,
-        source_format=args.source_format, delete_field=args.delete_field, batch_id=args.batch_id,
-        target_file_rows=args.target_file_rows, max_retries=args.max_retries,
-        heartbeat_timeout_s=args.heartbeat_timeout, shadow_index=args.shadow_index,
-        engine=args.engine, memory_budget=args.memory_budget, partial_update=args.partial_update,
-        schema_evolution=args.schema_evolution, mirror=args.mirror,
-    )
+    opts = UpsertOptions.from_args(args)
     precheck_upsert(opts)  # before a JVM starts
-    result = upsert(opts, spark=lambda: _spark(args, submitted), spark_requested=_spark_requested(args, submitted))
+    result = run("upsert", opts, spark=lambda: _spark(args, submitted),
+                 spark_requested=_spark_requested(args, submitted))
     print(json.dumps(result, sort_keys=True))
     return 0
 
 
 def cmd_read(args: argparse.Namespace, submitted: bool) -> int:
-    from spark_jobs.table.action.engine import ARROW, budget_given, choose_engine, memory_budget, needs_sizing
-    from spark_jobs.table.reader import read_arrow
+    from spark_jobs.engines import run
+    from spark_jobs.table.action.read import ReadOptions
 
-    if args.as_of is not None:  # before a JVM starts: `--as-of yesterday` must not read the latest snapshot
-        parse_as_of(args.as_of, option="--as-of")
-    io, out = _output_path(args.output) if args.output else (None, None)  # bad --output: exit 2, nothing read
-    if args.as_of is not None:  # a time before the first commit: one line naming it, still no JVM
-        from spark_jobs.table.table import Table
-
-        resolve_as_of(Table.load(args.table).timeline, args.as_of)
-    spark_requested = _spark_requested(args, submitted)
-    needed = 0
-    if needs_sizing(args.engine, spark_requested=spark_requested, override=args.memory_budget):
-        from spark_jobs.arrow_engine.read import needed_bytes
-        from spark_jobs.table.table import Table
-
-        # printing reads the first slices only (one row more than shown: "only showing top N rows")
-        needed = needed_bytes(Table.load(args.table).view(args.as_of), None if args.output else max(args.limit, 0) + 1)
-    choice = choose_engine(requested=args.engine, needed_bytes=needed, spark_requested=spark_requested,
-                           budget=memory_budget(args.memory_budget), budget_set=budget_given(args.memory_budget))
-    if choice.engine == ARROW and not args.output:
-        from spark_jobs.arrow_engine.read import show
-
-        sys.stdout.write(show(args.table, args.as_of, args.limit))
-        return 0
-    if args.output and choice.engine == ARROW:
-        from spark_jobs.io import parquet
-
-        assert io is not None and out is not None
-        t = read_arrow(args.table, args.as_of)
-        try:
-            parquet.write_table(t, out, filesystem=io.fs)  # the store's configured client, not one of pyarrow's
-        except BaseException:
-            io.delete(out)  # a torn output (a full disk) must not look like a snapshot
-            raise
-        print(f"wrote {plural(t.num_rows, 'row')} to {redact_uri(args.output)}")
-        return 0
-    if args.output:  # written beside the output and moved into place: never torn
-        from spark_jobs.jobs.read import read_table, write_one_parquet
-
-        spark = _spark(args, submitted)
-        n = write_one_parquet(spark, read_table(spark, args.table, args.as_of), args.output)
-        print(f"wrote {plural(n, 'row')} to {redact_uri(args.output)}")
-        return 0
-    from spark_jobs.jobs.read import read_table
-
-    df = read_table(_spark(args, submitted), args.table, args.as_of)
-    df.show(args.limit, truncate=False)
+    opts = ReadOptions.from_args(args)
+    result = run("read", opts, spark=lambda: _spark(args, submitted),
+                 spark_requested=_spark_requested(args, submitted))
+    if result.text is not None:
+        sys.stdout.write(result.text)
+    elif result.frame is not None:
+        result.frame.show(opts.limit, truncate=False)
+    else:
+        print(f"wrote {plural(result.rows, 'row')} to {redact_uri(opts.output)}")
     return 0
-
-
-def _output_path(uri: str) -> "tuple[FileIO, str]":
-    """The FileIO and path of ``read --output``; BadInputError (exit 2, before reading) when its
-    directory does not exist or the path is a directory: the user names a place to write."""
-    import pyarrow.fs as pafs
-
-    from spark_jobs.io.filesystem import resolve
-
-    io, path = resolve(uri)
-    parent = path.rsplit("/", 1)[0] or "/"
-    kind = io.fs.get_file_info(parent).type
-    if kind == pafs.FileType.NotFound and io.scheme == "s3":  # an object store has no directories to create
-        kind = pafs.FileType.Directory
-    if kind == pafs.FileType.NotFound:
-        raise BadInputError(f"--output {uri}: directory {parent} does not exist (create it first)")
-    if kind != pafs.FileType.Directory:
-        raise BadInputError(f"--output {uri}: {parent} is not a directory")
-    if io.fs.get_file_info(path).type == pafs.FileType.Directory:
-        raise BadInputError(f"--output {uri} is a directory; name the Parquet file to write")
-    return io, path
 
 
 #: index buckets listed by ``show`` (those with the most deltas); ``--json`` has all of them
@@ -664,26 +606,12 @@ def _human_bytes(n: float) -> str:
 
 
 def cmd_validate(args: argparse.Namespace, submitted: bool) -> int:
-    from spark_jobs.table.action.engine import ARROW, budget_given, choose_engine, memory_budget, needs_sizing
+    from spark_jobs.engines import run
+    from spark_jobs.table.action.validate import ValidateOptions
 
-    spark_requested = _spark_requested(args, submitted)
-    needed = 0
-    if needs_sizing(args.engine, spark_requested=spark_requested, override=args.memory_budget):
-        from spark_jobs.arrow_engine.validate import needed_bytes
-        from spark_jobs.table.table import Table
-
-        table = Table.load(args.table)
-        needed = needed_bytes(table, table.view())
-    choice = choose_engine(requested=args.engine, needed_bytes=needed, spark_requested=spark_requested,
-                           budget=memory_budget(args.memory_budget), budget_set=budget_given(args.memory_budget))
-    if choice.engine == ARROW:
-        from spark_jobs.arrow_engine.validate import run_validate as run_in_process
-
-        report = run_in_process(args.table)
-    else:
-        from spark_jobs.jobs.validate import run_validate
-
-        report = run_validate(_spark(args, submitted), args.table)
+    opts = ValidateOptions.from_args(args)
+    report = run("validate", opts, spark=lambda: _spark(args, submitted),
+                 spark_requested=_spark_requested(args, submitted))
     print(json.dumps(report, indent=2, sort_keys=True))
     if not report["ok"]:
         missing = report["problems"].get("data_files_missing")
@@ -696,161 +624,71 @@ def cmd_validate(args: argparse.Namespace, submitted: bool) -> int:
             files += (f" ({plural(unreadable['count'], 'index file')} unreadable, e.g. {unreadable['samples'][0]}: "
                       f"rebuild with `{index_repair_hint(args.table, report)}`)")
         print(f"bucketindex: validate found problems: {', '.join(report['problems'])}{files}", file=sys.stderr)
-        return 1
+        return EXIT_FINDING
     return 0
 
 
 def cmd_shadow_compare(args: argparse.Namespace, submitted: bool) -> int:
-    from spark_jobs.table.shadow import ShadowOptions, check_options, write_report
-    from spark_jobs.table.table import Table
+    from spark_jobs.engines import run
+    from spark_jobs.table.action.shadow_compare import ShadowCompareOptions
+    from spark_jobs.table.shadow import write_report
 
-    opts = ShadowOptions(against=args.against, since=args.since, sample_fraction=args.sample_fraction,
-                         max_mismatches=args.max_mismatches)
-    table = Table.load(args.table)
-    assert table.config is not None
-    check_options(table.config.index_type, opts)  # before a JVM starts: bad input is one line, nothing written
-    from spark_jobs.table.action.engine import ARROW, budget_given, choose_engine, memory_budget, needs_sizing
-
-    spark_requested = _spark_requested(args, submitted)
-    budget = memory_budget(args.memory_budget)  # a bad --memory-budget: exit 2 whatever the engine
-    needed, touched = 0, None
-    if needs_sizing(args.engine, spark_requested=spark_requested, override=args.memory_budget):
-        from spark_jobs.arrow_engine.shadow_compare import needed_bytes
-        from spark_jobs.table.shadow import touched_since
-
-        # --since: the keys the commits after the instant touched (passed on, not computed twice)
-        touched = touched_since(table, opts.since) if opts.since is not None else None
-        needed = needed_bytes(table, table.view(), opts, touched)
-    choice = choose_engine(requested=args.engine, needed_bytes=needed, spark_requested=spark_requested,
-                           budget=budget, budget_set=budget_given(args.memory_budget))
-    if choice.engine == ARROW:
-        from spark_jobs.arrow_engine import shadow_compare as in_process
-
-        report = in_process.run_shadow_compare(args.table, opts, touched=touched)
-    else:
-        from spark_jobs.jobs.shadow_compare import run_shadow_compare
-
-        report = run_shadow_compare(_spark(args, submitted), args.table, opts)
+    opts = ShadowCompareOptions.from_args(args)
+    report = run("shadow-compare", opts, spark=lambda: _spark(args, submitted),
+                 spark_requested=_spark_requested(args, submitted))
     print(json.dumps(report, indent=2, sort_keys=True))
-    if args.report:
-        write_report(report, args.report)
+    if opts.report:
+        write_report(report, opts.report)
     if not report["ok"]:
         kinds = ", ".join(f"{k} {report[k]}" for k in ("missing", "wrong_location", "extra", "duplicated") if report[k])
         print(f"bucketindex: shadow-compare found {plural(report['mismatches'], 'mismatch')} "
               f"(more than {report['max_mismatches']}): {kinds}", file=sys.stderr)
-        return 1
+        return EXIT_FINDING
     return 0
 
 
 def cmd_rollback(args: argparse.Namespace, submitted: bool) -> int:
+    from spark_jobs.table.action.rollback import RollbackOptions
     from spark_jobs.table.table import Table
 
-    if args.heartbeat_timeout is not None and args.heartbeat_timeout <= 0:
-        raise BadInputError(f"--heartbeat-timeout must be positive, got {args.heartbeat_timeout}")
-    if args.instant is not None:
-        check_instant(args.instant, option="INSTANT")
-    done = Table.load(args.table).rollback(args.instant, force=args.force, timeout_s=args.heartbeat_timeout)
+    opts = RollbackOptions.from_args(args)
+    done = Table.load(opts.table).rollback(opts.instant, force=opts.force, timeout_s=opts.heartbeat_timeout_s)
     print(f"rolled back {', '.join(done)}" if done else "nothing to roll back")
     return 0
 
 
 def cmd_compact(args: argparse.Namespace, submitted: bool) -> int:
-    from spark_jobs.table.action.compact import (
-        DEFAULT_DELTA_RATIO,
-        DEFAULT_INDEX_BASE_CAP,
-        DEFAULT_LOG_RATIO,
-        DEFAULT_MIN_DELTAS,
-        DEFAULT_MIN_LOGS,
-        CompactionPolicy,
-    )
+    from spark_jobs.engines import run
+    from spark_jobs.table.action.compact import CompactOptions
 
-    if args.heartbeat_timeout is not None and args.heartbeat_timeout <= 0:
-        raise BadInputError(f"--heartbeat-timeout must be positive, got {args.heartbeat_timeout}")
-    if args.rebuild_index:
-        return _rebuild_index(args, submitted)
-    if args.bucket:
-        raise BadInputError("--bucket names the index buckets --rebuild-index rebuilds; add --rebuild-index")
-    scheduling = (args.min_logs, args.log_ratio, args.max_groups, args.min_deltas, args.delta_ratio, args.only,
-                  args.index_base_cap)
-    if args.execute and any(v is not None for v in scheduling):
-        raise BadInputError("--execute runs a plan as scheduled; --min-logs, --log-ratio, --max-groups, "
-                            "--min-deltas, --delta-ratio, --index-base-cap and --only apply when scheduling")
-    if args.execute is not None:
-        check_instant(args.execute, option="--execute")
-    policy = CompactionPolicy(
-        min_logs=DEFAULT_MIN_LOGS if args.min_logs is None else args.min_logs,
-        log_ratio=DEFAULT_LOG_RATIO if args.log_ratio is None else args.log_ratio,
-        max_groups=args.max_groups,
-        min_deltas=DEFAULT_MIN_DELTAS if args.min_deltas is None else args.min_deltas,
-        delta_ratio=DEFAULT_DELTA_RATIO if args.delta_ratio is None else args.delta_ratio,
-        index_base_cap=DEFAULT_INDEX_BASE_CAP if args.index_base_cap is None else args.index_base_cap,
-        data=args.only in (None, "data"),
-        index=args.only in (None, "index"),
-    )
-    from spark_jobs.table.action import compact as action
-    from spark_jobs.table.action.engine import ARROW, AUTO, choose_engine, memory_budget
-
-    spark_requested = _spark_requested(args, submitted)
-    budget = memory_budget(args.memory_budget)
-    # a fixed choice is checked before anything is written (--engine arrow with --master: exit 2)
-    fixed = None if args.schedule_only or (args.engine == AUTO and not spark_requested) else choose_engine(
-        requested=args.engine, needed_bytes=0, spark_requested=spark_requested, budget=budget)
-    session: list = []
-
-    def pick(table, plan):  # type: ignore[no-untyped-def]
-        """The engine of one plan: auto sizes each plan it executes (a waiting one, then the new one)."""
-        if fixed is not None:
-            choice = fixed
-        else:
-            from spark_jobs.arrow_engine.compact import needed_bytes
-
-            choice = choose_engine(requested=AUTO, needed_bytes=needed_bytes(table, plan), budget=budget)
-        if choice.engine == ARROW:
-            from spark_jobs.arrow_engine.compact import write_plan
-
-            return write_plan, choice
-        from spark_jobs.jobs import compact as spark_compact
-
-        if not session:
-            session.append(_spark(args, submitted))
-        return (lambda t, txn: spark_compact._execute(session[0], t, txn)), choice
-
-    result = action.run(args.table, pick, policy=policy, schedule_only=args.schedule_only, instant=args.execute,
-                        heartbeat_timeout_s=args.heartbeat_timeout)
-    if session:
-        from spark_jobs.jobs.session import session_start_ms
-
-        result["session_start_ms"] = session_start_ms()
+    opts = CompactOptions.from_args(args)
+    if opts.rebuild_index:
+        return _rebuild_index(args, opts, submitted)
+    result = run("compact", opts, spark=lambda: _spark(args, submitted),
+                 spark_requested=_spark_requested(args, submitted))
     print(json.dumps(result, sort_keys=True))
     if result["instant"] is None:
         print("nothing to compact: no file group or index bucket is due")
-    elif args.schedule_only:
+    elif opts.schedule_only:
         print(result["instant"])  # the last line: scripts pass it to --execute
     return 0
 
 
-def _rebuild_index(args: argparse.Namespace, submitted: bool) -> int:
+def _rebuild_index(args: argparse.Namespace, opts: "CompactOptions", submitted: bool) -> int:
     """``compact --rebuild-index``: record-index buckets rebuilt from the data, in this process."""
     from spark_jobs.exceptions import EngineUnsupportedError
 
-    others = {"--schedule-only": args.schedule_only, "--execute": args.execute, "--min-logs": args.min_logs,
-              "--log-ratio": args.log_ratio, "--max-groups": args.max_groups, "--min-deltas": args.min_deltas,
-              "--delta-ratio": args.delta_ratio, "--only": args.only}
-    given = [name for name, v in others.items() if v not in (None, False)]
-    if given:
-        raise BadInputError(f"--rebuild-index plans and executes one rebuild of the index from the data: "
-                            f"{', '.join(given)} do not apply to it")
     spark_requested = _spark_requested(args, submitted)
     if spark_requested == "$SPARK_REMOTE":  # the environment's default for Spark verbs: no Spark runs here
         spark_requested = None
-    if args.engine == "spark" or spark_requested:
+    if opts.engine == "spark" or spark_requested:
         raise EngineUnsupportedError(f"--rebuild-index runs in-process (the arrow engine), not on Spark "
-                                     f"({'--engine spark' if args.engine == 'spark' else spark_requested}): "
+                                     f"({'--engine spark' if opts.engine == 'spark' else spark_requested}): "
                                      f"drop that option")
     from spark_jobs.arrow_engine.compact import run_rebuild_index
 
-    result = run_rebuild_index(args.table, buckets=args.bucket, index_base_cap=args.index_base_cap,
-                               heartbeat_timeout_s=args.heartbeat_timeout)
+    result = run_rebuild_index(opts.table, buckets=opts.bucket, index_base_cap=opts.index_base_cap,
+                               heartbeat_timeout_s=opts.heartbeat_timeout_s)
     print(json.dumps(result, sort_keys=True))
     counts = result.get("counts", {})
     print(f"rebuilt {plural(len(result['buckets']), 'index bucket')} from the data at instant {result['instant']} "
@@ -859,14 +697,13 @@ def _rebuild_index(args: argparse.Namespace, submitted: bool) -> int:
 
 
 def cmd_clean(args: argparse.Namespace, submitted: bool) -> int:
-    from spark_jobs.table.action.clean import run_clean
+    from spark_jobs.table.action.clean import CleanOptions, run_clean
 
-    if args.heartbeat_timeout is not None and args.heartbeat_timeout <= 0:
-        raise BadInputError(f"--heartbeat-timeout must be positive, got {args.heartbeat_timeout}")
-    result = run_clean(args.table, retain_commits=args.retain_commits, retain_hours=args.retain_hours,
-                       dry_run=args.dry_run, heartbeat_timeout_s=args.heartbeat_timeout)
+    opts = CleanOptions.from_args(args)
+    result = run_clean(opts.table, retain_commits=opts.retain_commits, retain_hours=opts.retain_hours,
+                       dry_run=opts.dry_run, heartbeat_timeout_s=opts.heartbeat_timeout_s)
     print(json.dumps(result, sort_keys=True))
-    verb = "would delete" if args.dry_run else "deleted"
+    verb = "would delete" if opts.dry_run else "deleted"
     if result["files"]:
         print(f"{verb} {plural(result['files'], 'file')} ({_human_bytes(result['bytes'] or 0)}); snapshots from instant "
               f"{result['earliest_retained']} on are retained ({result['policy']})")
@@ -876,14 +713,11 @@ def cmd_clean(args: argparse.Namespace, submitted: bool) -> int:
 
 
 def cmd_alter(args: argparse.Namespace, submitted: bool) -> int:
-    from spark_jobs.table.action.alter import run_alter
+    from spark_jobs.table.action.alter import AlterOptions, run_alter
 
-    if args.heartbeat_timeout is not None and args.heartbeat_timeout <= 0:
-        raise BadInputError(f"--heartbeat-timeout must be positive, got {args.heartbeat_timeout}")
-    if args.max_retries < 0:
-        raise BadInputError(f"--max-retries must be 0 or more, got {args.max_retries}")
-    result = run_alter(args.table, add_columns=args.add_column, widen_columns=args.widen_column,
-                       max_retries=args.max_retries, heartbeat_timeout_s=args.heartbeat_timeout)
+    opts = AlterOptions.from_args(args)
+    result = run_alter(opts.table, add_columns=opts.add_columns, widen_columns=opts.widen_columns,
+                       max_retries=opts.max_retries, heartbeat_timeout_s=opts.heartbeat_timeout_s)
     print(json.dumps(result, sort_keys=True))
     if result["noop"]:
         print("the table already has this schema: nothing to do")
@@ -913,21 +747,23 @@ def cmd_rehash(args: argparse.Namespace, submitted: bool) -> int:
 
 def cmd_mirror(args: argparse.Namespace, submitted: bool) -> int:
     from spark_jobs.table import delta
+    from spark_jobs.table.action.mirror import MirrorOptions
     from spark_jobs.table.table import Table
 
-    if args.enable:
+    opts = MirrorOptions.from_args(args)
+    if opts.enable:
         from spark_jobs.table.action.mirror import enable_mirror
 
         # the commit's own post-commit hook writes the history, before enable_mirror's repair
         # (which then finds nothing to write): count what is in the log now and was not before
-        before = set(delta.versions_present(Table.open(args.table)))
-        result = enable_mirror(args.table, args.enable)
-        result["written"] = sorted(set(delta.versions_present(Table.open(args.table))) - before)
+        before = set(delta.versions_present(Table.open(opts.table)))
+        result = enable_mirror(opts.table, opts.enable)
+        result["written"] = sorted(set(delta.versions_present(Table.open(opts.table))) - before)
     else:
-        table = Table.load(args.table)
+        table = Table.load(opts.table)
         if not delta.enabled(table):
-            raise BadInputError(f"the table {args.table} has no Delta projection; turn it on with "
-                                f"`bucketindex mirror {args.table} --enable delta`")
+            raise BadInputError(f"the table {opts.table} has no Delta projection; turn it on with "
+                                f"`bucketindex mirror {opts.table} --enable delta`")
         report = delta.verify_and_repair(table)
         print(json.dumps(report.as_dict(), sort_keys=True))
         print(f"Delta log at version {report.version}: every version checked; "
@@ -1053,18 +889,9 @@ def _main(argv: list[str] | None = None, *, submitted: bool = False,
         if args.verb in COMMANDS:
             _check_table(args)
         return COMMANDS[args.verb](args, submitted)
-    except TableCorruptError as e:
-        print(f"bucketindex: {args.verb} failed: {_one_line(e)}", file=sys.stderr)
-        return 1
-    except BadInputError as e:
-        print(f"bucketindex: error: {_one_line(e)}", file=sys.stderr)
-        return 2
-    except RetryableError as e:
-        print(f"bucketindex: {_one_line(e)}", file=sys.stderr)
-        return 3
-    except MissingDependencyError as e:  # install what is named; the command and its input are fine
-        print(f"bucketindex: {args.verb} failed: {_one_line(e)}", file=sys.stderr)
-        return 1
+    except BucketIndexError as e:  # one line; the exit status is the error class's (exceptions.py)
+        print(error_line(args.verb, e), file=sys.stderr)
+        return e.exit_code
     except Exception as e:  # noqa: BLE001 - only resource failures and a lost server are translated, the rest re-raised
         from spark_jobs.jobs.connect import is_connection_error
         from spark_jobs.resources import describe_resource_failure
@@ -1073,7 +900,7 @@ def _main(argv: list[str] | None = None, *, submitted: bool = False,
             # a writer aborts its own instant on the way out, and a batch id is never applied twice
             print(f"bucketindex: the Spark Connect server went away: {_one_line(e)[:300]}; "
                   f"safe to retry with the same batch id", file=sys.stderr)
-            return 3
+            return StorageUnavailableError.exit_code
 
         told = _told_apart(args, e)
         if told is not None:
@@ -1089,7 +916,24 @@ def _main(argv: list[str] | None = None, *, submitted: bool = False,
         log.debug("resource failure", exc_info=True)
         tail = "; nothing was committed (the write was rolled back)" if args.verb == "upsert" else ""
         print(redact_uri(f"bucketindex: {args.verb} failed: {what}{tail}"), file=sys.stderr)
-        return 1
+        return EXIT_RESOURCE
+
+
+#: a resource ran out or the store refused access: the environment's problem, not the input's
+EXIT_RESOURCE = BucketIndexError.exit_code
+#: a check (validate, shadow-compare) found a problem: what TableCorruptError is when a verb meets it
+EXIT_FINDING = TableCorruptError.exit_code
+
+
+def error_line(verb: str, e: BucketIndexError) -> str:
+    """The one line an error of ours prints: bad input as ``error:``, a retryable condition as
+    itself (it starts with ``conflict:`` or names the live writer), anything else as the verb's
+    failure (a damaged table, a missing package)."""
+    if isinstance(e, BadInputError):
+        return f"bucketindex: error: {_one_line(e)}"
+    if isinstance(e, RetryableError):
+        return f"bucketindex: {_one_line(e)}"
+    return f"bucketindex: {verb} failed: {_one_line(e)}"
 
 
 def _check_table(args: argparse.Namespace) -> None:
@@ -1135,7 +979,8 @@ def _told_apart(args: argparse.Namespace, e: BaseException) -> tuple[int, str] |
     text = f"{type(e).__name__}: {e}"
     m = _CORRUPT_IN_TASK.search(text)
     if m:
-        return 1, f"bucketindex: {args.verb} failed: {m.group(1).strip()}" + _nothing_committed(args)
+        return TableCorruptError.exit_code, (f"bucketindex: {args.verb} failed: {m.group(1).strip()}"
+                                             + _nothing_committed(args))
     m = _SPARK_FAILED_FILE.search(text)
     if m and _SPARK_DAMAGE.search(text):
         from urllib.parse import unquote
@@ -1145,33 +990,37 @@ def _told_apart(args: argparse.Namespace, e: BaseException) -> tuple[int, str] |
         uri = m.group(1)
         path = unquote(uri.removeprefix("file://")) if uri.startswith("file:") else uri  # Spark's URI-encoded name
         why = _SPARK_DAMAGE.search(text).group(0)  # type: ignore[union-attr]
-        return 1, (f"bucketindex: {args.verb} failed: {_one_line(damaged_file_error(path, ValueError(why)))}"
-                   + _nothing_committed(args))
+        return TableCorruptError.exit_code, (
+            f"bucketindex: {args.verb} failed: {_one_line(damaged_file_error(path, ValueError(why)))}"
+            + _nothing_committed(args))
     m = _UNAVAILABLE_IN_TASK.search(text)
     if m:  # a task's store stopped answering: retryable, whatever engine error wraps it
-        return 3, f"bucketindex: {m.group(1).strip()}"
+        return StorageUnavailableError.exit_code, f"bucketindex: {m.group(1).strip()}"
     from spark_jobs.io.filesystem import is_unreachable
 
     if is_unreachable(e):  # pyarrow's client could not reach the store: retryable, not the input's fault
-        return 3, (f"bucketindex: {args.verb} failed: the store did not answer ({_one_line(e)[:300]}); "
-                   f"nothing was committed, safe to retry")
+        return StorageUnavailableError.exit_code, (
+            f"bucketindex: {args.verb} failed: the store did not answer ({_one_line(e)[:300]}); "
+            f"nothing was committed, safe to retry")
     m = _MISSING_DEPENDENCY_IN_TASK.search(text)
     if m:
-        return 1, f"bucketindex: {args.verb} failed: {m.group(1).strip()}"
+        return MissingDependencyError.exit_code, f"bucketindex: {args.verb} failed: {m.group(1).strip()}"
     from spark_jobs.jobs.hadoop_fs import CONNECTOR, is_missing_filesystem  # no pyspark import
 
     if is_missing_filesystem(text):  # Spark's own reader or writer handed a path on a store it cannot open
-        return 1, (f"bucketindex: {args.verb} failed: Spark cannot open this store's paths: it needs {CONNECTOR} "
-                   f"on its classpath (e.g. --packages org.apache.hadoop:hadoop-aws:<Spark's Hadoop version>)"
-                   + _nothing_committed(args))
+        return MissingDependencyError.exit_code, (
+            f"bucketindex: {args.verb} failed: Spark cannot open this store's paths: it needs {CONNECTOR} "
+            f"on its classpath (e.g. --packages org.apache.hadoop:hadoop-aws:<Spark's Hadoop version>)"
+            + _nothing_committed(args))
     if _MISSING.search(text) and getattr(args, "table", None):
         missing = _missing_files(args.table)
         if missing:
             from spark_jobs.table.reader import missing_file_error
 
             more = f" ({len(missing)} files are missing)" if len(missing) > 1 else ""
-            return 1, (f"bucketindex: {args.verb} failed: {_one_line(missing_file_error(missing[0]))}{more}"
-                       + _nothing_committed(args))
+            return TableCorruptError.exit_code, (
+                f"bucketindex: {args.verb} failed: {_one_line(missing_file_error(missing[0]))}{more}"
+                + _nothing_committed(args))
     from spark_jobs.resources import first_os_error
 
     err = first_os_error(e)
@@ -1179,9 +1028,10 @@ def _told_apart(args: argparse.Namespace, e: BaseException) -> tuple[int, str] |
         where = str(err.filename or getattr(args, "table", None) or "?")
         if _TEMP_NAME.search(where):  # FileIO's temp file for an atomic create: name the directory
             where = where.rsplit("/", 1)[0]
-        return 1, (f"bucketindex: {args.verb} failed: permission denied on {where} ({err.strerror or 'denied'}): "
-                   f"the store refused access; grant this user access to the table's files and run again"
-                   + _nothing_committed(args))
+        return EXIT_RESOURCE, (
+            f"bucketindex: {args.verb} failed: permission denied on {where} ({err.strerror or 'denied'}): "
+            f"the store refused access; grant this user access to the table's files and run again"
+            + _nothing_committed(args))
     return None
 
 

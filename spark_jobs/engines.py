@@ -1,8 +1,9 @@
 """Run an action on the engine chosen for it (``--engine auto|spark|arrow``).
 
-The one entry point the CLI, the Airflow hook and the operators share: it sizes the work,
-asks :func:`spark_jobs.table.action.engine.choose_engine`, and runs the in-process Arrow
-engine or Spark. A Spark session is only made (``spark()``) when Spark runs, so an Arrow run
+The one entry point of every verb with two engines -- upsert, read, validate, shadow-compare,
+compact: :func:`run` takes the verb's options dataclass (``spark_jobs.table.action.*``), sizes
+the work, asks :func:`spark_jobs.table.action.engine.choose_engine`, and runs the in-process
+Arrow engine or Spark. The CLI's verbs build the options, call it and print. A Spark session is only made (``spark()``) when Spark runs, so an Arrow run
 starts no JVM and imports no ``pyspark``. When the Arrow engine finds, before writing
 anything, that it cannot reproduce Spark's rules for this batch (``EngineUnsupportedError``),
 ``auto`` runs Spark instead and says why; ``--engine arrow`` fails with that line (exit 2).
@@ -11,7 +12,8 @@ anything, that it cannot reproduce Spark's rules for this batch (``EngineUnsuppo
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
 
 from spark_jobs.exceptions import EngineUnsupportedError
 from spark_jobs.table.action.engine import (
@@ -28,7 +30,14 @@ from spark_jobs.table.action.engine import (
 from spark_jobs.table.action.upsert import UpsertOptions
 from spark_jobs.table.config import INDEX_GLOBAL_SIMPLE, INDEX_RECORD
 
-__all__ = ["upsert", "upsert_footprint", "precheck_upsert"]
+if TYPE_CHECKING:
+    from spark_jobs.io.filesystem import FileIO
+    from spark_jobs.table.action.compact import CompactOptions
+    from spark_jobs.table.action.read import ReadOptions
+    from spark_jobs.table.action.shadow_compare import ShadowCompareOptions
+    from spark_jobs.table.action.validate import ValidateOptions
+
+__all__ = ["run", "ReadResult", "upsert", "upsert_footprint", "precheck_upsert", "output_path", "VERBS"]
 
 log = logging.getLogger("bucketindex.engine")
 
@@ -134,3 +143,214 @@ def upsert(opts: UpsertOptions, *, spark: Callable[[], Any] | None = None,
     from spark_jobs.jobs.upsert import run_upsert as run_spark
 
     return run_spark(spark(), opts, choice=choice)
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    """What :func:`run` of ``read`` gives back: the rows written to ``opts.output`` (``rows``),
+    or the first rows to print -- as text (``text``: the Arrow engine) or as the Spark DataFrame
+    (``frame``: its ``show`` prints them the way Spark users know)."""
+
+    engine: str
+    rows: int | None = None
+    text: str | None = None
+    frame: Any = None
+
+
+def output_path(uri: str) -> "tuple[FileIO, str]":
+    """The FileIO and path of ``read --output``; BadInputError (exit 2, before reading) when its
+    directory does not exist or the path is a directory: the user names a place to write."""
+    import pyarrow.fs as pafs
+
+    from spark_jobs.exceptions import BadInputError
+    from spark_jobs.io.filesystem import resolve
+
+    io, path = resolve(uri)
+    parent = path.rsplit("/", 1)[0] or "/"
+    kind = io.fs.get_file_info(parent).type
+    if kind == pafs.FileType.NotFound and io.scheme == "s3":  # an object store has no directories to create
+        kind = pafs.FileType.Directory
+    if kind == pafs.FileType.NotFound:
+        raise BadInputError(f"--output {uri}: directory {parent} does not exist (create it first)")
+    if kind != pafs.FileType.Directory:
+        raise BadInputError(f"--output {uri}: {parent} is not a directory")
+    if io.fs.get_file_info(path).type == pafs.FileType.Directory:
+        raise BadInputError(f"--output {uri} is a directory; name the Parquet file to write")
+    return io, path
+
+
+def _once(spark: Callable[[], Any] | None) -> Callable[[], Any]:
+    """The session factory, called at most once (a compaction that runs two plans on Spark
+    shares one session); without one, a local session (the Python API outside spark-submit)."""
+    made: list[Any] = []
+
+    def get() -> Any:
+        if not made:
+            if spark is not None:
+                made.append(spark())
+            else:
+                from spark_jobs.jobs.session import get_spark
+
+                made.append(get_spark("local[*]", ui=False))
+        return made[0]
+
+    get.made = made  # type: ignore[attr-defined]
+    return get
+
+
+def _choose(opts: Any, spark_requested: str | None, needed: Callable[[], int]) -> EngineChoice:
+    """The engine of one run: sized (``needed()``) only under auto or a budget the user set."""
+    sized = needs_sizing(opts.engine, spark_requested=spark_requested, override=opts.memory_budget)
+    return choose_engine(requested=opts.engine, needed_bytes=needed() if sized else 0,
+                         spark_requested=spark_requested, budget=memory_budget(opts.memory_budget),
+                         budget_set=budget_given(opts.memory_budget))
+
+
+def _read(opts: "ReadOptions", spark: Callable[[], Any], spark_requested: str | None) -> ReadResult:
+    from spark_jobs.table.table import Table
+    from spark_jobs.table.timeline import resolve_as_of
+
+    io, out = output_path(opts.output) if opts.output else (None, None)  # bad --output: exit 2, nothing read
+    if opts.as_of is not None:  # a time before the first commit: one line naming it, still no JVM
+        resolve_as_of(Table.load(opts.table).timeline, opts.as_of)
+
+    def needed() -> int:
+        from spark_jobs.arrow_engine.read import needed_bytes
+
+        # printing reads the first slices only (one row more than shown: "only showing top N rows")
+        view = Table.load(opts.table).view(opts.as_of)
+        return needed_bytes(view, None if opts.output else max(opts.limit, 0) + 1)
+
+    choice = _choose(opts, spark_requested, needed)
+    if choice.engine == ARROW and not opts.output:
+        from spark_jobs.arrow_engine.read import show
+
+        return ReadResult(ARROW, text=show(opts.table, opts.as_of, opts.limit))
+    if choice.engine == ARROW:
+        from spark_jobs.io import parquet
+        from spark_jobs.table.reader import read_arrow
+
+        assert io is not None and out is not None
+        t = read_arrow(opts.table, opts.as_of)
+        try:
+            parquet.write_table(t, out, filesystem=io.fs)  # the store's configured client, not one of pyarrow's
+        except BaseException:
+            io.delete(out)  # a torn output (a full disk) must not look like a snapshot
+            raise
+        return ReadResult(ARROW, rows=t.num_rows)
+    from spark_jobs.jobs.read import read_table
+
+    session = spark()
+    df = read_table(session, opts.table, opts.as_of)
+    if opts.output:  # written beside the output and moved into place: never torn
+        from spark_jobs.jobs.read import write_one_parquet
+
+        return ReadResult(SPARK, rows=write_one_parquet(session, df, opts.output))
+    return ReadResult(SPARK, frame=df)
+
+
+def _validate(opts: "ValidateOptions", spark: Callable[[], Any], spark_requested: str | None) -> dict[str, Any]:
+    def needed() -> int:
+        from spark_jobs.arrow_engine.validate import needed_bytes
+        from spark_jobs.table.table import Table
+
+        table = Table.load(opts.table)
+        return needed_bytes(table, table.view())
+
+    if _choose(opts, spark_requested, needed).engine == ARROW:
+        from spark_jobs.arrow_engine.validate import run_validate as run_in_process
+
+        return run_in_process(opts.table)
+    from spark_jobs.jobs.validate import run_validate
+
+    return run_validate(spark(), opts.table)
+
+
+def _shadow_compare(opts: "ShadowCompareOptions", spark: Callable[[], Any],
+                    spark_requested: str | None) -> dict[str, Any]:
+    from spark_jobs.table.table import Table
+
+    table = Table.load(opts.table)
+    assert table.config is not None
+    opts.check_against(table.config.index_type)  # before a JVM starts: bad input is one line, nothing written
+    touched: list[Any] = [None]
+
+    def needed() -> int:
+        from spark_jobs.arrow_engine.shadow_compare import needed_bytes
+        from spark_jobs.table.shadow import touched_since
+
+        # --since: the keys the commits after the instant touched (passed on, not computed twice)
+        touched[0] = touched_since(table, opts.since) if opts.since is not None else None
+        return needed_bytes(table, table.view(), opts.shadow, touched[0])
+
+    if _choose(opts, spark_requested, needed).engine == ARROW:
+        from spark_jobs.arrow_engine import shadow_compare as in_process
+
+        return in_process.run_shadow_compare(opts.table, opts.shadow, touched=touched[0])
+    from spark_jobs.jobs.shadow_compare import run_shadow_compare
+
+    return run_shadow_compare(spark(), opts.table, opts.shadow)
+
+
+def _compact(opts: "CompactOptions", spark: Callable[[], Any], spark_requested: str | None) -> dict[str, Any]:
+    """Schedule and/or execute a compaction; auto sizes each plan it executes (a waiting one,
+    then the new one). ``compact --rebuild-index`` is the CLI's own (in-process only)."""
+    from spark_jobs.table.action import compact as action
+
+    budget = memory_budget(opts.memory_budget)
+    # a fixed choice is checked before anything is written (--engine arrow with --master: exit 2)
+    fixed = None if opts.schedule_only or ((opts.engine or AUTO) == AUTO and not spark_requested) else choose_engine(
+        requested=opts.engine, needed_bytes=0, spark_requested=spark_requested, budget=budget)
+
+    def pick(table, plan):  # type: ignore[no-untyped-def]
+        """The engine of one plan."""
+        if fixed is not None:
+            choice = fixed
+        else:
+            from spark_jobs.arrow_engine.compact import needed_bytes
+
+            choice = choose_engine(requested=AUTO, needed_bytes=needed_bytes(table, plan), budget=budget)
+        if choice.engine == ARROW:
+            from spark_jobs.arrow_engine.compact import write_plan
+
+            return write_plan, choice
+        from spark_jobs.jobs import compact as spark_compact
+
+        return (lambda t, txn: spark_compact._execute(spark(), t, txn)), choice
+
+    result = action.run(opts.table, pick, policy=opts.policy, schedule_only=opts.schedule_only,
+                        instant=opts.execute, heartbeat_timeout_s=opts.heartbeat_timeout_s)
+    if getattr(spark, "made", None):
+        from spark_jobs.jobs.session import session_start_ms
+
+        result["session_start_ms"] = session_start_ms()
+    return result
+
+
+#: the verbs with two engines, and how :func:`run` runs each
+VERBS: dict[str, Callable[..., Any]] = {
+    "upsert": lambda opts, spark, spark_requested: upsert(opts, spark=spark, spark_requested=spark_requested),
+    "read": _read,
+    "validate": _validate,
+    "shadow-compare": _shadow_compare,
+    "compact": _compact,
+}
+
+
+def run(verb: str, opts: Any, *, spark: Callable[[], Any] | None = None,
+        spark_requested: str | None = None) -> Any:
+    """Run ``verb`` with its options on the engine ``opts.engine`` asks for (None: auto).
+
+    :param opts: the verb's options dataclass (``UpsertOptions``, ``ReadOptions``,
+        ``ValidateOptions``, ``ShadowCompareOptions``, ``CompactOptions``), already validated
+    :param spark: makes (or returns) the Spark session, called only when Spark runs, and at
+        most once; None: a local session
+    :param spark_requested: why Spark is implied (``--master yarn``), if it is
+    :returns: the verb's result: upsert, compact: the commit summary; validate, shadow-compare:
+        the report; read: a :class:`ReadResult`
+    """
+    if verb not in VERBS:
+        raise ValueError(f"{verb!r} is not a verb with two engines ({', '.join(VERBS)})")
+    if getattr(opts, "VERB", verb) != verb:
+        raise TypeError(f"{type(opts).__name__} are the options of {opts.VERB!r}, not {verb!r}")
+    return VERBS[verb](opts, _once(spark), spark_requested)

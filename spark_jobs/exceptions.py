@@ -1,7 +1,8 @@
 """Every error bucketindex raises on purpose, rooted at :class:`BucketIndexError`.
 
-Each branch tells a caller what to do next, and the CLI (and the Airflow operators, through
-its exit status) maps it to one:
+Each branch tells a caller what to do next, and carries the CLI's exit status for it as the
+class attribute ``exit_code`` -- the one place the statuses are written: the CLI exits with it,
+and the Airflow hook's ``EXIT_*`` constants (the operators' retry decisions) are read from it:
 
 * :class:`BadInputError` -- fix the input: exit 2, one line, nothing written;
 * :class:`RetryableError` -- try again (a conflict, a live writer): exit 3, nothing written,
@@ -24,6 +25,7 @@ caller -- carries a secret.
 from __future__ import annotations
 
 import shlex
+from typing import ClassVar
 
 from spark_jobs.redaction import redact_uri
 
@@ -43,11 +45,19 @@ __all__ = [
     "UnsupportedStorageError",
     "StorageUnavailableError",
     "MissingDependencyError",
+    "exit_code_of",
 ]
 
 
 class BucketIndexError(Exception):
-    """The root: an error bucketindex raised knowing what it means."""
+    """The root: an error bucketindex raised knowing what it means.
+
+    ``exit_code`` is the CLI's exit status for it (the README's exit-status table): each branch
+    below sets its own, and the CLI (``spark_jobs.cli``) and the Airflow hook read it from here,
+    so a new error class cannot be left without one."""
+
+    #: the CLI's exit status: 1 the table, its store or the environment is at fault
+    exit_code: ClassVar[int] = 1
 
     def __init__(self, *args: object) -> None:
         super().__init__(*(redact_uri(a) if isinstance(a, str) else a for a in args))
@@ -55,6 +65,8 @@ class BucketIndexError(Exception):
 
 class BadInputError(BucketIndexError, ValueError):
     """Bad usage or input: reported as one line, exit status 2, nothing written."""
+
+    exit_code: ClassVar[int] = 2
 
 
 class ConfigConflictError(BadInputError):
@@ -83,9 +95,13 @@ class MissingDependencyError(BucketIndexError, RuntimeError):
     Not bad input: the command and the data are fine, and the same command works once the
     package is installed."""
 
+    exit_code: ClassVar[int] = 1
+
 
 class RetryableError(BucketIndexError, RuntimeError):
     """Nothing was written and the same call may succeed later: exit status 3, a scheduler retries."""
+
+    exit_code: ClassVar[int] = 3
 
 
 class ConflictError(RetryableError):
@@ -116,6 +132,8 @@ class TableCorruptError(BucketIndexError, RuntimeError):
     once the table is repaired; not retryable (exit 3): running again fails the same way.
     It is what ``validate`` reports with exit 1 as a finding, so the two agree.
     """
+
+    exit_code: ClassVar[int] = 1
 
     def __init__(self, message: str, *, path: str | None = None) -> None:
         super().__init__(message)
@@ -167,3 +185,9 @@ class PathEscapeError(TableCorruptError):
     Names from users are validated before anything is planned (bad input, exit 2), so this
     one means a path recorded by an older release or a bug: the table's problem, exit 1.
     """
+
+
+def exit_code_of(error: BaseException) -> int | None:
+    """The CLI's exit status for ``error``: its class's ``exit_code`` when it is one of ours,
+    None for anything else (the CLI then diagnoses it: a resource, a lost server, or a bug)."""
+    return error.exit_code if isinstance(error, BucketIndexError) else None

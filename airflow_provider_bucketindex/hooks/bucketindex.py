@@ -60,6 +60,7 @@ from airflow_provider_bucketindex import CONN_TYPE, DEFAULT_CONN_ID
 from airflow_provider_bucketindex import packaging
 from airflow_provider_bucketindex import storage as task_storage
 from airflow_provider_bucketindex.hooks.spark_submit_adapter import SparkSubmitAdapter
+from spark_jobs.exceptions import BadInputError, RetryableError, TableCorruptError
 
 if TYPE_CHECKING:
     from spark_jobs.table import Instant, Table, Timeline
@@ -72,15 +73,24 @@ __all__ = [
     "DEFAULT_MASTER",
     "CONNECT_CONN_TYPE",
     "upsert_args",
+    "record_key_fields",
+    "whole_number",
+    "EXIT_CHECK_FAILED",
+    "EXIT_BAD_INPUT",
+    "EXIT_RETRYABLE",
 ]
 
 #: The embedded default when no connection says otherwise: Spark in the worker process.
 DEFAULT_MASTER = "local[*]"
-EXIT_CHECK_FAILED = 1
-EXIT_BAD_INPUT = 2
+#: the job's exit statuses, as the CLI gives them: each error class carries its own
+#: (``spark_jobs.exceptions``, the README's exit-status table). 1: a check found a problem or the
+#: table is damaged
+EXIT_CHECK_FAILED = TableCorruptError.exit_code
+#: bad input: nothing was written, a retry cannot help
+EXIT_BAD_INPUT = BadInputError.exit_code
 #: a concurrent write conflicted, the table was busy, or a rollback aborted the write:
 #: nothing was written and the same batch id may be retried
-EXIT_RETRYABLE = 3
+EXIT_RETRYABLE = RetryableError.exit_code
 _SENSITIVE_CONF = re.compile(r"secret|password|token|credential|passwd", re.IGNORECASE)
 _LOG_LINE = re.compile(r"^(\d{2}/\d{2}/\d{2} |\d{4}-\d{2}-\d{2}[ T]|\s+at |Exception in thread|WARNING: )")
 _PORT_SUFFIX = re.compile(r":\d+$")
@@ -226,29 +236,52 @@ def upsert_args(
     partial_update: bool = False,
     schema_evolution: str | None = None,
 ) -> list[str]:
-    """The arguments of ``bucketindex upsert``, exactly as the CLI takes them (``engine``: the
-    submitted job's ``--engine``; the operators pass ``spark`` so the job does not decide again;
-    ``record_key`` None or empty: the table's, as the CLI reads it from an existing table)."""
-    key = record_key if record_key is None or isinstance(record_key, str) else ",".join(str(k) for k in record_key)
-    args = [str(table_uri), str(source_uri)]
-    for flag, value in (
-        ("--record-key", key),
-        ("--precombine-field", precombine_field),
-        ("--partition-field", partition_field),
-        ("--index", index),
-        ("--num-buckets", num_buckets),
-        ("--table-type", table_type),
-        ("--source-format", source_format),
-        ("--delete-field", delete_field),
-        ("--batch-id", batch_id),
-        ("--engine", engine),
-        ("--schema-evolution", schema_evolution),
-    ):
-        if value is not None and value != "":
-            args += [flag, str(value)]
-    if partial_update:
-        args.append("--partial-update")
-    return args
+    """The arguments of ``bucketindex upsert``, exactly as the CLI takes them: built by
+    :meth:`UpsertOptions.to_argv <spark_jobs.table.action.upsert.UpsertOptions>` -- the options the
+    CLI parses them back into -- so a bad value fails here, in the task, as the job would refuse it
+    (BadInputError). ``engine``: the submitted job's ``--engine`` (the operators pass ``spark`` so
+    the job does not decide again); ``record_key`` None or empty: the table's; ``source_format``
+    given is written even when it is the default (it overrides a connection default)."""
+    from spark_jobs.table.action.upsert import UpsertOptions
+
+    def text(value: Any) -> str | None:
+        return None if value is None or value == "" else str(value)
+
+    opts = UpsertOptions(
+        table=str(table_uri), source=str(source_uri), record_key=record_key_fields(record_key),
+        precombine_field=text(precombine_field), partition_field=text(partition_field), index=text(index),
+        num_buckets=whole_number("num_buckets", num_buckets), table_type=text(table_type),
+        source_format=text(source_format) or "parquet", delete_field=text(delete_field), batch_id=text(batch_id),
+        engine=text(engine), partial_update=bool(partial_update), schema_evolution=text(schema_evolution),
+    )
+    return opts.to_argv(given=("source_format",) if text(source_format) else ())
+
+
+def record_key_fields(record_key: str | Sequence[str] | None) -> list[str] | None:
+    """A task's ``record_key`` (``"region,id"`` or a list) as the options' field list; None (or
+    empty): the table's key. BadInputError when it names no field."""
+    from spark_jobs.exceptions import BadInputError
+
+    if record_key is None or record_key == "" or (not isinstance(record_key, str) and not list(record_key)):
+        return None
+    key = record_key if isinstance(record_key, str) else ",".join(str(k) for k in record_key)
+    keys = [k.strip() for k in str(key).split(",") if k.strip()]
+    if not keys:
+        raise BadInputError(f"record_key names no field: {record_key!r}")
+    return keys
+
+
+def whole_number(name: str, value: int | str | None) -> int | None:
+    """A templated count (``"8"`` renders as text) as an int; None (or ``""``): not given.
+    BadInputError for anything else."""
+    from spark_jobs.exceptions import BadInputError
+
+    if value is None or value == "":
+        return None
+    try:
+        return int(str(value))
+    except ValueError:
+        raise BadInputError(f"{name} must be a whole number, got {value!r}") from None
 
 
 class BucketIndexSparkSubmitHook(SparkSubmitAdapter):

@@ -81,7 +81,7 @@ class AsyncIndexCompactionOperator(BucketIndexSparkOperator):
 
     def spark_submit_command(self, instant: str) -> list[str]:
         """The exact spark-submit command the execute step runs (templates rendered)."""
-        return self.hook.build_command("compact", [str(self.table_uri), "--execute", str(instant)])
+        return self.hook.build_command("compact", _execute_args(str(self.table_uri), str(instant)))
 
     @storage_scoped
     def execute(self, context: Context) -> dict[str, Any]:
@@ -106,7 +106,7 @@ class AsyncIndexCompactionOperator(BucketIndexSparkOperator):
                                            "(the schedule task's XCom)")
             result["instant"] = instant
         try:
-            self.submit_job(context, "compact", [table_uri, "--execute", instant])
+            self.submit_job(context, "compact", _execute_args(table_uri, instant))
         except SparkJobFailed as e:
             if e.returncode == EXIT_BAD_INPUT:  # no such plan, cancelled, or stale: a retry cannot help
                 raise AirflowFailException(str(e)) from e
@@ -137,3 +137,10 @@ class AsyncIndexCompactionOperator(BucketIndexSparkOperator):
         if done is None or not done.is_completed:
             raise AirflowFailException(f"compaction {instant} did not complete in {table_uri}")
         return dict(t.timeline.read_metadata(done).get("counts") or {})
+
+
+def _execute_args(table_uri: str, instant: str) -> list[str]:
+    """``compact TABLE --execute INSTANT``, by :class:`~spark_jobs.table.action.compact.CompactOptions`."""
+    from spark_jobs.table.action.compact import CompactOptions
+
+    return CompactOptions(table=table_uri, execute=instant).to_argv()

@@ -97,10 +97,15 @@ class RehashOperator(BucketIndexSparkOperator):
             raise AirflowFailException(f"num_buckets must be a whole number, got {self.num_buckets!r}") from None
 
     def _args(self, table_uri: str, count: int) -> list[str]:
-        args = [table_uri, "--num-buckets", str(count)]
-        if self.heartbeat_timeout_s is not None:
-            args += ["--heartbeat-timeout", str(self.heartbeat_timeout_s)]
-        return args
+        """The job's arguments, by :class:`~spark_jobs.table.action.rehash.RehashOptions` (the CLI's form)."""
+        from spark_jobs.exceptions import BadInputError
+        from spark_jobs.table.action.rehash import RehashOptions
+
+        try:
+            opts = RehashOptions(table=table_uri, num_buckets=count, heartbeat_timeout_s=self.heartbeat_timeout_s)
+        except BadInputError as e:  # the CLI would refuse it (exit 2): no job, no retry
+            raise AirflowFailException(f"rehash of {redact_uri(table_uri)} refused: {e}") from e
+        return opts.to_argv()
 
     @staticmethod
     def _committed(table_uri: str, count: int) -> dict[str, Any]:

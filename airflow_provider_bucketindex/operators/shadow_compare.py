@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_provider_bucketindex.hooks.bucketindex import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, SparkJobFailed
-from airflow_provider_bucketindex.operators.base import BucketIndexSparkOperator, storage_scoped
+from airflow_provider_bucketindex.operators.base import BucketIndexSparkOperator, one_line, storage_scoped
 from spark_jobs.io.storage import redact_uri
 from spark_jobs.text import plural
 
@@ -141,11 +141,15 @@ class IndexShadowCompareOperator(BucketIndexSparkOperator):
 
     # -- the command ---------------------------------------------------------------------------
     def _args(self, table_uri: str, report_uri: str) -> list[str]:
-        args = [table_uri, "--against", str(self.against or "scan").strip()]
+        """The job's arguments: the task's templated values made typed, then
+        :meth:`ShadowCompareOptions.to_argv <spark_jobs.table.action.shadow_compare.ShadowCompareOptions>`
+        (``--against`` and ``--max-mismatches`` always written: the command says what it checks)."""
+        from spark_jobs.exceptions import BadInputError
+        from spark_jobs.table.action.shadow_compare import ShadowCompareOptions
+
         since = "" if self.since is None else str(self.since).strip()
-        if since and since.lower() not in ("none", "null"):
-            args += ["--since", since]
         fraction = "" if self.sample_fraction is None else str(self.sample_fraction).strip()
+        value = 1.0
         if fraction and fraction.lower() not in ("none", "null"):
             try:
                 value = float(fraction)
@@ -153,15 +157,20 @@ class IndexShadowCompareOperator(BucketIndexSparkOperator):
                 raise AirflowFailException(f"sample_fraction must be a number, got {self.sample_fraction!r}") from None
             if not 0 < value <= 1:
                 raise AirflowFailException(f"sample_fraction must be in (0, 1], got {value}")
-            if value < 1:
-                args += ["--sample-fraction", repr(value)]
         try:
             limit = int(str(self.max_mismatches if self.max_mismatches is not None else 0).strip() or 0)
         except ValueError:
             raise AirflowFailException(f"max_mismatches must be a whole number, got {self.max_mismatches!r}") from None
         if limit < 0:
             raise AirflowFailException(f"max_mismatches must be at least 0, got {limit}")
-        return [*args, "--max-mismatches", str(limit), "--report", report_uri]
+        try:
+            opts = ShadowCompareOptions(
+                table=table_uri, against=str(self.against or "scan").strip(),
+                since=since if since and since.lower() not in ("none", "null") else None,
+                sample_fraction=value, max_mismatches=limit, report=report_uri)
+        except BadInputError as e:  # the CLI would refuse it (exit 2): no job, no retry
+            raise AirflowFailException(f"bucketindex shadow-compare refused: {one_line(e)}") from e
+        return opts.to_argv(given=("against", "max_mismatches"))
 
     def _report_uri(self, context: Context | None) -> str:
         if self.report_uri:

@@ -11,7 +11,8 @@ from airflow_provider_bucketindex.hooks.bucketindex import (
     EXIT_BAD_INPUT,
     EXIT_RETRYABLE,
     SparkJobFailed,
-    upsert_args,
+    record_key_fields,
+    whole_number,
 )
 from airflow_provider_bucketindex.operators.base import (
     ARROW,
@@ -27,9 +28,6 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
 __all__ = ["UpsertWithIndexOperator"]
-
-#: the source formats ``bucketindex upsert --source-format`` takes
-SOURCE_FORMATS = ("parquet", "json", "csv")
 
 
 class UpsertWithIndexOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
@@ -187,20 +185,12 @@ class UpsertWithIndexOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
 
     def build_args(self, batch_id: str, *, table_exists: bool) -> list[str]:
         """``bucketindex upsert`` arguments of the Spark job, connection defaults filled in, with
-        ``--engine spark``: the operator has decided, the submitted job does not decide again."""
-        return upsert_args(
-            self.table_uri,
-            self.source_uri,
-            record_key=self.record_key,
-            precombine_field=self.precombine_field,
-            partition_field=self.partition_field,
-            delete_field=self.delete_field,
-            batch_id=batch_id,
-            engine=SPARK,
-            partial_update=self.partial_update,
-            schema_evolution=self.schema_evolution or None,
-            **self._table_options(table_exists),
-        )
+        ``--engine spark``: the operator has decided, the submitted job does not decide again.
+        The options' own :meth:`~spark_jobs.table.action.upsert.UpsertOptions.to_argv`, so the job
+        parses back exactly the options an in-task run would use."""
+        opts = self.upsert_options(batch_id, table_exists=table_exists, engine=SPARK)
+        given = ("source_format",) if self._table_options(table_exists)["source_format"] not in (None, "") else ()
+        return opts.to_argv(given=given)
 
     def spark_submit_command(self, batch_id: str) -> list[str]:
         """The exact spark-submit command ``execute`` runs for ``batch_id`` when the batch goes to
@@ -208,33 +198,15 @@ class UpsertWithIndexOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
         args = self.build_args(batch_id, table_exists=self.hook.table_exists(str(self.table_uri)))
         return self.hook.build_command("upsert", args)
 
-    def upsert_options(self, batch_id: str, *, table_exists: bool, memory_budget: str | None = None) -> Any:
-        """The :class:`~spark_jobs.table.action.upsert.UpsertOptions` of the in-task run: the same
-        values :meth:`build_args` passes the CLI, checked as the CLI's parser checks them (bad
-        values raise ``BadInputError``). ``engine`` is ``arrow``: the operator has decided."""
-        from spark_jobs.exceptions import BadInputError
+    def upsert_options(self, batch_id: str, *, table_exists: bool, memory_budget: str | None = None,
+                       engine: str = ARROW) -> Any:
+        """The :class:`~spark_jobs.table.action.upsert.UpsertOptions` of this task: connection
+        defaults filled in, templated text made typed (``num_buckets="8"``), checked once by the
+        options themselves (bad values raise ``BadInputError``). ``engine``: ``arrow`` for the
+        in-task run, ``spark`` for the submitted job's arguments (:meth:`build_args`)."""
         from spark_jobs.table.action.upsert import UpsertOptions
-        from spark_jobs.table.config import INDEX_TYPES, TABLE_TYPES
 
         opt = self._table_options(table_exists)
-        for name, value, allowed in (("index", opt["index"], INDEX_TYPES), ("table_type", opt["table_type"], TABLE_TYPES),
-                                     ("source_format", opt["source_format"], SOURCE_FORMATS)):
-            if value not in (None, "") and str(value) not in allowed:
-                raise BadInputError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
-        num_buckets = opt["num_buckets"]
-        if num_buckets not in (None, ""):
-            try:
-                num_buckets = int(str(num_buckets))
-            except ValueError:
-                raise BadInputError(f"num_buckets must be a whole number, got {num_buckets!r}") from None
-            if num_buckets < 1:
-                raise BadInputError(f"--num-buckets must be at least 1, got {num_buckets}")
-        keys: list[str] | None = None
-        if self.record_key not in (None, "", []):  # None: the table's key (a new table refuses it, exit 2)
-            key = self.record_key if isinstance(self.record_key, str) else ",".join(str(k) for k in self.record_key)
-            keys = [k.strip() for k in str(key).split(",") if k.strip()]
-            if not keys:
-                raise BadInputError(f"record_key names no field: {self.record_key!r}")
 
         def text(value: Any) -> str | None:
             return None if value is None or value == "" else str(value)
@@ -242,16 +214,16 @@ class UpsertWithIndexOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
         return UpsertOptions(
             table=str(self.table_uri),
             source=str(self.source_uri),
-            record_key=keys,
+            record_key=record_key_fields(self.record_key),  # None: the table's key (a new table refuses it, exit 2)
             precombine_field=text(self.precombine_field),
             partition_field=text(self.partition_field),
             index=text(opt["index"]),
-            num_buckets=num_buckets or None,
+            num_buckets=whole_number("num_buckets", opt["num_buckets"]),
             table_type=text(opt["table_type"]),
             source_format=text(opt["source_format"]) or "parquet",
             delete_field=text(self.delete_field),
             batch_id=batch_id,
-            engine=ARROW,
+            engine=engine,
             memory_budget=memory_budget,
             partial_update=self.partial_update,
             schema_evolution=text(self.schema_evolution),

@@ -60,7 +60,7 @@ class ValidateTableOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
 
     def spark_submit_command(self) -> list[str]:
         """The exact spark-submit command ``execute`` runs when the check goes to Spark (templates rendered)."""
-        return self.hook.build_command("validate", [str(self.table_uri)])
+        return self.hook.build_command("validate", _args(str(self.table_uri)))
 
     @storage_scoped
     def execute(self, context: Context) -> dict[str, Any]:
@@ -69,7 +69,7 @@ class ValidateTableOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
         if engine is None:
             engine = SPARK
             try:
-                self.submit_job(context, "validate", [table_uri])
+                self.submit_job(context, "validate", _args(table_uri))
             except SparkJobFailed as e:
                 if e.returncode == EXIT_CHECK_FAILED:
                     raise AirflowFailException(f"validate found a problem in {table_uri}: {e.reason}") from e
@@ -122,3 +122,11 @@ def _needed_bytes(table_uri: str) -> int:
 
     table = Table.load(table_uri)
     return needed_bytes(table, table.view())
+
+
+def _args(table_uri: str) -> list[str]:
+    """The job's arguments, by :class:`~spark_jobs.table.action.validate.ValidateOptions` (the
+    CLI's form): the table only -- under spark-submit the job runs on Spark without being told."""
+    from spark_jobs.table.action.validate import ValidateOptions
+
+    return ValidateOptions(table=table_uri).to_argv()

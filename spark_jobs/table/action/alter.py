@@ -19,11 +19,20 @@ schema record none and commit beside it (their rows read the new column as null)
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import pyarrow as pa
 
 from spark_jobs.exceptions import BadInputError
+from spark_jobs.table.action.options import (
+    POSITIONAL,
+    REPEAT,
+    VerbOptions,
+    check_heartbeat_timeout,
+    check_max_retries,
+    option,
+)
 from spark_jobs.table.action.transaction import Transaction
 from spark_jobs.table.config import EVOLVING_FORMAT_VERSION, _field_name_problem
 from spark_jobs.table.schema import (
@@ -36,9 +45,34 @@ from spark_jobs.table.schema import (
 from spark_jobs.table.timeline import Action
 from spark_jobs.table.view import FileSystemView, encode_schema
 
-__all__ = ["OPERATION", "parse_column_spec", "altered_schema", "run_alter"]
+__all__ = ["AlterOptions", "OPERATION", "parse_column_spec", "altered_schema", "run_alter"]
 
 log = logging.getLogger("bucketindex.alter")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlterOptions(VerbOptions):
+    """The options of ``bucketindex alter``, validated once: each ``NAME:TYPE`` parses
+    (:func:`parse_column_spec`) and the retry and heartbeat values are in range -- one line,
+    exit 2, before the table is read. Whether a change is allowed is decided on the table."""
+
+    VERB = "alter"
+
+    table: str = option(form=POSITIONAL)
+    #: ``NAME:TYPE`` of nullable columns to add
+    add_columns: list[str] = option("--add-column", form=REPEAT, default_factory=list)
+    #: ``NAME:TYPE`` of columns to widen
+    widen_columns: list[str] = option("--widen-column", form=REPEAT, default_factory=list)
+    max_retries: int = option("--max-retries", default=3)
+    heartbeat_timeout_s: float | None = option("--heartbeat-timeout", default=None)
+
+    def __post_init__(self) -> None:
+        check_heartbeat_timeout(self.heartbeat_timeout_s)
+        check_max_retries(self.max_retries)
+        for spec in self.add_columns:
+            parse_column_spec(spec, option="--add-column")
+        for spec in self.widen_columns:
+            parse_column_spec(spec, option="--widen-column")
 
 #: the ``operation`` of an alter's commit
 OPERATION = "alter_schema"

@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pendulum
 
 from spark_jobs.exceptions import BadInputError, PathEscapeError
+from spark_jobs.table.action.options import POSITIONAL, SWITCH, VerbOptions, check_heartbeat_timeout, option
 from spark_jobs.table.action.rollback import pending_snapshots, referenced_files
 from spark_jobs.table.action.service import execute, execute_waiting, pending_plans, schedule
 from spark_jobs.table.action.transaction import Transaction
@@ -44,9 +46,31 @@ from spark_jobs.text import plural
 if TYPE_CHECKING:
     from spark_jobs.table.table import Table
 
-__all__ = ["plan_clean", "run_clean", "describe_clean", "retained_from", "retention", "CleanPolicy"]
+__all__ = ["CleanOptions", "plan_clean", "run_clean", "describe_clean", "retained_from", "retention", "CleanPolicy"]
 
 log = logging.getLogger("bucketindex.clean")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CleanOptions(VerbOptions):
+    """The options of ``bucketindex clean``, validated once (one line, exit 2): at most one
+    retention rule; the rule's values against the table are :class:`CleanPolicy`'s."""
+
+    VERB = "clean"
+
+    table: str = option(form=POSITIONAL)
+    #: keep the snapshots of the last N commits (None: the table's ``clean_retain_commits``)
+    retain_commits: int | None = option("--retain-commits", default=None)
+    #: ... or of the last H hours
+    retain_hours: float | None = option("--retain-hours", default=None)
+    #: print what would be deleted; write nothing
+    dry_run: bool = option("--dry-run", form=SWITCH, default=False)
+    heartbeat_timeout_s: float | None = option("--heartbeat-timeout", default=None)
+
+    def __post_init__(self) -> None:
+        if self.retain_commits is not None and self.retain_hours is not None:
+            raise BadInputError("--retain-commits and --retain-hours are two retention rules: give one of them")
+        check_heartbeat_timeout(self.heartbeat_timeout_s)
 
 #: files deleted per request: what one S3 ``DeleteObjects`` takes (format.md §10)
 DELETE_BATCH = 1000

@@ -28,10 +28,20 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from spark_jobs.exceptions import BadInputError, WriterAliveError
 from spark_jobs.index.record_index import IndexFile, index_file_error, is_sealed_base
+from spark_jobs.table.action.options import (
+    POSITIONAL,
+    REPEAT,
+    SWITCH,
+    VerbOptions,
+    check_choice,
+    check_engine,
+    check_heartbeat_timeout,
+    option,
+)
 from spark_jobs.table.action.rollback import is_writer_alive
 from spark_jobs.table.action.service import execute, execute_waiting, pending_plans, schedule
 from spark_jobs.table.config import INDEX_RECORD
-from spark_jobs.table.timeline import Action, State
+from spark_jobs.table.timeline import Action, State, check_instant
 from spark_jobs.table.view import FileSlice, FileSystemView, is_index_delta
 from spark_jobs.text import plural
 
@@ -40,7 +50,7 @@ if TYPE_CHECKING:
     from spark_jobs.table.action.transaction import Transaction
     from spark_jobs.table.table import Table
 
-__all__ = ["CompactionPolicy", "plan_compaction", "schedule_compaction", "compaction_metadata", "compactable",
+__all__ = ["CompactOptions", "CompactionPolicy", "plan_compaction", "schedule_compaction", "compaction_metadata", "compactable",
            "DEFAULT_INDEX_BASE_CAP", "check_plan", "plan_index_base_cap", "execute_plan", "run", "Write", "Pick",
            "REBUILD_OPERATION", "is_rebuild", "plan_index_rebuild", "run_rebuild"]
 
@@ -64,6 +74,78 @@ DEFAULT_DELTA_RATIO = 0.5
 #: bucket grows, and a lookup opens one more base per cap's worth of entries. Measured by
 #: benchmarks/index_base_cap.py (docs/benchmarks.md, "Index base cap")
 DEFAULT_INDEX_BASE_CAP = 1_000_000
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompactOptions(VerbOptions):
+    """The options of ``bucketindex compact``, validated once: which mode (schedule and execute,
+    ``schedule_only``, ``execute`` a plan, or ``rebuild_index``), the scheduling policy and which
+    option goes with which mode (one line, exit 2, before anything is read or written)."""
+
+    VERB = "compact"
+
+    table: str = option(form=POSITIONAL)
+    #: only write the plan (its instant is printed last)
+    schedule_only: bool = option("--schedule-only", form=SWITCH, default=False)
+    #: execute this scheduled plan (again, after a failure)
+    execute: str | None = option("--execute", default=None)
+    #: the policy's values (None: :class:`CompactionPolicy`'s defaults)
+    min_logs: int | None = option("--min-logs", default=None)
+    log_ratio: float | None = option("--log-ratio", default=None)
+    max_groups: int | None = option("--max-groups", default=None)
+    min_deltas: int | None = option("--min-deltas", default=None)
+    delta_ratio: float | None = option("--delta-ratio", default=None)
+    index_base_cap: int | None = option("--index-base-cap", default=None)
+    #: data | index: plan only that kind (None: both)
+    only: str | None = option("--only", default=None)
+    heartbeat_timeout_s: float | None = option("--heartbeat-timeout", default=None)
+    #: rebuild record-index buckets from the data instead of folding their files
+    rebuild_index: bool = option("--rebuild-index", form=SWITCH, default=False)
+    #: with ``rebuild_index``: only these buckets (None: every bucket)
+    bucket: list[int] | None = option("--bucket", form=REPEAT, default=None)
+    engine: str | None = option("--engine", default=None)
+    memory_budget: str | None = option("--memory-budget", default=None)
+
+    def __post_init__(self) -> None:
+        check_heartbeat_timeout(self.heartbeat_timeout_s)
+        check_engine(self.engine, self.memory_budget)
+        check_choice("--only", self.only, ("data", "index"))
+        if self.schedule_only and self.execute is not None:
+            raise BadInputError("--schedule-only writes a plan and --execute runs one: give one of them")
+        if self.rebuild_index:
+            others = {"--schedule-only": self.schedule_only, "--execute": self.execute, "--min-logs": self.min_logs,
+                      "--log-ratio": self.log_ratio, "--max-groups": self.max_groups,
+                      "--min-deltas": self.min_deltas, "--delta-ratio": self.delta_ratio, "--only": self.only}
+            given = [name for name, v in others.items() if v not in (None, False)]
+            if given:
+                raise BadInputError(f"--rebuild-index plans and executes one rebuild of the index from the data: "
+                                    f"{', '.join(given)} do not apply to it")
+            self.policy  # noqa: B018 - the index base cap's own check
+            return
+        if self.bucket:
+            raise BadInputError("--bucket names the index buckets --rebuild-index rebuilds; add --rebuild-index")
+        scheduling = (self.min_logs, self.log_ratio, self.max_groups, self.min_deltas, self.delta_ratio, self.only,
+                      self.index_base_cap)
+        if self.execute is not None and any(v is not None for v in scheduling):
+            raise BadInputError("--execute runs a plan as scheduled; --min-logs, --log-ratio, --max-groups, "
+                                "--min-deltas, --delta-ratio, --index-base-cap and --only apply when scheduling")
+        if self.execute is not None:
+            check_instant(self.execute, option="--execute")
+        self.policy  # noqa: B018 - its values' checks, once
+
+    @property
+    def policy(self) -> "CompactionPolicy":
+        """What is due, as :func:`run` takes it (the defaults for values not given)."""
+        return CompactionPolicy(
+            min_logs=DEFAULT_MIN_LOGS if self.min_logs is None else self.min_logs,
+            log_ratio=DEFAULT_LOG_RATIO if self.log_ratio is None else self.log_ratio,
+            max_groups=self.max_groups,
+            min_deltas=DEFAULT_MIN_DELTAS if self.min_deltas is None else self.min_deltas,
+            delta_ratio=DEFAULT_DELTA_RATIO if self.delta_ratio is None else self.delta_ratio,
+            index_base_cap=DEFAULT_INDEX_BASE_CAP if self.index_base_cap is None else self.index_base_cap,
+            data=self.only in (None, "data"),
+            index=self.only in (None, "index"),
+        )
 
 
 @dataclass(frozen=True)

@@ -17,18 +17,38 @@ concurrently, is harmless: the second entry records the same list. No JVM, no ``
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from spark_jobs.exceptions import BadInputError
 from spark_jobs.table import delta
+from spark_jobs.table.action.options import POSITIONAL, SWITCH, VerbOptions, check_choice, option
 from spark_jobs.table.action.transaction import Transaction
 from spark_jobs.table.config import MIRRORS
 from spark_jobs.table.timeline import Action
 from spark_jobs.table.view import FileSystemView
 
-__all__ = ["OPERATION", "enable_mirror"]
+__all__ = ["MirrorOptions", "OPERATION", "enable_mirror"]
 
 log = logging.getLogger("bucketindex.mirror")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MirrorOptions(VerbOptions):
+    """The options of ``bucketindex mirror``: turn a projection on, or repair its log; exactly one."""
+
+    VERB = "mirror"
+
+    table: str = option(form=POSITIONAL)
+    #: the projection to turn on (``delta``)
+    enable: str | None = option("--enable", default=None)
+    #: check every version against the timeline, write missing ones, rewrite damaged ones
+    repair: bool = option("--repair", form=SWITCH, default=False)
+
+    def __post_init__(self) -> None:
+        check_choice("--enable", self.enable, MIRRORS)
+        if (self.enable is None) == (not self.repair):
+            raise BadInputError("mirror takes one of --enable delta and --repair")
 
 #: the ``operation`` of the commit that sets table properties
 OPERATION = "set_properties"

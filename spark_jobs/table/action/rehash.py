@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from spark_jobs.exceptions import BadInputError
+from spark_jobs.table.action.options import POSITIONAL, VerbOptions, check_heartbeat_timeout, option
 from spark_jobs.table.config import INDEX_BUCKET, INDEX_RECORD, MAX_NUM_BUCKETS
 from spark_jobs.table.timeline import Action
 from spark_jobs.table.view import FileSystemView
@@ -31,7 +32,7 @@ from spark_jobs.table.view import FileSystemView
 if TYPE_CHECKING:
     from spark_jobs.table.table import Table
 
-__all__ = [
+__all__ = ["RehashOptions", 
     "MAX_NUM_BUCKETS",
     "RehashPlan",
     "check_rehash",
@@ -45,6 +46,24 @@ __all__ = [
 ]
 
 log = logging.getLogger("bucketindex.rehash")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RehashOptions(VerbOptions):
+    """The options of ``bucketindex rehash`` (the Airflow operator's command is built from them);
+    whether the count is a multiple or a divisor of the one in force is decided on the table."""
+
+    VERB = "rehash"
+
+    table: str = option(form=POSITIONAL)
+    #: the new bucket count
+    num_buckets: int = option("--num-buckets")
+    heartbeat_timeout_s: float | None = option("--heartbeat-timeout", default=None)
+
+    def __post_init__(self) -> None:
+        if self.num_buckets < 1:
+            raise BadInputError(f"--num-buckets must be at least 1, got {self.num_buckets}")
+        check_heartbeat_timeout(self.heartbeat_timeout_s)
 
 
 def bucket_file_id(bucket: int) -> str:

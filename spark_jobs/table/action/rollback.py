@@ -11,22 +11,44 @@ a crash at any step leaves work that :func:`repair` finishes (every step is idem
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
 from spark_jobs.exceptions import BadInputError, WriterAliveError
+from spark_jobs.table.action.options import POSITIONAL, SWITCH, VerbOptions, check_heartbeat_timeout, option
 from spark_jobs.table.commit import CommitMetadata
 from spark_jobs.table.commit import parse as parse_commit
 from spark_jobs.table.delta import after_commit
 from spark_jobs.table.heartbeat import is_alive
-from spark_jobs.table.timeline import Action, Instant, SequenceTakenError, State
+from spark_jobs.table.timeline import Action, Instant, SequenceTakenError, State, check_instant
 from spark_jobs.table.faults import maybe_crash
 
 if TYPE_CHECKING:
     from spark_jobs.table.table import Table
 
-__all__ = ["rollback", "repair", "is_writer_alive", "pending_snapshots"]
+__all__ = ["RollbackOptions", "rollback", "repair", "is_writer_alive", "pending_snapshots"]
 
 log = logging.getLogger("bucketindex.rollback")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RollbackOptions(VerbOptions):
+    """The options of ``bucketindex rollback``, validated once: a malformed instant or a
+    non-positive heartbeat timeout is one line (exit 2) before the table is touched."""
+
+    VERB = "rollback"
+
+    table: str = option(form=POSITIONAL)
+    #: the pending instant to roll back (None: every abandoned one)
+    instant: str | None = option(form=POSITIONAL, default=None)
+    #: even if its writer looks alive
+    force: bool = option("--force", form=SWITCH, default=False)
+    heartbeat_timeout_s: float | None = option("--heartbeat-timeout", default=None)
+
+    def __post_init__(self) -> None:
+        check_heartbeat_timeout(self.heartbeat_timeout_s)
+        if self.instant is not None:
+            check_instant(self.instant, option="INSTANT")
 
 
 def is_writer_alive(table: "Table", inst: Instant, timeout_s: float | None = None) -> bool:

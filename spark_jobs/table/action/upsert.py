@@ -60,6 +60,17 @@ import pyarrow as pa
 
 from spark_jobs.exceptions import BadInputError, ConfigConflictError
 from spark_jobs.io.storage import redact_uri
+from spark_jobs.table.action.options import (
+    CSV,
+    POSITIONAL,
+    SWITCH,
+    VerbOptions,
+    check_choice,
+    check_engine,
+    check_heartbeat_timeout,
+    check_max_retries,
+    option,
+)
 from spark_jobs.table.action.transaction import Transaction
 from spark_jobs.table.commit import FileGroupChange, LogChange
 from spark_jobs.table.config import (
@@ -68,6 +79,9 @@ from spark_jobs.table.config import (
     INDEX_BUCKET,
     INDEX_GLOBAL_SIMPLE,
     INDEX_RECORD,
+    INDEX_TYPES,
+    MIRRORS,
+    TABLE_TYPES,
     TableConfig,
     check_field_names,
 )
@@ -84,6 +98,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "UpsertOptions",
+    "SOURCE_FORMATS",
     "UpsertEngine",
     "PreparedBatch",
     "Attempt",
@@ -130,28 +145,38 @@ def not_a_delete_flag(delete_field: str, value: Any) -> BadInputError:
                          f"(true/false, t/f, yes/no, y/n, 1/0)")
 
 
-@dataclass
-class UpsertOptions:
-    table: str
-    source: str
+#: how ``--source-format`` reads a batch (the engines' own lists, ``jobs.source`` and ``arrow_engine.source``)
+SOURCE_FORMATS = ("parquet", "json", "csv")
+
+
+@dataclass(frozen=True, kw_only=True)
+class UpsertOptions(VerbOptions):
+    """The options of ``bucketindex upsert`` (and of an upsert from the Airflow operator or the
+    Python API), validated once when made: a bad value is one line, exit 2, before a JVM starts.
+    :meth:`to_argv` / :meth:`from_args` are the CLI's form (:mod:`.options`)."""
+
+    VERB = "upsert"
+
+    table: str = option(form=POSITIONAL)
+    source: str = option(form=POSITIONAL)
     #: the key field(s); None: the table's (``table.json``), needed only to create a table
-    record_key: list[str] | None = None
-    precombine_field: str | None = None
-    partition_field: str | None = None
-    index: str | None = None
-    num_buckets: int | None = None
+    record_key: list[str] | None = option("--record-key", form=CSV, default=None)
+    precombine_field: str | None = option("--precombine-field", default=None)
+    partition_field: str | None = option("--partition-field", default=None)
+    index: str | None = option("--index", default=None)
+    num_buckets: int | None = option("--num-buckets", default=None)
     #: copy_on_write | merge_on_read, fixed at creation (default copy_on_write)
-    table_type: str | None = None
-    source_format: str = "parquet"
-    delete_field: str | None = None
-    batch_id: str | None = None
-    target_file_rows: int | None = None
+    table_type: str | None = option("--table-type", default=None)
+    source_format: str = option("--source-format", default="parquet")
+    delete_field: str | None = option("--delete-field", default=None)
+    batch_id: str | None = option("--batch-id", default=None)
+    target_file_rows: int | None = option("--target-file-rows", default=None)
     #: how often a conflicting commit is re-tagged and re-written on the new snapshot
-    max_retries: int = 3
+    max_retries: int = option("--max-retries", default=3)
     #: a pending instant whose heartbeat is older than this is abandoned (default: heartbeat.TIMEOUT_S)
-    heartbeat_timeout_s: float | None = None
+    heartbeat_timeout_s: float | None = option("--heartbeat-timeout", default=None)
     #: tee: also tag the batch with this index (global_simple | bucket) and record disagreements
-    shadow_index: str | None = None
+    shadow_index: str | None = option("--shadow-index", default=None)
     #: the batch as an engine's frame, read by the caller (a rewrite bootstrap reads its dataset
     #: with pyarrow, whose Hive partition values Spark would decode differently); ``source``
     #: then only names it. Spark: a DataFrame.
@@ -162,36 +187,42 @@ class UpsertOptions:
     #: more commit metadata (a bootstrap's ``bootstrap`` summary)
     extra_metadata: dict[str, Any] = field(default_factory=dict)
     #: auto | spark | arrow (``spark_jobs.table.action.engine``); None means auto
-    engine: str | None = None
+    engine: str | None = option("--engine", default=None)
     #: the in-process engine's memory budget (``4g``); default derived from the machine
-    memory_budget: str | None = None
-    #: ``--partial-update``: the batch may lack table columns; updated rows keep their stored
-    #: values of those, inserted rows get nulls (format.md §8)
-    partial_update: bool = False
+    memory_budget: str | None = option("--memory-budget", default=None)
     #: ``--schema-evolution``: none (default) | add-columns | widen | all, or a comma list
     #: (``spark_jobs.table.schema.evolve``: what a batch may change of the table's schema)
-    schema_evolution: str | None = None
+    schema_evolution: str | None = option("--schema-evolution", default=None)
+    #: ``--partial-update``: the batch may lack table columns; updated rows keep their stored
+    #: values of those, inserted rows get nulls (format.md §8)
+    partial_update: bool = option("--partial-update", form=SWITCH, default=False)
     #: ``--mirror delta``: a projection written beside each commit, fixed at creation
     #: (``bucketindex mirror --enable`` turns it on later; ``spark_jobs.table.delta``)
-    mirror: str | None = None
+    mirror: str | None = option("--mirror", default=None)
     #: set by the driver, not by users: columns added to the table by a concurrent commit after
     #: the batch was first validated. Validated again on the new schema, the batch may lack them;
     #: its rows hold null there, as rows written before the column existed read it
     absent_columns: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        # field names are checked when the options are made: before a JVM starts (the CLI
-        # makes them first) and before any file is written
+        # checked when the options are made: before a JVM starts (the CLI makes them first, the
+        # operator before it submits) and before any file is written
         if self.record_key is not None and not [k for k in self.record_key if k]:
             raise BadInputError("--record-key gives an empty field name (omit the option to use the table's key)")
         check_field_names(record_key=list(self.record_key or []), partition_field=self.partition_field,
                           precombine_field=self.precombine_field, delete_field=self.delete_field)
+        check_choice("--index", self.index, INDEX_TYPES)
+        check_choice("--table-type", self.table_type, TABLE_TYPES)
+        check_choice("--source-format", self.source_format, SOURCE_FORMATS)
+        check_choice("--shadow-index", self.shadow_index, SHADOW_INDEXES)
+        check_choice("--mirror", self.mirror, MIRRORS)
         if self.num_buckets is not None and self.num_buckets < 1:
             raise BadInputError(f"--num-buckets must be at least 1, got {self.num_buckets}")
-        if self.max_retries < 0:
-            raise BadInputError(f"--max-retries must be 0 or more, got {self.max_retries}")
-        if self.heartbeat_timeout_s is not None and self.heartbeat_timeout_s <= 0:
-            raise BadInputError(f"--heartbeat-timeout must be positive, got {self.heartbeat_timeout_s}")
+        if self.target_file_rows is not None and self.target_file_rows < 1:
+            raise BadInputError(f"--target-file-rows must be at least 1, got {self.target_file_rows}")
+        check_max_retries(self.max_retries)
+        check_heartbeat_timeout(self.heartbeat_timeout_s)
+        check_engine(self.engine, self.memory_budget)
         parse_schema_evolution(self.schema_evolution)  # a bad value: one line, exit 2, before anything runs
 
     @property
