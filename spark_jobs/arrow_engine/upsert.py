@@ -1,14 +1,16 @@
 """The upsert in-process: :mod:`spark_jobs.table.action.upsert` executed on Arrow tables.
 
-The batch is read by pyarrow, validated, cast and deduplicated under the action's rules;
-tagging, routing and the file-group plan are pyarrow compute and numpy; each touched file
+The batch is read by pyarrow, validated, cast and deduplicated under the action's rules
+(:mod:`spark_jobs.table.action.upsert_rules`, evaluated here with pyarrow compute as the
+primitives); tagging, routing, the file-group plan and the tee (``--shadow-index``) are pyarrow
+compute and numpy; each touched file
 group is merged (or gets its log) and each touched index bucket gets its delta by the same
 functions Spark's tasks run (:mod:`spark_jobs.jobs.tasks`, free of ``pyspark``), on a small
 thread pool: file reads and Parquet writes release the GIL, and on object storage a write
 is a request's latency. The commit is the action's :class:`~spark_jobs.table.action.Transaction`.
 
 What it cannot reproduce exactly -- a key or partition column whose text form only Spark
-defines, a JSON or CSV source into a new table (Spark's schema inference), the tee -- raises
+defines, a JSON or CSV source into a new table (Spark's schema inference) -- raises
 :class:`EngineUnsupportedError` before anything is written, so ``--engine auto`` runs Spark.
 """
 
@@ -38,6 +40,7 @@ from spark_jobs.table.action.upsert import (
     OP,
     PART,
     TFID,
+    TEE_KINDS,
     TPART,
     Attempt,
     Phases,
@@ -52,6 +55,7 @@ from spark_jobs.table.ordering import older
 from spark_jobs.table.reader import read_slice
 from spark_jobs.table.schema import evolve, refuse_kind_changes, text_fixed_columns
 from spark_jobs.table.schema import carried_columns, check_batch_columns, refuse_missing_columns
+from spark_jobs.table.shadow import SAMPLES
 from spark_jobs.table.view import FileSystemView
 from spark_jobs.text import plural
 
@@ -82,8 +86,6 @@ class ArrowUpsertEngine:
     # -- validate and dedupe ---------------------------------------------------------
     def prepare(self, opts: UpsertOptions, cfg: TableConfig, view: FileSystemView | None,
                 phases: Phases) -> PreparedBatch:
-        if opts.shadow_index is not None:
-            raise EngineUnsupportedError("the tee (--shadow-index) runs on the Spark engine")
         if opts.source_df is not None and not isinstance(opts.source_df, pa.Table):
             raise EngineUnsupportedError("the batch was given as a Spark DataFrame")
         table_schema = view.schema if view is not None else None
@@ -128,12 +130,12 @@ class ArrowUpsertEngine:
         phases.done("validate", defer=True)
         # the order of tie-breaks is the source row as the Spark engine holds it: the table's
         # columns (cast), then the delete field as read; a new table's: the source's columns
-        if table_schema is not None:
-            order_cols = [cast.column(n) for n in user.names] + ([raw.column(opts.delete_field)]
-                                                                 if opts.delete_field else [])
-        else:
-            order_cols = [cast.column(c) if c in user.names else raw.column(c) for c in cols]
-        pre = cast.column(cfg.precombine_field) if cfg.precombine_field else None
+        source_names = [*user.names, *([opts.delete_field] if opts.delete_field else [])] \
+            if table_schema is not None else cols
+        lead, row = rules.dedupe_order(cfg, source_names)
+        n_cast = len(user.names) if table_schema is not None else len(row)
+        order_cols = [cast.column(c) if i < n_cast and c in user.names else raw.column(c) for i, c in enumerate(row)]
+        pre = cast.column(lead[0]) if lead else None
         ident = [{PART: parts, KEY: keys}[c] for c in rules.identity_columns(cfg)]
         identity = ident[0] if len(ident) == 1 else pc.binary_join_element_wise(*ident, "\x00")
         keep = rules.dedupe_winners(identity, pre, order_cols, any(_has_map(c.type) for c in order_cols))
@@ -166,6 +168,12 @@ class ArrowUpsertEngine:
         found = sum(s["found"] for s in stats.values())
         a.phases.done("tag", "routed by hash (bucket index: nothing to look up)" if cfg.index_type == INDEX_BUCKET
                       else f"{plural(found, 'key')} found in the table")
+        shadow = None
+        if a.shadow_index is not None:
+            shadow = _shadow(table, cfg, view, a.num_buckets, tagged, a.shadow_index)
+            d = shadow["disagreements"]
+            a.phases.done("shadow", f"{a.shadow_index}: {plural(shadow['keys_compared'], 'key')} compared, "
+                          + ", ".join(f"{d[k]} {k}" for k in TEE_KINDS))
         actions, decided = self._route(table, cfg, view, a.num_buckets, tagged, stats, batch_id=a.batch_id,
                                        carried=a.batch.carried)
         names = a.batch.data_schema.names
@@ -229,6 +237,7 @@ class ArrowUpsertEngine:
             "index": {"added": index_added, "removed": []},
             "counts": counts,
             "num_buckets": a.num_buckets,
+            **({"shadow": shadow} if shadow is not None else {}),
             **action.read_set(index_type=cfg.index_type, read_files=read_files,
                               groups=zip(reads.column("part").to_pylist(), reads.column("fid").to_pylist())),
         }
@@ -250,19 +259,7 @@ class ArrowUpsertEngine:
 
                 found = _parallel(look, wanted)
         else:  # global_simple: every live key of the snapshot
-            slices = view.slices()
-            found = []
-            if slices:
-                listing = pa.RecordBatch.from_pylist(
-                    [{"path": s.path, "part": s.partition, "fid": s.file_id, "logs": [lf.path for lf in s.logs]}
-                     for s in slices],
-                    schema=pa.schema([("path", pa.string()), ("part", pa.string()), ("fid", pa.string()),
-                                      ("logs", pa.list_(pa.string()))]))
-                # a group whose rows were all deleted has an empty base (compaction keeps it for
-                # later logs): its file yields no batch, so the schema is given
-                found = [pa.Table.from_batches(
-                    list(tasks.read_file_keys([listing], table_uri=table.uri, part=OLD_PART, fid=OLD_FID)),
-                    schema=pa.schema([(KEY, pa.string()), (OLD_PART, pa.string()), (OLD_FID, pa.string())]))]
+            found = [_scan_keys(table, view, part=OLD_PART, fid=OLD_FID)]
         hits = [t for t in found if t.num_rows]
         if not hits:
             nulls = pa.nulls(len(keys), pa.string())
@@ -310,6 +307,52 @@ class ArrowUpsertEngine:
         return pa.concat_tables([t.select(cols) for t in streams]), pa.concat_tables(decided)
 
 
+def _scan_keys(table: Any, view: FileSystemView, *, part: str, fid: str) -> pa.Table:
+    """Every live key of the snapshot with its location (``part``, ``fid``), as the Spark engine's
+    key scan (``jobs.read.keys_with_location``) reads it."""
+    schema = pa.schema([(KEY, pa.string()), (part, pa.string()), (fid, pa.string())])
+    slices = view.slices()
+    if not slices:
+        return schema.empty_table()
+    listing = pa.RecordBatch.from_pylist(
+        [{"path": s.path, "part": s.partition, "fid": s.file_id, "logs": [lf.path for lf in s.logs]} for s in slices],
+        schema=pa.schema([("path", pa.string()), ("part", pa.string()), ("fid", pa.string()),
+                          ("logs", pa.list_(pa.string()))]))
+    # a group whose rows were all deleted has an empty base (compaction keeps it for later logs):
+    # its file yields no batch, so the schema is given
+    return pa.Table.from_batches(list(tasks.read_file_keys([listing], table_uri=table.uri, part=part, fid=fid)),
+                                 schema=schema)
+
+
+def _shadow(table: Any, cfg: TableConfig, view: FileSystemView, num_buckets: int, tagged: pa.Table,
+            shadow_index: str) -> dict[str, Any]:
+    """The tee (``--shadow-index``; the rules: ``rules.tee_row``, ``rules.tee_kind``): the table's
+    tagging compared with ``shadow_index``'s per key of the batch, the shadow's answer read by a key
+    scan of the snapshot (a hash join in-process). Nothing written changes."""
+    keys = tagged.column(KEY).combine_chunks()
+    if cfg.index_type == INDEX_BUCKET:  # the index's answer: hash % N in the row's partition, for every key
+        fids = pc.utf8_lpad(pa.array(bucket_ids(keys, num_buckets)).cast(pa.string()), 8, "0")
+        own = pa.table({KEY: keys, PART: tagged.column(PART), OLD_PART: tagged.column(PART), OLD_FID: fids})
+    else:
+        own = tagged.select([KEY, PART, OLD_PART, OLD_FID])
+    joined = own.join(_scan_keys(table, view, part=rules.SH_PART, fid=rules.SH_FID), KEY, join_type="left outer")
+    ids = rules.tee_identity(cfg.index_type)
+    found = rules.tee_row(_ArrowOps(joined), index_type=cfg.index_type, shadow_index=shadow_index)
+    names = (rules.TEE_OWN, rules.TEE_SH, rules.TEE_SAME)
+    rows = pa.table({**{c: joined.column(c) for c in ids}, **dict(zip(names, found))})
+    # a key the scan finds twice (a duplicated key in the data) agrees when any of its rows does
+    agg = rows.group_by(ids).aggregate([(n, "any") for n in names])
+    per_key = pa.table({**{c: agg.column(c) for c in ids}, **{n: agg.column(f"{n}_any") for n in names}})
+    kind = rules.tee_kind(_ArrowOps(per_key), index_type=cfg.index_type)
+    out: dict[str, tuple[int, list[str]]] = {}
+    for k in TEE_KINDS:
+        hits = per_key.filter(pc.equal(kind, k)).column(KEY).to_pylist()
+        if hits:
+            out[k] = (len(hits), sorted(hits)[:SAMPLES])
+    return rules.tee_report(shadow_index=shadow_index, index_type=cfg.index_type, keys_compared=tagged.num_rows,
+                            found=out, kinds=TEE_KINDS, samples=SAMPLES)
+
+
 class _ArrowOps:
     """The rules' column primitives (:class:`~spark_jobs.table.action.upsert_rules.Ops`) over one table."""
 
@@ -336,6 +379,9 @@ class _ArrowOps:
 
     def differ(self, a: Any, b: Any) -> Any:
         return pc.fill_null(pc.not_equal(a, b), False)
+
+    def same(self, a: Any, b: Any) -> Any:
+        return pc.fill_null(pc.equal(a, b), False)
 
     def if_else(self, cond: Any, a: Any, b: Any) -> Any:
         return pc.if_else(cond, a, b)

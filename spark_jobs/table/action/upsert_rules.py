@@ -19,7 +19,10 @@ mask in-process:
 * :func:`identity_columns`, :func:`dedupe_winners` -- the dedupe's identity and its winner
   (highest precombine value in format.md §8's order, then the greatest source row);
 * :func:`legacy_aliases`, :func:`mover_slices`, :func:`lacking_columns` -- which directory a
-  value keeps, which file slices hold movers, which columns a partial batch's mover fetches.
+  value keeps, which file slices hold movers, which columns a partial batch's mover fetches;
+* :func:`tee_row`, :func:`tee_kind`, :func:`tee_report` -- the tee (``--shadow-index``): per
+  key, whether the table's index and the shadow index find it and agree, the disagreement's
+  kind, and the commit's ``shadow`` entry.
 
 What stays per engine, and why (the engine primitives):
 
@@ -31,8 +34,9 @@ What stays per engine, and why (the engine primitives):
 * the dedupe's execution: Spark's ``max_by`` aggregate over the order :func:`dedupe_order`
   names (sorting every row of a 10M-row batch, or running Python per row, would cost minutes),
   Arrow's :func:`dedupe_winners` over numpy codes;
-* the joins with the snapshot -- the key lookup (index buckets or the key scan) and the read
-  of the movers' stored rows -- a shuffle or broadcast join on Spark, ``index_in`` in-process;
+* the joins with the snapshot -- the key lookup (index buckets or the key scan), the read of
+  the movers' stored rows, the tee's key scan -- a shuffle or broadcast join on Spark,
+  ``index_in`` or a hash join in-process; and the tee's per-key aggregation (``max`` vs ``any``);
 * the file-group slot ``pmod(xxhash64(key, FILE_GROUP_SALT), n)`` (Spark's native hash,
   ``arrow_engine.keys.file_group_slots`` bit for bit) and the lookup of a slot in the plan's
   ranges (a range join vs ``searchsorted``); the plan itself is
@@ -64,7 +68,7 @@ __all__ = [
     "DECIDED", "MOVED", "NEW", "OLD", "BY_HASH", "TAG_STATS", "Ops", "Route",
     "absent_delete", "dedupe_order", "dedupe_winners", "entering", "entering_counts", "exists",
     "identity_columns", "lacking_columns", "legacy_aliases", "any_moved", "moved", "mover_slices",
-    "routes", "stale_move",
+    "routes", "stale_move", "tee_compared", "tee_identity", "tee_kind", "tee_report", "tee_row",
 ]
 
 #: a tagged batch's column holding :func:`moved` once computed (a stale move drop reads it)
@@ -75,8 +79,8 @@ X = TypeVar("X")
 
 class Ops(Protocol[X]):
     """The column primitives an engine supplies to evaluate a rule over one batch: ``X`` is a
-    Spark ``Column`` or an Arrow array. Null handling is the rule's: ``differ`` and ``is_true``
-    read null as false, so no rule depends on an engine's three-valued logic."""
+    Spark ``Column`` or an Arrow array. Null handling is the rule's: ``differ``, ``same`` and
+    ``is_true`` read null as false, so no rule depends on an engine's three-valued logic."""
 
     def col(self, name: str) -> X: ...
     def lit(self, value: Any) -> X: ...
@@ -85,6 +89,7 @@ class Ops(Protocol[X]):
     def or_(self, a: X, b: X) -> X: ...
     def not_(self, a: X) -> X: ...
     def differ(self, a: X, b: X) -> X: ...
+    def same(self, a: X, b: X) -> X: ...
     def if_else(self, cond: X, a: X, b: X) -> X: ...
     def older(self, incoming: X, stored: X) -> X: ...
     def is_true(self, x: X) -> X: ...
@@ -183,11 +188,11 @@ def identity_columns(cfg: TableConfig) -> list[str]:
     return [PART, KEY] if cfg.index_type == INDEX_BUCKET else [KEY]
 
 
-def dedupe_order(cfg: TableConfig, source_columns: list[str]) -> list[str]:
-    """The order the winner of an identity is the greatest in: the precombine value (format.md
-    §8's order), then the whole source row compared column by column (ties never depend on
-    file or task order)."""
-    return [*([cfg.precombine_field] if cfg.precombine_field else []), *source_columns]
+def dedupe_order(cfg: TableConfig, source_columns: list[str]) -> tuple[list[str], list[str]]:
+    """What the winner of an identity is the greatest in, in turn: the precombine value
+    (format.md §8's order; none without a precombine field), then the whole source row -- its
+    ``source_columns`` compared one by one -- so ties never depend on file or task order."""
+    return ([cfg.precombine_field] if cfg.precombine_field else []), list(source_columns)
 
 
 def dedupe_winners(identity: pa.Array | pa.ChunkedArray, precombine: pa.Array | pa.ChunkedArray | None,
@@ -252,3 +257,60 @@ def lacking_columns(view: "FileSystemView", carried: list[str]) -> list[str]:
     group, so the row entering its new partition is whole (format.md §8)."""
     assert view.schema is not None
     return [n for n in view.schema.names if n != KEY and n not in carried]
+
+
+# -- the tee (``--shadow-index``, format.md §3.3) ------------------------------------------
+#: a tee's per-row and per-key columns: the table's index finds the key (TEE_OWN), the shadow
+#: index finds it (TEE_SH), the two agree on where (TEE_SAME); the shadow's answer (SH_PART, SH_FID)
+TEE_OWN, TEE_SH, TEE_SAME = "_bi_tee_own", "_bi_tee_sh", "_bi_tee_same"
+SH_PART, SH_FID = "_bi_sh_part", "_bi_sh_fid"
+#: a key both indexes agree on (no kind)
+AGREE = ""
+
+
+def tee_compared(index_type: str, shadow_index: str) -> str:
+    """What the tee compares: a bucket table's file group; partitions only against a shadow
+    bucket index (its file groups are hash buckets, a record table's are not); else both."""
+    return "file_group" if index_type == INDEX_BUCKET else "partition" if shadow_index == INDEX_BUCKET else "location"
+
+
+def tee_identity(index_type: str) -> list[str]:
+    """The tee compares per identity: (partition, key) on a bucket table, the key otherwise."""
+    return [PART, KEY] if index_type == INDEX_BUCKET else [KEY]
+
+
+def tee_row(o: Ops[X], *, index_type: str, shadow_index: str) -> tuple[X, X, X]:
+    """Per row of the batch joined with the snapshot's key scan (SH_PART, SH_FID; the table's
+    answer in OLD_PART, OLD_FID): whether the table's index finds the key, whether the shadow
+    does, and whether they agree. A bucket table's identity is per partition: only the key's
+    stored rows in the row's partition count."""
+    own = o.valid(o.col(OLD_FID))
+    if index_type == INDEX_BUCKET:
+        here = o.same(o.col(SH_PART), o.col(PART))
+        return own, o.and_(here, o.valid(o.col(SH_FID))), o.and_(here, o.same(o.col(SH_FID), o.col(OLD_FID)))
+    same = o.same(o.col(SH_PART), o.col(OLD_PART))
+    if shadow_index != INDEX_BUCKET:
+        same = o.and_(same, o.same(o.col(SH_FID), o.col(OLD_FID)))
+    return own, o.valid(o.col(SH_FID)), same
+
+
+def tee_kind(o: Ops[X], *, index_type: str) -> X:
+    """Per key (TEE_OWN, TEE_SH, TEE_SAME: any of its rows), the disagreement in shadow-compare's
+    words, :data:`AGREE` for none: *missing* -- the shadow finds it, the table's index does not;
+    *extra* -- the reverse; *wrong_location* -- both, in different places. A bucket index answers
+    every key, so a bucket table only has wrong locations."""
+    own, sh, same = o.col(TEE_OWN), o.col(TEE_SH), o.col(TEE_SAME)
+    if index_type == INDEX_BUCKET:
+        return o.if_else(o.and_(sh, o.not_(same)), o.lit("wrong_location"), o.lit(AGREE))
+    wrong = o.if_else(o.and_(o.and_(own, sh), o.not_(same)), o.lit("wrong_location"), o.lit(AGREE))
+    return o.if_else(o.and_(o.not_(own), sh), o.lit("missing"),
+                     o.if_else(o.and_(own, o.not_(sh)), o.lit("extra"), wrong))
+
+
+def tee_report(*, shadow_index: str, index_type: str, keys_compared: int,
+               found: dict[str, tuple[int, list[str]]], kinds: tuple[str, ...], samples: int) -> dict[str, Any]:
+    """The commit's ``shadow`` entry from each kind's (count, sorted keys' first ``samples``)."""
+    return {"shadow_index": shadow_index, "keys_compared": keys_compared,
+            "compared": tee_compared(index_type, shadow_index),
+            "disagreements": {k: int(found[k][0]) if k in found else 0 for k in kinds},
+            "samples": {k: list(found[k][1])[:samples] if k in found else [] for k in kinds}}
