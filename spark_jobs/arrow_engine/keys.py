@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import xxhash
 
 from spark_jobs.exceptions import EngineUnsupportedError
-from spark_jobs.index.hashing import BUCKET_HASH_SEED
+from spark_jobs.index.hashing import BUCKET_HASH_SEED, canonical_key
 from spark_jobs.table.action.upsert import FILE_GROUP_SALT
 from spark_jobs.table.layout import partition_path
 
@@ -104,16 +104,15 @@ def key_text(arr: pa.Array, *, name: str) -> pa.Array:
 
 
 def record_keys(table: pa.Table, fields: list[str]) -> pa.Array:
-    """The record key of each row, equal to Spark's ``key_expr(fields)``: one field's text as
-    is; several fields each escaped (``\\`` -> ``\\\\``, ``,`` -> ``\\,``) and joined by ``,``,
-    null when any field is null (Spark's ``concat``; the caller rejects null keys)."""
+    """The record key of each row: :func:`spark_jobs.index.hashing.canonical_key` applied to the
+    fields' Spark texts (:func:`key_text`) with Arrow's kernels, so equal to Spark's
+    ``key_expr(fields)``; null when any field is null (the caller rejects null keys)."""
     if not fields:
         raise ValueError("a record key needs at least one field")
-    texts = [key_text(_column(table, f), name=f) for f in fields]
-    if len(texts) == 1:
-        return texts[0]
-    escaped = [pc.replace_substring(pc.replace_substring(t, "\\", "\\\\"), ",", "\\,") for t in texts]
-    return pc.binary_join_element_wise(*escaped, ",", null_handling="emit_null")
+    # the core's one definition (hashing.canonical_key) with Arrow's string kernels
+    return canonical_key([key_text(_column(table, f), name=f) for f in fields],
+                         replace=lambda t, old, new: pc.replace_substring(t, old, new),
+                         join=lambda ts, sep: pc.binary_join_element_wise(*ts, sep, null_handling="emit_null"))
 
 
 def partition_dirs(table: pa.Table, fields: list[str]) -> pa.Array:

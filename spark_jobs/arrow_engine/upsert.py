@@ -1,14 +1,16 @@
 """The upsert in-process: :mod:`spark_jobs.table.action.upsert` executed on Arrow tables.
 
-The batch is read by pyarrow, validated, cast and deduplicated under the action's rules;
-tagging, routing and the file-group plan are pyarrow compute and numpy; each touched file
+The batch is read by pyarrow, validated, cast and deduplicated under the action's rules
+(:mod:`spark_jobs.table.action.upsert_rules`, evaluated here with pyarrow compute as the
+primitives); tagging, routing, the file-group plan and the tee (``--shadow-index``) are pyarrow
+compute and numpy; each touched file
 group is merged (or gets its log) and each touched index bucket gets its delta by the same
 functions Spark's tasks run (:mod:`spark_jobs.jobs.tasks`, free of ``pyspark``), on a small
 thread pool: file reads and Parquet writes release the GIL, and on object storage a write
 is a request's latency. The commit is the action's :class:`~spark_jobs.table.action.Transaction`.
 
 What it cannot reproduce exactly -- a key or partition column whose text form only Spark
-defines, a JSON or CSV source into a new table (Spark's schema inference), the tee -- raises
+defines, a JSON or CSV source into a new table (Spark's schema inference) -- raises
 :class:`EngineUnsupportedError` before anything is written, so ``--engine auto`` runs Spark.
 """
 
@@ -28,20 +30,18 @@ from spark_jobs.arrow_engine.source import cast_to_table, read_source, spark_sch
 from spark_jobs.exceptions import BadInputError, EngineUnsupportedError
 from spark_jobs.kernels import tasks
 from spark_jobs.table.action import upsert as action
+from spark_jobs.table.action import upsert_rules as rules
 from spark_jobs.table.action.upsert import (
     DEL,
-    DELETE,
     FOUND,
     KEY,
-    MOVE_IN,
-    MOVE_OUT,
     OLD_FID,
     OLD_PART,
     OP,
     PART,
     TFID,
+    TEE_KINDS,
     TPART,
-    UPSERT,
     Attempt,
     Phases,
     PreparedBatch,
@@ -51,11 +51,11 @@ from spark_jobs.table.action.upsert import (
     plan_new_file_groups,
 )
 from spark_jobs.table.config import INDEX_BUCKET, INDEX_RECORD, TableConfig
-from spark_jobs.table.layout import legacy_partition_aliases
-from spark_jobs.table.ordering import older, ranks, sort_key
+from spark_jobs.table.ordering import older
 from spark_jobs.table.reader import read_slice
 from spark_jobs.table.schema import evolve, refuse_kind_changes, text_fixed_columns
 from spark_jobs.table.schema import carried_columns, check_batch_columns, refuse_missing_columns
+from spark_jobs.table.shadow import SAMPLES
 from spark_jobs.table.view import FileSystemView
 from spark_jobs.text import plural
 
@@ -86,8 +86,6 @@ class ArrowUpsertEngine:
     # -- validate and dedupe ---------------------------------------------------------
     def prepare(self, opts: UpsertOptions, cfg: TableConfig, view: FileSystemView | None,
                 phases: Phases) -> PreparedBatch:
-        if opts.shadow_index is not None:
-            raise EngineUnsupportedError("the tee (--shadow-index) runs on the Spark engine")
         if opts.source_df is not None and not isinstance(opts.source_df, pa.Table):
             raise EngineUnsupportedError("the batch was given as a Spark DataFrame")
         table_schema = view.schema if view is not None else None
@@ -132,18 +130,19 @@ class ArrowUpsertEngine:
         phases.done("validate", defer=True)
         # the order of tie-breaks is the source row as the Spark engine holds it: the table's
         # columns (cast), then the delete field as read; a new table's: the source's columns
-        if table_schema is not None:
-            order_cols = [cast.column(n) for n in user.names] + ([raw.column(opts.delete_field)]
-                                                                 if opts.delete_field else [])
-        else:
-            order_cols = [cast.column(c) if c in user.names else raw.column(c) for c in cols]
-        pre = cast.column(cfg.precombine_field) if cfg.precombine_field else None
-        identity = pc.binary_join_element_wise(parts, keys, "\x00") if cfg.index_type == INDEX_BUCKET else keys
-        keep = _dedupe(identity, pre, order_cols, any(_has_map(c.type) for c in order_cols))
+        source_names = [*user.names, *([opts.delete_field] if opts.delete_field else [])] \
+            if table_schema is not None else cols
+        lead, row = rules.dedupe_order(cfg, source_names)
+        n_cast = len(user.names) if table_schema is not None else len(row)
+        order_cols = [cast.column(c) if i < n_cast and c in user.names else raw.column(c) for i, c in enumerate(row)]
+        pre = cast.column(lead[0]) if lead else None
+        ident = [{PART: parts, KEY: keys}[c] for c in rules.identity_columns(cfg)]
+        identity = ident[0] if len(ident) == 1 else pc.binary_join_element_wise(*ident, "\x00")
+        keep = rules.dedupe_winners(identity, pre, order_cols, any(_has_map(c.type) for c in order_cols))
         frame = cast.append_column(KEY, keys).select(data_schema.names)
         frame = frame.append_column(DEL, pa.array(deletes)).append_column(PART, parts)
         frame = frame.take(pa.array(keep))
-        frame = _keep_legacy_dirs(frame, cfg, view)
+        frame = _renamed_partitions(frame, rules.legacy_aliases(cfg, view))
         n = frame.num_rows
         upserts = int(n - np.count_nonzero(frame.column(DEL).to_numpy(zero_copy_only=False)))
         phases.done("dedupe", plural(n, "distinct key"))
@@ -165,10 +164,16 @@ class ArrowUpsertEngine:
         else:
             old_part, old_fid = self._tag(table, cfg, view, a.num_buckets, keys)
         tagged = batch.append_column(OLD_PART, old_part).append_column(OLD_FID, old_fid)
-        stats = _tag_stats(tagged) if cfg.index_type != INDEX_BUCKET else {}
+        stats = _count_per_partition(tagged, rules.TAG_STATS) if cfg.index_type != INDEX_BUCKET else {}
         found = sum(s["found"] for s in stats.values())
         a.phases.done("tag", "routed by hash (bucket index: nothing to look up)" if cfg.index_type == INDEX_BUCKET
                       else f"{plural(found, 'key')} found in the table")
+        shadow = None
+        if a.shadow_index is not None:
+            shadow = _shadow(table, cfg, view, a.num_buckets, tagged, a.shadow_index)
+            d = shadow["disagreements"]
+            a.phases.done("shadow", f"{a.shadow_index}: {plural(shadow['keys_compared'], 'key')} compared, "
+                          + ", ".join(f"{d[k]} {k}" for k in TEE_KINDS))
         actions, decided = self._route(table, cfg, view, a.num_buckets, tagged, stats, batch_id=a.batch_id,
                                        carried=a.batch.carried)
         names = a.batch.data_schema.names
@@ -232,6 +237,7 @@ class ArrowUpsertEngine:
             "index": {"added": index_added, "removed": []},
             "counts": counts,
             "num_buckets": a.num_buckets,
+            **({"shadow": shadow} if shadow is not None else {}),
             **action.read_set(index_type=cfg.index_type, read_files=read_files,
                               groups=zip(reads.column("part").to_pylist(), reads.column("fid").to_pylist())),
         }
@@ -253,19 +259,7 @@ class ArrowUpsertEngine:
 
                 found = _parallel(look, wanted)
         else:  # global_simple: every live key of the snapshot
-            slices = view.slices()
-            found = []
-            if slices:
-                listing = pa.RecordBatch.from_pylist(
-                    [{"path": s.path, "part": s.partition, "fid": s.file_id, "logs": [lf.path for lf in s.logs]}
-                     for s in slices],
-                    schema=pa.schema([("path", pa.string()), ("part", pa.string()), ("fid", pa.string()),
-                                      ("logs", pa.list_(pa.string()))]))
-                # a group whose rows were all deleted has an empty base (compaction keeps it for
-                # later logs): its file yields no batch, so the schema is given
-                found = [pa.Table.from_batches(
-                    list(tasks.read_file_keys([listing], table_uri=table.uri, part=OLD_PART, fid=OLD_FID)),
-                    schema=pa.schema([(KEY, pa.string()), (OLD_PART, pa.string()), (OLD_FID, pa.string())]))]
+            found = [_scan_keys(table, view, part=OLD_PART, fid=OLD_FID)]
         hits = [t for t in found if t.num_rows]
         if not hits:
             nulls = pa.nulls(len(keys), pa.string())
@@ -280,46 +274,130 @@ class ArrowUpsertEngine:
                ) -> tuple[pa.Table, pa.Table]:
         """One row per action with its target file group (TPART, TFID), OP and FOUND, and the rows
         the routing decided without writing (``key``, ``part``, ``fid``: deletes of absent keys
-        with nulls, stale moves with the group holding the stored row). A key of a
-        ``--partial-update`` batch (``carried``) moving partitions takes the stored values of the
-        columns the batch lacks from its old file group (format.md §8)."""
-        is_del = tagged.column(DEL)
-        if cfg.index_type == INDEX_BUCKET:  # a group's merge decides (tasks' read rows)
-            buckets = bucket_ids(tagged.column(KEY).combine_chunks(), num_buckets)
-            return (tagged.append_column(TPART, tagged.column(PART))
-                    .append_column(TFID, pc.utf8_lpad(pa.array(buckets).cast(pa.string()), 8, "0"))
-                    .append_column(OP, pc.if_else(is_del, DELETE, UPSERT))
-                    .append_column(FOUND, pa.nulls(tagged.num_rows, pa.bool_()))), _decided(tagged.slice(0, 0))
-        exists = pc.is_valid(tagged.column(OLD_FID))
-        decided = [_decided(tagged.filter(pc.and_(pc.invert(exists), is_del)))]  # deletes of absent keys
-        moved = _moved(tagged)
-        if cfg.precombine_field and any(s["moved"] for s in stats.values()):
-            before = tagged
-            tagged, moved = _drop_stale_moves(table, cfg, view, tagged, moved)
-            stale = pc.invert(pc.is_in(before.column(KEY), value_set=tagged.column(KEY).combine_chunks()))
-            decided.append(_decided(before.filter(stale)))
-            exists = pc.is_valid(tagged.column(OLD_FID))
-            is_del = tagged.column(DEL)
-        if carried is not None and pc.any(moved).as_py():
-            tagged = _fetch_moved(table, cfg, view, tagged, moved, carried)
-        in_place = tagged.filter(pc.and_(exists, pc.invert(moved)))
-        in_place = (in_place.append_column(OP, pc.if_else(in_place.column(DEL), DELETE, UPSERT))
-                    .append_column(TPART, in_place.column(OLD_PART)).append_column(TFID, in_place.column(OLD_FID))
-                    .append_column(FOUND, pa.array(np.ones(in_place.num_rows, bool))))
-        move_out = tagged.filter(moved)
-        move_out = (move_out.append_column(OP, pa.array([MOVE_OUT] * move_out.num_rows, pa.string()))
-                    .append_column(TPART, move_out.column(OLD_PART)).append_column(TFID, move_out.column(OLD_FID))
-                    .append_column(FOUND, pa.array(np.ones(move_out.num_rows, bool))))
-        entering_mask = pc.or_(moved, pc.and_(pc.invert(exists), pc.invert(is_del)))
-        entering = tagged.filter(entering_mask)
-        entering_moved = pc.filter(moved, entering_mask)
-        entering = _assign_new_file_groups(cfg, view, entering,
-                                           {p: s["entering"] for p, s in stats.items() if s["entering"]},
-                                           batch_id=batch_id)
-        entering = (entering.append_column(OP, pc.if_else(entering_moved, MOVE_IN, UPSERT))
-                    .append_column(FOUND, pa.array(np.zeros(entering.num_rows, bool))))
-        cols = in_place.column_names
-        return pa.concat_tables([in_place, move_out.select(cols), entering.select(cols)]), pa.concat_tables(decided)
+        with nulls, stale moves with the group holding the stored row): the action's routes
+        (:func:`~spark_jobs.table.action.upsert_rules.routes`) executed on Arrow tables. A key of
+        a ``--partial-update`` batch (``carried``) moving partitions takes the stored values of
+        the columns the batch lacks from its old file group (format.md §8)."""
+        decided = [_decided(tagged.slice(0, 0))]  # the bucket index: a group's merge decides (tasks' read rows)
+        if cfg.index_type != INDEX_BUCKET:
+            decided = [_decided(tagged.filter(_ArrowOps(tagged).is_true(rules.absent_delete(_ArrowOps(tagged)))))]
+            tagged = tagged.append_column(rules.MOVED, rules.moved(_ArrowOps(tagged)))
+            if cfg.precombine_field and rules.any_moved(stats):
+                tagged, stale = _drop_stale_moves(table, cfg, view, tagged)
+                decided.append(_decided(stale))
+            if carried is not None and pc.any(tagged.column(rules.MOVED)).as_py():
+                tagged = _fetch_moved(table, cfg, view, tagged, carried)
+        streams = []
+        for route in rules.routes(cfg.index_type):
+            rows = tagged.filter(_ArrowOps(tagged).is_true(route.where(_ArrowOps(tagged))))
+            n = rows.num_rows
+            if route.target == rules.OLD:
+                tpart, tfid = rows.column(OLD_PART), rows.column(OLD_FID)
+            elif route.target == rules.NEW:
+                tpart = rows.column(PART)
+                tfid = _new_file_groups(cfg, view, rows, rules.entering_counts(stats), batch_id=batch_id)
+            else:  # rules.BY_HASH
+                tpart = rows.column(PART)
+                tfid = pc.utf8_lpad(pa.array(bucket_ids(rows.column(KEY).combine_chunks(), num_buckets))
+                                    .cast(pa.string()), 8, "0")
+            found = pa.nulls(n, pa.bool_()) if route.found is None else pa.array(np.full(n, route.found, bool))
+            streams.append(rows.append_column(OP, _full(route.op(_ArrowOps(rows)), n))
+                           .append_column(TPART, tpart).append_column(TFID, tfid).append_column(FOUND, found))
+        cols = streams[0].column_names
+        return pa.concat_tables([t.select(cols) for t in streams]), pa.concat_tables(decided)
+
+
+def _scan_keys(table: Any, view: FileSystemView, *, part: str, fid: str) -> pa.Table:
+    """Every live key of the snapshot with its location (``part``, ``fid``), as the Spark engine's
+    key scan (``jobs.read.keys_with_location``) reads it."""
+    schema = pa.schema([(KEY, pa.string()), (part, pa.string()), (fid, pa.string())])
+    slices = view.slices()
+    if not slices:
+        return schema.empty_table()
+    listing = pa.RecordBatch.from_pylist(
+        [{"path": s.path, "part": s.partition, "fid": s.file_id, "logs": [lf.path for lf in s.logs]} for s in slices],
+        schema=pa.schema([("path", pa.string()), ("part", pa.string()), ("fid", pa.string()),
+                          ("logs", pa.list_(pa.string()))]))
+    # a group whose rows were all deleted has an empty base (compaction keeps it for later logs):
+    # its file yields no batch, so the schema is given
+    return pa.Table.from_batches(list(tasks.read_file_keys([listing], table_uri=table.uri, part=part, fid=fid)),
+                                 schema=schema)
+
+
+def _shadow(table: Any, cfg: TableConfig, view: FileSystemView, num_buckets: int, tagged: pa.Table,
+            shadow_index: str) -> dict[str, Any]:
+    """The tee (``--shadow-index``; the rules: ``rules.tee_row``, ``rules.tee_kind``): the table's
+    tagging compared with ``shadow_index``'s per key of the batch, the shadow's answer read by a key
+    scan of the snapshot (a hash join in-process). Nothing written changes."""
+    keys = tagged.column(KEY).combine_chunks()
+    if cfg.index_type == INDEX_BUCKET:  # the index's answer: hash % N in the row's partition, for every key
+        fids = pc.utf8_lpad(pa.array(bucket_ids(keys, num_buckets)).cast(pa.string()), 8, "0")
+        own = pa.table({KEY: keys, PART: tagged.column(PART), OLD_PART: tagged.column(PART), OLD_FID: fids})
+    else:
+        own = tagged.select([KEY, PART, OLD_PART, OLD_FID])
+    joined = own.join(_scan_keys(table, view, part=rules.SH_PART, fid=rules.SH_FID), KEY, join_type="left outer")
+    ids = rules.tee_identity(cfg.index_type)
+    found = rules.tee_row(_ArrowOps(joined), index_type=cfg.index_type, shadow_index=shadow_index)
+    names = (rules.TEE_OWN, rules.TEE_SH, rules.TEE_SAME)
+    rows = pa.table({**{c: joined.column(c) for c in ids}, **dict(zip(names, found))})
+    # a key the scan finds twice (a duplicated key in the data) agrees when any of its rows does
+    agg = rows.group_by(ids).aggregate([(n, "any") for n in names])
+    per_key = pa.table({**{c: agg.column(c) for c in ids}, **{n: agg.column(f"{n}_any") for n in names}})
+    kind = rules.tee_kind(_ArrowOps(per_key), index_type=cfg.index_type)
+    out: dict[str, tuple[int, list[str]]] = {}
+    for k in TEE_KINDS:
+        hits = per_key.filter(pc.equal(kind, k)).column(KEY).to_pylist()
+        if hits:
+            out[k] = (len(hits), sorted(hits)[:SAMPLES])
+    return rules.tee_report(shadow_index=shadow_index, index_type=cfg.index_type, keys_compared=tagged.num_rows,
+                            found=out, kinds=TEE_KINDS, samples=SAMPLES)
+
+
+class _ArrowOps:
+    """The rules' column primitives (:class:`~spark_jobs.table.action.upsert_rules.Ops`) over one table."""
+
+    def __init__(self, t: pa.Table) -> None:
+        self.t = t
+
+    def col(self, name: str) -> Any:
+        return self.t.column(name)
+
+    def lit(self, value: Any) -> pa.Scalar:
+        return pa.scalar(value)
+
+    def valid(self, x: Any) -> Any:
+        return pc.is_valid(x)
+
+    def and_(self, a: Any, b: Any) -> Any:
+        return pc.and_(a, b)
+
+    def or_(self, a: Any, b: Any) -> Any:
+        return pc.or_(a, b)
+
+    def not_(self, a: Any) -> Any:
+        return pc.invert(a)
+
+    def differ(self, a: Any, b: Any) -> Any:
+        return pc.fill_null(pc.not_equal(a, b), False)
+
+    def same(self, a: Any, b: Any) -> Any:
+        return pc.fill_null(pc.equal(a, b), False)
+
+    def if_else(self, cond: Any, a: Any, b: Any) -> Any:
+        return pc.if_else(cond, a, b)
+
+    def older(self, incoming: Any, stored: Any) -> Any:
+        return older(incoming, stored)
+
+    def is_true(self, x: Any) -> Any:
+        if isinstance(x, pa.Scalar):
+            return pa.array(np.full(self.t.num_rows, bool(x.as_py())))
+        return pc.fill_null(x, False)
+
+
+def _full(x: Any, n: int) -> Any:
+    """A rule's value as a column of ``n`` rows (a literal is repeated)."""
+    return pa.array([x.as_py()] * n, x.type) if isinstance(x, pa.Scalar) else x
 
 
 # -- rules executed on Arrow ---------------------------------------------------------------
@@ -382,51 +460,8 @@ def _has_map(t: pa.DataType) -> bool:
     return False
 
 
-def _dedupe(identity: pa.Array | pa.ChunkedArray, precombine: Any, order_cols: list[Any], has_map: bool) -> np.ndarray:
-    """Row positions of the winner of each identity, in first-seen order (action rule: highest
-    precombine value in format.md §8's order -- nulls lowest, NaN highest, -0.0 equal to 0.0;
-    then the greatest source row compared column by column as Spark orders structs).
-    Identities seen once need no comparison."""
-    if isinstance(identity, pa.ChunkedArray):
-        identity = identity.combine_chunks()
-    codes = pc.dictionary_encode(identity).indices.to_numpy(zero_copy_only=False)
-    counts = np.bincount(codes)
-    if counts.size == 0 or counts.max() <= 1:
-        return np.arange(len(codes))
-    dup_rows = np.nonzero(counts[codes] > 1)[0]
-    winners: dict[int, int] = {}
-    # the precombine values as their ranks in format.md §8's order (the staleness check and the
-    # read-time merge rank by the same function); the rows a tie compares by their sort keys
-    pre_rank = ranks(precombine.take(pa.array(dup_rows))).tolist() if precombine is not None else None
-    rows = [c.take(pa.array(dup_rows)).to_pylist() for c in order_cols]
-    best: dict[int, tuple[Any, int]] = {}
-    for j, r in enumerate(dup_rows.tolist()):
-        code = int(codes[r])
-        order = (pre_rank[j] if pre_rank is not None else (), )
-        prev = best.get(code)
-        if prev is not None:
-            if order < prev[0]:
-                continue
-            if order == prev[0]:
-                if has_map:
-                    raise EngineUnsupportedError("rows of one key tie on the precombine field in a table with map "
-                                                 "columns (Spark compares such rows by their JSON text)")
-                mine = tuple(sort_key(col[j]) for col in rows)
-                theirs = tuple(sort_key(col[prev[1]]) for col in rows)
-                if mine <= theirs:
-                    continue
-        best[code] = (order, j)
-    for code, (_, j) in best.items():
-        winners[code] = int(dup_rows[j])
-    keep = np.nonzero(counts[codes] == 1)[0]
-    return np.sort(np.concatenate([keep, np.fromiter(winners.values(), dtype=np.int64, count=len(winners))]))
-
-
-def _keep_legacy_dirs(frame: pa.Table, cfg: TableConfig, view: FileSystemView | None) -> pa.Table:
-    """A value whose directory an older table named by the older rule stays there (format.md §1)."""
-    if view is None or not cfg.partition_fields:
-        return frame
-    aliases = legacy_partition_aliases(field=cfg.partition_fields[0], partitions={p for p, _ in view.file_groups})
+def _renamed_partitions(frame: pa.Table, aliases: dict[str, str]) -> pa.Table:
+    """``frame`` with each partition directory in ``aliases`` renamed (the rule: ``rules.legacy_aliases``)."""
     if not aliases:
         return frame
     parts = frame.column(PART).to_pylist()
@@ -435,30 +470,18 @@ def _keep_legacy_dirs(frame: pa.Table, cfg: TableConfig, view: FileSystemView | 
 
 
 def _decided(rows: pa.Table) -> pa.Table:
-    """Rows decided without writing as (key, part, fid): the group holding the stored row, or
-    nulls for a key the snapshot does not hold (``action.read_set``)."""
-    return pa.table({"key": rows.column(KEY).combine_chunks().cast(pa.string()),
-                     "part": rows.column(OLD_PART).combine_chunks().cast(pa.string()),
-                     "fid": rows.column(OLD_FID).combine_chunks().cast(pa.string())})
+    """Rows decided without writing, as the action names them (``rules.DECIDED``)."""
+    return pa.table({out: rows.column(src).combine_chunks().cast(pa.string()) for out, src in rules.DECIDED})
 
 
-def _moved(tagged: pa.Table) -> Any:
-    """Known keys, not deleted, whose partition value changed (global indexes)."""
-    exists = pc.is_valid(tagged.column(OLD_FID))
-    changed = pc.fill_null(pc.not_equal(tagged.column(OLD_PART), tagged.column(PART)), False)
-    return pc.and_(pc.and_(exists, pc.invert(tagged.column(DEL))), changed)
-
-
-def _tag_stats(tagged: pa.Table) -> dict[str, dict[str, int]]:
-    """Per partition: keys found in the table, keys moving in, rows entering."""
-    exists = pc.is_valid(tagged.column(OLD_FID)).to_numpy(zero_copy_only=False)
-    moved = _as_numpy(_moved(tagged))
-    entering = moved | (~exists & ~_as_numpy(tagged.column(DEL)))
+def _count_per_partition(tagged: pa.Table, counted: Any) -> dict[str, dict[str, int]]:
+    """Per partition, how many rows each of ``counted``'s rules holds for (``rules.TAG_STATS``)."""
+    o = _ArrowOps(tagged)
     encoded = tagged.column(PART).combine_chunks().dictionary_encode()
     codes = encoded.indices.to_numpy(zero_copy_only=False)
     parts = encoded.dictionary.to_pylist()
-    sums = {name: np.bincount(codes, weights=v, minlength=len(parts)).astype(np.int64).tolist()
-            for name, v in (("found", exists), ("moved", moved), ("entering", entering))}
+    sums = {name: np.bincount(codes, weights=_as_numpy(o.is_true(rule(o))), minlength=len(parts))
+            .astype(np.int64).tolist() for name, rule in counted}
     return {p: {k: sums[k][i] for k in sums} for i, p in enumerate(parts)}
 
 
@@ -468,35 +491,34 @@ def _as_numpy(a: Any) -> np.ndarray:
     return a.to_numpy(zero_copy_only=False).astype(bool)
 
 
-def _drop_stale_moves(table: Any, cfg: TableConfig, view: FileSystemView, tagged: pa.Table,
-                      moved: pa.Array) -> tuple[pa.Table, pa.Array]:
-    """A key moving partitions is compared with its stored row first; read only the slices holding movers."""
-    movers = tagged.filter(moved)
-    holders = set(zip(movers.column(OLD_PART).to_pylist(), movers.column(OLD_FID).to_pylist()))
-    slices = [view.file_groups[h] for h in sorted(holders) if h in view.file_groups]
+def _movers(tagged: pa.Table) -> set[tuple[str, str]]:
+    movers = tagged.filter(tagged.column(rules.MOVED))
+    return set(zip(movers.column(OLD_PART).to_pylist(), movers.column(OLD_FID).to_pylist()))
+
+
+def _drop_stale_moves(table: Any, cfg: TableConfig, view: FileSystemView, tagged: pa.Table
+                      ) -> tuple[pa.Table, pa.Table]:
+    """``tagged`` without its stale moves (``rules.stale_move``), and those moves; reads only
+    the slices holding movers."""
+    slices = rules.mover_slices(view, _movers(tagged))
     if not slices:
-        return tagged, moved
+        return tagged, tagged.slice(0, 0)
     pcf = cfg.precombine_field
     stored = pa.concat_tables([
         read_slice(table, s.path, [lf.path for lf in s.logs], columns=[KEY, pcf], precombine=pcf,
                    schema=view.schema).select([KEY, pcf])
         for s in slices])
     pos = pc.index_in(tagged.column(KEY), value_set=stored.column(KEY).combine_chunks())
-    prev = pc.take(stored.column(pcf), pos)
-    stale = pc.and_(pc.and_(moved, pc.is_valid(prev)), older(tagged.column(pcf), prev))  # format.md §8's order
-    keep = pc.invert(pc.fill_null(stale, False))
-    return tagged.filter(keep), pc.filter(moved, keep)
+    stale = rules.stale_move(_ArrowOps(tagged), precombine=pcf, stored=pc.take(stored.column(pcf), pos))
+    return tagged.filter(pc.invert(stale)), tagged.filter(stale)
 
 
-def _fetch_moved(table: Any, cfg: TableConfig, view: FileSystemView, tagged: pa.Table, moved: Any,
+def _fetch_moved(table: Any, cfg: TableConfig, view: FileSystemView, tagged: pa.Table,
                  carried: list[str]) -> pa.Table:
-    """Keys of a partial batch moving partitions, with the stored values of the columns the batch
-    lacks (read from the slices holding them): the row entering the new partition is whole."""
-    assert view.schema is not None
-    movers = tagged.filter(moved)
-    holders = set(zip(movers.column(OLD_PART).to_pylist(), movers.column(OLD_FID).to_pylist()))
-    slices = [view.file_groups[h] for h in sorted(holders) if h in view.file_groups]
-    lacking = [n for n in view.schema.names if n != KEY and n not in carried]
+    """Movers of a partial batch with the stored values of the columns the batch lacks
+    (``rules.lacking_columns``), read from the slices holding them."""
+    slices = rules.mover_slices(view, _movers(tagged))
+    lacking = rules.lacking_columns(view, carried)
     if not slices or not lacking:
         return tagged
     stored = pa.concat_tables([
@@ -504,6 +526,7 @@ def _fetch_moved(table: Any, cfg: TableConfig, view: FileSystemView, tagged: pa.
                    schema=view.schema).select([KEY, *lacking])
         for s in slices])
     pos = pc.index_in(tagged.column(KEY), value_set=stored.column(KEY).combine_chunks())
+    moved = tagged.column(rules.MOVED)
     for name in lacking:
         i = tagged.column_names.index(name)
         fetched = pc.if_else(moved, pc.take(stored.column(name), pos), tagged.column(name))
@@ -511,9 +534,10 @@ def _fetch_moved(table: Any, cfg: TableConfig, view: FileSystemView, tagged: pa.
     return tagged
 
 
-def _assign_new_file_groups(cfg: TableConfig, view: FileSystemView, rows: pa.Table,
-                            counts: dict[str, int], *, batch_id: str) -> pa.Table:
-    """Rows entering a partition with their planned file group (the action's plan; the slot hash is Spark's)."""
+def _new_file_groups(cfg: TableConfig, view: FileSystemView, rows: pa.Table,
+                     counts: dict[str, int], *, batch_id: str) -> pa.Array:
+    """The planned file group of each row entering a partition: the action's plan
+    (``plan_new_file_groups``), a slot by the Spark hash, the range holding it by ``searchsorted``."""
     ranges = plan_new_file_groups(cfg, view, counts, batch_id=batch_id)
     tfid = np.full(rows.num_rows, None, dtype=object)
     if ranges and rows.num_rows:
@@ -528,7 +552,7 @@ def _assign_new_file_groups(cfg: TableConfig, view: FileSystemView, rows: pa.Tab
             los = np.asarray([lo for lo, _ in planned], dtype=np.int64)
             fids = np.asarray([f for _, f in planned], dtype=object)
             tfid[here] = fids[np.searchsorted(los, slots[here], side="right") - 1]
-    return rows.append_column(TPART, rows.column(PART)).append_column(TFID, pa.array(tfid.tolist(), pa.string()))
+    return pa.array(tfid.tolist(), pa.string())
 
 
 def _groups(t: pa.Table, by: list[str]) -> list[tuple[tuple, pa.Table]]:

@@ -13,12 +13,13 @@ Two hashes, two jobs:
   ``n^2 / 2^129`` (1e-19 for ten billion keys), far below the rate of undetected disk
   errors. ``fp_hi`` is the high 64 bits, ``fp_lo`` the low 64 bits, both unsigned.
 
-Composite keys are encoded canonically (:func:`composite_key`) before either hash.
+Composite keys are encoded canonically before either hash: :func:`canonical_key` is the one
+definition, which the engines apply to Arrow arrays and Spark columns.
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence, TypeVar
 
 import numpy as np
 import xxhash
@@ -26,7 +27,10 @@ import xxhash
 __all__ = [
     "BUCKET_HASH_SEED",
     "DEFAULT_HASH",
+    "KEY_ESCAPES",
+    "KEY_SEPARATOR",
     "bucket_of",
+    "canonical_key",
     "buckets_of",
     "composite_key",
     "fingerprints",
@@ -78,13 +82,35 @@ def fingerprint(key: str) -> tuple[int, int]:
     return v >> 64, v & (_U64 - 1)
 
 
-def composite_key(values: Sequence[object]) -> str:
-    """One canonical string for a (possibly composite) record key.
+#: the canonical key of several fields: each field's text escaped by these replacements, in this
+#: order (``\\`` first, so an escape is never escaped again), then joined by KEY_SEPARATOR
+KEY_ESCAPES: tuple[tuple[str, str], ...] = (("\\", "\\\\"), (",", "\\,"))
+KEY_SEPARATOR = ","
 
-    A single field is its value as a string. Several fields are joined with ``,`` after
-    escaping ``\\`` and ``,`` in each value, so distinct tuples never encode alike. The
-    Spark side builds the same string with native expressions (see ``spark_jobs.jobs.keys``).
-    """
-    if len(values) == 1:
-        return str(values[0])
-    return ",".join(str(v).replace("\\", "\\\\").replace(",", "\\,") for v in values)
+T = TypeVar("T")
+
+
+def canonical_key(texts: Sequence[T], *, replace: Callable[[T, str, str], T], join: Callable[[list[T], str], T]) -> T:
+    """The one definition of the canonical record key, applied with the string primitives of its
+    caller: a single field is its text; several are each escaped (:data:`KEY_ESCAPES`) and joined
+    by :data:`KEY_SEPARATOR`, so distinct tuples never encode alike.
+
+    ``texts`` are the fields' texts as Python strings (:func:`composite_key`), Arrow arrays
+    (``arrow_engine.keys.record_keys``) or Spark columns (``jobs.keys.key_expr``); ``replace(t,
+    old, new)`` replaces every literal ``old`` and ``join(ts, sep)`` joins, both null-propagating
+    where values can be null (a null field makes the key null, which the batch checks refuse).
+    One function and three sets of primitives: the engines cannot drift from the rule."""
+    if len(texts) == 1:
+        return texts[0]
+    escaped = []
+    for t in texts:
+        for old, new in KEY_ESCAPES:
+            t = replace(t, old, new)
+        escaped.append(t)
+    return join(escaped, KEY_SEPARATOR)
+
+
+def composite_key(values: Sequence[object]) -> str:
+    """One canonical string for a (possibly composite) record key (:func:`canonical_key` over the
+    values' ``str``)."""
+    return canonical_key([str(v) for v in values], replace=str.replace, join=lambda ts, sep: sep.join(ts))

@@ -1,6 +1,7 @@
 """The upsert on Spark: the engine that executes :mod:`spark_jobs.table.action.upsert` with DataFrames.
 
-The action module holds the phases, the rules and the protocol; this module executes the
+The action module holds the phases and the protocol, and :mod:`spark_jobs.table.action.upsert_rules`
+the rules (evaluated here as Spark Column expressions); this module executes the
 validate/dedupe and tag/route/write phases as Spark jobs, for batches that need a cluster
 (the in-process engine is :mod:`spark_jobs.arrow_engine.upsert`).
 
@@ -54,6 +55,7 @@ from spark_jobs.jobs.source import (
 )
 from spark_jobs.resources import shuffle_partitions
 from spark_jobs.table.action import upsert as action
+from spark_jobs.table.action import upsert_rules as rules
 from spark_jobs.table.action.upsert import (
     DEL,
     FILE_GROUP_SALT,
@@ -73,7 +75,6 @@ from spark_jobs.table.action.upsert import (
     plan_new_file_groups,
 )
 from spark_jobs.table.config import INDEX_BUCKET, INDEX_RECORD, TableConfig
-from spark_jobs.table.layout import legacy_partition_aliases
 from spark_jobs.table.schema import evolve, refuse_kind_changes, text_fixed_columns
 from spark_jobs.table.schema import STORED_TZ, carried_columns, check_batch_columns, refuse_missing_columns
 from spark_jobs.table.shadow import SAMPLES
@@ -87,7 +88,6 @@ log = logging.getLogger("bucketindex.upsert")
 
 KEY, OP = tasks.KEY, tasks.OP
 BUCKET = "_bi_bucket"
-SH_PART, SH_FID = "_bi_sh_part", "_bi_sh_fid"
 
 
 def _validated_batch(
@@ -239,7 +239,10 @@ class SparkUpsertEngine:
         df, data_schema, checks = _validated_batch(self.spark, opts, cfg, view)
         phases.done("validate", defer=True)  # the row checks run with the dedupe query
         deduped = Observation("bucketindex_deduped")
-        batch = _keep_legacy_dirs(_dedupe(df, cfg, opts.delete_field), cfg, view)
+        batch = _dedupe(df, cfg, opts.delete_field)
+        aliases = rules.legacy_aliases(cfg, view)
+        if aliases:
+            batch = batch.withColumn(PART, aliased_partition_expr(F.col(PART), aliases))
         batch = batch.observe(deduped, F.coalesce(F.sum((~F.col(DEL)).cast("long")), F.lit(0)).alias("upserts"))
         try:
             # dedupe and the batch's row checks in one query, before anything is written. Persisted
@@ -276,52 +279,32 @@ class SparkUpsertEngine:
 
 def _shadow(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystemView, num_buckets: int,
             tagged: DataFrame, n: int, shadow_index: str) -> dict[str, Any]:
-    """The tee (module doc): compare the table's tagging with ``shadow_index``'s, per key of the batch.
+    """The tee (module doc; the rules: ``rules.tee_row``, ``rules.tee_kind``): compare the table's
+    tagging with ``shadow_index``'s, per key of the batch.
 
     One Spark job over the persisted ``tagged`` batch joined with the snapshot's key scan (the
     join :func:`_scan_join` tags global_simple tables with); ``tagged`` itself is not changed.
     """
-    out: dict[str, Any] = {"shadow_index": shadow_index, "keys_compared": n,
-                           "compared": "file_group" if cfg.index_type == INDEX_BUCKET else
-                           "partition" if shadow_index == INDEX_BUCKET else "location",
-                           "disagreements": {k: 0 for k in TEE_KINDS}, "samples": {k: [] for k in TEE_KINDS}}
-    ids = [PART, KEY] if cfg.index_type == INDEX_BUCKET else [KEY]
     if cfg.index_type == INDEX_BUCKET:  # the index's answer: hash % N in the row's partition, for every key
         own = tagged.select(KEY, PART, F.col(PART).alias(OLD_PART),
                             file_id_for_bucket_expr(bucket_expr(F.col(KEY), num_buckets)).alias(OLD_FID))
     else:
         own = tagged.select(KEY, PART, OLD_PART, OLD_FID)
-    joined = _scan_join(spark, table, view, own, part=SH_PART, fid=SH_FID)
+    joined = _scan_join(spark, table, view, own, part=rules.SH_PART, fid=rules.SH_FID)
     if joined is None:  # an empty table: the scan finds nothing
-        joined = own.withColumn(SH_PART, F.lit(None).cast("string")).withColumn(SH_FID, F.lit(None).cast("string"))
-    if cfg.index_type == INDEX_BUCKET:  # per-partition identity: only the key's rows in this partition
-        here = F.col(SH_PART) == F.col(PART)
-        found = F.when(here, F.col(SH_FID))
-        same = here & (F.col(SH_FID) == F.col(OLD_FID))
-    else:
-        found = F.col(SH_FID)
-        same = F.col(SH_PART) == F.col(OLD_PART)
-        if shadow_index != INDEX_BUCKET:
-            same = same & (F.col(SH_FID) == F.col(OLD_FID))
+        joined = own.withColumn(rules.SH_PART, F.lit(None).cast("string")).withColumn(
+            rules.SH_FID, F.lit(None).cast("string"))
+    found = rules.tee_row(_OPS, index_type=cfg.index_type, shadow_index=shadow_index)
     # a key the scan finds twice (a duplicated key in the data) agrees when any of its rows does
-    per_key = joined.groupBy(*ids).agg(
-        F.max(F.col(OLD_FID).isNotNull()).alias("own"),
-        F.max(found.isNotNull()).alias("sh"),
-        F.max(F.coalesce(same, F.lit(False))).alias("same"),
-    )
-    if cfg.index_type == INDEX_BUCKET:
-        kind = F.when(F.col("sh") & ~F.col("same"), F.lit("wrong_location"))
-    else:
-        kind = (F.when(~F.col("own") & F.col("sh"), F.lit("missing"))
-                .when(F.col("own") & ~F.col("sh"), F.lit("extra"))
-                .when(F.col("own") & F.col("sh") & ~F.col("same"), F.lit("wrong_location")))
-    rows = per_key.withColumn("kind", kind).filter(F.col("kind").isNotNull()).groupBy("kind").agg(
+    per_key = joined.groupBy(*rules.tee_identity(cfg.index_type)).agg(
+        *[F.max(c).alias(name) for c, name in zip(found, (rules.TEE_OWN, rules.TEE_SH, rules.TEE_SAME))])
+    rows = per_key.withColumn("kind", rules.tee_kind(_OPS, index_type=cfg.index_type)).filter(
+        F.col("kind") != F.lit(rules.AGREE)).groupBy("kind").agg(
         F.count(F.lit(1)).alias("count"), F.slice(F.sort_array(F.collect_list(KEY)), 1, SAMPLES).alias("samples")
     ).collect()
-    for r in rows:
-        out["disagreements"][r["kind"]] = int(r["count"])
-        out["samples"][r["kind"]] = list(r["samples"])
-    return out
+    return rules.tee_report(shadow_index=shadow_index, index_type=cfg.index_type, keys_compared=n,
+                            found={r["kind"]: (int(r["count"]), list(r["samples"])) for r in rows},
+                            kinds=TEE_KINDS, samples=SAMPLES)
 
 
 def _unpersist(df: DataFrame) -> None:
@@ -339,39 +322,29 @@ def _is_delete(delete_field: str | None) -> Column:
 
 
 def _dedupe(df: DataFrame, cfg: TableConfig, delete_field: str | None) -> DataFrame:
-    """One row per identity: the highest precombine value (nulls lowest), then the greatest
-    source row compared column by column (format.md §8).
+    """One row per identity (``rules.identity_columns``), the greatest in ``rules.dedupe_order``
+    (the precombine value, then the source row; format.md §8), as one ``max_by`` aggregation.
 
-    An aggregation (``max_by``) rather than ``row_number`` over a window: the window sorts every
-    row of the batch, and the former tie-break serialised every row to JSON, which made dedupe
-    the slowest phase of a large load (10M rows: over two minutes on 2 cores).
+    An aggregation rather than ``row_number`` over a window: the window sorts every row of the
+    batch, and the former tie-break serialised every row to JSON, which made dedupe the slowest
+    phase of a large load (10M rows: over two minutes on 2 cores).
     """
     keyed = (
         df.withColumn(KEY, key_expr(cfg.record_key_fields))
         .withColumn(DEL, _is_delete(delete_field))
         .withColumn(PART, partition_expr(cfg.partition_fields))
     )
-    source_row = F.struct(*[F.col(c) for c in df.columns])
+    lead, row = rules.dedupe_order(cfg, df.columns)
+    source_row = F.struct(*[F.col(c) for c in row])
     if any(isinstance(f.dataType, T.MapType) or "map<" in f.dataType.simpleString() for f in df.schema.fields):
         source_row = F.to_json(source_row)  # maps have no order: compare their JSON instead
-    order = F.struct(*([F.col(cfg.precombine_field)] if cfg.precombine_field else []), source_row)
-    identity = [PART, KEY] if cfg.index_type == INDEX_BUCKET else [KEY]
-    out = keyed.groupBy(*identity).agg(
+    order = F.struct(*[F.col(c) for c in lead], source_row)
+    out = keyed.groupBy(*rules.identity_columns(cfg)).agg(
         F.max_by(F.struct(*[F.col(c) for c in keyed.columns]), order).alias("_bi_row")
     ).select("_bi_row.*")
     if delete_field:
         out = out.drop(delete_field)
     return out
-
-
-def _keep_legacy_dirs(batch: DataFrame, cfg: TableConfig, view: FileSystemView | None) -> DataFrame:
-    """A value whose directory a table written before named by the older rule (format.md §1)
-    stays in that directory, so a bucket-index key is found where it is stored. Applied
-    after the dedupe: old and new names are one-to-one, so identities stay distinct."""
-    if view is None or not cfg.partition_fields:
-        return batch
-    aliases = legacy_partition_aliases(field=cfg.partition_fields[0], partitions={p for p, _ in view.file_groups})
-    return batch.withColumn(PART, aliased_partition_expr(F.col(PART), aliases)) if aliases else batch
 
 
 def _tag(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystemView, num_buckets: int,
@@ -433,28 +406,53 @@ def _assign_new_file_groups(spark: SparkSession, cfg: TableConfig, view: FileSys
     return routed, len(ranges)
 
 
-def _exists() -> Column:
-    return F.col(OLD_FID).isNotNull()
+class _SparkOps:
+    """The rules' column primitives (:class:`~spark_jobs.table.action.upsert_rules.Ops`) as Spark
+    Columns: a rule becomes one native expression, no Python per row."""
+
+    def col(self, name: str) -> Column:
+        return F.col(name)
+
+    def lit(self, value: Any) -> Column:
+        return F.lit(value)
+
+    def valid(self, x: Column) -> Column:
+        return x.isNotNull()
+
+    def and_(self, a: Column, b: Column) -> Column:
+        return a & b
+
+    def or_(self, a: Column, b: Column) -> Column:
+        return a | b
+
+    def not_(self, a: Column) -> Column:
+        return ~a
+
+    def differ(self, a: Column, b: Column) -> Column:
+        return F.coalesce(a != b, F.lit(False))
+
+    def same(self, a: Column, b: Column) -> Column:
+        return F.coalesce(a == b, F.lit(False))
+
+    def if_else(self, cond: Column, a: Column, b: Column) -> Column:
+        return F.when(cond, a).otherwise(b)
+
+    def older(self, incoming: Column, stored: Column) -> Column:
+        # SQL's order is format.md §8's: NaN above every number, -0.0 equal to 0.0; null lowest
+        return incoming.isNull() | (stored > incoming)
+
+    def is_true(self, x: Column) -> Column:
+        return F.coalesce(x, F.lit(False))
 
 
-def _moved() -> Column:
-    """An upsert of a known key whose partition value changed (global indexes)."""
-    return _exists() & ~F.col(DEL) & (F.col(OLD_PART) != F.col(PART))
-
-
-def _entering() -> Column:
-    """Rows that need a file group in their partition: new keys and keys moving in."""
-    return _moved() | (~_exists() & ~F.col(DEL))
+_OPS = _SparkOps()
 
 
 def _tag_stats(tagged: DataFrame) -> dict[str, dict[str, int]]:
-    """Per partition: keys found in the table, keys moving in, rows entering (one Spark job)."""
+    """Per partition, the rules' tag counts (``rules.TAG_STATS``), in one Spark job."""
     rows = tagged.groupBy(PART).agg(
-        F.sum(_exists().cast("long")).alias("found"),
-        F.sum(_moved().cast("long")).alias("moved"),
-        F.sum(_entering().cast("long")).alias("entering"),
-    ).collect()
-    return {r[PART]: {"found": r["found"], "moved": r["moved"], "entering": r["entering"]} for r in rows}
+        *[F.sum(_OPS.is_true(rule(_OPS)).cast("long")).alias(name) for name, rule in rules.TAG_STATS]).collect()
+    return {r[PART]: {name: r[name] for name, _ in rules.TAG_STATS} for r in rows}
 
 
 def _route(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystemView, num_buckets: int,
@@ -463,89 +461,80 @@ def _route(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystem
     """One row per action with its target file group (TPART, TFID) and OP, how many file groups it
     targets, and the rows the routing decided without writing (``key``, ``part``, ``fid``: deletes
     of absent keys with nulls, stale moves with the group holding the stored row; None for the
-    bucket index, whose merges decide). A key of a ``--partial-update`` batch (``carried``) moving
-    partitions takes the stored values of the columns the batch lacks from its old file group (format.md §8)."""
-    if cfg.index_type == INDEX_BUCKET:
-        routed = (
-            tagged.withColumn(TPART, F.col(PART))
-            .withColumn(TFID, file_id_for_bucket_expr(bucket_expr(F.col(KEY), num_buckets)))
-            .withColumn(OP, F.when(F.col(DEL), F.lit(tasks.DELETE)).otherwise(F.lit(tasks.UPSERT)))
-            .withColumn(tasks.FOUND, F.lit(None).cast("boolean"))  # not looked up: the log writer reads keys
-        )
-        return routed, len(view.file_groups) + num_buckets, None
-    exists, is_del = _exists(), F.col(DEL)
-    decided = _decided(tagged.filter(~exists & is_del))  # deletes of absent keys
-    tagged = tagged.withColumn("_bi_moved", _moved())
-    if cfg.precombine_field and any(s["moved"] for s in stats.values()):
-        tagged, stale = _drop_stale_moves(spark, table, cfg, view, tagged)
-        if stale is not None:
-            decided = decided.unionByName(_decided(stale))
-    if carried is not None and any(s["moved"] for s in stats.values()):
-        tagged = _fetch_moved(spark, table, view, tagged, carried)
-    in_place = (
-        tagged.filter(exists & ~F.col("_bi_moved"))
-        .withColumn(OP, F.when(is_del, F.lit(tasks.DELETE)).otherwise(F.lit(tasks.UPSERT)))
-        .withColumn(TPART, F.col(OLD_PART)).withColumn(TFID, F.col(OLD_FID))
-        .withColumn(tasks.FOUND, F.lit(True))
-    )
-    move_out = (
-        tagged.filter(F.col("_bi_moved")).withColumn(OP, F.lit(tasks.MOVE_OUT))
-        .withColumn(TPART, F.col(OLD_PART)).withColumn(TFID, F.col(OLD_FID))
-        .withColumn(tasks.FOUND, F.lit(True))
-    )
-    entering = tagged.filter(F.col("_bi_moved") | (~exists & ~is_del)).withColumn(
-        OP, F.when(F.col("_bi_moved"), F.lit(tasks.MOVE_IN)).otherwise(F.lit(tasks.UPSERT))
-    ).withColumn(tasks.FOUND, F.lit(False))
-    entering, planned = _assign_new_file_groups(
-        spark, cfg, view, entering, {p: s["entering"] for p, s in stats.items() if s["entering"]},
-        batch_id=batch_id,
-    )
-    cols = in_place.columns
-    routed = in_place.unionByName(move_out.select(*cols)).unionByName(entering.select(*cols))
-    return routed, len(view.file_groups) + planned, decided
+    bucket index, whose merges decide): the action's routes (``rules.routes``) as one plan. A key
+    of a ``--partial-update`` batch (``carried``) moving partitions takes the stored values of the
+    columns the batch lacks from its old file group (format.md §8)."""
+    decided = None
+    if cfg.index_type != INDEX_BUCKET:
+        decided = _decided(tagged.filter(rules.absent_delete(_OPS)))
+        tagged = tagged.withColumn(rules.MOVED, rules.moved(_OPS))
+        if cfg.precombine_field and rules.any_moved(stats):
+            tagged, stale = _drop_stale_moves(spark, table, cfg, view, tagged)
+            if stale is not None:
+                decided = decided.unionByName(_decided(stale))
+        if carried is not None and rules.any_moved(stats):
+            tagged = _fetch_moved(spark, table, view, tagged, carried)
+    streams: list[DataFrame] = []
+    planned = 0
+    for route in rules.routes(cfg.index_type):
+        rows = tagged.filter(_OPS.is_true(route.where(_OPS))).withColumn(OP, route.op(_OPS))
+        found = F.lit(None).cast("boolean") if route.found is None else F.lit(route.found)
+        if route.target == rules.OLD:
+            rows = rows.withColumn(TPART, F.col(OLD_PART)).withColumn(TFID, F.col(OLD_FID))
+        elif route.target == rules.NEW:
+            rows, planned = _assign_new_file_groups(spark, cfg, view, rows, rules.entering_counts(stats),
+                                                    batch_id=batch_id)
+        else:  # rules.BY_HASH: no lookup (the log writer reads keys)
+            rows = rows.withColumn(TPART, F.col(PART)).withColumn(
+                TFID, file_id_for_bucket_expr(bucket_expr(F.col(KEY), num_buckets)))
+        streams.append(rows.withColumn(tasks.FOUND, found))
+    cols = streams[0].columns
+    routed = streams[0]
+    for more in streams[1:]:
+        routed = routed.unionByName(more.select(*cols))
+    groups = len(view.file_groups) + (num_buckets if cfg.index_type == INDEX_BUCKET else planned)
+    return routed, groups, decided
 
 
 def _decided(rows: DataFrame) -> DataFrame:
-    """Rows decided without writing as (key, part, fid): the group holding the stored row, or
-    nulls for a key the snapshot does not hold (``action.read_set``)."""
-    return rows.select(F.col(KEY).alias("key"), F.col(OLD_PART).cast("string").alias("part"),
-                       F.col(OLD_FID).cast("string").alias("fid"))
+    """Rows decided without writing, as the action names them (``rules.DECIDED``)."""
+    return rows.select(*[F.col(src).cast("string").alias(out) for out, src in rules.DECIDED])
+
+
+def _movers(tagged: DataFrame) -> set[tuple[str, str]]:
+    """The (partition, file id) of the groups holding movers' stored rows (one small job)."""
+    return {(r[OLD_PART], r[OLD_FID]) for r in
+            tagged.filter(F.col(rules.MOVED)).select(OLD_PART, OLD_FID).distinct().collect()}
 
 
 def _drop_stale_moves(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystemView,
                       tagged: DataFrame) -> tuple[DataFrame, DataFrame | None]:
-    """A key moving partitions is compared with its stored row first; read only the files holding
-    movers. Returns the rows kept and the stale movers dropped (None: no movers)."""
-    holders = {(r[OLD_PART], r[OLD_FID]) for r in tagged.filter("_bi_moved").select(OLD_PART, OLD_FID).distinct().collect()}
+    """``tagged`` without its stale moves (``rules.stale_move``), and those moves (None: no
+    movers); reads only the files holding movers."""
+    holders = _movers(tagged)
     if not holders:
         return tagged, None
-    slices = [view.file_groups[h] for h in holders if h in view.file_groups]
     pc = cfg.precombine_field
-    stored = read_slices(spark, table, view, slices).select(F.col(KEY), F.col(pc).alias("_bi_stored"))
+    stored = read_slices(spark, table, view, rules.mover_slices(view, holders)).select(
+        F.col(KEY), F.col(pc).alias("_bi_stored"))
     joined = tagged.join(stored, KEY, "left")
-    stale = F.col("_bi_moved") & F.col("_bi_stored").isNotNull() & (
-        F.col(pc).isNull() | (F.col("_bi_stored") > F.col(pc))
-    )
-    is_stale = F.coalesce(stale, F.lit(False))
+    is_stale = rules.stale_move(_OPS, precombine=pc, stored=F.col("_bi_stored"))
     return joined.filter(~is_stale).drop("_bi_stored"), joined.filter(is_stale).drop("_bi_stored")
 
 
 def _fetch_moved(spark: SparkSession, table: Table, view: FileSystemView, tagged: DataFrame,
                  carried: list[str]) -> DataFrame:
-    """Keys of a partial batch moving partitions, with the stored values of the columns the batch
-    lacks, read from the slices holding them: the row entering the new partition is whole."""
-    assert view.schema is not None
-    holders = {(r[OLD_PART], r[OLD_FID]) for r in
-               tagged.filter("_bi_moved").select(OLD_PART, OLD_FID).distinct().collect()}
-    slices = [view.file_groups[h] for h in sorted(holders) if h in view.file_groups]
-    lacking = [n for n in view.schema.names if n != KEY and n not in carried]
+    """Movers of a partial batch with the stored values of the columns the batch lacks
+    (``rules.lacking_columns``), read from the slices holding them."""
+    slices = rules.mover_slices(view, _movers(tagged))
+    lacking = rules.lacking_columns(view, carried)
     if not slices or not lacking:
         return tagged
     stored = read_slices(spark, table, view, slices).select(
         F.col(KEY), *[F.col(c).alias(f"_bi_stored{i}") for i, c in enumerate(lacking)])
     joined = tagged.join(stored, KEY, "left")
     for i, c in enumerate(lacking):
-        joined = joined.withColumn(c, F.when(F.col("_bi_moved"), F.col(f"_bi_stored{i}")).otherwise(F.col(c)))
+        joined = joined.withColumn(c, F.when(F.col(rules.MOVED), F.col(f"_bi_stored{i}")).otherwise(F.col(c)))
     return joined.drop(*[f"_bi_stored{i}" for i in range(len(lacking))])
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import posixpath
 import re
-from typing import Iterable
+from typing import Callable, Iterable, Protocol, TypeVar
 from urllib.parse import quote, quote_plus, unquote, unquote_plus
 
 from spark_jobs.exceptions import PathEscapeError
@@ -20,14 +20,15 @@ __all__ = [
     "log_file_name",
     "is_reference",
     "legacy_partition_aliases",
+    "DirOps",
+    "partition_dir",
     "partition_path",
     "REFERENCE_PREFIX",
     "TableLayout",
 ]
 
 META_DIR = ".bucketindex"
-#: the partition directory value for a null partition field. Partition paths themselves are
-#: built by Spark (``spark_jobs.jobs.keys.partition_expr``), the one place that encodes them.
+#: the partition directory value for a null partition field (the encoding: :func:`partition_dir`)
 NULL_PARTITION = "__NULL__"
 #: an encoded value starting with ``__`` gets its first ``_`` as ``%5F`` -- which the
 #: URL encoder never emits -- so no string value shares a directory with ``__NULL__``
@@ -64,23 +65,81 @@ def long_value_budget(*, field: str) -> tuple[int, int]:
     return whole, whole - len(LONG_VALUE_SEP) - LONG_VALUE_HASH_CHARS
 
 
-def partition_path(field: str, value: object) -> str:
-    """``field=<value>`` as Spark's ``partition_expr`` builds it, for a string or integer
-    value (format.md §1): the value URL-encoded (Java's URLEncoder, which also encodes ``~``),
-    a leading ``__`` escaped, ``__NULL__`` for null, and a long value shortened to a readable
-    prefix plus ``~`` plus a hash of the whole value, so no name passes a file name's limit.
-    The Python twin for callers without a query to run (``tests/spark/test_keys.py`` checks both agree)."""
-    if value is None:
-        return f"{field}={NULL_PARTITION}"
-    if isinstance(value, bool) or not isinstance(value, (str, int)):
-        raise TypeError(f"partition_path takes a string or an integer, got {type(value).__name__}")
-    text = str(value)
-    encoded = re.sub(DUNDER_ESCAPE[0], DUNDER_ESCAPE[1], quote_plus(text, safe="*").replace("~", "%7E"))
+V = TypeVar("V")
+
+
+class DirOps(Protocol[V]):
+    """The string primitives :func:`partition_dir` is applied with: ``V`` is a Python ``str``
+    (None for null) or a Spark ``Column``. Each propagates null except ``if_null``."""
+
+    def lit(self, s: str) -> V: ...
+    def url_encode(self, text: V) -> V: ...  # Java's URLEncoder (UTF-8): ``*-._`` kept, space as ``+``
+    def sub(self, v: V, pattern: str, repl: str) -> V: ...  # regex replace (Java's and Python's syntax alike)
+    def head(self, v: V, n: int) -> V: ...  # the first n characters
+    def sha256_hex(self, text: V) -> V: ...  # the SHA-256 of the UTF-8 text, lower-case hex
+    def longer(self, v: V, n: int, then: Callable[[], V], otherwise: V) -> V: ...  # then() if len(v) > n
+    def concat(self, *vs: V) -> V: ...
+    def if_null(self, v: V, default: str) -> V: ...
+
+
+def partition_dir(field: str, text: V, ops: DirOps[V]) -> V:
+    """The one definition of a partition directory (format.md §1), ``field=<encoded>`` of a
+    value's text, applied with the string primitives of its caller (:func:`partition_path` in
+    Python, ``jobs.keys.partition_expr`` as a Spark expression; the Arrow engine applies
+    :func:`partition_path` per distinct value): the text URL-encoded as Java's URLEncoder does
+    (which also encodes ``~``), a leading ``__`` escaped, ``__NULL__`` for null, and a long value
+    shortened to a readable prefix plus ``~`` plus a hash of the whole text, so no name passes a
+    file name's limit."""
+    encoded = ops.sub(ops.url_encode(text), DUNDER_ESCAPE[0], DUNDER_ESCAPE[1])
     whole, prefix = long_value_budget(field=field)
-    if len(encoded) > whole:
-        digest = hashlib.sha256(text.encode()).hexdigest()[:LONG_VALUE_HASH_CHARS]
-        encoded = re.sub(CUT_ESCAPE, "", encoded[:prefix]) + LONG_VALUE_SEP + digest
-    return f"{field}={encoded}"
+
+    def shortened() -> V:
+        return ops.concat(ops.sub(ops.head(encoded, prefix), CUT_ESCAPE, ""), ops.lit(LONG_VALUE_SEP),
+                          ops.head(ops.sha256_hex(text), LONG_VALUE_HASH_CHARS))
+
+    return ops.concat(ops.lit(f"{field}="), ops.if_null(ops.longer(encoded, whole, shortened, encoded), NULL_PARTITION))
+
+
+class _PyDirOps:
+    """:class:`DirOps` on Python strings (None for null)."""
+
+    def lit(self, s: str) -> str:
+        return s
+
+    def url_encode(self, text: str | None) -> str | None:
+        return None if text is None else quote_plus(text, safe="*").replace("~", "%7E")
+
+    def sub(self, v: str | None, pattern: str, repl: str) -> str | None:
+        return None if v is None else re.sub(pattern, repl, v)
+
+    def head(self, v: str | None, n: int) -> str | None:
+        return None if v is None else v[:n]
+
+    def sha256_hex(self, text: str | None) -> str | None:
+        return None if text is None else hashlib.sha256(text.encode()).hexdigest()
+
+    def longer(self, v: str | None, n: int, then: Callable[[], str | None], otherwise: str | None) -> str | None:
+        return then() if v is not None and len(v) > n else otherwise
+
+    def concat(self, *vs: str | None) -> str | None:
+        return None if any(v is None for v in vs) else "".join(vs)  # type: ignore[arg-type]
+
+    def if_null(self, v: str | None, default: str) -> str:
+        return default if v is None else v
+
+
+_PY_DIR_OPS = _PyDirOps()
+
+
+def partition_path(field: str, value: object) -> str:
+    """``field=<value>`` for a string or integer value (None: null): :func:`partition_dir` on
+    Python strings, for callers without a query to run (``tests/spark/test_keys.py`` holds it
+    equal to Spark's ``partition_expr`` on users' kinds of values)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (str, int))):
+        raise TypeError(f"partition_path takes a string or an integer, got {type(value).__name__}")
+    out = partition_dir(field, None if value is None else str(value), _PY_DIR_OPS)
+    assert out is not None
+    return out
 
 
 def legacy_partition_aliases(*, field: str, partitions: Iterable[str]) -> dict[str, str]:

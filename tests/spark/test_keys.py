@@ -39,12 +39,17 @@ def test_python_bucket_equals_spark_xxhash64(spark):
 
 
 def test_composite_key_expression_equals_python(spark):
-    tuples = [("a", "b"), ("a,b", "c"), ("a", "b,c"), ("a\\", ",b"), ("ключ", "鍵"), ("1", "2")]
+    odd = [v for v in USER_VALUES if v is not None]
+    tuples = [("a", "b"), ("a,b", "c"), ("a", "b,c"), ("a\\", ",b"), ("ключ", "鍵"), ("1", "2"),
+              *[(a, b) for a in odd[::3] for b in odd[::4]]]
     df = spark.createDataFrame(tuples, "x string, y string")
     got = {(r["x"], r["y"]): r["k"] for r in df.select("x", "y", key_expr(["x", "y"]).alias("k")).collect()}
     for t in tuples:
         assert got[t] == composite_key(list(t))
-    assert len(set(got.values())) == len(tuples)
+    assert len(set(got.values())) == len(set(tuples))
+    # a null field: a null key (the batch checks refuse it)
+    assert df.sparkSession.createDataFrame([("a", None)], "x string, y string").select(
+        key_expr(["x", "y"]).alias("k")).first()["k"] is None
 
 
 def test_integer_keys_cast_like_python(spark):

@@ -171,3 +171,49 @@ def test_shadow_equal_to_an_existing_tables_index_is_refused(spark, base, tmp_pa
         main(["upsert", t.uri, src, "--record-key", "id", "--shadow-index", "record"], submitted=True)
     assert e.value.code == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
     assert tree_digest(Path(t.uri)) == digest
+
+
+def _index_answers(t: Table, keys: list[str]) -> dict[str, tuple[str, str] | None]:
+    """The record index's answer for each key (partition, file id; None: absent)."""
+    from spark_jobs.index.hashing import bucket_of
+    from spark_jobs.index.record_index import lookup
+
+    view, out = t.view(), {}
+    for k in keys:
+        files = view.index_files.get(bucket_of(k, t.num_buckets()), [])
+        out[k] = lookup(t.io, [t.abs(p) for p in files], [k]).target(0) if files else None
+    return out
+
+
+@pytest.mark.parametrize("index, shadow, faulty", [
+    ("record", "global_simple", True), ("record", "bucket", True), ("bucket", "global_simple", False)])
+def test_arrow_tee_equals_spark_tee(spark, tmp_path, index, shadow, faulty):
+    """The same batch through ``--engine arrow`` and ``--engine spark`` with the tee, on copies of
+    one table (with the same planted index faults): the same snapshot and files, the same index,
+    the same ``shadow`` record key for key."""
+    from spark_jobs.arrow_engine.upsert import run_upsert as arrow_upsert
+
+    uri = str(tmp_path / "base")
+    arrow_upsert(_opts(uri, write_batch(tmp_path / "b1.parquet", _rows(KEYS, 1)), index=index))
+    moved = {MOVER: REGIONS[(KEYS.index(MOVER) + 1) % 3]}
+    src = write_batch(tmp_path / "b2.parquet", _rows([MOVER, *UPDATED, DELETED, *NEW], 2, [DELETED],
+                                                     region={**REGION_OF, **moved}))
+    tables = {e: _copy(uri, tmp_path / e) for e in ("spark", "arrow")}
+    if faulty:  # a tombstone for a live key the batch updates, an entry sending another one astray
+        gone, astray = UPDATED[0], UPDATED[1]
+        for t in tables.values():
+            add_index_delta(t, bucket_of_key(t, gone), [gone], [None])
+            other = next(s for s in t.view().slices() if s.partition != _location(t, astray).partition)
+            add_index_delta(t, bucket_of_key(t, astray), [astray], [(other.partition, other.file_id)])
+    got = {"spark": run_upsert(spark, _opts(tables["spark"].uri, src, index=index, shadow=shadow))["shadow"],
+           "arrow": arrow_upsert(_opts(tables["arrow"].uri, src, index=index, shadow=shadow))["shadow"]}
+    assert got["arrow"] == got["spark"]
+    if faulty:
+        assert sum(got["arrow"]["disagreements"].values()) >= 1, got
+    loaded = {e: Table.load(t.uri) for e, t in tables.items()}
+    assert _written(loaded["arrow"]) == _written(loaded["spark"])
+    for e, t in loaded.items():
+        assert t.timeline.read_metadata(t.timeline.completed()[-1])["shadow"] == got[e]
+    if index == "record":
+        everyone = [*KEYS, *NEW]
+        assert _index_answers(loaded["arrow"], everyone) == _index_answers(loaded["spark"], everyone)

@@ -92,15 +92,37 @@ def test_cli_upsert_runs_in_process_without_java_or_pyspark(tmp_path):
 
 def test_explicit_arrow_refuses_what_only_spark_runs(tmp_path):
     uri = str(tmp_path / "t")
-    src = _write(tmp_path / "b.parquet", B1)
-    p = _cli(*_upsert_args(uri, src, "b"), "--engine", "arrow", "--shadow-index", "global_simple")
+    src = str(tmp_path / "b.parquet")  # a double key: its text ("1.0E7") only Spark defines
+    pq.write_table(pa.table({"id": [1e7, 2.5], "region": ["a b", "c/d"], "ts": [1, 2], "is_deleted": [False, False]}), src)
+    p = _cli(*_upsert_args(uri, src, "b"), "--engine", "arrow")
     assert p.returncode == 2, p.stderr
     line = p.stderr.strip().splitlines()[-1]
-    assert line.startswith("bucketindex: error: --engine arrow cannot run this batch: the tee (--shadow-index)")
+    assert line.startswith("bucketindex: error: --engine arrow cannot run this batch: column 'id' of type double")
     assert not (tmp_path / "t").exists()
     # --master means Spark: asking for arrow with it is a contradiction, told before anything runs
     p = _cli(*_upsert_args(uri, src, "b"), "--engine", "arrow", "--master", "local[1]")
     assert p.returncode == 2 and "asks for Spark" in p.stderr
+
+
+def test_the_tee_runs_in_process_and_writes_what_the_plain_upsert_writes(tmp_path):
+    """``--shadow-index`` on the Arrow engine: the commit records the comparison (a healthy record
+    table: every key agrees), ``show`` prints it, and the table equals one written without the
+    tee. (Spark's and Arrow's tee agree key for key: tests/spark/test_shadow_tee.py.)"""
+    b1, b2 = _write(tmp_path / "b1.parquet", B1), _write(tmp_path / "b2.parquet", B2)
+    for name, tee in (("tee", ["--shadow-index", "global_simple"]), ("plain", [])):
+        uri = str(tmp_path / name)
+        assert _cli(*_upsert_args(uri, b1, "b1"), "--engine", "arrow").returncode == 0
+        p = _cli(*_upsert_args(uri, b2, "b2"), "--engine", "arrow", *tee)
+        assert p.returncode == 0, p.stderr[-3000:]
+    t, plain = Table.load(str(tmp_path / "tee")), Table.load(str(tmp_path / "plain"))
+    assert sorted(map(str, read_arrow(t.uri).to_pylist())) == sorted(map(str, read_arrow(plain.uri).to_pylist()))
+    meta = t.timeline.read_metadata(t.timeline.completed()[-1])
+    assert meta["shadow"] == {"shadow_index": "global_simple", "keys_compared": len(B2), "compared": "location",
+                              "disagreements": {"missing": 0, "extra": 0, "wrong_location": 0},
+                              "samples": {"missing": [], "extra": [], "wrong_location": []}}
+    assert "shadow" not in plain.timeline.read_metadata(plain.timeline.completed()[-1])
+    show = _cli("show", t.uri)
+    assert f"shadow global_simple: {len(B2)} keys compared, no disagreements" in show.stdout, show.stdout
 
 
 def test_auto_sizes_the_batch_and_the_touched_file_groups(tmp_path):

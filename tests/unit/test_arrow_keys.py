@@ -93,6 +93,39 @@ def test_partition_dirs_use_the_layout_rule_per_distinct_value():
     assert partition_dirs(pa.table({"n": [1, 2]}), []).to_pylist() == ["", ""]
 
 
+#: users' kinds of values: spaces, path and URL specials, non-ASCII, the key escapes, empty,
+#: long text, the null directory's literal, null
+ODD = ["eu west", "a/b", "100%", "x+y", "a=b", "são paulo", "東京", "🔑", "", " lead", "a,b", "a\\b", "\\,", ",",
+       "x" * 300, "__NULL__", None]
+
+
+def test_record_keys_and_partition_dirs_apply_the_core_rules_on_odd_values():
+    """The engine's keys and directories are the core's one definition (hashing.canonical_key,
+    layout.partition_dir) applied to the values' Spark texts: equal to composite_key and
+    partition_path value by value, and the key is injective over these tuples."""
+    pairs = [(a, b) for a in ODD for b in ODD]
+    t = pa.table({"x": pa.array([a for a, _ in pairs], pa.string()), "y": pa.array([b for _, b in pairs], pa.large_string())})
+    keys = record_keys(t, ["x", "y"]).to_pylist()
+    assert keys == [None if a is None or b is None else composite_key([a, b]) for a, b in pairs]
+    live = [k for k in keys if k is not None]
+    assert len(set(live)) == len(live)
+    assert record_keys(t, ["x"]).to_pylist() == [a for a, _ in pairs]
+    assert partition_dirs(t, ["x"]).to_pylist() == [partition_path("x", a) for a, _ in pairs]
+    # typed values: the core's rule over each field's Spark text (key_text)
+    typed = pa.table({
+        "price": pa.array([Decimal("0.10"), Decimal("-3.00"), None, Decimal("1E-2")], pa.decimal128(6, 2)),
+        "at": pa.array([dt.datetime(2024, 1, 2, 3, 4, 5, 120000, tzinfo=dt.timezone(dt.timedelta(hours=9))),
+                        dt.datetime(1969, 12, 31, 23, 59, 59, 500000, tzinfo=dt.UTC), dt.datetime(2024, 1, 1, tzinfo=dt.UTC),
+                        None], pa.timestamp("us", "Asia/Tokyo")),
+        "name": pa.array(["a,b", "東京 /%+=", "", "x" * 300]),
+    })
+    texts = [key_text(typed.column(c), name=c).to_pylist() for c in ("price", "at", "name")]
+    assert texts[1][0] == "2024-01-01 18:04:05.12"  # the UTC wall clock, Spark's session zone
+    assert record_keys(typed, ["price", "at", "name"]).to_pylist() == [
+        None if None in row else composite_key(list(row)) for row in zip(*texts)]
+    assert partition_dirs(typed, ["price"]).to_pylist() == [partition_path("price", v) for v in texts[0]]
+
+
 def test_bucket_ids_and_file_group_slots_are_spark_hashes():
     keys = [f"key-{i}" for i in range(2000)] + ["", "鍵", "🔑", "x" * 300]
     arr = pa.array(keys)
