@@ -5,7 +5,7 @@ The batch is read by pyarrow, validated, cast and deduplicated under the action'
 primitives); tagging, routing, the file-group plan and the tee (``--shadow-index``) are pyarrow
 compute and numpy; each touched file
 group is merged (or gets its log) and each touched index bucket gets its delta by the same
-functions Spark's tasks run (:mod:`spark_jobs.jobs.tasks`, free of ``pyspark``), on a small
+functions Spark's tasks run (:mod:`spark_jobs.kernels.tasks`, free of ``pyspark``), on a small
 thread pool: file reads and Parquet writes release the GIL, and on object storage a write
 is a request's latency. The commit is the action's :class:`~spark_jobs.table.action.Transaction`.
 

@@ -12,7 +12,7 @@ What is due, the plan, the check that a plan still holds when it runs, which fil
 task's duplicate loses to, what the commit records, and the order of a run (waiting plans,
 then a new one: :func:`run`) live here. An engine only writes a plan's new bases: Spark
 (``spark_jobs.jobs.compact``) or in-process on Arrow (``spark_jobs.arrow_engine.compact``),
-both through the task functions of ``spark_jobs.jobs.tasks``.
+both through the task functions of ``spark_jobs.kernels.tasks``.
 
 An *index rebuild* (:func:`run_rebuild`, ``compact --rebuild-index``) is the same action and
 commit with its buckets' new bases built from a scan of the snapshot's rows instead of the
@@ -376,7 +376,7 @@ def compaction_metadata(instant: str, plan: dict[str, Any], written: list[dict[s
 #: an engine's part of executing a plan: write the new bases the plan asks for under ``txn``'s
 #: markers (files named with ``txn.attempt``) and return what it wrote -- one row per file group
 #: (``part, fid, path, num_rows, size``) and one per index bucket (``bucket, path, entries,
-#: size, sealed``), as :data:`spark_jobs.jobs.tasks.COMPACT_OUTPUT` / ``COMPACT_INDEX_OUTPUT``
+#: size, sealed``), as :data:`spark_jobs.kernels.tasks.COMPACT_OUTPUT` / ``COMPACT_INDEX_OUTPUT``
 Write = Callable[["Table", "Transaction"], tuple[list[dict[str, Any]], list[dict[str, Any]]]]
 #: ``pick(table, plan)``: the engine that executes one plan and the choice to record (None: none)
 Pick = Callable[["Table", dict[str, Any]], tuple[Write, "EngineChoice | None"]]

@@ -34,7 +34,7 @@ any other in its group's merge). Both are decisions on the snapshot that a concu
 of the key overturns, so the commit records them (``reads``, :func:`read_set`) and the
 conflict check compares them with later commits. The engines report such rows as
 ``(key, partition, file id)`` -- the group holding the stored row or the group the key routes
-to, ``(None, None)`` for a delete routed nowhere: the merge tasks (``spark_jobs.jobs.tasks``,
+to, ``(None, None)`` for a delete routed nowhere: the merge tasks (``spark_jobs.kernels.tasks``,
 shared) emit ``read`` rows for their groups; the routing of each engine adds absent deletes
 and stale moves.
 
@@ -123,7 +123,7 @@ log = logging.getLogger("bucketindex.upsert")
 KEY, DEL, PART = "_bi_key", "_bi_del", "_bi_part"
 OLD_PART, OLD_FID = "_bi_old_part", "_bi_old_fid"
 TPART, TFID = "_bi_tpart", "_bi_tfid"
-#: routing operations (``spark_jobs.jobs.tasks``): a log stores its own op
+#: routing operations (``spark_jobs.kernels.tasks``): a log stores its own op
 OP, FOUND = "_bi_op", "_bi_found"
 UPSERT, DELETE, MOVE_IN, MOVE_OUT = "upsert", "delete", "move_in", "move_out"
 #: what a tee records, in shadow-compare's words (a batch has one row per key: nothing is duplicated)
