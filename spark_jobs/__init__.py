@@ -34,6 +34,15 @@ if TYPE_CHECKING:
         ValidationReport,
         WriteResult,
     )
+    from spark_jobs.table.action.alter import AlterOptions
+    from spark_jobs.table.action.clean import CleanOptions
+    from spark_jobs.table.action.compact import CompactOptions
+    from spark_jobs.table.action.mirror import MirrorOptions
+    from spark_jobs.table.action.rehash import RehashOptions
+    from spark_jobs.table.action.rollback import RollbackOptions
+    from spark_jobs.table.action.shadow_compare import ShadowCompareOptions
+    from spark_jobs.table.action.upsert import UpsertOptions
+    from spark_jobs.table.action.validate import ValidateOptions
     from spark_jobs.exceptions import (
         BadInputError,
         BucketIndexError,
@@ -53,6 +62,16 @@ _EXPORTS = {
     **{name: "spark_jobs.api" for name in (
         "Table", "WriteResult", "Ignored", "HistoryEntry", "ValidationReport", "ShadowCompareReport",
         "CompactResult", "CleanResult", "RehashResult", "AlterResult", "RollbackResult", "MirrorResult")},
+    # each verb's options: the dataclasses the CLI builds from its flags (Table's methods take them)
+    "UpsertOptions": "spark_jobs.table.action.upsert",
+    "ValidateOptions": "spark_jobs.table.action.validate",
+    "ShadowCompareOptions": "spark_jobs.table.action.shadow_compare",
+    "CompactOptions": "spark_jobs.table.action.compact",
+    "CleanOptions": "spark_jobs.table.action.clean",
+    "AlterOptions": "spark_jobs.table.action.alter",
+    "RollbackOptions": "spark_jobs.table.action.rollback",
+    "MirrorOptions": "spark_jobs.table.action.mirror",
+    "RehashOptions": "spark_jobs.table.action.rehash",
     **{name: "spark_jobs.exceptions" for name in (
         "BucketIndexError", "BadInputError", "ConfigConflictError", "TableNotFoundError", "EngineUnsupportedError",
         "MissingDependencyError", "RetryableError", "ConflictError", "WriterAliveError", "StorageUnavailableError",

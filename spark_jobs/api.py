@@ -37,7 +37,14 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 import pyarrow as pa
 
 from spark_jobs.exceptions import BadInputError, TableNotFoundError
+from spark_jobs.table.action.alter import AlterOptions
+from spark_jobs.table.action.clean import CleanOptions
+from spark_jobs.table.action.compact import CompactOptions
+from spark_jobs.table.action.mirror import MirrorOptions
+from spark_jobs.table.action.rollback import RollbackOptions
+from spark_jobs.table.action.shadow_compare import ShadowCompareOptions
 from spark_jobs.table.action.upsert import UpsertOptions
+from spark_jobs.table.action.validate import ValidateOptions
 from spark_jobs.table.commit import CommitMetadata
 from spark_jobs.table.timeline import instant_to_iso
 
@@ -374,115 +381,91 @@ class Table:
                 raise _relabel(e, path, label) from None
         return WriteResult.from_json(result)
 
-    # -- the other verbs (the CLI's functions) ------------------------------------------------
-    def validate(self, *, engine: str = "auto", memory_budget: str | None = None) -> ValidationReport:
-        """Every check of ``bucketindex validate`` (the report's ``ok`` is False on a problem:
-        no exception, as the CLI's exit 1 is a finding, not a failure)."""
-        from spark_jobs.table.action.engine import ARROW
+    # -- the other verbs: the CLI's options objects, the CLI's functions --------------------------
+    def _options(self, cls: type, options: Any, given: Mapping[str, Any]) -> Any:
+        """``cls`` (a verb's options dataclass, the one the CLI builds from its flags) for this
+        table: ``options`` as given (its ``table`` replaced by this handle's), or made from the
+        keywords; either way checked by the dataclass itself (BadInputError, one line)."""
+        if options is not None:
+            if not isinstance(options, cls):
+                raise BadInputError(f"expected {cls.__name__}, got {type(options).__name__}")
+            if given:
+                raise BadInputError(f"pass either a {cls.__name__} or keywords, not both ({', '.join(sorted(given))})")
+            return dataclasses.replace(options, table=self.uri)
+        names = {f.name for f in dataclasses.fields(cls) if f.init} - {"table"}
+        unknown = sorted(set(given) - names)
+        if unknown:
+            raise BadInputError(f"{', '.join(unknown)}: not an option of {cls.__name__} "
+                                f"(its options: {', '.join(sorted(names))})")
+        return cls(table=self.uri, **given)
+
+    def _run(self, verb: str, opts: Any) -> tuple[Any, str]:
+        """``engines.run`` (the CLI's sizing, engine choice and fallback) under this handle's
+        storage options; returns the verb's result and the engine that ran it."""
+        from spark_jobs.engines import run
+        from spark_jobs.table.action.engine import ARROW, SPARK
+
+        used: list[bool] = []
+
+        def spark() -> Any:
+            used.append(True)
+            return _local_spark()
 
         with _storage(self.storage_options):
-            core = self._core()
+            result = run(verb, opts, spark=spark)
+        return result, SPARK if used else ARROW
 
-            def size() -> int:
-                from spark_jobs.arrow_engine.validate import needed_bytes
-
-                return needed_bytes(core, core.view())
-
-            choice = _choose(engine, memory_budget, size)
-            if choice.engine == ARROW:
-                from spark_jobs.arrow_engine.validate import run_validate as run_in_process
-
-                report = run_in_process(self.uri)
-            else:
-                from spark_jobs.jobs.validate import run_validate
-
-                report = run_validate(_local_spark(), self.uri)
+    def validate(self, options: ValidateOptions | None = None, /, **kwargs: Any) -> ValidationReport:
+        """Every check of ``bucketindex validate`` (:class:`ValidateOptions`: ``engine``,
+        ``memory_budget``); the report's ``ok`` is False on a problem: no exception, as the
+        CLI's exit 1 is a finding, not a failure."""
+        report, engine = self._run("validate", self._options(ValidateOptions, options, kwargs))
         return ValidationReport(ok=bool(report["ok"]), problems=_frozen(report.get("problems")),
-                                engine=choice.engine, details=_frozen(report))
+                                engine=engine, details=_frozen(report))
 
-    def shadow_compare(self, *, against: str = "scan", since: str | None = None, sample_fraction: float = 1.0,
-                       max_mismatches: int = 0, engine: str = "auto",
-                       memory_budget: str | None = None) -> ShadowCompareReport:
-        """``bucketindex shadow-compare``: the index's answer for each key against the data."""
-        from spark_jobs.table.action.engine import ARROW
-        from spark_jobs.table.shadow import ShadowOptions, check_options, touched_since
-
-        opts = ShadowOptions(against=against, since=since, sample_fraction=sample_fraction,
-                             max_mismatches=max_mismatches)
-        with _storage(self.storage_options):
-            core = self._core()
-            assert core.config is not None
-            check_options(core.config.index_type, opts)
-            touched: list[Any] = []
-
-            def size() -> int:
-                from spark_jobs.arrow_engine.shadow_compare import needed_bytes
-
-                touched.append(touched_since(core, opts.since) if opts.since is not None else None)
-                return needed_bytes(core, core.view(), opts, touched[0])
-
-            choice = _choose(engine, memory_budget, size)
-            if choice.engine == ARROW:
-                from spark_jobs.arrow_engine import shadow_compare as in_process
-
-                report = in_process.run_shadow_compare(self.uri, opts, touched=touched[0] if touched else None)
-            else:
-                from spark_jobs.jobs.shadow_compare import run_shadow_compare
-
-                report = run_shadow_compare(_local_spark(), self.uri, opts)
+    def shadow_compare(self, options: ShadowCompareOptions | None = None, /, **kwargs: Any) -> ShadowCompareReport:
+        """``bucketindex shadow-compare`` (:class:`ShadowCompareOptions`: ``against``, ``since``,
+        ``sample_fraction``, ``max_mismatches``, ...): the index's answer for each key against
+        the data."""
+        report, engine = self._run("shadow-compare", self._options(ShadowCompareOptions, options, kwargs))
         return ShadowCompareReport(ok=bool(report["ok"]), mismatches=int(report.get("mismatches", 0)),
-                                   keys_compared=report.get("keys_compared"), engine=choice.engine,
+                                   keys_compared=report.get("keys_compared"), engine=engine,
                                    details=_frozen(report))
 
-    def compact(self, policy: Any = None, *, schedule_only: bool = False, instant: str | None = None,
-                heartbeat_timeout_s: float | None = None, engine: str = "auto",
-                memory_budget: str | None = None) -> CompactResult:
-        """``bucketindex compact``: schedule and/or execute a compaction under ``policy`` (a
-        :class:`~spark_jobs.table.action.compact.CompactionPolicy`; default the CLI's)."""
-        from spark_jobs.table.action import compact as action
-        from spark_jobs.table.action.engine import ARROW, AUTO, choose_engine, memory_budget as budget_of
-        from spark_jobs.table.timeline import check_instant
+    def compact(self, options: CompactOptions | None = None, /, **kwargs: Any) -> CompactResult:
+        """``bucketindex compact`` (:class:`CompactOptions`: ``min_logs``, ``min_deltas``,
+        ``schedule_only``, ``execute``, ``engine``, ...): schedule and/or execute a compaction.
+        ``rebuild_index`` is the CLI's ``compact --rebuild-index``."""
+        opts = self._options(CompactOptions, options, kwargs)
+        if opts.rebuild_index:
+            from spark_jobs.arrow_engine.compact import run_rebuild_index
 
-        if instant is not None:
-            check_instant(instant, option="instant")
-        budget = budget_of(memory_budget)
-        fixed = None if engine == AUTO else choose_engine(requested=engine, needed_bytes=0, budget=budget)
-
-        def pick(table: CoreTable, plan: dict[str, Any]) -> Any:  # the CLI's pick, without a CLI session
-            if fixed is not None:
-                choice = fixed
-            else:
-                from spark_jobs.arrow_engine.compact import needed_bytes
-
-                choice = choose_engine(requested=AUTO, needed_bytes=needed_bytes(table, plan), budget=budget)
-            if choice.engine == ARROW:
-                from spark_jobs.arrow_engine.compact import write_plan
-
-                return write_plan, choice
-            from spark_jobs.jobs import compact as spark_compact
-
-            session = _local_spark()
-            return (lambda t, txn: spark_compact._execute(session, t, txn)), choice
-
-        with _storage(self.storage_options):
-            r = action.run(self.uri, pick, policy=policy, schedule_only=schedule_only, instant=instant,
-                           heartbeat_timeout_s=heartbeat_timeout_s)
+            with _storage(self.storage_options):
+                r = run_rebuild_index(opts.table, buckets=opts.bucket, index_base_cap=opts.index_base_cap,
+                                      heartbeat_timeout_s=opts.heartbeat_timeout_s)
+            ran: str | None = "arrow"
+        else:
+            r, ran = self._run("compact", opts)
         eng = r.get("engine")
+        if r.get("instant") is None:
+            ran = None  # nothing was due: no engine ran
         return CompactResult(instant=r.get("instant"), scheduled=bool(r.get("scheduled")),
                              executed=bool(r.get("executed")), noop=bool(r.get("noop")),
-                             counts=_frozen(r.get("counts")), engine=eng.get("name") if isinstance(eng, dict) else eng,
+                             counts=_frozen(r.get("counts")),
+                             engine=eng.get("name") if isinstance(eng, dict) else (eng or ran),
                              total_ms=r.get("total_ms"), details=_frozen(r))
 
-    def clean(self, *, retain_commits: int | None = None, retain_hours: float | None = None, dry_run: bool = False,
-              heartbeat_timeout_s: float | None = None) -> CleanResult:
-        """``bucketindex clean``: delete file versions no retained snapshot reads."""
+    def clean(self, options: CleanOptions | None = None, /, **kwargs: Any) -> CleanResult:
+        """``bucketindex clean`` (:class:`CleanOptions`: ``retain_commits``, ``retain_hours``,
+        ``dry_run``): delete file versions no retained snapshot reads."""
         from spark_jobs.table.action.clean import run_clean
 
+        opts = self._options(CleanOptions, options, kwargs)
         with _storage(self.storage_options):
-            r = run_clean(self.uri, retain_commits=retain_commits, retain_hours=retain_hours, dry_run=dry_run,
-                          heartbeat_timeout_s=heartbeat_timeout_s)
+            r = run_clean(opts.table, retain_commits=opts.retain_commits, retain_hours=opts.retain_hours,
+                          dry_run=opts.dry_run, heartbeat_timeout_s=opts.heartbeat_timeout_s)
         return CleanResult(instant=r.get("instant"), files=int(r.get("files") or 0), bytes=int(r.get("bytes") or 0),
-                           earliest_retained=r.get("earliest_retained"), dry_run=bool(r.get("dry_run", dry_run)),
+                           earliest_retained=r.get("earliest_retained"), dry_run=bool(r.get("dry_run", opts.dry_run)),
                            details=_frozen(r))
 
     def rehash(self, num_buckets: int, *, heartbeat_timeout_s: float | None = None) -> RehashResult:
@@ -497,47 +480,41 @@ class Table:
                             num_buckets=int(r.get("num_buckets", num_buckets)), counts=_frozen(r.get("counts")),
                             details=_frozen(r))
 
-    def alter(self, *, add_columns: Mapping[str, str] | Sequence[str] = (),
-              widen_columns: Mapping[str, str] | Sequence[str] = (), max_retries: int = 3,
-              heartbeat_timeout_s: float | None = None) -> AlterResult:
-        """``bucketindex alter``: add nullable columns or widen types (``{"name": "bigint"}`` or
-        the CLI's ``"name:bigint"`` specs); no data file is rewritten."""
+    def alter(self, options: AlterOptions | None = None, /, **kwargs: Any) -> AlterResult:
+        """``bucketindex alter`` (:class:`AlterOptions`): add nullable columns or widen types
+        (``{"name": "bigint"}`` or the CLI's ``"name:bigint"`` specs); no data file is rewritten."""
         from spark_jobs.table.action.alter import run_alter
 
-        if max_retries < 0:
-            raise BadInputError(f"max_retries must be 0 or more, got {max_retries}")
+        for name in ("add_columns", "widen_columns"):
+            if name in kwargs:
+                kwargs[name] = _specs(kwargs[name])
+        opts = self._options(AlterOptions, options, kwargs)
         with _storage(self.storage_options):
-            r = run_alter(self.uri, add_columns=_specs(add_columns), widen_columns=_specs(widen_columns),
-                          max_retries=max_retries, heartbeat_timeout_s=heartbeat_timeout_s)
+            r = run_alter(opts.table, add_columns=opts.add_columns, widen_columns=opts.widen_columns,
+                          max_retries=opts.max_retries, heartbeat_timeout_s=opts.heartbeat_timeout_s)
         return AlterResult(instant=r.get("instant"), noop=bool(r.get("noop")),
                            changes=tuple(r.get("changes") or ()), details=_frozen(r))
 
-    def rollback(self, instant: str | None = None, *, force: bool = False,
-                 heartbeat_timeout_s: float | None = None) -> RollbackResult:
-        """``bucketindex rollback``: roll back pending instants (every abandoned one, or ``instant``)."""
-        from spark_jobs.table.timeline import check_instant
-
-        if heartbeat_timeout_s is not None and heartbeat_timeout_s <= 0:
-            raise BadInputError(f"heartbeat_timeout_s must be positive, got {heartbeat_timeout_s}")
-        if instant is not None:
-            check_instant(instant, option="instant")
+    def rollback(self, options: RollbackOptions | None = None, /, **kwargs: Any) -> RollbackResult:
+        """``bucketindex rollback`` (:class:`RollbackOptions`: ``instant``, ``force``): roll
+        back pending instants (every abandoned one, or ``instant``)."""
+        opts = self._options(RollbackOptions, options, kwargs)
         with _storage(self.storage_options):
-            done = self._core().rollback(instant, force=force, timeout_s=heartbeat_timeout_s)
+            done = self._core().rollback(opts.instant, force=opts.force, timeout_s=opts.heartbeat_timeout_s)
         return RollbackResult(rolled_back=tuple(done))
 
-    def mirror(self, *, enable: str | None = None, repair: bool = False) -> MirrorResult:
-        """``bucketindex mirror``: turn the Delta projection on (``enable="delta"``) or check and
-        repair every version (``repair=True``)."""
+    def mirror(self, options: MirrorOptions | None = None, /, **kwargs: Any) -> MirrorResult:
+        """``bucketindex mirror`` (:class:`MirrorOptions`): turn the Delta projection on
+        (``enable="delta"``) or check and repair every version (``repair=True``)."""
         from spark_jobs.table import delta
 
-        if (enable is None) == (not repair):
-            raise BadInputError("mirror takes one of enable='delta' or repair=True")
+        opts = self._options(MirrorOptions, options, kwargs)
         with _storage(self.storage_options):
-            if enable is not None:
+            if opts.enable is not None:
                 from spark_jobs.table.action.mirror import enable_mirror
 
                 before = set(delta.versions_present(self._core()))
-                r = enable_mirror(self.uri, enable)
+                r = enable_mirror(self.uri, opts.enable)
                 written = sorted(set(delta.versions_present(self._core())) - before)
                 return MirrorResult(version=int(r["version"]), written=tuple(written), details=_frozen(r))
             core = self._core()
@@ -624,15 +601,6 @@ def _storage(options: Mapping[str, str] | None) -> Iterator[None]:
         yield
     finally:
         storage.configure(before)
-
-
-def _choose(engine: str, memory_budget: str | None, size: Callable[[], int]) -> Any:
-    """The CLI's engine choice for a read-side verb: sized only when ``auto`` needs a size."""
-    from spark_jobs.table.action.engine import budget_given, choose_engine, memory_budget as budget_of, needs_sizing
-
-    budget = budget_of(memory_budget)
-    needed = size() if needs_sizing(engine, spark_requested=None, override=memory_budget) else 0
-    return choose_engine(requested=engine, needed_bytes=needed, budget=budget, budget_set=budget_given(memory_budget))
 
 
 def _local_spark() -> Any:

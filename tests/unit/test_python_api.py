@@ -18,9 +18,8 @@ import pyarrow as pa
 import pytest
 
 import spark_jobs
-from spark_jobs import BadInputError, HistoryEntry, Table, WriteResult
+from spark_jobs import BadInputError, CompactOptions, HistoryEntry, Table, ValidateOptions, WriteResult
 from spark_jobs.cli import main
-from spark_jobs.table.action.compact import CompactionPolicy
 from tests.oracle import reduce_batches
 from tests.unit.test_cli_newcomer import tree_digest
 
@@ -159,8 +158,13 @@ def test_the_other_verbs_return_typed_results(tmp_path):
         batch = [{"id": "a", "ts": i, "v": 10 * i}, {"id": "ü", "ts": i, "v": i}]
         t.upsert(pa.Table.from_pylist(batch))
         batches.append(batch)
-    c = t.compact(CompactionPolicy(min_logs=1, min_deltas=1))
+    # the options object the CLI builds from `compact --min-logs 1 --min-deltas 1`: its table is the handle's
+    c = t.compact(CompactOptions(table="elsewhere", min_logs=1, min_deltas=1))
     assert c.executed and c.instant and c.engine == "arrow" and c.counts["logs_folded"] >= 2
+    with pytest.raises(BadInputError, match="min_log: not an option of CompactOptions"):
+        t.compact(min_log=1)
+    with pytest.raises(BadInputError, match="--min-logs must be"):  # the dataclass's own check, as the CLI's
+        t.compact(min_logs=-1)
     expect = reduce_batches(batches, key="id", precombine="ts", delete_field=None)
     assert rows(t.read()) == expect
     cl = t.clean(retain_commits=1)
@@ -174,6 +178,7 @@ def test_the_other_verbs_return_typed_results(tmp_path):
     assert m.version == t.version() and m.written
     assert t.mirror(repair=True).written == ()
     assert t.validate().ok and t.shadow_compare().ok
+    assert t.validate(ValidateOptions(table=uri, engine="arrow")).engine == "arrow"
     assert rows(t.read()) == {k: {**r, "note": None} for k, r in expect.items()}
 
 
