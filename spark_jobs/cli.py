@@ -305,6 +305,7 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
                     help="the new count: a multiple or a divisor of the count in force (`show` suggests one)")
     rh.add_argument("--heartbeat-timeout", type=float,
                     help="seconds without a heartbeat before a pending write counts as abandoned (default 60)")
+    _add_engine_options(rh)
     _add_spark_options(rh)
     bs = sub.add_parser("bootstrap", help="make a table of an existing Parquet dataset (Hive-style partition "
                                           "directories or flat): its files in place, or rewritten")
@@ -876,20 +877,49 @@ def cmd_alter(args: argparse.Namespace, submitted: bool) -> int:
 
 
 def cmd_rehash(args: argparse.Namespace, submitted: bool) -> int:
-    from spark_jobs.jobs.rehash import run_rehash
+    from spark_jobs.table.action import rehash as action
+    from spark_jobs.table.action.engine import ARROW, budget_given, choose_engine, memory_budget, needs_sizing
 
     if args.heartbeat_timeout is not None and args.heartbeat_timeout <= 0:
         raise BadInputError(f"--heartbeat-timeout must be positive, got {args.heartbeat_timeout}")
-    result = run_rehash(lambda: _spark(args, submitted), args.table, args.num_buckets,
-                        heartbeat_timeout_s=args.heartbeat_timeout)
+    spark_requested = _spark_requested(args, submitted)
+    budget = memory_budget(args.memory_budget)  # a bad --memory-budget: exit 2 whatever the engine
+    sized = needs_sizing(args.engine, spark_requested=spark_requested, override=args.memory_budget)
+    # a fixed choice is checked before anything is written (--engine arrow with --master: exit 2)
+    fixed = None if sized else choose_engine(requested=args.engine, needed_bytes=0, spark_requested=spark_requested,
+                                             budget=budget)
+    used_spark: list[bool] = []
+
+    def pick(table, plan, view):  # type: ignore[no-untyped-def]
+        """The engine of this rehash: auto sizes it (the largest units it holds at once)."""
+        choice = fixed
+        if choice is None:
+            from spark_jobs.arrow_engine.rehash import needed_bytes
+
+            choice = choose_engine(requested=args.engine, needed_bytes=needed_bytes(table, plan, view),
+                                   budget=budget, budget_set=budget_given(args.memory_budget))
+        if choice.engine == ARROW:
+            from spark_jobs.arrow_engine.rehash import ArrowRehash
+
+            return ArrowRehash(), choice
+        from spark_jobs.jobs.rehash import SparkRehash
+
+        used_spark.append(True)
+        return SparkRehash(lambda: _spark(args, submitted)).started(), choice
+
+    result = action.run(args.table, args.num_buckets, pick, heartbeat_timeout_s=args.heartbeat_timeout)
+    if used_spark:
+        from spark_jobs.jobs.session import session_start_ms
+
+        result["session_start_ms"] = session_start_ms()
     print(json.dumps(result, sort_keys=True))
     if result["noop"]:
         print(f"the table already has {plural(args.num_buckets, 'bucket')}: nothing to do")
     else:
         c = result["counts"]
         print(f"rehashed {result['previous_num_buckets']} -> {result['num_buckets']} buckets at instant "
-              f"{result['instant']}: {plural(c['file_groups_written'], 'file group')}, "
-              f"{plural(c['index_buckets'], 'index bucket')} written")
+              f"{result['instant']} on {result['engine']['name']} ({result['engine']['reason']}): "
+              f"{plural(c['file_groups_written'], 'file group')}, {plural(c['index_buckets'], 'index bucket')} written")
     return 0
 
 
