@@ -121,9 +121,11 @@ class ArrowRehash:
         if not keys and not files:
             return []
         hi, lo = fingerprints(keys)
-        old = buckets_of(keys, plan.old)
+        # a split: new = hash mod (k * old), so the old bucket is new mod old -- one hash per key
+        new = buckets_of(keys, plan.new)
+        old = new % plan.old
         data = pa.Table.from_arrays(
-            [pa.array(old.astype(np.int32)), pa.array(buckets_of(keys, plan.new).astype(np.int32)),
+            [pa.array(old.astype(np.int32)), pa.array(new.astype(np.int32)),
              pa.array(hi.view(np.int64)), pa.array(lo.view(np.int64)),
              rows.column("part").combine_chunks(), rows.column("fid").combine_chunks()], schema=_SPLIT_INPUT)
         order = np.argsort(old, kind="stable")
