@@ -41,6 +41,7 @@ from spark_jobs.table.action.alter import AlterOptions
 from spark_jobs.table.action.clean import CleanOptions
 from spark_jobs.table.action.compact import CompactOptions
 from spark_jobs.table.action.mirror import MirrorOptions
+from spark_jobs.table.action.rehash import RehashOptions
 from spark_jobs.table.action.rollback import RollbackOptions
 from spark_jobs.table.action.shadow_compare import ShadowCompareOptions
 from spark_jobs.table.action.upsert import UpsertOptions
@@ -197,6 +198,8 @@ class RehashResult:
     previous_num_buckets: int | None
     num_buckets: int
     counts: Mapping[str, Any]
+    #: the engine that rewrote the table (None: a no-op)
+    engine: str | None = None
     details: Mapping[str, Any] = field(repr=False, default_factory=lambda: _EMPTY)
 
 
@@ -468,17 +471,18 @@ class Table:
                            earliest_retained=r.get("earliest_retained"), dry_run=bool(r.get("dry_run", opts.dry_run)),
                            details=_frozen(r))
 
-    def rehash(self, num_buckets: int, *, heartbeat_timeout_s: float | None = None) -> RehashResult:
-        """``bucketindex rehash``: change the bucket count by a multiple or a divisor. Runs on
-        Spark (a local session), as the CLI's does today."""
-        from spark_jobs.jobs.rehash import run_rehash
-
-        with _storage(self.storage_options):
-            r = run_rehash(_local_spark, self.uri, num_buckets, heartbeat_timeout_s=heartbeat_timeout_s)
+    def rehash(self, num_buckets: int | None = None, /, options: RehashOptions | None = None,
+               **kwargs: Any) -> RehashResult:
+        """``bucketindex rehash`` (:class:`RehashOptions`): change the bucket count by a multiple
+        or a divisor, on the engine ``auto`` sizes it for (in-process when it fits)."""
+        if num_buckets is not None:
+            kwargs["num_buckets"] = num_buckets
+        r, _ = self._run("rehash", self._options(RehashOptions, options, kwargs))
+        eng = r.get("engine")
         return RehashResult(instant=r.get("instant"), noop=bool(r.get("noop")),
                             previous_num_buckets=r.get("previous_num_buckets"),
-                            num_buckets=int(r.get("num_buckets", num_buckets)), counts=_frozen(r.get("counts")),
-                            details=_frozen(r))
+                            num_buckets=int(r.get("num_buckets", num_buckets or 0)), counts=_frozen(r.get("counts")),
+                            engine=eng.get("name") if isinstance(eng, dict) else eng, details=_frozen(r))
 
     def alter(self, options: AlterOptions | None = None, /, **kwargs: Any) -> AlterResult:
         """``bucketindex alter`` (:class:`AlterOptions`): add nullable columns or widen types

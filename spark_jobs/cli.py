@@ -312,6 +312,7 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
                     help="the new count: a multiple or a divisor of the count in force (`show` suggests one)")
     rh.add_argument("--heartbeat-timeout", type=float,
                     help="seconds without a heartbeat before a pending write counts as abandoned (default 60)")
+    _add_engine_options(rh)
     _add_spark_options(rh)
     bs = sub.add_parser("bootstrap", help="make a table of an existing Parquet dataset (Hive-style partition "
                                           "directories or flat): its files in place, or rewritten")
@@ -728,20 +729,19 @@ def cmd_alter(args: argparse.Namespace, submitted: bool) -> int:
 
 
 def cmd_rehash(args: argparse.Namespace, submitted: bool) -> int:
-    from spark_jobs.jobs.rehash import run_rehash
+    from spark_jobs.engines import run
+    from spark_jobs.table.action.rehash import RehashOptions
 
-    if args.heartbeat_timeout is not None and args.heartbeat_timeout <= 0:
-        raise BadInputError(f"--heartbeat-timeout must be positive, got {args.heartbeat_timeout}")
-    result = run_rehash(lambda: _spark(args, submitted), args.table, args.num_buckets,
-                        heartbeat_timeout_s=args.heartbeat_timeout)
+    opts = RehashOptions.from_args(args)
+    result = run("rehash", opts, spark=lambda: _spark(args, submitted), spark_requested=_spark_requested(args, submitted))
     print(json.dumps(result, sort_keys=True))
     if result["noop"]:
-        print(f"the table already has {plural(args.num_buckets, 'bucket')}: nothing to do")
+        print(f"the table already has {plural(opts.num_buckets, 'bucket')}: nothing to do")
     else:
         c = result["counts"]
         print(f"rehashed {result['previous_num_buckets']} -> {result['num_buckets']} buckets at instant "
-              f"{result['instant']}: {plural(c['file_groups_written'], 'file group')}, "
-              f"{plural(c['index_buckets'], 'index bucket')} written")
+              f"{result['instant']} on {result['engine']['name']} ({result['engine']['reason']}): "
+              f"{plural(c['file_groups_written'], 'file group')}, {plural(c['index_buckets'], 'index bucket')} written")
     return 0
 
 

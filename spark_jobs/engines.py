@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from spark_jobs.io.filesystem import FileIO
     from spark_jobs.table.action.compact import CompactOptions
     from spark_jobs.table.action.read import ReadOptions
+    from spark_jobs.table.action.rehash import RehashOptions
     from spark_jobs.table.action.shadow_compare import ShadowCompareOptions
     from spark_jobs.table.action.validate import ValidateOptions
 
@@ -327,6 +328,41 @@ def _compact(opts: "CompactOptions", spark: Callable[[], Any], spark_requested: 
     return result
 
 
+def _rehash(opts: "RehashOptions", spark: Callable[[], Any], spark_requested: str | None) -> dict[str, Any]:
+    """Rehash to ``opts.num_buckets``; auto sizes it by the largest units it holds at once
+    (:func:`spark_jobs.arrow_engine.rehash.needed_bytes`), after the action has checked the
+    count against the table (a bad count: exit 2 before any engine starts)."""
+    from spark_jobs.table.action import rehash as action
+
+    budget = memory_budget(opts.memory_budget)
+    sized = needs_sizing(opts.engine, spark_requested=spark_requested, override=opts.memory_budget)
+    # a fixed choice is checked before anything is written (--engine arrow with --master: exit 2)
+    fixed = None if sized else choose_engine(requested=opts.engine, needed_bytes=0, spark_requested=spark_requested,
+                                             budget=budget)
+
+    def pick(table, plan, view):  # type: ignore[no-untyped-def]
+        choice = fixed
+        if choice is None:
+            from spark_jobs.arrow_engine.rehash import needed_bytes
+
+            choice = choose_engine(requested=opts.engine, needed_bytes=needed_bytes(table, plan, view),
+                                   budget=budget, budget_set=budget_given(opts.memory_budget))
+        if choice.engine == ARROW:
+            from spark_jobs.arrow_engine.rehash import ArrowRehash
+
+            return ArrowRehash(), choice
+        from spark_jobs.jobs.rehash import SparkRehash
+
+        return SparkRehash(spark).started(), choice
+
+    result = action.run(opts.table, opts.num_buckets, pick, heartbeat_timeout_s=opts.heartbeat_timeout_s)
+    if getattr(spark, "made", None):
+        from spark_jobs.jobs.session import session_start_ms
+
+        result["session_start_ms"] = session_start_ms()
+    return result
+
+
 #: the verbs with two engines, and how :func:`run` runs each
 VERBS: dict[str, Callable[..., Any]] = {
     "upsert": lambda opts, spark, spark_requested: upsert(opts, spark=spark, spark_requested=spark_requested),
@@ -334,6 +370,7 @@ VERBS: dict[str, Callable[..., Any]] = {
     "validate": _validate,
     "shadow-compare": _shadow_compare,
     "compact": _compact,
+    "rehash": _rehash,
 }
 
 

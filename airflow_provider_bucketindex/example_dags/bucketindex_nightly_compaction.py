@@ -12,7 +12,10 @@ Beside the ingest DAG (which keeps committing upserts while this one runs), ever
   due **skips** the rest of the run instead of failing it. It is deferrable per
   ``[operators] default_deferrable`` (then it waits in the triggerer, not in a worker slot).
 * ``schedule_compaction`` writes the compaction plan (pure Python, table metadata only) and
-  pushes its instant; ``execute_compaction`` runs that plan as a Spark job. Upserts that
+  pushes its instant; ``execute_compaction`` runs that plan in the task on the in-process
+  Arrow engine when it fits the memory budget (``engine`` auto: no spark-submit, no JVM;
+  the choice and its reason are logged and recorded in the commit), and as a Spark job
+  otherwise or with ``engine="spark"`` on the task. Upserts that
   commit between the two (the ingest DAG does not wait for this one) are not in the plan:
   their index deltas and logs stay on top of the new bases (format.md §6.1).
 * ``cancel_failed_compaction`` runs only when ``execute_compaction`` failed for good: it
@@ -22,10 +25,11 @@ Beside the ingest DAG (which keeps committing upserts while this one runs), ever
 * ``clean`` deletes the files no retained snapshot references any more (what upserts and
   this compaction replaced), in the task itself through the pure-Python core. It runs on
   nights with nothing to compact too (trigger rule ``none_failed``): copy-on-write upserts
-  leave old file versions every night. ``validate`` runs the full index <-> data check as
-  a Spark job after a compaction (skipped with it).
+  leave old file versions every night. ``validate`` runs the full index <-> data check
+  (in the task or as a Spark job, by the same rule) after a compaction (skipped with it).
 
-Where Spark runs comes from the ``bucketindex_default`` connection, as for the ingest DAG.
+Where Spark runs comes from the ``bucketindex_default`` connection, as for the ingest DAG;
+its ``engine`` and ``memory-budget`` extras set the default engine of both tasks.
 The table is the ``table_uri`` param, defaulting to ``BUCKETINDEX_TABLE_URI`` (the same
 variable the ingest DAG reads, so both DAGs work on one table); trigger with a config to
 override it, the compaction policy or the clean retention per run.

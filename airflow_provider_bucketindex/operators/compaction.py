@@ -4,10 +4,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Sequence
 
-from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from airflow_provider_bucketindex.hooks.bucketindex import EXIT_BAD_INPUT, SparkJobFailed
-from airflow_provider_bucketindex.operators.base import BucketIndexSparkOperator, storage_scoped
+from airflow_provider_bucketindex.operators.base import (
+    ARROW,
+    SPARK,
+    BucketIndexEngineMixin,
+    BucketIndexSparkOperator,
+    one_line,
+    storage_scoped,
+)
 from spark_jobs.io.storage import redact_uri
 from spark_jobs.text import plural
 
@@ -19,7 +26,7 @@ __all__ = ["AsyncIndexCompactionOperator", "MODES"]
 MODES = ("schedule", "execute", "both")
 
 
-class AsyncIndexCompactionOperator(BucketIndexSparkOperator):
+class AsyncIndexCompactionOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
     """Fold record-index deltas (and merge-on-read logs) into new bases, beside ingestion.
 
     "Async" in Apache Hudi's sense: compaction runs off the write path, in its own tasks,
@@ -34,9 +41,10 @@ class AsyncIndexCompactionOperator(BucketIndexSparkOperator):
       ``{"instant", "file_groups", "logs", "index_buckets", "deltas"}`` to XCom. Nothing due:
       the task is **skipped**, not failed (and nothing is written);
     * ``execute`` -- run the scheduled plan ``instant`` (templated, e.g.
-      ``"{{ ti.xcom_pull(task_ids='schedule_compaction')['instant'] }}"``) as a Spark job
-      (``bucketindex compact TABLE --execute INSTANT``): one task per planned bucket or
-      file group, no shuffle. Executing a completed plan is a no-op, and after a crash it
+      ``"{{ ti.xcom_pull(task_ids='schedule_compaction')['instant'] }}"``): in the task on
+      the in-process Arrow engine when ``engine`` allows it, else as a Spark job
+      (``bucketindex compact TABLE --execute INSTANT``: one task per planned bucket or file
+      group, no shuffle). Executing a completed plan is a no-op, and after a crash it
       resumes; a failed attempt keeps the plan for the next try;
     * ``both`` -- schedule, then execute, in one task.
 
@@ -46,10 +54,20 @@ class AsyncIndexCompactionOperator(BucketIndexSparkOperator):
         ``bucketindex compact``: 10 deltas, or deltas of half the base's bytes).
     :param min_logs, log_ratio: when a merge-on-read file group is due (templated; 4, 0.2).
     :param only: ``"index"`` or ``"data"`` to plan one kind only (default both).
+    :param engine: where the plan executes. ``auto`` (default: the connection's ``engine``
+        extra, else auto): in the task (no spark-submit, no JVM) when what it holds
+        (:func:`spark_jobs.arrow_engine.compact.needed_bytes`: the largest file groups and index
+        buckets it folds at once) fits ``memory_budget``, spark-submit otherwise; ``spark``:
+        always spark-submit; ``arrow``: always in the task.
+    :param memory_budget: what the in-task compaction may hold, e.g. ``"4g"`` (templated;
+        default: the connection's ``memory-budget`` extra, else the machine's).
+
+    Returns (execute, both) also ``"counts"`` and ``"engine"`` (``arrow`` or ``spark``).
     """
 
     template_fields: Sequence[str] = ("table_uri", "instant", "min_deltas", "delta_ratio", "min_logs", "log_ratio",
-                                      "master", "conf", "name", "env_vars", "storage_conn_id", "storage_options")
+                                      "engine", "memory_budget", "master", "conf", "name", "env_vars",
+                                      "storage_conn_id", "storage_options")
     ui_color = "#fef7e0"
 
     def __init__(
@@ -63,6 +81,8 @@ class AsyncIndexCompactionOperator(BucketIndexSparkOperator):
         min_logs: int = 4,
         log_ratio: float = 0.2,
         only: str | None = None,
+        engine: str | None = None,
+        memory_budget: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -78,6 +98,8 @@ class AsyncIndexCompactionOperator(BucketIndexSparkOperator):
         self.min_logs = min_logs
         self.log_ratio = log_ratio
         self.only = only
+        self.engine = engine
+        self.memory_budget = memory_budget
 
     def spark_submit_command(self, instant: str) -> list[str]:
         """The exact spark-submit command the execute step runs (templates rendered)."""
@@ -105,15 +127,47 @@ class AsyncIndexCompactionOperator(BucketIndexSparkOperator):
                 raise AirflowFailException("mode='execute' needs the instant of a scheduled compaction "
                                            "(the schedule task's XCom)")
             result["instant"] = instant
-        try:
-            self.submit_job(context, "compact", _execute_args(table_uri, instant))
-        except SparkJobFailed as e:
-            if e.returncode == EXIT_BAD_INPUT:  # no such plan, cancelled, or stale: a retry cannot help
-                raise AirflowFailException(str(e)) from e
-            raise
+        engine = self._run_in_task(table_uri, instant)
+        if engine is None:
+            engine = SPARK
+            try:
+                self.submit_job(context, "compact", _execute_args(table_uri, instant))
+            except SparkJobFailed as e:
+                if e.returncode == EXIT_BAD_INPUT:  # no such plan, cancelled, or stale: a retry cannot help
+                    raise AirflowFailException(str(e)) from e
+                raise
         result["counts"] = self._counts(table_uri, instant)
+        result["engine"] = engine
         self.set_lineage(inputs=[table_uri], outputs=[table_uri], output_rows=result["counts"].get("rows"))
         return result
+
+    def _run_in_task(self, table_uri: str, instant: str) -> str | None:
+        """Decide the engine; on ``arrow`` execute the plan in this process and return ``"arrow"``
+        (None: it goes to Spark). Failures map as the CLI's exit statuses do: bad input (2: no
+        such plan, cancelled, stale) fails without retries; a conflict or a busy table (3) and a
+        damaged table (1) are retried (the plan stays for the next try)."""
+        from spark_jobs.exceptions import BadInputError, RetryableError, TableCorruptError
+
+        try:
+            requested, _ = self.requested_engine()
+            if requested == SPARK:
+                self.decide_engine("compaction", lambda: 0)
+                return None
+            _, choice = self.decide_engine("compaction", lambda: _plan_bytes(table_uri, instant))
+            if choice.engine != ARROW:
+                return None
+            from spark_jobs.arrow_engine.compact import run_compact
+
+            done = run_compact(table_uri, instant=instant, choice=choice)
+        except BadInputError as e:
+            raise AirflowFailException(f"bucketindex compact failed: {one_line(e)}") from e
+        except RetryableError as e:
+            raise AirflowException(f"bucketindex compact {table_uri} --execute {instant}: {one_line(e)}") from e
+        except TableCorruptError as e:
+            raise AirflowException(f"bucketindex compact failed: {one_line(e)}; nothing was committed") from e
+        self.log.info("compaction %s in the task%s, %s ms", instant, " (already completed)" if done.get("noop") else "",
+                      done.get("total_ms", "?"))
+        return ARROW
 
     def _schedule(self, table_uri: str) -> dict[str, Any] | None:
         from spark_jobs.exceptions import BadInputError
@@ -144,3 +198,19 @@ def _execute_args(table_uri: str, instant: str) -> list[str]:
     from spark_jobs.table.action.compact import CompactOptions
 
     return CompactOptions(table=table_uri, execute=instant).to_argv()
+
+
+def _plan_bytes(table_uri: str, instant: str) -> int:
+    """Bytes the in-task compaction holds for plan ``instant``
+    (:func:`spark_jobs.arrow_engine.compact.needed_bytes`); 0 for a plan that is not pending
+    (completed: a no-op; missing or cancelled: the run refuses it, in the task)."""
+    from spark_jobs.arrow_engine.compact import needed_bytes
+    from spark_jobs.table import Table
+    from spark_jobs.table.timeline import Action
+
+    table = Table.load(table_uri)
+    tl = table.timeline.reload()
+    inst = None if instant in tl.aborted else tl.find(instant)
+    if inst is None or inst.is_completed or inst.action != Action.COMPACTION:
+        return 0
+    return needed_bytes(table, tl.read_plan(inst))

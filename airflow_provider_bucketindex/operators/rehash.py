@@ -4,10 +4,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Sequence
 
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_bucketindex.hooks.bucketindex import EXIT_BAD_INPUT, SparkJobFailed
-from airflow_provider_bucketindex.operators.base import BucketIndexSparkOperator, storage_scoped
+from airflow_provider_bucketindex.operators.base import (
+    ARROW,
+    SPARK,
+    BucketIndexEngineMixin,
+    BucketIndexSparkOperator,
+    one_line,
+    storage_scoped,
+)
 from spark_jobs.io.storage import redact_uri
 from spark_jobs.text import plural
 
@@ -17,7 +24,7 @@ if TYPE_CHECKING:
 __all__ = ["RehashOperator"]
 
 
-class RehashOperator(BucketIndexSparkOperator):
+class RehashOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
     """Rehash the table to ``num_buckets`` (``bucketindex rehash TABLE --num-buckets M``).
 
     The count must be a multiple of the count in force (each bucket splits into its
@@ -38,21 +45,31 @@ class RehashOperator(BucketIndexSparkOperator):
         string is accepted).
     :param heartbeat_timeout_s: seconds without a heartbeat after which a pending rehash
         counts as abandoned (and is rolled back rather than refused); default the table's.
+    :param engine: ``auto`` (default: the connection's ``engine`` extra, else auto) rehashes
+        **in the task** on the in-process Arrow engine when what it holds
+        (:func:`spark_jobs.arrow_engine.rehash.needed_bytes`: the largest file groups or index
+        buckets it rewrites at once) fits ``memory_budget``, and submits
+        ``bucketindex rehash`` to Spark otherwise; ``spark``: always spark-submit; ``arrow``:
+        always in the task.
+    :param memory_budget: what the in-task rehash may hold, e.g. ``"4g"`` (templated; default:
+        the connection's ``memory-budget`` extra, else the machine's).
 
     Returns ``{"table_uri", "instant", "num_buckets", "previous_num_buckets", "noop",
-    "counts"}`` (XCom, when ``do_xcom_push``).
+    "counts", "engine"}`` (XCom, when ``do_xcom_push``; ``engine`` None for a no-op).
     """
 
-    template_fields: Sequence[str] = ("table_uri", "num_buckets", "master", "conf", "name", "env_vars",
-                                      "storage_conn_id", "storage_options")
+    template_fields: Sequence[str] = ("table_uri", "num_buckets", "engine", "memory_budget", "master", "conf", "name",
+                                      "env_vars", "storage_conn_id", "storage_options")
     ui_color = "#e8f0fe"
 
     def __init__(self, *, table_uri: str, num_buckets: int | str, heartbeat_timeout_s: float | None = None,
-                 **kwargs: Any) -> None:
+                 engine: str | None = None, memory_budget: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.table_uri = table_uri
         self.num_buckets = num_buckets
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.engine = engine
+        self.memory_budget = memory_budget
 
     def spark_submit_command(self) -> list[str]:
         """The exact spark-submit command this task runs (templates rendered)."""
@@ -71,24 +88,55 @@ class RehashOperator(BucketIndexSparkOperator):
             raise AirflowFailException(f"rehash of {table_uri} refused: {e}") from e
         result: dict[str, Any] = {"table_uri": redact_uri(table_uri), "num_buckets": count,
                                   "previous_num_buckets": check["previous_num_buckets"], "noop": check["noop"],
-                                  "instant": None, "counts": {}}
+                                  "instant": None, "counts": {}, "engine": None}
         if check["noop"]:
             self.log.info("%s already has %s: nothing to do", table_uri, plural(count, "bucket"))
             self.set_lineage(inputs=[table_uri])
             return result
         self.log.info("rehashing %s (%s index, %s): %d -> %s", table_uri, check["index_type"],
                       plural(check["rows"], "row"), check["previous_num_buckets"], plural(count, "bucket"))
-        try:
-            self.submit_job(context, "rehash", self._args(table_uri, count))
-        except SparkJobFailed as e:
-            if e.returncode == EXIT_BAD_INPUT:  # refused by the job after all (e.g. index and data disagree)
-                raise AirflowFailException(str(e)) from e
-            raise
-        result.update(self._committed(table_uri, count))
+        engine = self._run_in_task(table_uri, count)
+        if engine is None:
+            engine = SPARK
+            try:
+                self.submit_job(context, "rehash", self._args(table_uri, count))
+            except SparkJobFailed as e:
+                if e.returncode == EXIT_BAD_INPUT:  # refused by the job after all (e.g. index and data disagree)
+                    raise AirflowFailException(str(e)) from e
+                raise
+        result.update(self._committed(table_uri, count), engine=engine)
         # a bucket-index rehash rewrites every row; a record-index one only the index
         self.set_lineage(inputs=[table_uri], outputs=[table_uri],
                          output_rows=result["counts"].get("rows") if check["index_type"] == "bucket" else 0)
         return result
+
+    def _run_in_task(self, table_uri: str, count: int) -> str | None:
+        """Decide the engine; on ``arrow`` rehash in this process and return ``"arrow"`` (None: the
+        rehash goes to Spark). Failures map as the CLI's exit statuses do: bad input (2) fails
+        without retries, a conflict or a busy table (3) and a damaged table (1) are retried."""
+        from spark_jobs.exceptions import BadInputError, RetryableError, TableCorruptError
+
+        try:
+            requested, _ = self.requested_engine()
+            if requested == SPARK:
+                self.decide_engine("rehash", lambda: 0)
+                return None
+            _, choice = self.decide_engine("rehash", lambda: _needed_bytes(table_uri, count,
+                                                                           self.heartbeat_timeout_s))
+            if choice.engine != ARROW:
+                return None
+            from spark_jobs.arrow_engine.rehash import run_rehash
+
+            done = run_rehash(table_uri, count, heartbeat_timeout_s=self.heartbeat_timeout_s, choice=choice)
+        except BadInputError as e:  # refused (e.g. index and data disagree): nothing written, no retry
+            raise AirflowFailException(f"bucketindex rehash failed: {one_line(e)}") from e
+        except RetryableError as e:  # a write completed meanwhile: the rehash wrote nothing; retry
+            raise AirflowException(f"bucketindex rehash {table_uri}: {one_line(e)}") from e
+        except TableCorruptError as e:
+            raise AirflowException(f"bucketindex rehash failed: {one_line(e)}; nothing was committed") from e
+        self.log.info("rehash in the task: instant %s, %s ms", done.get("instant"),
+                      (done.get("timings_ms") or {}).get("total_ms", "?"))
+        return ARROW
 
     def _count(self) -> int:
         try:
@@ -119,3 +167,15 @@ class RehashOperator(BucketIndexSparkOperator):
         if meta.get("num_buckets") != count:
             raise AirflowFailException(f"the rehash job ended but {table_uri} has no completed rehash to {count} buckets")
         return {"instant": done.timestamp if done else None, "counts": dict(meta.get("counts") or {})}
+
+
+def _needed_bytes(table_uri: str, count: int, heartbeat_timeout_s: float | None) -> int:
+    """Bytes the in-task rehash holds (:func:`spark_jobs.arrow_engine.rehash.needed_bytes`)."""
+    from spark_jobs.arrow_engine.rehash import needed_bytes
+    from spark_jobs.table.action.rehash import check_rehash
+    from spark_jobs.table.table import Table
+
+    table = Table.load(table_uri)
+    view = table.view()
+    plan = check_rehash(table, view, count, heartbeat_timeout_s=heartbeat_timeout_s)
+    return 0 if plan is None else needed_bytes(table, plan, view)

@@ -1,5 +1,7 @@
-"""``rehash``: the Spark side of a bucket-count change (validation, task lists and metadata live
-in :mod:`spark_jobs.table.action.rehash`).
+"""``rehash`` on Spark: the Spark engine's primitives (:class:`SparkRehash`). The rules --
+validation, task lists, one file per target, the split's check, metadata and the commit --
+live in :mod:`spark_jobs.table.action.rehash`; the in-process engine is
+:mod:`spark_jobs.arrow_engine.rehash`, over the same kernels (:mod:`spark_jobs.kernels.rehash_tasks`).
 
 * ``bucket`` index: one task per old file group (a split) or per new one (a merge) reads
   whole file slices and writes the rows to the file groups of ``hash(key) mod M``. The job
@@ -20,100 +22,72 @@ place: the old layout's files stay for readers as of earlier instants until a cl
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any, Callable
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark_jobs.exceptions import BadInputError, ConflictError
-from spark_jobs.io.storage import redact_uri
 from spark_jobs.kernels import rehash_tasks, tasks
 from spark_jobs.jobs.keys import bucket_expr
 from spark_jobs.jobs.read import READ_WAVES, keys_with_location
 from spark_jobs.jobs.session import default_parallelism, job_conf, session_start_ms
-from spark_jobs.table.action import Transaction
-from spark_jobs.table.action.rehash import (
-    RehashPlan,
-    bucket_tasks,
-    cancel_stale_plans,
-    check_rehash,
-    index_merge_tasks,
-    rehash_metadata,
-)
-from spark_jobs.table.config import INDEX_BUCKET
+from spark_jobs.table.action import rehash as action
+from spark_jobs.table.action.engine import SPARK, EngineChoice
+from spark_jobs.table.action.rehash import RehashPlan
 from spark_jobs.table.table import Table
-from spark_jobs.table.timeline import Action
 from spark_jobs.table.view import FileSystemView
-from spark_jobs.table.faults import maybe_crash
 from spark_jobs.text import plural
 
-__all__ = ["run_rehash"]
+__all__ = ["run_rehash", "SparkRehash"]
 
 log = logging.getLogger("bucketindex.rehash")
 
+#: what a rehash run through :func:`run_rehash` records as its engine choice
+API_CHOICE = EngineChoice(SPARK, "spark_jobs.jobs.rehash.run_rehash")
+
 
 def run_rehash(spark: SparkSession | Callable[[], SparkSession], uri: str, num_buckets: int, *,
-               heartbeat_timeout_s: float | None = None) -> dict[str, Any]:
-    """Rehash the table at ``uri`` to ``num_buckets``; returns the instant, counts and timings.
+               heartbeat_timeout_s: float | None = None, choice: EngineChoice | None = None) -> dict[str, Any]:
+    """Rehash the table at ``uri`` to ``num_buckets`` on Spark (:func:`spark_jobs.table.action.rehash.run`).
 
-    A count equal to the one in force is a no-op (``instant`` None): running a rehash twice,
-    as an Airflow retry does, changes nothing the second time. BadInputError (nothing
-    written) for what :func:`check_rehash` refuses; ConflictError when a write completed
-    while it ran (a rehash rewrites what it read: run it again). ``spark`` may be a function
-    that starts a session, called only when there is work for Spark.
+    ``spark`` may be a function that starts a session, called only when there is work for Spark.
+    ``choice``: the engine choice recorded in the commit (default: this API's).
     """
-    started = time.perf_counter()
-    table = Table.load(uri)
-    view = table.view()
-    plan = check_rehash(table, view, num_buckets, heartbeat_timeout_s=heartbeat_timeout_s)
-    # abandoned instants (a killed rehash) are rolled back, and leftovers of one killed after
-    # its commit point cleaned, as every writer does -- also when there is nothing else to do
-    repaired = table.rollback(timeout_s=heartbeat_timeout_s)
-    if plan is None:
-        log.info("%s already has %s: nothing to do", redact_uri(uri), plural(num_buckets, "bucket"))
-        return {"instant": None, "noop": True, "num_buckets": int(num_buckets),
-                "previous_num_buckets": int(num_buckets)}
-    if repaired:
-        log.info("rolled back abandoned instants %s", ", ".join(repaired))
-        view = table.view()
-        plan = check_rehash(table, view, num_buckets, heartbeat_timeout_s=heartbeat_timeout_s)
-        assert plan is not None
-    session = spark() if callable(spark) else spark
-    txn = Transaction(table, Action.REHASH, plan.to_json(), view=view).begin()
-    log.info("rehash %s: %s index %d -> %s (%s by %d), %s in %s", txn.ts, plan.index_type,
-             plan.old, plural(plan.new, "bucket"), "split" if plan.split else "merge", plan.factor,
-             plural(view.num_rows, "row"), plural(len(view.file_groups), "file group"))
+    engine = SparkRehash(spark)
+    out = action.run(uri, num_buckets, lambda table, plan, view: (engine.started(), choice or API_CHOICE),
+                     heartbeat_timeout_s=heartbeat_timeout_s)
+    if not out["noop"]:
+        out["session_start_ms"] = session_start_ms()
+    return out
 
-    def attempt(view: FileSystemView, retries: list[dict[str, Any]]) -> dict[str, Any]:
-        t0 = time.perf_counter()
-        if plan.index_type == INDEX_BUCKET:
-            meta = rehash_metadata(txn.ts, plan, view, written_groups=_rehash_data(session, table, txn.ts, plan, view))
-        elif plan.split:
-            meta = rehash_metadata(txn.ts, plan, view, written_index=_split_index(session, table, txn.ts, plan, view))
-        else:
-            meta = rehash_metadata(txn.ts, plan, view, written_index=_merge_index(session, table, txn.ts, plan, view))
-        meta["timings_ms"] = {"rehash_ms": int((time.perf_counter() - t0) * 1000),
-                              "total_ms": int((time.perf_counter() - started) * 1000)}
-        maybe_crash("before_complete")
-        return meta
 
-    # a rehash rewrites what it read: a write completed meanwhile always conflicts, and the
-    # plan (checked on the old snapshot) is not remade here -- the caller runs it again
-    try:
-        meta = txn.run(attempt, max_retries=0, what="the rehash").metadata
-    except ConflictError:
-        if not txn.conflicts:  # not the commit's conflict
-            raise
-        raise ConflictError(f"conflict: {txn.conflicts[-1]}; the rehash was not committed and the table keeps "
-                            f"{plan.old} buckets; run it again") from None
-    cancelled = cancel_stale_plans(table)
-    log.info("rehash %s committed: %s in force (%d ms)%s", txn.ts, plural(plan.new, "bucket"), meta["timings_ms"]["rehash_ms"],
-             f"; cancelled compaction plans {', '.join(cancelled)}" if cancelled else "")
-    return {"instant": txn.ts, "noop": False, **plan.to_json(), "counts": meta["counts"],
-            "cancelled_plans": cancelled,
-            "timings_ms": {**meta["timings_ms"], "total_ms": int((time.perf_counter() - started) * 1000)},
-            "session_start_ms": session_start_ms()}
+class SparkRehash:
+    """The Spark engine's primitives (:class:`spark_jobs.table.action.rehash.RehashEngine`)."""
+
+    def __init__(self, spark: SparkSession | Callable[[], SparkSession]) -> None:
+        self._spark = spark
+
+    def started(self) -> "SparkRehash":
+        """Start the session now (before the rehash reserves its instant), if it is a function."""
+        if callable(self._spark):
+            self._spark = self._spark()
+        return self
+
+    @property
+    def session(self) -> SparkSession:
+        return self.started()._spark  # type: ignore[return-value]
+
+    def write_file_groups(self, table: Table, instant: str, plan: RehashPlan, view: FileSystemView,
+                          tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return _rehash_data(self.session, table, instant, plan, view, tasks)
+
+    def merge_index_buckets(self, table: Table, instant: str, plan: RehashPlan, view: FileSystemView,
+                            tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return _merge_index(self.session, table, instant, plan, view, tasks)
+
+    def split_index_buckets(self, table: Table, instant: str, plan: RehashPlan, view: FileSystemView,
+                            files: dict[int, list[str]]) -> list[dict[str, Any]]:
+        return _split_index(self.session, table, instant, plan, view, files)
 
 
 def task_range(spark: SparkSession, n: int) -> DataFrame:
@@ -137,46 +111,29 @@ def spread(spark: SparkSession, units: list[dict[str, Any]], weight: str) -> lis
     return slots
 
 
-def _one_per(written: list[dict[str, Any]], key: Callable[[dict[str, Any]], Any]) -> list[dict[str, Any]]:
-    """One file per new file group or bucket: a retried Spark task may have written twice
-    (the marker cleanup after the commit deletes the other)."""
-    return list({key(w): w for w in sorted(written, key=lambda w: w["path"], reverse=True)}.values())
-
-
-def _rehash_data(spark: SparkSession, table: Table, instant: str, plan: RehashPlan,
-                 view: FileSystemView) -> list[dict[str, Any]]:
-    todo = bucket_tasks(plan, view)
-    if not todo:
-        return []
+def _rehash_data(spark: SparkSession, table: Table, instant: str, plan: RehashPlan, view: FileSystemView,
+                 todo: list[dict[str, Any]]) -> list[dict[str, Any]]:
     assert view.schema is not None and table.config is not None
     slots = spread(spark, todo, "rows")
     fn = tasks.bind_batches(rehash_tasks.rehash_file_groups, table_uri=table.uri, instant=instant, tasks=todo,
                             slots=slots, num_buckets=plan.new, schema=view.schema,
                             precombine=table.config.precombine_field, snapshot_seq=view.seq)
     written = [r.asDict() for r in task_range(spark, len(slots)).mapInArrow(fn, rehash_tasks.GROUPS_OUTPUT).collect()]
-    out = _one_per(written, lambda w: (w["part"], w["fid"]))
-    log.info("rehash %s: %s read %s and wrote %d", instant, plural(len(slots), "Spark task"),
-             plural(len(view.file_groups), "file group"), len(out))
-    return out
+    log.info("rehash %s: %s read %s", instant, plural(len(slots), "Spark task"),
+             plural(len(view.file_groups), "file group"))
+    return written
 
 
-def _merge_index(spark: SparkSession, table: Table, instant: str, plan: RehashPlan,
-                 view: FileSystemView) -> list[dict[str, Any]]:
-    todo = index_merge_tasks(plan, view)
-    if not todo:
-        return []
+def _merge_index(spark: SparkSession, table: Table, instant: str, plan: RehashPlan, view: FileSystemView,
+                 todo: list[dict[str, Any]]) -> list[dict[str, Any]]:
     slots = spread(spark, todo, "files")
     fn = tasks.bind_batches(rehash_tasks.merge_index_buckets, table_uri=table.uri, instant=instant, tasks=todo,
                             slots=slots, snapshot_seq=view.seq)
-    written = [r.asDict() for r in task_range(spark, len(slots)).mapInArrow(fn, rehash_tasks.INDEX_OUTPUT).collect()]
-    out = _one_per(written, lambda w: int(w["bucket"]))
-    log.info("rehash %s: %d old index buckets merged into %d", instant, plan.old, len(out))
-    return out
+    return [r.asDict() for r in task_range(spark, len(slots)).mapInArrow(fn, rehash_tasks.INDEX_OUTPUT).collect()]
 
 
-def _split_index(spark: SparkSession, table: Table, instant: str, plan: RehashPlan,
-                 view: FileSystemView) -> list[dict[str, Any]]:
-    files = {b: list(f) for b, f in view.index_files.items() if f}
+def _split_index(spark: SparkSession, table: Table, instant: str, plan: RehashPlan, view: FileSystemView,
+                 files: dict[int, list[str]]) -> list[dict[str, Any]]:
     keys = keys_with_location(spark, table, view)
     if keys is None and not files:
         return []
@@ -195,15 +152,4 @@ def _split_index(spark: SparkSession, table: Table, instant: str, plan: RehashPl
     grouped = data.unionByName(present).groupBy("old_bucket").applyInArrow(fn, rehash_tasks.INDEX_OUTPUT)
     # one task per old bucket, at most a few per core (the session's default may be 200)
     with job_conf(spark, **{"spark.sql.shuffle.partitions": max(1, min(plan.old, 4 * default_parallelism(spark)))}):
-        written = [r.asDict() for r in grouped.collect()]
-    bad = [w for w in written if w["missing"] or w["extra"] or w["misplaced"] or w["duplicated"]]
-    if bad:
-        totals = {k: sum(int(w[k]) for w in bad) for k in ("missing", "extra", "misplaced", "duplicated")}
-        raise BadInputError(
-            f"the record index disagrees with the data in {len(bad)} bucket(s) ({totals['missing']} keys without "
-            f"an entry, {totals['extra']} entries without a key, {totals['misplaced']} entries pointing elsewhere, "
-            f"{totals['duplicated']} keys stored twice); nothing was rehashed: run `bucketindex validate` first")
-    out = _one_per([w for w in written if w["path"]], lambda w: int(w["bucket"]))
-    log.info("rehash %s: %s split into %d (%s)", instant, plural(len(files), "old index bucket"), len(out),
-             plural(sum(int(w["entries"]) for w in out), "entry"))
-    return out
+        return [r.asDict() for r in grouped.collect()]

@@ -9,7 +9,9 @@ metadata DB and real ``spark-submit`` on local Spark.
    clean and validate run, and the table equals the three batches reduced by key. The
    extra task is a DAG dependency, not a thread, so the interleaving "scheduled, then an
    upsert commits, then executed" is the same in every run, and it is the real operator
-   the ingest DAG uses, committing in its own spark-submit.
+   the ingest DAG uses, committing in its own spark-submit. ``execute_compaction`` runs
+   in the task on the in-process engine (``engine`` auto picks Arrow for this table): its
+   commit records that engine and its reason, no spark-submit.
 2. The example DAG on that table, its compaction killed before the commit point: the
    failure branch cancels the plan, the run fails, the table is unchanged.
 3. Nothing due: the example DAG itself; its sensor (soft_fail) skips, every downstream task
@@ -112,12 +114,17 @@ def test_nightly_run_compacts_beside_a_concurrent_upsert_cleans_and_validates(la
     assert (planned["index_buckets"], planned["deltas"], planned["file_groups"]) == (2, 4, 0)
     executed = run.xcom("execute_compaction")
     assert str(executed["instant"]) == instant and executed["counts"]["index_buckets"] == 2
+    # executed in the task, on the in-process engine: auto chose it and said why (no spark-submit)
+    assert executed["engine"] == "arrow", executed
+    print(f"execute_compaction took {run.tasks['execute_compaction']['duration']:.2f} s in the task")
 
     t = Table.load(table)
     tl = t.timeline.reload()
     done = tl.find(instant)
     assert done is not None and done.is_completed and done.action == Action.COMPACTION
     assert tl.pending() == []
+    engine = tl.read_metadata(done)["engine"]
+    assert engine["name"] == "arrow" and "engine='auto'" in engine["reason"] and "in the Airflow task" in engine["reason"]
     plan = tl.read_plan(done)
     assert {b["bucket"]: b["files"] for b in plan["index_buckets"]} == before  # exactly the two upserts' deltas
     # the upsert that committed between schedule and execute is there, after the plan, before the compaction
@@ -158,7 +165,8 @@ def test_failed_execute_cancels_the_compaction_and_fails_the_run(lake):  # type:
     before_files, before_rows = _index_files(table), _rows(table)
     dag = sandbox.load_dag(NIGHTLY)
     execute = dag.get_task("execute_compaction")
-    execute.env_vars, execute.retries = {"BUCKETINDEX_FAULT": "after_conflict_check"}, 0
+    # a spark-submit to kill (in the task, the fault would kill the scheduler's own process)
+    execute.env_vars, execute.retries, execute.engine = {"BUCKETINDEX_FAULT": "after_conflict_check"}, 0, "spark"
 
     run = sandbox.run_dag(dag, datetime(2024, 4, 1, tzinfo=timezone.utc), {"table_uri": table, "min_deltas": 1})
 

@@ -2,7 +2,8 @@
 SQLite metadata DB and real ``spark-submit`` on local Spark.
 
 1. A bucket-index table of 2 buckets (two real upserts): the run waits for no pending
-   writes, rehashes to 8 and validates; every row is in bucket ``hash(key) mod 8`` and the
+   writes, rehashes to 8 (in the task: ``engine`` auto picks the in-process engine, the
+   commit records it) and validates; every row is in bucket ``hash(key) mod 8`` and the
    table equals the batches reduced by key.
 2. A count that is neither a multiple nor a divisor: the rehash task fails on its first try
    (no retry, although the DAG retries once) with nothing written -- the check runs in the
@@ -59,9 +60,12 @@ def test_triggered_rehash_waits_rehashes_and_validates(lake):  # type: ignore[no
         assert run.task_state(task) == "success", (task, run)
     out = run.xcom("rehash")
     assert (out["num_buckets"], out["previous_num_buckets"], out["noop"]) == (8, 2, False)
+    assert out["engine"] == "arrow", out  # auto: in the task, no spark-submit
     t = Table.load(table)
     done = t.timeline.find(str(out["instant"]))
     assert done is not None and done.is_completed and done.action == "rehash"
+    engine = t.timeline.read_metadata(done)["engine"]
+    assert engine["name"] == "arrow" and "in the Airflow task" in engine["reason"], engine
     assert t.num_buckets() == 8
     for s in t.view().slices():
         keys = read_slice(t, s.path, [lf.path for lf in s.logs], columns=["_bi_key"]).column(0).to_pylist()

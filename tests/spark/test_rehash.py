@@ -25,49 +25,20 @@ from pathlib import Path
 import pytest
 
 from spark_jobs.arrow_engine.validate import run_validate
-from spark_jobs.index.hashing import buckets_of, fingerprints
-from spark_jobs.index.record_index import merge_entries
 from spark_jobs.jobs.compact import run_compact
 from spark_jobs.jobs.rehash import run_rehash
 from spark_jobs.table.action.compact import CompactionPolicy
-from spark_jobs.table.reader import read_arrow, read_slice
+from spark_jobs.table.reader import read_arrow
 from spark_jobs.table.table import Table
 from spark_jobs.table.view import FileSystemView
 from tests.oracle import reduce_batches, rows_by_identity
 from tests.spark.conftest import write_batch
-from tests.unit.test_arrow_oracle_rehash import ODD_REGIONS, _batches, _upsert  # noqa: F401
+from tests.unit.test_arrow_oracle_rehash import ODD_REGIONS, _batches, _upsert, assert_layout  # noqa: F401
 
 pytestmark = pytest.mark.spark
 
 #: (new count, batches upserted after it)
 STEPS = [(8, 1), (16, 1), (4, 1)]
-
-
-def assert_layout(uri: str, num_buckets: int) -> None:
-    """Every row (bucket index) or index entry (record index) is in bucket hash(key) mod M."""
-    table = Table.load(uri)
-    view = table.view()
-    assert table.num_buckets(view) == num_buckets
-    assert table.config is not None
-    if table.config.index_type == "bucket":
-        for s in view.slices():
-            keys = read_slice(table, s.path, [lf.path for lf in s.logs], columns=["_bi_key"]).column(0).to_pylist()
-            assert keys, f"empty file group {s.partition}/{s.file_id}"
-            assert set(buckets_of(keys, num_buckets).tolist()) == {int(s.file_id)}, (s.partition, s.file_id)
-        return
-    keys = read_arrow(uri, with_meta=True).column("_bi_key").to_pylist()
-    expected: dict[int, set] = {}
-    for k, b in zip(keys, buckets_of(keys, num_buckets).tolist()):
-        expected.setdefault(b, set()).add(fingerprints([k])[0][0].item())
-    # no bucket of the old layout lingers in the snapshot (show and the skew report count them)
-    assert all(b < num_buckets and files for b, files in view.index_files.items()), sorted(view.index_files)
-    got = {}
-    for b, files in view.index_files.items():
-        e = merge_entries(table.io, [table.abs(f) for f in files])
-        if len(e):
-            assert b < num_buckets, f"index entries in bucket {b} of {num_buckets}"
-            got[b] = set(e.fp_hi.tolist())
-    assert got == expected
 
 
 @pytest.mark.parametrize("index,table_type", [("bucket", "merge_on_read"), ("record", "copy_on_write")])
@@ -156,7 +127,7 @@ def test_killed_rehash_leaves_old_or_new_layout_and_next_run_finishes(spark, spa
     _upsert(uri, tmp_path, batches, 1)
     expected = reduce_batches(batches[:2], partition=ident)
 
-    p = _cli(["rehash", uri, "--num-buckets", "8", *spark_cli_args], {"BUCKETINDEX_FAULT": point})
+    p = _cli(["rehash", uri, "--num-buckets", "8", "--engine", "spark", *spark_cli_args], {"BUCKETINDEX_FAULT": point})
     _, err = p.communicate(timeout=300)
     assert p.returncode == -signal.SIGKILL, (p.returncode, err[-2000:])
     # readers see one layout or the other, never a mix, and the same rows

@@ -39,7 +39,8 @@ def test_conventions(ops):  # type: ignore[no-untyped-def]
     kw = dict(table_uri="{{ params.t }}", instant="{{ ti.xcom_pull(task_ids='s')['instant'] }}",
               min_deltas="{{ params.n }}", delta_ratio=0.25, min_logs=3, log_ratio=0.1, master="local[2]",
               conf={"k": "{{ ds }}"}, name="n", env_vars={"E": "1"}, storage_conn_id="{{ params.store }}",
-              storage_options={"region": "{{ params.region }}"})
+              storage_options={"region": "{{ params.region }}"}, engine="{{ params.engine }}",
+              memory_budget="{{ params.budget }}")
     op = ops.AsyncIndexCompactionOperator(task_id="c", mode="execute", **kw)
     assert set(op.template_fields) == set(kw)
     assert all(getattr(op, f) == kw[f] for f in op.template_fields)
@@ -108,7 +109,7 @@ def test_execute_submits_the_plan_and_maps_failures(ops, tmp_path, monkeypatch, 
 
     monkeypatch.setattr(bucketindex.BucketIndexHook, "submit", fail)
     op = ops.AsyncIndexCompactionOperator(task_id="e", table_uri=t.uri, mode="execute", instant=planned,
-                                          master="local[2]")
+                                          master="local[2]", engine="spark")
     cmd = op.spark_submit_command(planned)
     assert cmd[-4:] == ["compact", t.uri, "--execute", planned]
     with pytest.raises(AirflowException) as info:
@@ -139,3 +140,28 @@ def test_index_plan_folds_a_prefix_older_than_the_oldest_live_writer(tmp_path):
     time.sleep(0.05)  # its last beat older than the 10 ms timeout below (a fast machine got here within it)
     plan = plan_compaction(t, t.view(), policy, heartbeat_timeout_s=0.01)  # the writer is gone: all four
     assert [b["files"] for b in plan["index_buckets"] if b["bucket"] == 0] == [t.view().index_files[0]]
+
+
+def test_auto_executes_the_plan_in_the_task_without_spark(ops, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    """``engine`` auto (the default): a plan that fits the memory budget is executed in the task
+    on the Arrow engine -- no spark-submit, even with a master on the operator -- and commits."""
+    from airflow_provider_bucketindex.hooks import bucketindex
+    from spark_jobs.table.reader import read_arrow
+
+    monkeypatch.delenv("AIRFLOW_CONN_BUCKETINDEX_DEFAULT", raising=False)
+    monkeypatch.setattr(bucketindex.BucketIndexHook, "submit",
+                        lambda *a, **k: pytest.fail("the plan was submitted to Spark"))
+    t = _table(tmp_path, 3)
+    rows = sorted(read_arrow(t.uri).to_pylist(), key=repr)
+    planned = ops.AsyncIndexCompactionOperator(task_id="s", table_uri=t.uri, mode="schedule",
+                                               min_deltas=2).execute({})["instant"]
+    out = ops.AsyncIndexCompactionOperator(task_id="e", table_uri=t.uri, mode="execute", instant=planned,
+                                           master="local[2]").execute({})
+    assert out["engine"] == "arrow" and out["counts"]["index_buckets"] == 1, out
+    tl = Table.load(t.uri).timeline.reload()
+    done = tl.find(planned)
+    assert done is not None and done.is_completed and tl.pending() == []
+    engine = tl.read_metadata(done)["engine"]
+    assert engine["name"] == "arrow" and "in the Airflow task" in engine["reason"], engine
+    assert sorted(read_arrow(t.uri).to_pylist(), key=repr) == rows
+    assert [f for f in tl.read_metadata(done)["index"]["added"]]  # a new base written for bucket 0

@@ -41,7 +41,8 @@ def test_conventions(ops):  # type: ignore[no-untyped-def]
         ops.RehashOperator("r", "/t", 8)  # type: ignore[misc]
     kw = dict(table_uri="{{ params.table_uri }}", num_buckets="{{ params.num_buckets }}", master="local[2]",
               conf={"k": "{{ ds }}"}, name="n", env_vars={"E": "1"}, storage_conn_id="{{ params.store }}",
-              storage_options={"region": "{{ params.region }}"})
+              storage_options={"region": "{{ params.region }}"}, engine="{{ params.engine }}",
+              memory_budget="{{ params.budget }}")
     op = ops.RehashOperator(task_id="r", **kw)
     assert set(op.template_fields) == set(kw)
     assert all(getattr(op, f) == kw[f] for f in op.template_fields)  # assigned verbatim
@@ -105,9 +106,33 @@ def test_submits_the_rehash_and_maps_failures(ops, tmp_path, monkeypatch, rc, fi
         raise bucketindex.SparkJobFailed(verb, rc, "rehash failed")
 
     monkeypatch.setattr(bucketindex.BucketIndexHook, "submit", fail)
-    op = ops.RehashOperator(task_id="r", table_uri=t.uri, num_buckets="16", master="local[2]", heartbeat_timeout_s=5)
+    op = ops.RehashOperator(task_id="r", table_uri=t.uri, num_buckets="16", master="local[2]", heartbeat_timeout_s=5,
+                            engine="spark")
     assert op.spark_submit_command()[-6:] == ["rehash", t.uri, "--num-buckets", "16", "--heartbeat-timeout", "5"]
     with pytest.raises(AirflowException) as info:
         op.execute({})
     assert calls == [("rehash", [t.uri, "--num-buckets", "16", "--heartbeat-timeout", "5"])]
     assert isinstance(info.value, AirflowFailException) is final
+
+
+def test_auto_rehashes_in_the_task_without_spark(ops, tmp_path, monkeypatch, no_spark):  # type: ignore[no-untyped-def]
+    """``engine`` auto (the default): a rehash that fits the memory budget runs in the task on the
+    Arrow engine -- no spark-submit -- and its commit records the engine and why."""
+    from spark_jobs.arrow_engine.validate import run_validate
+    from spark_jobs.table.reader import read_arrow
+    from tests.unit.test_arrow_oracle_rehash import _batches, _upsert
+
+    monkeypatch.delenv("AIRFLOW_CONN_BUCKETINDEX_DEFAULT", raising=False)
+    uri = str(tmp_path / "lake" / "ventes été %+")
+    _upsert(uri, tmp_path, _batches(seed=2, per_partition=False), 0, index="record", num_buckets=4)
+    t = Table.load(uri)
+    rows = sorted(read_arrow(t.uri).to_pylist(), key=repr)
+    out = ops.RehashOperator(task_id="r", table_uri=t.uri, num_buckets="16").execute({})
+    assert out["engine"] == "arrow" and out["noop"] is False and out["num_buckets"] == 16, out
+    t = Table.load(t.uri)
+    done = t.timeline.find(str(out["instant"]))
+    assert done is not None and done.is_completed and t.num_buckets() == 16
+    engine = t.timeline.read_metadata(done)["engine"]
+    assert engine["name"] == "arrow" and "engine='auto'" in engine["reason"] and "in the Airflow task" in engine["reason"]
+    assert out["counts"]["index_buckets"] and sorted(read_arrow(t.uri).to_pylist(), key=repr) == rows
+    assert run_validate(t.uri)["ok"]

@@ -302,3 +302,18 @@ def test_create_without_data_fixes_the_options_and_a_composite_key_deletes_by_tu
     with pytest.raises(BadInputError, match="tuple of 2 values"):
         t.delete(["a b"])
     assert t.validate().ok
+
+
+def test_rehash_runs_in_process_through_the_clis_options_and_keeps_every_row(tmp_path):
+    uri = str(tmp_path / "bucketed")
+    rows_in = [{"id": k, "region": r, "ts": 1, "v": i} for i, (k, r) in enumerate(
+        [("a b", "eu/west"), ("c%2F", "eu/west"), ("ü+1", ""), ("x" * 300, "ap"), ("k", None)])]
+    t = Table.create(uri, pa.Table.from_pylist(rows_in), record_key="id", partition_field="region",
+                     precombine_field="ts", index="bucket", num_buckets=2)
+    r = t.rehash(4)
+    assert (r.previous_num_buckets, r.num_buckets, r.noop, r.engine) == (2, 4, False, "arrow")
+    expect = reduce_batches([rows_in], key="id", precombine="ts", delete_field=None)
+    assert rows(t.read()) == expect and t.validate().ok
+    assert t.rehash(4).noop
+    with pytest.raises(BadInputError, match="neither a multiple nor a divisor"):
+        t.rehash(6)

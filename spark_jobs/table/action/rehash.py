@@ -8,9 +8,12 @@ with no shuffle. Shrinking by a divisor ``M = N / k`` is the mirror image: new b
 is the union of old buckets ``j, j+M, ..., j+(k-1)M``. Any other count would scatter every
 bucket into every other and is refused -- that is a rewrite of the table, not a rehash.
 
-This module is the pure-Python half: what may be rehashed, which old buckets feed which
-new ones, and the commit's metadata. ``spark_jobs.jobs.rehash`` does the reading and
-writing in Spark tasks and commits through a :class:`~.transaction.Transaction`. A rehash
+This module holds the rules, once for every engine: what may be rehashed, which old buckets
+feed which new ones, one file per new file group or bucket, the record-index split's check
+that index and data agree, the commit's metadata and the commit itself (:func:`run`). An
+engine (:class:`RehashEngine`) only writes: Spark tasks (``spark_jobs.jobs.rehash``) or
+threads of this process (``spark_jobs.arrow_engine.rehash``), both through the same per-unit
+kernels (``spark_jobs.kernels.rehash_tasks``). A rehash
 is one ``rehash`` instant: readers as of an instant before it see the old layout (its files
 stay until a clean), writers that planned under the old count conflict with it and re-plan
 under the new one (``conflict.MATRIX``), and a crash at any point leaves a pending instant
@@ -20,17 +23,21 @@ that the next run rolls back.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable, Protocol
 
-from spark_jobs.exceptions import BadInputError
-from spark_jobs.table.action.options import POSITIONAL, VerbOptions, check_heartbeat_timeout, option
+from spark_jobs.exceptions import BadInputError, ConflictError
+from spark_jobs.io.storage import redact_uri
+from spark_jobs.table.action.engine import EngineChoice
+from spark_jobs.table.action.options import POSITIONAL, VerbOptions, check_engine, check_heartbeat_timeout, option
+from spark_jobs.table.action.transaction import Transaction
 from spark_jobs.table.config import INDEX_BUCKET, INDEX_RECORD, MAX_NUM_BUCKETS
+from spark_jobs.table.faults import maybe_crash
+from spark_jobs.table.table import Table
 from spark_jobs.table.timeline import Action
 from spark_jobs.table.view import FileSystemView
-
-if TYPE_CHECKING:
-    from spark_jobs.table.table import Table
+from spark_jobs.text import plural
 
 __all__ = ["RehashOptions", 
     "MAX_NUM_BUCKETS",
@@ -43,6 +50,11 @@ __all__ = ["RehashOptions",
     "cancel_stale_plans",
     "bucket_file_id",
     "rehash_after",
+    "RehashEngine",
+    "Pick",
+    "run",
+    "one_per",
+    "check_split",
 ]
 
 log = logging.getLogger("bucketindex.rehash")
@@ -59,11 +71,14 @@ class RehashOptions(VerbOptions):
     #: the new bucket count
     num_buckets: int = option("--num-buckets")
     heartbeat_timeout_s: float | None = option("--heartbeat-timeout", default=None)
+    engine: str | None = option("--engine", default=None)
+    memory_budget: str | None = option("--memory-budget", default=None)
 
     def __post_init__(self) -> None:
         if self.num_buckets < 1:
             raise BadInputError(f"--num-buckets must be at least 1, got {self.num_buckets}")
         check_heartbeat_timeout(self.heartbeat_timeout_s)
+        check_engine(self.engine, self.memory_budget)
 
 
 def bucket_file_id(bucket: int) -> str:
@@ -100,7 +115,7 @@ class RehashPlan:
         return {"index_type": self.index_type, "num_buckets": self.new, "previous_num_buckets": self.old}
 
 
-def check_rehash(table: "Table", view: FileSystemView, num_buckets: int, *,
+def check_rehash(table: Table, view: FileSystemView, num_buckets: int, *,
                  heartbeat_timeout_s: float | None = None) -> RehashPlan | None:
     """The rehash of ``table`` to ``num_buckets``, or None when it already has that many.
 
@@ -144,8 +159,6 @@ def validate_rehash(uri: str, num_buckets: int, *, heartbeat_timeout_s: float | 
     """Check a rehash of the table at ``uri`` without writing anything (an operator calls this
     before it submits a Spark job). Returns ``{"noop", "index_type", "num_buckets",
     "previous_num_buckets", "rows"}``; BadInputError as :func:`check_rehash`, or for a missing table."""
-    from spark_jobs.table.table import Table
-
     table = Table.load(uri)
     view = table.view()
     plan = check_rehash(table, view, num_buckets, heartbeat_timeout_s=heartbeat_timeout_s)
@@ -236,7 +249,7 @@ def rehash_metadata(instant: str, plan: RehashPlan, view: FileSystemView, *,
     }
 
 
-def cancel_stale_plans(table: "Table") -> list[str]:
+def cancel_stale_plans(table: Table) -> list[str]:
     """Cancel scheduled table-service plans made before the latest completed rehash.
 
     A compaction plan names files of the old layout; after a rehash it can never commit
@@ -260,7 +273,139 @@ def cancel_stale_plans(table: "Table") -> list[str]:
     return cancelled
 
 
-def rehash_after(table: "Table", seq: int) -> dict[str, Any] | None:
+def rehash_after(table: Table, seq: int) -> dict[str, Any] | None:
     """The first completed rehash entry after sequence entry ``seq``, or None."""
     tl = table.timeline
     return next((e for e in tl.entries_after(seq) if e["action"] == Action.REHASH), None)
+
+
+# -- execution: the rules every engine follows ---------------------------------------------
+
+class RehashEngine(Protocol):
+    """What an engine supplies to a rehash: writing, never deciding. Every primitive writes
+    under ``instant``'s markers through the shared kernels (``spark_jobs.kernels.rehash_tasks``)
+    and returns one row per file it wrote; :func:`run` keeps one file per new file group or
+    bucket, checks, builds the metadata and commits."""
+
+    def write_file_groups(self, table: Table, instant: str, plan: RehashPlan, view: FileSystemView,
+                          tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Bucket index: each of :func:`bucket_tasks`'s tasks, its rows written to the file groups
+        of ``hash(key) mod plan.new``; rows ``{"part", "fid", "path", "num_rows", "size"}``."""
+        ...
+
+    def merge_index_buckets(self, table: Table, instant: str, plan: RehashPlan, view: FileSystemView,
+                            tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Record index, merge: each of :func:`index_merge_tasks`'s new buckets written as one base;
+        rows ``{"bucket", "path", "entries", "size", ...}``."""
+        ...
+
+    def split_index_buckets(self, table: Table, instant: str, plan: RehashPlan, view: FileSystemView,
+                            files: dict[int, list[str]]) -> list[dict[str, Any]]:
+        """Record index, split: every old bucket of ``files`` (and every old bucket holding keys in
+        the data) split into its children by the keys the data holds; rows as
+        ``rehash_tasks.INDEX_OUTPUT`` (a row with problem counts: nothing written for that bucket)."""
+        ...
+
+
+#: ``pick(table, plan, view)``: the engine that writes the rehash and the choice to record;
+#: called once there is work, before the instant is reserved (a Spark session starts there)
+Pick = Callable[[Table, RehashPlan, FileSystemView], tuple[RehashEngine, EngineChoice]]
+
+
+def one_per(written: list[dict[str, Any]], key: Callable[[dict[str, Any]], Any]) -> list[dict[str, Any]]:
+    """One file per new file group or bucket: a retried Spark task may have written twice
+    (the marker cleanup after the commit deletes the other); the last by path is kept."""
+    return list({key(w): w for w in sorted(written, key=lambda w: w["path"], reverse=True)}.values())
+
+
+def check_split(written: list[dict[str, Any]]) -> None:
+    """A record-index split must not bake a broken index into a new layout: BadInputError
+    (nothing committed) when any old bucket's entries and the data's keys disagree."""
+    bad = [w for w in written if w["missing"] or w["extra"] or w["misplaced"] or w["duplicated"]]
+    if bad:
+        totals = {k: sum(int(w[k]) for w in bad) for k in ("missing", "extra", "misplaced", "duplicated")}
+        raise BadInputError(
+            f"the record index disagrees with the data in {len(bad)} bucket(s) ({totals['missing']} keys without "
+            f"an entry, {totals['extra']} entries without a key, {totals['misplaced']} entries pointing elsewhere, "
+            f"{totals['duplicated']} keys stored twice); nothing was rehashed: run `bucketindex validate` first")
+
+
+def _write(engine: RehashEngine, table: Table, instant: str, plan: RehashPlan,
+           view: FileSystemView) -> dict[str, Any]:
+    """One attempt's files by ``engine``, as the commit's metadata."""
+    if plan.index_type == INDEX_BUCKET:
+        todo = bucket_tasks(plan, view)
+        groups = one_per(engine.write_file_groups(table, instant, plan, view, todo), lambda w: (w["part"], w["fid"])) \
+            if todo else []
+        log.info("rehash %s: %s read, %s written", instant, plural(len(view.file_groups), "file group"), len(groups))
+        return rehash_metadata(instant, plan, view, written_groups=groups)
+    if plan.split:
+        files = {b: list(f) for b, f in view.index_files.items() if f}
+        written = engine.split_index_buckets(table, instant, plan, view, files)
+        check_split(written)
+        index = one_per([w for w in written if w["path"]], lambda w: int(w["bucket"]))
+        log.info("rehash %s: %s split into %d (%s)", instant, plural(len(files), "old index bucket"), len(index),
+                 plural(sum(int(w["entries"]) for w in index), "entry"))
+        return rehash_metadata(instant, plan, view, written_index=index)
+    todo = index_merge_tasks(plan, view)
+    index = one_per(engine.merge_index_buckets(table, instant, plan, view, todo), lambda w: int(w["bucket"])) \
+        if todo else []
+    log.info("rehash %s: %d old index buckets merged into %d", instant, plan.old, len(index))
+    return rehash_metadata(instant, plan, view, written_index=index)
+
+
+def run(uri: str, num_buckets: int, pick: Pick, *, heartbeat_timeout_s: float | None = None) -> dict[str, Any]:
+    """Rehash the table at ``uri`` to ``num_buckets`` with the engine ``pick`` names; returns the
+    instant, counts, timings and the engine.
+
+    A count equal to the one in force is a no-op (``instant`` None, no engine picked): running
+    a rehash twice, as an Airflow retry does, changes nothing the second time. BadInputError
+    (nothing written) for what :func:`check_rehash` refuses; ConflictError when a write
+    completed while it ran (a rehash rewrites what it read: run it again).
+    """
+    started = time.perf_counter()
+    table = Table.load(uri)
+    view = table.view()
+    plan = check_rehash(table, view, num_buckets, heartbeat_timeout_s=heartbeat_timeout_s)
+    # abandoned instants (a killed rehash) are rolled back, and leftovers of one killed after
+    # its commit point cleaned, as every writer does -- also when there is nothing else to do
+    repaired = table.rollback(timeout_s=heartbeat_timeout_s)
+    if plan is None:
+        log.info("%s already has %s: nothing to do", redact_uri(uri), plural(num_buckets, "bucket"))
+        return {"instant": None, "noop": True, "num_buckets": int(num_buckets),
+                "previous_num_buckets": int(num_buckets)}
+    if repaired:
+        log.info("rolled back abandoned instants %s", ", ".join(repaired))
+        view = table.view()
+        plan = check_rehash(table, view, num_buckets, heartbeat_timeout_s=heartbeat_timeout_s)
+        assert plan is not None
+    engine, choice = pick(table, plan, view)
+    txn = Transaction(table, Action.REHASH, plan.to_json(), view=view).begin()
+    log.info("rehash %s on %s: %s index %d -> %s (%s by %d), %s in %s", txn.ts, choice.engine, plan.index_type,
+             plan.old, plural(plan.new, "bucket"), "split" if plan.split else "merge", plan.factor,
+             plural(view.num_rows, "row"), plural(len(view.file_groups), "file group"))
+
+    def attempt(view: FileSystemView, retries: list[dict[str, Any]]) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        meta = _write(engine, table, txn.ts, plan, view)
+        meta["engine"] = choice.as_metadata()
+        meta["timings_ms"] = {"rehash_ms": int((time.perf_counter() - t0) * 1000),
+                              "total_ms": int((time.perf_counter() - started) * 1000)}
+        maybe_crash("before_complete")
+        return meta
+
+    # the commit: a rehash rewrites what it read, so a write completed meanwhile always
+    # conflicts, and the plan (checked on the old snapshot) is not remade here -- the caller runs it again
+    try:
+        meta = txn.run(attempt, max_retries=0, what="the rehash").metadata
+    except ConflictError:
+        if not txn.conflicts:  # not the commit's conflict
+            raise
+        raise ConflictError(f"conflict: {txn.conflicts[-1]}; the rehash was not committed and the table keeps "
+                            f"{plan.old} buckets; run it again") from None
+    cancelled = cancel_stale_plans(table)
+    log.info("rehash %s committed on %s: %s in force (%d ms)%s", txn.ts, choice.engine, plural(plan.new, "bucket"),
+             meta["timings_ms"]["rehash_ms"], f"; cancelled compaction plans {', '.join(cancelled)}" if cancelled else "")
+    return {"instant": txn.ts, "noop": False, **plan.to_json(), "counts": meta["counts"],
+            "cancelled_plans": cancelled, "engine": choice.as_metadata(),
+            "timings_ms": {**meta["timings_ms"], "total_ms": int((time.perf_counter() - started) * 1000)}}
