@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from spark_jobs.exceptions import BadInputError, ConflictError, InstantRolledBackError, WriterAliveError
-from spark_jobs.table.action.transaction import Transaction
+from spark_jobs.table.action.transaction import Transaction, reserve
+from spark_jobs.table.commit import Written
 from spark_jobs.table.heartbeat import owner_info
 from spark_jobs.table.timeline import Action, Instant, InstantConflictError, State
 from spark_jobs.table.faults import maybe_crash
@@ -35,24 +36,16 @@ __all__ = ["schedule", "pending_plans", "execute", "execute_waiting", "Executed"
 
 log = logging.getLogger("bucketindex.service")
 
-MAX_INSTANT_ATTEMPTS = 20
-
 
 def schedule(table: "Table", action: str, plan: dict[str, Any]) -> Instant:
-    """Write ``plan`` as a requested ``action`` instant; returns it."""
+    """Write ``plan`` as a requested ``action`` instant (reserved as every instant is:
+    :func:`~.transaction.reserve`); returns it."""
     assert action in Action.SERVICES, action
-    tl = table.timeline
     maybe_crash("schedule_after_plan")
-    for _ in range(MAX_INSTANT_ATTEMPTS):
-        ts = tl.new_instant_time()
-        try:
-            inst = tl.create_requested(action, {**plan, "scheduled_by": owner_info()}, timestamp=ts)
-            log.info("scheduled %s %s", action, ts)
-            maybe_crash("schedule_after_requested")
-            return inst
-        except InstantConflictError:
-            continue
-    raise ConflictError(f"could not reserve an instant time in {MAX_INSTANT_ATTEMPTS} tries; try again")
+    inst = reserve(table, action, {**plan, "scheduled_by": owner_info()})
+    log.info("scheduled %s %s", action, inst.timestamp)
+    maybe_crash("schedule_after_requested")
+    return inst
 
 
 def pending_plans(table: "Table", action: str) -> list[tuple[Instant, dict[str, Any]]]:
@@ -74,9 +67,9 @@ class Executed:
     metadata: dict[str, Any]
 
 
-def execute(table: "Table", instant: str, action: str, run: Callable[[Transaction], dict[str, Any]], *,
+def execute(table: "Table", instant: str, action: str, run: Callable[[Transaction], Written], *,
             heartbeat_timeout_s: float | None = None) -> Executed:
-    """Execute the scheduled plan ``instant``: ``run`` writes the files and returns the metadata.
+    """Execute the scheduled plan ``instant``: ``run`` writes the files and reports them.
 
     BadInputError (exit 2): no such plan, another action's, or cancelled before this run
     (final: a retry cannot help). WriterAliveError (exit 3): an attempt at it is running.
@@ -106,18 +99,13 @@ def execute(table: "Table", instant: str, action: str, run: Callable[[Transactio
         log.info("%s %s: resuming after a failed or crashed attempt", action, instant)
     txn = Transaction.resume(table, inst)
     try:
-        # a plan is fixed: no retry on a new snapshot can help it
-        metadata = txn.run(lambda view, retries: run(txn), max_retries=0, what=f"{action} {instant}").metadata
+        # a plan is fixed: no retry on a new snapshot can help it; a conflict cancels it (run())
+        metadata = txn.run(lambda view, retries: run(txn), max_retries=0, what=f"{action} {instant}",
+                           give_up=f"{action} {instant} was cancelled, schedule a new one").metadata
     except InstantConflictError:  # a concurrent attempt committed the same plan first (run() aborted ours)
         done = table.timeline.reload().find(instant)
         assert done is not None
         return Executed(instant, True, table.timeline.read_metadata(done))
-    except ConflictError:
-        if not txn.conflicts:  # not the commit's conflict
-            raise
-        table.rollback(instant, force=True)
-        raise ConflictError(f"conflict: {txn.conflicts[-1]}; {action} {instant} was cancelled, schedule a new one") \
-            from None
     except InstantRolledBackError as e:
         # cancelled while it ran (a rehash's commit, a `rollback --force`): its tasks stopped
         # with InstantRolledBackError inside an engine's exception, or the commit found it
@@ -143,7 +131,7 @@ def _cancel_if_rehashed(table: "Table", inst: Instant) -> str | None:
             f"bucket count; it was cancelled, schedule a new one")
 
 
-def execute_waiting(table: "Table", action: str, run: Callable[[Transaction], dict[str, Any]], *,
+def execute_waiting(table: "Table", action: str, run: Callable[[Transaction], Written], *,
                     heartbeat_timeout_s: float | None = None,
                     select: Callable[[dict[str, Any]], bool] | None = None) -> list[Executed]:
     """Execute, oldest first, the scheduled ``action`` plans no live process is executing: a
