@@ -26,26 +26,18 @@ from typing import Any, Callable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark_jobs.exceptions import BadInputError, ConflictError
+from spark_jobs.exceptions import BadInputError
 from spark_jobs.io.storage import redact_uri
 from spark_jobs.jobs import rehash_tasks, tasks
 from spark_jobs.jobs.keys import bucket_expr
 from spark_jobs.jobs.read import READ_WAVES, keys_with_location
 from spark_jobs.jobs.session import default_parallelism, job_conf, session_start_ms
 from spark_jobs.table.action import Transaction
-from spark_jobs.table.action.rehash import (
-    RehashPlan,
-    bucket_tasks,
-    cancel_stale_plans,
-    check_rehash,
-    index_merge_tasks,
-    rehash_metadata,
-)
+from spark_jobs.table.action.rehash import RehashPlan, bucket_tasks, check_rehash, commit_rehash, index_merge_tasks
+from spark_jobs.table.action.transaction import repair_abandoned
 from spark_jobs.table.config import INDEX_BUCKET
 from spark_jobs.table.table import Table
-from spark_jobs.table.timeline import Action
 from spark_jobs.table.view import FileSystemView
-from spark_jobs.table.faults import maybe_crash
 from spark_jobs.text import plural
 
 __all__ = ["run_rehash"]
@@ -69,51 +61,26 @@ def run_rehash(spark: SparkSession | Callable[[], SparkSession], uri: str, num_b
     plan = check_rehash(table, view, num_buckets, heartbeat_timeout_s=heartbeat_timeout_s)
     # abandoned instants (a killed rehash) are rolled back, and leftovers of one killed after
     # its commit point cleaned, as every writer does -- also when there is nothing else to do
-    repaired = table.rollback(timeout_s=heartbeat_timeout_s)
+    repaired = repair_abandoned(table, timeout_s=heartbeat_timeout_s)
     if plan is None:
         log.info("%s already has %s: nothing to do", redact_uri(uri), plural(num_buckets, "bucket"))
         return {"instant": None, "noop": True, "num_buckets": int(num_buckets),
                 "previous_num_buckets": int(num_buckets)}
     if repaired:
-        log.info("rolled back abandoned instants %s", ", ".join(repaired))
         view = table.view()
         plan = check_rehash(table, view, num_buckets, heartbeat_timeout_s=heartbeat_timeout_s)
         assert plan is not None
     session = spark() if callable(spark) else spark
-    txn = Transaction(table, Action.REHASH, plan.to_json(), view=view).begin()
-    log.info("rehash %s: %s index %d -> %s (%s by %d), %s in %s", txn.ts, plan.index_type,
-             plan.old, plural(plan.new, "bucket"), "split" if plan.split else "merge", plan.factor,
-             plural(view.num_rows, "row"), plural(len(view.file_groups), "file group"))
 
-    def attempt(view: FileSystemView, retries: list[dict[str, Any]]) -> dict[str, Any]:
-        t0 = time.perf_counter()
+    def write(txn: Transaction, plan: RehashPlan, view: FileSystemView
+              ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         if plan.index_type == INDEX_BUCKET:
-            meta = rehash_metadata(txn.ts, plan, view, written_groups=_rehash_data(session, table, txn.ts, plan, view))
-        elif plan.split:
-            meta = rehash_metadata(txn.ts, plan, view, written_index=_split_index(session, table, txn.ts, plan, view))
-        else:
-            meta = rehash_metadata(txn.ts, plan, view, written_index=_merge_index(session, table, txn.ts, plan, view))
-        meta["timings_ms"] = {"rehash_ms": int((time.perf_counter() - t0) * 1000),
-                              "total_ms": int((time.perf_counter() - started) * 1000)}
-        maybe_crash("before_complete")
-        return meta
+            return _rehash_data(session, table, txn.ts, plan, view), []
+        if plan.split:
+            return [], _split_index(session, table, txn.ts, plan, view)
+        return [], _merge_index(session, table, txn.ts, plan, view)
 
-    # a rehash rewrites what it read: a write completed meanwhile always conflicts, and the
-    # plan (checked on the old snapshot) is not remade here -- the caller runs it again
-    try:
-        meta = txn.run(attempt, max_retries=0, what="the rehash").metadata
-    except ConflictError:
-        if not txn.conflicts:  # not the commit's conflict
-            raise
-        raise ConflictError(f"conflict: {txn.conflicts[-1]}; the rehash was not committed and the table keeps "
-                            f"{plan.old} buckets; run it again") from None
-    cancelled = cancel_stale_plans(table)
-    log.info("rehash %s committed: %s in force (%d ms)%s", txn.ts, plural(plan.new, "bucket"), meta["timings_ms"]["rehash_ms"],
-             f"; cancelled compaction plans {', '.join(cancelled)}" if cancelled else "")
-    return {"instant": txn.ts, "noop": False, **plan.to_json(), "counts": meta["counts"],
-            "cancelled_plans": cancelled,
-            "timings_ms": {**meta["timings_ms"], "total_ms": int((time.perf_counter() - started) * 1000)},
-            "session_start_ms": session_start_ms()}
+    return {**commit_rehash(table, plan, view, write, started=started), "session_start_ms": session_start_ms()}
 
 
 def task_range(spark: SparkSession, n: int) -> DataFrame:

@@ -20,13 +20,18 @@ that the next run rolls back.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from spark_jobs.exceptions import BadInputError
+from spark_jobs.table.action.transaction import Transaction
+from spark_jobs.table.commit import FileGroupChange, IndexFileChange, Written
 from spark_jobs.table.config import INDEX_BUCKET, INDEX_RECORD, MAX_NUM_BUCKETS
 from spark_jobs.table.timeline import Action
 from spark_jobs.table.view import FileSystemView
+from spark_jobs.table.faults import maybe_crash
+from spark_jobs.text import plural
 
 if TYPE_CHECKING:
     from spark_jobs.table.table import Table
@@ -39,6 +44,8 @@ __all__ = [
     "bucket_tasks",
     "index_merge_tasks",
     "rehash_metadata",
+    "RehashWrite",
+    "commit_rehash",
     "cancel_stale_plans",
     "bucket_file_id",
     "rehash_after",
@@ -176,45 +183,87 @@ def index_merge_tasks(plan: RehashPlan, view: FileSystemView) -> list[dict[str, 
 
 def rehash_metadata(instant: str, plan: RehashPlan, view: FileSystemView, *,
                     written_groups: list[dict[str, Any]] | None = None,
-                    written_index: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The completed rehash's metadata: the new layout's files, and the old layout's they replace.
+                    written_index: list[dict[str, Any]] | None = None) -> Written:
+    """What the rehash ``instant`` wrote on ``view``, for its commit: the new layout's files, and
+    the old layout's they replace (:func:`commit_rehash` reports it to the transaction, which
+    adds the instant and the snapshot; ``instant`` is not recorded from here).
 
     ``written_groups``: ``{"part", "fid", "path", "num_rows", "size"}`` per new file group
     (bucket index). ``written_index``: ``{"bucket", "path", "entries", "size"}`` per new
     index base (record index). Old file groups not rewritten under the same id are removed;
     every old index file is removed.
     """
-    groups: list[dict[str, Any]] = []
+    groups: list[FileGroupChange] = []
     new_keys = set()
     for w in sorted(written_groups or [], key=lambda w: (w["part"], w["fid"])):
         new_keys.add((w["part"], w["fid"]))
-        groups.append({"partition": w["part"], "file_id": w["fid"], "path": w["path"],
-                       "num_rows": int(w["num_rows"]), "size": int(w["size"])})
-    removed_groups = [{"partition": p, "file_id": f, "path": None, "removed": True}
+        groups.append(FileGroupChange(partition=w["part"], file_id=w["fid"], path=w["path"],
+                                      num_rows=int(w["num_rows"]), size=int(w["size"])))
+    removed_groups = [FileGroupChange(partition=p, file_id=f, path=None, removed=True)
                       for (p, f) in sorted(view.file_groups) if (p, f) not in new_keys]
     if plan.index_type == INDEX_RECORD:
         removed_groups = []  # the record index leaves the data alone
         groups = []
-    added = [{"bucket": int(w["bucket"]), "path": w["path"], "entries": int(w["entries"]),
-              "size": int(w["size"]), "kind": "base", "sealed": False}
+    added = [IndexFileChange(bucket=int(w["bucket"]), path=w["path"], entries=int(w["entries"]),
+                             size=int(w["size"]), kind="base", sealed=False)
              for w in sorted(written_index or [], key=lambda w: int(w["bucket"]))]
     removed_index = sorted(f for files in view.index_files.values() for f in files) if plan.index_type == INDEX_RECORD else []
     counts = {"num_buckets": plan.new, "previous_num_buckets": plan.old,
-              "rows": sum(g["num_rows"] for g in groups) if plan.index_type == INDEX_BUCKET else view.num_rows,
+              "rows": sum(int(g.num_rows or 0) for g in groups) if plan.index_type == INDEX_BUCKET else view.num_rows,
               "file_groups_read": len(view.file_groups) if plan.index_type == INDEX_BUCKET else 0,
               "file_groups_written": len(groups),
-              "index_buckets": len(added), "index_entries": sum(a["entries"] for a in added),
+              "index_buckets": len(added), "index_entries": sum(int(a.entries or 0) for a in added),
               "index_files_replaced": len(removed_index)}
-    return {
-        "action": Action.REHASH,
-        "instant": instant,
-        "operation": "rehash",
-        **plan.to_json(),
-        "file_groups": removed_groups + groups,  # removals first: a new group may reuse no old id
-        "index": {"added": added, "removed": removed_index},
-        "snapshot_seq": view.seq,
-        "counts": counts,
-    }
+    return Written(
+        operation="rehash", index_type=plan.index_type, num_buckets=plan.new, previous_num_buckets=plan.old,
+        file_groups=(*removed_groups, *groups),  # removals first: a new group may reuse no old id
+        index_added=tuple(added), index_removed=tuple(removed_index), counts=counts)
+
+
+#: an engine's part of a rehash: write ``plan``'s new layout from the snapshot ``view`` under
+#: the transaction's instant (``txn.ts``, its markers) and return what it wrote -- one row per
+#: new file group (bucket index: ``part, fid, path, num_rows, size``) and one per new index
+#: base (record index: ``bucket, path, entries, size``); a Spark task retried may have written a
+#: group twice, so the engine keeps one per group or bucket
+RehashWrite = Callable[[Transaction, RehashPlan, FileSystemView],
+                       tuple[list[dict[str, Any]], list[dict[str, Any]]]]
+
+
+def commit_rehash(table: "Table", plan: RehashPlan, view: FileSystemView, write: RehashWrite, *,
+                  started: float) -> dict[str, Any]:
+    """Write and commit the rehash ``plan`` (checked by :func:`check_rehash` on ``view``, after
+    abandoned instants were rolled back) with an engine's ``write``: the one commit of every
+    engine's rehash. Returns ``{"instant", "noop", "index_type", "num_buckets",
+    "previous_num_buckets", "counts", "cancelled_plans", "timings_ms"}``; ``started`` is when the
+    run started (``time.perf_counter()``), for its total.
+
+    A rehash rewrites what it read: a write completed meanwhile always conflicts, and the plan
+    (checked on the old snapshot) is not remade -- ConflictError (exit 3): run it again. After
+    the commit point, table-service plans made under the old count are cancelled."""
+    txn = Transaction(table, Action.REHASH, plan.to_json(), view=view).begin()
+    log.info("rehash %s: %s index %d -> %s (%s by %d), %s in %s", txn.ts, plan.index_type,
+             plan.old, plural(plan.new, "bucket"), "split" if plan.split else "merge", plan.factor,
+             plural(view.num_rows, "row"), plural(len(view.file_groups), "file group"))
+
+    def attempt(view: FileSystemView, retries: list[dict[str, Any]]) -> Written:
+        t0 = time.perf_counter()
+        groups, index = write(txn, plan, view)
+        written = rehash_metadata(txn.ts, plan, view, written_groups=groups, written_index=index).replace(
+            timings_ms={"rehash_ms": int((time.perf_counter() - t0) * 1000),
+                        "total_ms": int((time.perf_counter() - started) * 1000)})
+        maybe_crash("before_complete")
+        return written
+
+    meta = txn.run(attempt, max_retries=0, what="the rehash",
+                   give_up=f"the rehash was not committed and the table keeps {plan.old} buckets; run it again"
+                   ).metadata
+    cancelled = cancel_stale_plans(table)
+    log.info("rehash %s committed: %s in force (%d ms)%s", txn.ts, plural(plan.new, "bucket"),
+             meta["timings_ms"]["rehash_ms"],
+             f"; cancelled compaction plans {', '.join(cancelled)}" if cancelled else "")
+    return {"instant": txn.ts, "noop": False, **plan.to_json(), "counts": meta["counts"],
+            "cancelled_plans": cancelled,
+            "timings_ms": {**meta["timings_ms"], "total_ms": int((time.perf_counter() - started) * 1000)}}
 
 
 def cancel_stale_plans(table: "Table") -> list[str]:
