@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from spark_jobs.exceptions import BadInputError
+from spark_jobs.table.action.rollback import is_writer_alive
+from spark_jobs.table.action.service import pending_plans, rehash_after
 from spark_jobs.table.action.transaction import Transaction
 from spark_jobs.table.commit import FileGroupChange, IndexFileChange, Written
 from spark_jobs.table.config import INDEX_BUCKET, INDEX_RECORD, MAX_NUM_BUCKETS
@@ -96,8 +98,6 @@ def check_rehash(table: "Table", view: FileSystemView, num_buckets: int, *,
     is neither a multiple nor a divisor of the count in force, a count out of range, or a
     rehash already running (a live writer; an abandoned one is rolled back by the next run).
     """
-    from spark_jobs.table.action.rollback import is_writer_alive
-
     cfg = table.config
     assert cfg is not None
     if cfg.index_type not in (INDEX_RECORD, INDEX_BUCKET):
@@ -274,8 +274,6 @@ def cancel_stale_plans(table: "Table") -> list[str]:
     ``compact`` and hold clean back. Called after a rehash's commit point, and again by the
     executor of such a plan, so a crash in between loses nothing.
     """
-    from spark_jobs.table.action.service import pending_plans
-
     table.timeline.reload()
     cancelled = []
     for action in Action.SERVICES:
@@ -289,8 +287,3 @@ def cancel_stale_plans(table: "Table") -> list[str]:
             cancelled.append(inst.timestamp)
     return cancelled
 
-
-def rehash_after(table: "Table", seq: int) -> dict[str, Any] | None:
-    """The first completed rehash entry after sequence entry ``seq``, or None."""
-    tl = table.timeline
-    return next((e for e in tl.entries_after(seq) if e["action"] == Action.REHASH), None)

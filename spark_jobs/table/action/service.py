@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from spark_jobs.exceptions import BadInputError, ConflictError, InstantRolledBackError, WriterAliveError
+from spark_jobs.table.action.rollback import is_writer_alive
 from spark_jobs.table.action.transaction import Transaction, reserve
 from spark_jobs.table.commit import Written
 from spark_jobs.table.heartbeat import owner_info
@@ -32,7 +33,7 @@ from spark_jobs.table.faults import maybe_crash
 if TYPE_CHECKING:
     from spark_jobs.table.table import Table
 
-__all__ = ["schedule", "pending_plans", "execute", "execute_waiting", "Executed"]
+__all__ = ["schedule", "pending_plans", "execute", "execute_waiting", "Executed", "rehash_after"]
 
 log = logging.getLogger("bucketindex.service")
 
@@ -76,8 +77,6 @@ def execute(table: "Table", instant: str, action: str, run: Callable[[Transactio
     ConflictError (exit 3): an action completed since it was planned makes it invalid (a
     rehash), or it was cancelled while it ran; a retry then finds it cancelled (exit 2).
     """
-    from spark_jobs.table.action.rollback import is_writer_alive
-
     tl = table.timeline.reload()
     if instant in tl.aborted:  # final: running it again cannot help (a scheduler must not retry it)
         raise BadInputError(f"{action} {instant} was cancelled (rolled back, e.g. by a rehash that changed the "
@@ -119,8 +118,6 @@ def _cancel_if_rehashed(table: "Table", inst: Instant) -> str | None:
     cancel it instead of running it, and say why (the rehash cancels such plans after its
     commit point; this covers a rehash that crashed right after it). A clean's plan lists
     files no retained snapshot reads, whatever the layout: it stays."""
-    from spark_jobs.table.action.rehash import rehash_after
-
     if inst.action == Action.CLEAN:
         return None
     hit = rehash_after(table, int(table.timeline.read_plan(inst).get("snapshot_seq") or 0))
@@ -138,8 +135,6 @@ def execute_waiting(table: "Table", action: str, run: Callable[[Transaction], Wr
     plan whose scheduler died before reporting it, or whose executor crashed. They hold their
     files back from every new plan until they run, so a service runs them before planning.
     ``select(plan)``: only the plans this caller can execute (default: every one)."""
-    from spark_jobs.table.action.rollback import is_writer_alive
-
     out = []
     for inst, plan in pending_plans(table, action):
         if select is not None and not select(plan):
@@ -158,3 +153,11 @@ def execute_waiting(table: "Table", action: str, run: Callable[[Transaction], Wr
                  "completed meanwhile" if done.noop else "executed")
         out.append(done)
     return out
+
+
+def rehash_after(table: "Table", seq: int) -> dict[str, Any] | None:
+    """The first completed rehash entry after sequence entry ``seq``, or None: a plan made
+    before it names the old layout's files. Here, not in :mod:`.rehash`, which cancels such
+    plans through this module, so the import goes one way (rehash -> service)."""
+    tl = table.timeline
+    return next((e for e in tl.entries_after(seq) if e["action"] == Action.REHASH), None)
