@@ -29,7 +29,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from spark_jobs.exceptions import BadInputError, ConflictError
+from spark_jobs.exceptions import BadInputError
 from spark_jobs.io.storage import redact_uri
 from spark_jobs.kernels import tasks
 from spark_jobs.jobs.keys import bucket_expr, key_expr, partition_expr
@@ -40,14 +40,17 @@ from spark_jobs.table.action.bootstrap import (
     MODE_REWRITE,
     SourceDataset,
     check_bootstrap,
+    commit_bootstrap,
     default_batch_id,
     default_mode,
     discover,
     existing_bootstrap,
     file_id_of,
     reference_path,
+    reference_written,
     schema_problem,
 )
+from spark_jobs.table.commit import Written
 from spark_jobs.table.config import (
     DEFAULT_NUM_BUCKETS,
     EVOLVING_FORMAT_VERSION,
@@ -61,7 +64,7 @@ from spark_jobs.table.schema import check_timestamp_units, stored_schema, stored
 from spark_jobs.table.shadow import SAMPLES
 from spark_jobs.table.table import Table
 from spark_jobs.table.timeline import Action
-from spark_jobs.table.view import FileSystemView, encode_schema
+from spark_jobs.table.view import FileSystemView
 from spark_jobs.table.faults import maybe_crash
 from spark_jobs.text import plural
 
@@ -368,9 +371,6 @@ def _reference_scanned(spark: SparkSession, table: Table, source: SourceDataset,
         raise BadInputError(f"{opts.table} was created by a bootstrap of {(existing.reference or {}).get('source')} "
                             f"with other options; remove it (it holds no data) or bootstrap that dataset")
     table = Table.load(opts.table)
-    repaired = table.rollback(timeout_s=opts.heartbeat_timeout_s)  # abandoned instants only (a crashed bootstrap)
-    if repaired:
-        log.info("rolled back abandoned instants %s", ", ".join(repaired))
     view = table.view()
     assert table.num_buckets(view) == num_buckets, (table.num_buckets(view), num_buckets)
     # timestamps are stored in microseconds, zone-aware ones in UTC (format.md §5), as an upsert
@@ -378,12 +378,11 @@ def _reference_scanned(spark: SparkSession, table: Table, source: SourceDataset,
     data_schema = stored_schema(source.schema).append(pa.field(KEY, pa.string()))
     plan = {"batch_id": batch_id, "operation": "bootstrap", "mode": MODE_REFERENCE, "source": redact_uri(opts.source),
             "index_type": INDEX_RECORD, "num_buckets": num_buckets}
-    txn = Transaction(table, Action.BOOTSTRAP, plan, view=view).begin()
-    ts = txn.ts
-    log.info("instant %s: bootstrapping %d files of %s into %s", ts, len(source.files), redact_uri(opts.source),
-             redact_uri(opts.table))
 
-    def attempt(view: FileSystemView, retries: list[dict[str, Any]]) -> dict[str, Any]:
+    def attempt(txn: Transaction, view: FileSystemView) -> Written:
+        ts = txn.ts  # one attempt: a bootstrap never retries (commit_bootstrap)
+        log.info("instant %s: bootstrapping %d files of %s into %s", ts, len(source.files), redact_uri(opts.source),
+                 redact_uri(opts.table))
         t1 = time.perf_counter()
         rewritten: dict[int, dict[str, Any]] = {}
         if drops:
@@ -409,56 +408,23 @@ def _reference_scanned(spark: SparkSession, table: Table, source: SourceDataset,
             written = entries.groupBy("bucket").applyInArrow(
                 tasks.bind(tasks.write_index_delta, table_uri=table.uri, instant=ts, snapshot_seq=view.seq),
                 tasks.DELTA_OUTPUT).collect()
-        index_added = [{"bucket": r["bucket"], "path": r["path"], "entries": r["entries"], "size": r["size"],
-                        "kind": "delta"} for r in written]
         timings["index_ms"] = int((time.perf_counter() - t2) * 1000)
-        log.info("phase index    %6d ms %d index deltas", timings["index_ms"], len(index_added))
+        log.info("phase index    %6d ms %d index deltas", timings["index_ms"], len(written))
 
-        groups = []
-        for fno, f in enumerate(source.files):
-            live_rows = per_file.get(fno, 0) - len(drops.get(fno, []))
-            if fno in rewritten:
-                r = rewritten[fno]
-                if r["num_rows"]:
-                    groups.append({"partition": fparts[fno], "file_id": fids[fno], "path": r["path"],
-                                   "num_rows": r["num_rows"], "size": r["size"], "replaces": rels[fno]})
-            elif live_rows > 0:
-                groups.append({"partition": fparts[fno], "file_id": fids[fno], "path": rels[fno],
-                               "num_rows": live_rows, "size": f.size, "reference": True})
-        live_total = sum(g["num_rows"] for g in groups)
-        summary = {"source": redact_uri(opts.source), "mode": MODE_REFERENCE,
-                   "counts": {"rows": live_total, "source_rows": n_rows,
-                              "files_referenced": sum(1 for g in groups if g.get("reference")),
-                              "files_rewritten": len(rewritten), "duplicate_keys": n_dup,
-                              "rows_dropped": n_rows - live_total}}
-        metadata = {
-            "action": Action.BOOTSTRAP, "instant": ts, "batch_id": batch_id, "operation": "bootstrap",
-            "index_type": INDEX_RECORD, "schema": encode_schema(data_schema), "snapshot_seq": view.seq,
-            "num_buckets": num_buckets, "file_groups": groups,
-            "index": {"added": index_added, "removed": []},
-            "counts": {"inserted": live_total, "updated": 0, "deleted": 0, "moved": 0, "rows_in_batch": n_rows,
-                       "keys_in_batch": live_total},
-            "bootstrap": summary, "conflicts": retries,
-            **({"session_start_ms": session_ms} if session_ms is not None else {}),
-        }
+        report = reference_written(
+            source=source, source_label=redact_uri(opts.source), rels=rels, fids=fids, fparts=fparts,
+            rows_per_file=per_file, dropped=drops, rewritten=rewritten, index_written=[r.asDict() for r in written],
+            n_rows=n_rows, n_dup=n_dup, num_buckets=num_buckets, schema=data_schema, session_start_ms=session_ms)
         maybe_crash("before_complete")
-        metadata["timings_ms"] = {**timings, "total_ms": int((time.perf_counter() - t0) * 1000)}
-        return metadata
+        return report.replace(timings_ms={**timings, "total_ms": int((time.perf_counter() - t0) * 1000)})
 
-    # one attempt: a bootstrap makes a new table, so a write completed meanwhile leaves nothing
-    # to redo on the new snapshot (a rerun finds its batch committed, or the table holding data)
-    try:
-        done = txn.run(attempt, max_retries=0, batch_id=batch_id, what="the bootstrap")
-    except ConflictError:
-        if not txn.conflicts:  # not the commit's conflict
-            raise
-        raise ConflictError(f"conflict: {txn.conflicts[-1]}; the bootstrap was not committed; nothing was written, "
-                            f"run it again with the same batch id") from None
+    done = commit_bootstrap(table, plan, view, attempt, batch_id=batch_id, heartbeat_timeout_s=opts.heartbeat_timeout_s)
     if done.instant is None:  # a concurrent writer committed this batch
         meta = table.timeline.read_metadata(table.timeline.reload().find(done.applied_by))
         return {"instant": done.applied_by, "batch_id": batch_id, "noop": True, "mode": MODE_REFERENCE,
                 "index_type": meta.get("index_type"), "counts": (meta.get("bootstrap") or {}).get("counts", {}),
                 "timings_ms": dict(timings)}
+    ts = done.instant.timestamp
     metadata = done.metadata
     summary = metadata["bootstrap"]
     log.info("committed %s: %s in %s (%d referenced in place, %d rewritten)", ts,

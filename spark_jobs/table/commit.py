@@ -13,12 +13,14 @@ No pyspark, no airflow.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
+#: the counts of a commit that writes no row (an alter, a property change)
+NO_ROWS_CHANGED: Mapping[str, int] = MappingProxyType({"inserted": 0, "updated": 0, "deleted": 0, "moved": 0})
 
 
 def _take(d: Mapping[str, Any], known: tuple[str, ...], nullable: tuple[str, ...] = ()
@@ -230,6 +232,34 @@ class EngineInfo:
         return _put({}, name=self.name, reason=self.reason) | dict(self.extra)
 
 
+#: keys one kind of action records of its own, typed on :class:`CommitMetadata` and
+#: :class:`Written`: the JSON type each must have (any other is kept verbatim in ``extra``)
+_SECTION_TYPES: Mapping[str, type | tuple[type, ...]] = MappingProxyType({
+    "ignored": dict, "session_start_ms": int, "previous_num_buckets": int, "bootstrap": dict, "alter": dict,
+    "earliest_retained_seq": int, "earliest_retained_instant": str, "previous_retained_seq": int, "policy": dict,
+    "rolled_back": str, "target_action": str, "deleted_files": list})
+_SECTION_KEYS = tuple(_SECTION_TYPES)
+_SECTION_MAPPINGS = tuple(k for k, t in _SECTION_TYPES.items() if t is dict)
+
+
+def _section_json(value: Any) -> Any:
+    """A section field as JSON: a mapping as a dict, a tuple as a list (None stays None)."""
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
+def _freeze(value: Any) -> Any:
+    """A list as a tuple and a dict as a read-only mapping (a frozen dataclass stays unchanged)."""
+    if isinstance(value, list):
+        return tuple(value)
+    if isinstance(value, dict):
+        return MappingProxyType(dict(value))
+    return value
+
+
 @dataclass(frozen=True, kw_only=True)
 class CommitMetadata:
     """A completed timeline entry's ``metadata`` (every action: commit, compaction, rehash,
@@ -260,11 +290,31 @@ class CommitMetadata:
     #: table properties this entry sets (``bucketindex mirror --enable``: ``{"mirrors": [...]}``);
     #: a property of the snapshot from this entry on, like ``schema`` (format.md §3.2)
     properties: Mapping[str, Any] | None = None
+    # -- what one kind of action records of its own (format.md §3.3-3.4, §5.3, §10) ----------
+    #: an upsert's batch identities that changed nothing, by reason (``stale_upserts``, ...)
+    ignored: Mapping[str, Any] | None = None
+    #: JVM and Spark session start of a Spark job, apart from its phases
+    session_start_ms: int | None = None
+    #: a rehash: the bucket count it replaced
+    previous_num_buckets: int | None = None
+    #: a bootstrap: ``{"source", "mode", "counts"}``
+    bootstrap: Mapping[str, Any] | None = None
+    #: an alter: ``{"changes": [...]}``
+    alter: Mapping[str, Any] | None = None
+    #: a clean: the retained window it leaves and the one before, and its policy
+    earliest_retained_seq: int | None = None
+    earliest_retained_instant: str | None = None
+    previous_retained_seq: int | None = None
+    policy: Mapping[str, Any] | None = None
+    #: a rollback: the instant it aborted, that instant's action and the files it deleted
+    rolled_back: str | None = None
+    target_action: str | None = None
+    deleted_files: tuple[str, ...] | None = None
     extra: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
 
     _KNOWN = ("action", "instant", "batch_id", "operation", "index_type", "num_buckets", "snapshot_seq",
               "schema", "file_groups", "index", "counts", "conflicts", "timings_ms", "engine", "shadow", "reads",
-              "properties")
+              "properties", *_SECTION_KEYS)
 
     # -- the JSON round trip -----------------------------------------------------------
     @classmethod
@@ -272,7 +322,7 @@ class CommitMetadata:
         vals, extra = _take(d, cls._KNOWN)
         for k, typ in (("file_groups", list), ("conflicts", list), ("index", dict), ("engine", dict),
                        ("counts", dict), ("timings_ms", dict), ("shadow", dict), ("reads", dict),
-                       ("properties", dict)):
+                       ("properties", dict), *_SECTION_TYPES.items()):
             if k in vals and not isinstance(vals[k], typ):  # not the documented shape: keep verbatim
                 extra[k] = vals.pop(k)
         if "file_groups" in vals:
@@ -286,9 +336,11 @@ class CommitMetadata:
             vals["engine"] = EngineInfo.from_json(vals["engine"])
         if "reads" in vals:
             vals["reads"] = ReadSet.from_json(vals["reads"])
-        for k in ("counts", "timings_ms", "shadow", "properties"):
+        for k in ("counts", "timings_ms", "shadow", "properties", *_SECTION_MAPPINGS):
             if k in vals:
                 vals[k] = MappingProxyType(dict(vals[k]))
+        if "deleted_files" in vals:
+            vals["deleted_files"] = tuple(vals["deleted_files"])
         if "index" in vals:
             index = vals.pop("index")
             ivals, iextra = _take(index, ("added", "removed"))
@@ -320,7 +372,20 @@ class CommitMetadata:
              shadow=dict(self.shadow) if self.shadow is not None else None,
              reads=self.reads.to_json() if self.reads is not None else None,
              properties=dict(self.properties) if self.properties is not None else None)
+        for k in _SECTION_KEYS:
+            _put(out, **{k: _section_json(getattr(self, k))})
         return out | dict(self.extra)
+
+    @classmethod
+    def of(cls, written: "Written", *, action: str, instant: str, batch_id: str | None = None,
+           snapshot_seq: int | None = None, conflicts: Sequence[Mapping[str, Any]] | None = None) -> CommitMetadata:
+        """The metadata of ``written`` committed as ``instant`` of ``action``: what the action
+        reported, with what only the commit protocol knows (the instant, the batch id, the
+        snapshot it was written on, the conflicts retried before). ``Transaction`` calls it;
+        nothing else builds a commit's metadata."""
+        return cls(action=action, instant=instant, batch_id=batch_id, snapshot_seq=snapshot_seq,
+                   conflicts=tuple(MappingProxyType(dict(c)) for c in conflicts) if conflicts is not None else None,
+                   **{f.name: getattr(written, f.name) for f in fields(Written)})
 
     # -- what readers ask ----------------------------------------------------------------
     @property
@@ -355,8 +420,14 @@ class CommitMetadata:
         return (self.counts or {}).get(name)
 
     def get(self, key: str, default: Any = None) -> Any:
-        """An ``extra`` key (``rolled_back``, ``bootstrap``, ``session_start_ms``, ...)."""
-        return self.extra.get(key, default)
+        """A key of one kind of action (``rolled_back``, ``bootstrap``, ``session_start_ms``, ...)
+        or an ``extra`` key, as it is in the JSON (``default`` when absent)."""
+        if key in self.extra:
+            return self.extra[key]
+        if key in _SECTION_KEYS:
+            value = _section_json(getattr(self, key))
+            return default if value is None else value
+        return default
 
     def referenced_files(self) -> set[str]:
         """Every data and index file the metadata names (new bases, logs, added index files and
@@ -373,3 +444,67 @@ class CommitMetadata:
 def parse(meta: Mapping[str, Any]) -> CommitMetadata:
     """The one place commit metadata is parsed (see :meth:`CommitMetadata.from_json`)."""
     return meta if isinstance(meta, CommitMetadata) else CommitMetadata.from_json(meta)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Written:
+    """What one attempt of an action reports: the file groups it wrote, replaced or removed,
+    the index files it added and removed, its counts, the schema or properties it sets, and
+    what its kind of action records of its own.
+
+    The commit protocol (``spark_jobs.table.action.transaction.Transaction``) makes it the
+    commit's :class:`CommitMetadata` (:meth:`CommitMetadata.of`), adding what only the protocol
+    knows -- the action, the instant, the batch id, the snapshot the attempt was written on and
+    the conflicts retried before -- so no writer builds commit metadata by hand, and none can
+    record an instant or a snapshot other than the one it commits. Every field is a field of
+    :class:`CommitMetadata` with the same meaning; None is absent. Lists given are kept as
+    tuples and dicts as read-only mappings.
+    """
+
+    operation: str | None = None
+    index_type: str | None = None
+    num_buckets: int | None = None
+    schema: str | None = None
+    #: the file groups written, replaced (a compaction's ``compacted_logs``, a bootstrap's
+    #: ``replaces``) and removed (``removed``)
+    file_groups: tuple[FileGroupChange, ...] | None = None
+    index_added: tuple[IndexFileChange, ...] | None = None
+    index_removed: tuple[str, ...] | None = None
+    counts: Mapping[str, Any] | None = None
+    timings_ms: Mapping[str, Any] | None = None
+    engine: EngineInfo | None = None
+    shadow: Mapping[str, Any] | None = None
+    reads: ReadSet | None = None
+    properties: Mapping[str, Any] | None = None
+    ignored: Mapping[str, Any] | None = None
+    session_start_ms: int | None = None
+    previous_num_buckets: int | None = None
+    bootstrap: Mapping[str, Any] | None = None
+    alter: Mapping[str, Any] | None = None
+    earliest_retained_seq: int | None = None
+    earliest_retained_instant: str | None = None
+    previous_retained_seq: int | None = None
+    policy: Mapping[str, Any] | None = None
+    extra: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+
+    #: fields the protocol sets (:meth:`CommitMetadata.of`); an action never reports them
+    PROTOCOL = ("action", "instant", "batch_id", "snapshot_seq", "conflicts")
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            object.__setattr__(self, f.name, _freeze(getattr(self, f.name)))
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Written:
+        """An engine's report in the JSON shape of commit metadata (``file_groups``, ``index``,
+        ``counts``, ``reads``, ...), parsed by the one parser; ValueError when it names a key
+        only the protocol sets, or an ``index`` key other than added/removed."""
+        meta = CommitMetadata.from_json(d)
+        owned = [k for k in cls.PROTOCOL if getattr(meta, k) is not None]
+        if owned or meta.index_extra or meta.rolled_back or meta.target_action or meta.deleted_files:
+            raise ValueError(f"an action's report names what the commit protocol sets: {owned or dict(d)!r}")
+        return cls(**{f.name: getattr(meta, f.name) for f in fields(cls)})
+
+    def replace(self, **changes: Any) -> Written:
+        """This report with ``changes`` (``dataclasses.replace``)."""
+        return replace(self, **changes)

@@ -34,6 +34,7 @@ from spark_jobs.table.action.options import (
     option,
 )
 from spark_jobs.table.action.transaction import Transaction
+from spark_jobs.table.commit import NO_ROWS_CHANGED, Written
 from spark_jobs.table.config import EVOLVING_FORMAT_VERSION, _field_name_problem
 from spark_jobs.table.schema import (
     parse_type_name,
@@ -165,29 +166,21 @@ def run_alter(table_uri: str, *, add_columns: Sequence[str] = (), widen_columns:
     if new is view.schema:
         log.info("the table already has this schema: nothing to do")
         return {"instant": None, "noop": True, "changes": [], "schema": _columns(view.schema)}
-    repaired = table.rollback(timeout_s=heartbeat_timeout_s)  # abandoned instants only
-    if repaired:
-        log.info("rolled back abandoned instants %s", ", ".join(repaired))
-        view = table.view()
     assert table.config is not None
     index_type = table.config.index_type
     plan = {"operation": OPERATION, "add_columns": list(add_columns), "widen_columns": list(widen_columns)}
-    txn = Transaction(table, Action.COMMIT, plan, view=view)
+    txn = Transaction(table, Action.COMMIT, plan, view=view, repair=True, heartbeat_timeout_s=heartbeat_timeout_s)
 
-    def attempt(view: FileSystemView, retries: list[dict[str, Any]]) -> dict[str, Any]:
+    def attempt(view: FileSystemView, retries: list[dict[str, Any]]) -> Written:
         # validated again on every snapshot: a concurrent alter or evolving upsert may have changed it
         assert view.schema is not None
         schema = altered_schema(view.schema, add=add, widen=widen, text_fixed=fixed)
         changes = schema_changes(view.schema, schema)
         if changes:  # a release that cannot read an evolved schema refuses the table (format.md §9)
             table.require_format(EVOLVING_FORMAT_VERSION, why="a schema change")
-        return {
-            "action": Action.COMMIT, "instant": txn.ts, "operation": OPERATION, "index_type": index_type,
-            **({"schema": encode_schema(schema)} if changes else {}),
-            "snapshot_seq": view.seq, "file_groups": [], "index": {"added": [], "removed": []},
-            "counts": {"inserted": 0, "updated": 0, "deleted": 0, "moved": 0},
-            "conflicts": list(retries), "alter": {"changes": changes},
-        }
+        return Written(operation=OPERATION, index_type=index_type,
+                       schema=encode_schema(schema) if changes else None, file_groups=(), index_added=(),
+                       index_removed=(), counts=NO_ROWS_CHANGED, alter={"changes": changes})
 
     committed = txn.run(attempt, max_retries=max_retries, what="the alter")
     meta = committed.metadata

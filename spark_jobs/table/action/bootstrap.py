@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import posixpath
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import urlparse
 
 import pyarrow as pa
@@ -28,15 +28,18 @@ import pyarrow.dataset as ds
 
 from spark_jobs.exceptions import BadInputError
 from spark_jobs.io.filesystem import resolve
+from spark_jobs.table.action.transaction import Committed, Transaction
+from spark_jobs.table.commit import FileGroupChange, IndexFileChange, Written
 from spark_jobs.table.config import INDEX_BUCKET, INDEX_RECORD, check_field_names
 from spark_jobs.table.layout import REFERENCE_PREFIX
 from spark_jobs.table.reader import META_PREFIX
 from spark_jobs.table.table import Table
 from spark_jobs.table.timeline import Action
+from spark_jobs.table.view import FileSystemView, encode_schema
 
 __all__ = ["MODES", "MODE_REFERENCE", "MODE_REWRITE", "SourceFile", "SourceDataset", "discover",
            "check_bootstrap", "default_mode", "default_batch_id", "reference_path", "file_id_of",
-           "existing_bootstrap", "schema_problem"]
+           "existing_bootstrap", "schema_problem", "commit_bootstrap", "reference_written"]
 
 MODE_REFERENCE = "reference"
 MODE_REWRITE = "rewrite"
@@ -187,3 +190,59 @@ def schema_problem(expected: pa.Schema, actual: pa.Schema, path_columns: list[st
                 f"{', '.join(f'{n} {t}' for n, t in sorted(want, key=str))}")
     return None
 
+
+
+def commit_bootstrap(table: Table, plan: dict[str, Any], view: FileSystemView,
+                     attempt: Callable[[Transaction, FileSystemView], Written], *, batch_id: str,
+                     heartbeat_timeout_s: float | None = None) -> Committed:
+    """The commit of every engine's bootstrap (either mode): roll back abandoned instants (a
+    crashed bootstrap), reserve the ``bootstrap`` instant with ``plan`` on ``view``, and commit
+    what ``attempt(txn, view)`` writes and reports -- once: a bootstrap makes a new table, so a
+    write completed meanwhile leaves nothing to redo on the new snapshot (a rerun finds its
+    batch committed, or the table holding data). ConflictError (exit 3) then, naming the
+    conflict; the result's ``instant`` is None when a concurrent run committed the batch
+    (``applied_by``)."""
+    txn = Transaction(table, Action.BOOTSTRAP, plan, view=view, repair=True,
+                      heartbeat_timeout_s=heartbeat_timeout_s).begin()
+    return txn.run(lambda view, retries: attempt(txn, view), max_retries=0, batch_id=batch_id,
+                   what="the bootstrap",
+                   give_up="the bootstrap was not committed; nothing was written, run it again with the same batch id")
+
+
+def reference_written(*, source: SourceDataset, source_label: str, rels: list[str], fids: list[str],
+                      fparts: list[str], rows_per_file: dict[int, int], dropped: dict[int, list[int]],
+                      rewritten: dict[int, dict[str, Any]], index_written: list[dict[str, Any]], n_rows: int,
+                      n_dup: int, num_buckets: int, schema: pa.Schema,
+                      session_start_ms: int | None = None) -> Written:
+    """What a reference bootstrap attempt wrote (format.md §5.3), from what its engine reports:
+    one file group per dataset file left with live rows -- the file itself (``reference``), or
+    its rewrite without the losing duplicates (``rewritten[fno]``: ``path, num_rows, size``;
+    ``replaces`` the file) -- and the record index's deltas (``index_written``: ``bucket, path,
+    entries, size``). ``rows_per_file``: rows each file holds; ``dropped``: each file's losing
+    rows; ``source_label``: the dataset's URI as it may be shown (redacted)."""
+    groups: list[FileGroupChange] = []
+    for fno, f in enumerate(source.files):
+        live_rows = rows_per_file.get(fno, 0) - len(dropped.get(fno, []))
+        if fno in rewritten:
+            r = rewritten[fno]
+            if r["num_rows"]:
+                groups.append(FileGroupChange(partition=fparts[fno], file_id=fids[fno], path=r["path"],
+                                              num_rows=r["num_rows"], size=r["size"], replaces=rels[fno]))
+        elif live_rows > 0:
+            groups.append(FileGroupChange(partition=fparts[fno], file_id=fids[fno], path=rels[fno],
+                                          num_rows=live_rows, size=f.size, reference=True))
+    live_total = sum(int(g.num_rows or 0) for g in groups)
+    summary = {"source": source_label, "mode": MODE_REFERENCE,
+               "counts": {"rows": live_total, "source_rows": n_rows,
+                          "files_referenced": sum(1 for g in groups if g.reference),
+                          "files_rewritten": len(rewritten), "duplicate_keys": n_dup,
+                          "rows_dropped": n_rows - live_total}}
+    return Written(
+        operation="bootstrap", index_type=INDEX_RECORD, schema=encode_schema(schema), num_buckets=num_buckets,
+        file_groups=tuple(groups),
+        index_added=tuple(IndexFileChange(bucket=r["bucket"], path=r["path"], entries=r["entries"], size=r["size"],
+                                          kind="delta") for r in index_written),
+        index_removed=(),
+        counts={"inserted": live_total, "updated": 0, "deleted": 0, "moved": 0, "rows_in_batch": n_rows,
+                "keys_in_batch": live_total},
+        bootstrap=summary, session_start_ms=session_start_ms)

@@ -36,6 +36,7 @@ from spark_jobs.table.action.options import POSITIONAL, SWITCH, VerbOptions, che
 from spark_jobs.table.action.rollback import pending_snapshots, referenced_files
 from spark_jobs.table.action.service import execute, execute_waiting, pending_plans, schedule
 from spark_jobs.table.action.transaction import Transaction
+from spark_jobs.table.commit import Written
 from spark_jobs.table.commit import parse as parse_commit
 from spark_jobs.table.layout import is_reference
 from spark_jobs.table.timeline import Action, checkpoint_seqs
@@ -272,7 +273,7 @@ def run_clean(uri: str, *, retain_commits: int | None = None, retain_hours: floa
 
 
 def _deleter(table: "Table"):  # type: ignore[no-untyped-def]
-    def run(txn: Transaction) -> dict[str, Any]:
+    def run(txn: Transaction) -> Written:
         plan = txn.plan
         files = plan["files"]
         started = time.perf_counter()
@@ -289,12 +290,11 @@ def _deleter(table: "Table"):  # type: ignore[no-untyped-def]
         ms = int((time.perf_counter() - started) * 1000)
         log.info("clean %s: deleted %s (%s bytes) in %d ms; snapshots from instant %s on are retained",
                  txn.ts, plural(len(files), "file"), plan.get("bytes"), ms, plan["earliest_retained_instant"])
-        return {"action": Action.CLEAN, "instant": txn.ts, "operation": "clean",
-                "earliest_retained_seq": plan["earliest_retained_seq"],
-                "earliest_retained_instant": plan["earliest_retained_instant"],
-                "previous_retained_seq": plan["previous_retained_seq"], "policy": plan["policy"],
-                "counts": {"files": len(files), "bytes": int(plan.get("bytes") or 0)},
-                "timings_ms": {"delete_ms": ms}}
+        return Written(operation="clean", earliest_retained_seq=plan["earliest_retained_seq"],
+                       earliest_retained_instant=plan["earliest_retained_instant"],
+                       previous_retained_seq=plan["previous_retained_seq"], policy=plan["policy"],
+                       counts={"files": len(files), "bytes": int(plan.get("bytes") or 0)},
+                       timings_ms={"delete_ms": ms})
     return run
 
 

@@ -40,6 +40,7 @@ from spark_jobs.table.action.options import (
 )
 from spark_jobs.table.action.rollback import is_writer_alive
 from spark_jobs.table.action.service import execute, execute_waiting, pending_plans, schedule
+from spark_jobs.table.commit import EngineInfo, FileGroupChange, IndexFileChange, Written
 from spark_jobs.table.config import INDEX_RECORD
 from spark_jobs.table.timeline import Action, State, check_instant
 from spark_jobs.table.view import FileSlice, FileSystemView, is_index_delta
@@ -335,40 +336,37 @@ def _index_file_instant(rel: str) -> str:
 
 
 def compaction_metadata(instant: str, plan: dict[str, Any], written: list[dict[str, Any]],
-                        index_written: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The completed compaction's metadata: one new base per planned group and index bucket,
-    and the logs and index files they replace."""
+                        index_written: list[dict[str, Any]] | None = None) -> Written:
+    """What the compaction ``instant`` wrote, for its commit: one new base per planned group and
+    index bucket, and the logs and index files they replace."""
     by_group = {(w["part"], w["fid"]): w for w in written}
     groups = []
     for g in plan.get("file_groups", []):
         w = by_group.get((g["partition"], g["file_id"]))
         if w is None:
             raise RuntimeError(f"compaction {instant} wrote no base for {g['partition']}/{g['file_id']}")
-        groups.append({"partition": g["partition"], "file_id": g["file_id"], "path": w["path"],
-                       "base_rows": w["num_rows"], "size": w["size"], "compacted_logs": g["logs"]})
+        groups.append(FileGroupChange(partition=g["partition"], file_id=g["file_id"], path=w["path"],
+                                      base_rows=w["num_rows"], size=w["size"], compacted_logs=tuple(g["logs"])))
     by_bucket = {int(w["bucket"]): w for w in index_written or []}
     added, removed = [], []
     for b in plan.get("index_buckets", []):
         w = by_bucket.get(int(b["bucket"]))
         if w is None:
             raise RuntimeError(f"compaction {instant} wrote no index base for bucket {b['bucket']}")
-        added.append({"bucket": int(b["bucket"]), "path": w["path"], "entries": int(w["entries"]),
-                      "size": int(w["size"]), "kind": "base", "sealed": bool(w.get("sealed"))})
+        added.append(IndexFileChange(bucket=int(b["bucket"]), path=w["path"], entries=int(w["entries"]),
+                                     size=int(w["size"]), kind="base", sealed=bool(w.get("sealed"))))
         removed += b["files"]
-    return {
-        "action": Action.COMPACTION,
-        "instant": instant,
-        "operation": plan.get("operation") or "compaction",
-        "file_groups": groups,
-        "index": {"added": added, "removed": removed},
-        "counts": {"file_groups": len(groups),
-                   "logs_folded": sum(len(g["logs"]) for g in plan.get("file_groups", [])),
-                   "rows": sum(int(w["num_rows"]) for w in written),
-                   "index_buckets": len(added),
-                   "index_deltas_folded": sum(int(b["deltas"]) for b in plan.get("index_buckets", [])),
-                   "index_entries": sum(a["entries"] for a in added),
-                   "index_bases_sealed": sum(1 for a in added if a["sealed"])},
-    }
+    return Written(
+        operation=plan.get("operation") or "compaction", file_groups=tuple(groups), index_added=tuple(added),
+        index_removed=tuple(removed),
+        counts={"file_groups": len(groups),
+                "logs_folded": sum(len(g["logs"]) for g in plan.get("file_groups", [])),
+                "rows": sum(int(w["num_rows"]) for w in written),
+                "index_buckets": len(added),
+                "index_deltas_folded": sum(int(b["deltas"]) for b in plan.get("index_buckets", [])),
+                "index_entries": sum(int(a.entries or 0) for a in added),
+                "index_bases_sealed": sum(1 for a in added if a.sealed)},
+    )
 
 
 # -- execution: the rules every engine follows ---------------------------------------------
@@ -408,8 +406,8 @@ def plan_index_base_cap(plan: dict[str, Any]) -> int:
 
 
 def execute_plan(table: "Table", txn: "Transaction", write: Write, choice: "EngineChoice | None" = None
-                 ) -> dict[str, Any]:
-    """Execute the resumed plan ``txn`` with an engine's ``write``; returns the commit's metadata.
+                 ) -> Written:
+    """Execute the resumed plan ``txn`` with an engine's ``write``; returns what it wrote.
 
     A retried task (Spark) may have written a group's or bucket's base twice: one file per
     group and bucket is kept, the last by path (the commit's marker cleanup deletes the other).
@@ -427,13 +425,11 @@ def execute_plan(table: "Table", txn: "Transaction", write: Write, choice: "Engi
                  plural(len(index_one), "index bucket"),
                  plural(sum(int(b["deltas"]) for b in txn.plan.get("index_buckets", [])), "delta"),
                  sum(1 for w in index_one.values() if w["sealed"]))
-    meta = compaction_metadata(txn.ts, txn.plan, list(one.values()), list(index_one.values()))
-    if choice is not None:
-        meta["engine"] = choice.as_metadata()
-    meta["timings_ms"] = {"compact_ms": int((time.perf_counter() - t0) * 1000)}
-    log.info("compaction %s done in %d ms%s", txn.ts, meta["timings_ms"]["compact_ms"],
-             f" on {choice.engine}" if choice is not None else "")
-    return meta
+    ms = int((time.perf_counter() - t0) * 1000)
+    log.info("compaction %s done in %d ms%s", txn.ts, ms, f" on {choice.engine}" if choice is not None else "")
+    return compaction_metadata(txn.ts, txn.plan, list(one.values()), list(index_one.values())).replace(
+        engine=EngineInfo.from_json(choice.as_metadata()) if choice is not None else None,
+        timings_ms={"compact_ms": ms})
 
 
 def run(uri: str, pick: Pick, *, policy: CompactionPolicy | None = None, schedule_only: bool = False,
@@ -461,7 +457,7 @@ def run(uri: str, pick: Pick, *, policy: CompactionPolicy | None = None, schedul
     if instant is not None:
         _refuse_rebuild(table, instant)
 
-    def work(txn: "Transaction") -> dict[str, Any]:
+    def work(txn: "Transaction") -> Written:
         write, choice = pick(table, txn.plan)
         if choice is not None:
             engines[txn.ts] = choice.as_metadata()
@@ -571,7 +567,7 @@ def run_rebuild(uri: str, write: Write, *, buckets: Sequence[int] | None = None,
     if wrong:
         raise BadInputError(f"--bucket {wrong[0]}: {table.uri} has {plural(nb, 'index bucket')} (0 to {nb - 1})")
 
-    def work(txn: "Transaction") -> dict[str, Any]:
+    def work(txn: "Transaction") -> Written:
         return execute_plan(table, txn, write, choice)
 
     # a rebuild killed before it completed: finish it first (its plan holds its buckets)

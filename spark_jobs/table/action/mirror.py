@@ -24,6 +24,7 @@ from spark_jobs.exceptions import BadInputError
 from spark_jobs.table import delta
 from spark_jobs.table.action.options import POSITIONAL, SWITCH, VerbOptions, check_choice, option
 from spark_jobs.table.action.transaction import Transaction
+from spark_jobs.table.commit import NO_ROWS_CHANGED, Written
 from spark_jobs.table.config import MIRRORS
 from spark_jobs.table.timeline import Action
 from spark_jobs.table.view import FileSystemView
@@ -73,21 +74,14 @@ def enable_mirror(table_uri: str, mirror: str, *, max_retries: int = 3,
                             f"(create one with `bucketindex upsert ... --mirror {mirror}`)")
     instant = None
     if mirror not in delta.mirrors(table, view.properties):
-        repaired = table.rollback(timeout_s=heartbeat_timeout_s)  # abandoned instants only
-        if repaired:
-            log.info("rolled back abandoned instants %s", ", ".join(repaired))
-            view = table.view()
         index_type = table.config.index_type
-        txn = Transaction(table, Action.COMMIT, {"operation": OPERATION}, view=view)
+        txn = Transaction(table, Action.COMMIT, {"operation": OPERATION}, view=view, repair=True,
+                          heartbeat_timeout_s=heartbeat_timeout_s)
 
-        def attempt(view: FileSystemView, retries: list[dict[str, Any]]) -> dict[str, Any]:
+        def attempt(view: FileSystemView, retries: list[dict[str, Any]]) -> Written:
             listed = sorted({*(view.properties.get("mirrors") or ()), mirror})
-            return {
-                "action": Action.COMMIT, "instant": txn.ts, "operation": OPERATION, "index_type": index_type,
-                "properties": {"mirrors": listed}, "snapshot_seq": view.seq, "file_groups": [],
-                "index": {"added": [], "removed": []},
-                "counts": {"inserted": 0, "updated": 0, "deleted": 0, "moved": 0}, "conflicts": list(retries),
-            }
+            return Written(operation=OPERATION, index_type=index_type, properties={"mirrors": listed},
+                           file_groups=(), index_added=(), index_removed=(), counts=NO_ROWS_CHANGED)
 
         txn.run(attempt, max_retries=max_retries, what="mirror --enable")
         instant = txn.ts

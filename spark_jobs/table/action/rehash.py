@@ -27,11 +27,14 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
-from spark_jobs.exceptions import BadInputError, ConflictError
+from spark_jobs.exceptions import BadInputError
 from spark_jobs.io.storage import redact_uri
 from spark_jobs.table.action.engine import EngineChoice
 from spark_jobs.table.action.options import POSITIONAL, VerbOptions, check_engine, check_heartbeat_timeout, option
-from spark_jobs.table.action.transaction import Transaction
+from spark_jobs.table.action.rollback import is_writer_alive
+from spark_jobs.table.action.service import pending_plans, rehash_after
+from spark_jobs.table.action.transaction import Transaction, repair_abandoned
+from spark_jobs.table.commit import EngineInfo, FileGroupChange, IndexFileChange, Written
 from spark_jobs.table.config import INDEX_BUCKET, INDEX_RECORD, MAX_NUM_BUCKETS
 from spark_jobs.table.faults import maybe_crash
 from spark_jobs.table.table import Table
@@ -39,7 +42,8 @@ from spark_jobs.table.timeline import Action
 from spark_jobs.table.view import FileSystemView
 from spark_jobs.text import plural
 
-__all__ = ["RehashOptions", 
+__all__ = [
+    "RehashOptions",
     "MAX_NUM_BUCKETS",
     "RehashPlan",
     "check_rehash",
@@ -123,8 +127,6 @@ def check_rehash(table: Table, view: FileSystemView, num_buckets: int, *,
     is neither a multiple nor a divisor of the count in force, a count out of range, or a
     rehash already running (a live writer; an abandoned one is rolled back by the next run).
     """
-    from spark_jobs.table.action.rollback import is_writer_alive
-
     cfg = table.config
     assert cfg is not None
     if cfg.index_type not in (INDEX_RECORD, INDEX_BUCKET):
@@ -208,45 +210,41 @@ def index_merge_tasks(plan: RehashPlan, view: FileSystemView) -> list[dict[str, 
 
 def rehash_metadata(instant: str, plan: RehashPlan, view: FileSystemView, *,
                     written_groups: list[dict[str, Any]] | None = None,
-                    written_index: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The completed rehash's metadata: the new layout's files, and the old layout's they replace.
+                    written_index: list[dict[str, Any]] | None = None) -> Written:
+    """What the rehash ``instant`` wrote on ``view``, for its commit: the new layout's files, and
+    the old layout's they replace (:func:`run` reports it to the transaction, which
+    adds the instant and the snapshot; ``instant`` is not recorded from here).
 
     ``written_groups``: ``{"part", "fid", "path", "num_rows", "size"}`` per new file group
     (bucket index). ``written_index``: ``{"bucket", "path", "entries", "size"}`` per new
     index base (record index). Old file groups not rewritten under the same id are removed;
     every old index file is removed.
     """
-    groups: list[dict[str, Any]] = []
+    groups: list[FileGroupChange] = []
     new_keys = set()
     for w in sorted(written_groups or [], key=lambda w: (w["part"], w["fid"])):
         new_keys.add((w["part"], w["fid"]))
-        groups.append({"partition": w["part"], "file_id": w["fid"], "path": w["path"],
-                       "num_rows": int(w["num_rows"]), "size": int(w["size"])})
-    removed_groups = [{"partition": p, "file_id": f, "path": None, "removed": True}
+        groups.append(FileGroupChange(partition=w["part"], file_id=w["fid"], path=w["path"],
+                                      num_rows=int(w["num_rows"]), size=int(w["size"])))
+    removed_groups = [FileGroupChange(partition=p, file_id=f, path=None, removed=True)
                       for (p, f) in sorted(view.file_groups) if (p, f) not in new_keys]
     if plan.index_type == INDEX_RECORD:
         removed_groups = []  # the record index leaves the data alone
         groups = []
-    added = [{"bucket": int(w["bucket"]), "path": w["path"], "entries": int(w["entries"]),
-              "size": int(w["size"]), "kind": "base", "sealed": False}
+    added = [IndexFileChange(bucket=int(w["bucket"]), path=w["path"], entries=int(w["entries"]),
+                             size=int(w["size"]), kind="base", sealed=False)
              for w in sorted(written_index or [], key=lambda w: int(w["bucket"]))]
     removed_index = sorted(f for files in view.index_files.values() for f in files) if plan.index_type == INDEX_RECORD else []
     counts = {"num_buckets": plan.new, "previous_num_buckets": plan.old,
-              "rows": sum(g["num_rows"] for g in groups) if plan.index_type == INDEX_BUCKET else view.num_rows,
+              "rows": sum(int(g.num_rows or 0) for g in groups) if plan.index_type == INDEX_BUCKET else view.num_rows,
               "file_groups_read": len(view.file_groups) if plan.index_type == INDEX_BUCKET else 0,
               "file_groups_written": len(groups),
-              "index_buckets": len(added), "index_entries": sum(a["entries"] for a in added),
+              "index_buckets": len(added), "index_entries": sum(int(a.entries or 0) for a in added),
               "index_files_replaced": len(removed_index)}
-    return {
-        "action": Action.REHASH,
-        "instant": instant,
-        "operation": "rehash",
-        **plan.to_json(),
-        "file_groups": removed_groups + groups,  # removals first: a new group may reuse no old id
-        "index": {"added": added, "removed": removed_index},
-        "snapshot_seq": view.seq,
-        "counts": counts,
-    }
+    return Written(
+        operation="rehash", index_type=plan.index_type, num_buckets=plan.new, previous_num_buckets=plan.old,
+        file_groups=(*removed_groups, *groups),  # removals first: a new group may reuse no old id
+        index_added=tuple(added), index_removed=tuple(removed_index), counts=counts)
 
 
 def cancel_stale_plans(table: Table) -> list[str]:
@@ -257,8 +255,6 @@ def cancel_stale_plans(table: Table) -> list[str]:
     ``compact`` and hold clean back. Called after a rehash's commit point, and again by the
     executor of such a plan, so a crash in between loses nothing.
     """
-    from spark_jobs.table.action.service import pending_plans
-
     table.timeline.reload()
     cancelled = []
     for action in Action.SERVICES:
@@ -271,12 +267,6 @@ def cancel_stale_plans(table: Table) -> list[str]:
             table.rollback(inst.timestamp, force=True)
             cancelled.append(inst.timestamp)
     return cancelled
-
-
-def rehash_after(table: Table, seq: int) -> dict[str, Any] | None:
-    """The first completed rehash entry after sequence entry ``seq``, or None."""
-    tl = table.timeline
-    return next((e for e in tl.entries_after(seq) if e["action"] == Action.REHASH), None)
 
 
 # -- execution: the rules every engine follows ---------------------------------------------
@@ -331,7 +321,7 @@ def check_split(written: list[dict[str, Any]]) -> None:
 
 
 def _write(engine: RehashEngine, table: Table, instant: str, plan: RehashPlan,
-           view: FileSystemView) -> dict[str, Any]:
+           view: FileSystemView) -> Written:
     """One attempt's files by ``engine``, as the commit's metadata."""
     if plan.index_type == INDEX_BUCKET:
         todo = bucket_tasks(plan, view)
@@ -369,13 +359,12 @@ def run(uri: str, num_buckets: int, pick: Pick, *, heartbeat_timeout_s: float | 
     plan = check_rehash(table, view, num_buckets, heartbeat_timeout_s=heartbeat_timeout_s)
     # abandoned instants (a killed rehash) are rolled back, and leftovers of one killed after
     # its commit point cleaned, as every writer does -- also when there is nothing else to do
-    repaired = table.rollback(timeout_s=heartbeat_timeout_s)
+    repaired = repair_abandoned(table, timeout_s=heartbeat_timeout_s)
     if plan is None:
         log.info("%s already has %s: nothing to do", redact_uri(uri), plural(num_buckets, "bucket"))
         return {"instant": None, "noop": True, "num_buckets": int(num_buckets),
                 "previous_num_buckets": int(num_buckets)}
     if repaired:
-        log.info("rolled back abandoned instants %s", ", ".join(repaired))
         view = table.view()
         plan = check_rehash(table, view, num_buckets, heartbeat_timeout_s=heartbeat_timeout_s)
         assert plan is not None
@@ -385,24 +374,20 @@ def run(uri: str, num_buckets: int, pick: Pick, *, heartbeat_timeout_s: float | 
              plan.old, plural(plan.new, "bucket"), "split" if plan.split else "merge", plan.factor,
              plural(view.num_rows, "row"), plural(len(view.file_groups), "file group"))
 
-    def attempt(view: FileSystemView, retries: list[dict[str, Any]]) -> dict[str, Any]:
+    def attempt(view: FileSystemView, retries: list[dict[str, Any]]) -> Written:
         t0 = time.perf_counter()
-        meta = _write(engine, table, txn.ts, plan, view)
-        meta["engine"] = choice.as_metadata()
-        meta["timings_ms"] = {"rehash_ms": int((time.perf_counter() - t0) * 1000),
-                              "total_ms": int((time.perf_counter() - started) * 1000)}
+        written = _write(engine, table, txn.ts, plan, view).replace(
+            engine=EngineInfo.from_json(choice.as_metadata()),
+            timings_ms={"rehash_ms": int((time.perf_counter() - t0) * 1000),
+                        "total_ms": int((time.perf_counter() - started) * 1000)})
         maybe_crash("before_complete")
-        return meta
+        return written
 
     # the commit: a rehash rewrites what it read, so a write completed meanwhile always
     # conflicts, and the plan (checked on the old snapshot) is not remade here -- the caller runs it again
-    try:
-        meta = txn.run(attempt, max_retries=0, what="the rehash").metadata
-    except ConflictError:
-        if not txn.conflicts:  # not the commit's conflict
-            raise
-        raise ConflictError(f"conflict: {txn.conflicts[-1]}; the rehash was not committed and the table keeps "
-                            f"{plan.old} buckets; run it again") from None
+    meta = txn.run(attempt, max_retries=0, what="the rehash",
+                   give_up=f"the rehash was not committed and the table keeps {plan.old} buckets; run it again"
+                   ).metadata
     cancelled = cancel_stale_plans(table)
     log.info("rehash %s committed on %s: %s in force (%d ms)%s", txn.ts, choice.engine, plural(plan.new, "bucket"),
              meta["timings_ms"]["rehash_ms"], f"; cancelled compaction plans {', '.join(cancelled)}" if cancelled else "")

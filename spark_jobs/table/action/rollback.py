@@ -170,10 +170,11 @@ def _decide_and_clean(table: "Table", rb: Instant, plan: dict[str, Any]) -> bool
             if not tl.is_completed(rb.timestamp):
                 tl.delete_pending(rb)
             break
-        meta = {"action": Action.ROLLBACK, "instant": rb.timestamp, "rolled_back": target,
-                "target_action": plan["target_action"], "deleted_files": plan["files"]}
+        # the decision: its own protocol (no Transaction), with typed metadata as every commit's
+        meta = CommitMetadata(action=Action.ROLLBACK, instant=rb.timestamp, rolled_back=target,
+                              target_action=plan["target_action"], deleted_files=tuple(plan["files"]))
         try:
-            claimed = tl.append(rb, meta, seq=tl.last_seq + 1).seq
+            claimed = tl.append(rb, meta.to_json(), seq=tl.last_seq + 1).seq
             break
         except SequenceTakenError:
             continue

@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from spark_jobs.exceptions import BadInputError, ConflictError, InstantRolledBackError, WriterAliveError
-from spark_jobs.table.action.transaction import Transaction
+from spark_jobs.table.action.rollback import is_writer_alive
+from spark_jobs.table.action.transaction import Transaction, reserve
+from spark_jobs.table.commit import Written
 from spark_jobs.table.heartbeat import owner_info
 from spark_jobs.table.timeline import Action, Instant, InstantConflictError, State
 from spark_jobs.table.faults import maybe_crash
@@ -31,28 +33,20 @@ from spark_jobs.table.faults import maybe_crash
 if TYPE_CHECKING:
     from spark_jobs.table.table import Table
 
-__all__ = ["schedule", "pending_plans", "execute", "execute_waiting", "Executed"]
+__all__ = ["schedule", "pending_plans", "execute", "execute_waiting", "Executed", "rehash_after"]
 
 log = logging.getLogger("bucketindex.service")
 
-MAX_INSTANT_ATTEMPTS = 20
-
 
 def schedule(table: "Table", action: str, plan: dict[str, Any]) -> Instant:
-    """Write ``plan`` as a requested ``action`` instant; returns it."""
+    """Write ``plan`` as a requested ``action`` instant (reserved as every instant is:
+    :func:`~.transaction.reserve`); returns it."""
     assert action in Action.SERVICES, action
-    tl = table.timeline
     maybe_crash("schedule_after_plan")
-    for _ in range(MAX_INSTANT_ATTEMPTS):
-        ts = tl.new_instant_time()
-        try:
-            inst = tl.create_requested(action, {**plan, "scheduled_by": owner_info()}, timestamp=ts)
-            log.info("scheduled %s %s", action, ts)
-            maybe_crash("schedule_after_requested")
-            return inst
-        except InstantConflictError:
-            continue
-    raise ConflictError(f"could not reserve an instant time in {MAX_INSTANT_ATTEMPTS} tries; try again")
+    inst = reserve(table, action, {**plan, "scheduled_by": owner_info()})
+    log.info("scheduled %s %s", action, inst.timestamp)
+    maybe_crash("schedule_after_requested")
+    return inst
 
 
 def pending_plans(table: "Table", action: str) -> list[tuple[Instant, dict[str, Any]]]:
@@ -74,17 +68,15 @@ class Executed:
     metadata: dict[str, Any]
 
 
-def execute(table: "Table", instant: str, action: str, run: Callable[[Transaction], dict[str, Any]], *,
+def execute(table: "Table", instant: str, action: str, run: Callable[[Transaction], Written], *,
             heartbeat_timeout_s: float | None = None) -> Executed:
-    """Execute the scheduled plan ``instant``: ``run`` writes the files and returns the metadata.
+    """Execute the scheduled plan ``instant``: ``run`` writes the files and reports them.
 
     BadInputError (exit 2): no such plan, another action's, or cancelled before this run
     (final: a retry cannot help). WriterAliveError (exit 3): an attempt at it is running.
     ConflictError (exit 3): an action completed since it was planned makes it invalid (a
     rehash), or it was cancelled while it ran; a retry then finds it cancelled (exit 2).
     """
-    from spark_jobs.table.action.rollback import is_writer_alive
-
     tl = table.timeline.reload()
     if instant in tl.aborted:  # final: running it again cannot help (a scheduler must not retry it)
         raise BadInputError(f"{action} {instant} was cancelled (rolled back, e.g. by a rehash that changed the "
@@ -106,18 +98,13 @@ def execute(table: "Table", instant: str, action: str, run: Callable[[Transactio
         log.info("%s %s: resuming after a failed or crashed attempt", action, instant)
     txn = Transaction.resume(table, inst)
     try:
-        # a plan is fixed: no retry on a new snapshot can help it
-        metadata = txn.run(lambda view, retries: run(txn), max_retries=0, what=f"{action} {instant}").metadata
+        # a plan is fixed: no retry on a new snapshot can help it; a conflict cancels it (run())
+        metadata = txn.run(lambda view, retries: run(txn), max_retries=0, what=f"{action} {instant}",
+                           give_up=f"{action} {instant} was cancelled, schedule a new one").metadata
     except InstantConflictError:  # a concurrent attempt committed the same plan first (run() aborted ours)
         done = table.timeline.reload().find(instant)
         assert done is not None
         return Executed(instant, True, table.timeline.read_metadata(done))
-    except ConflictError:
-        if not txn.conflicts:  # not the commit's conflict
-            raise
-        table.rollback(instant, force=True)
-        raise ConflictError(f"conflict: {txn.conflicts[-1]}; {action} {instant} was cancelled, schedule a new one") \
-            from None
     except InstantRolledBackError as e:
         # cancelled while it ran (a rehash's commit, a `rollback --force`): its tasks stopped
         # with InstantRolledBackError inside an engine's exception, or the commit found it
@@ -131,8 +118,6 @@ def _cancel_if_rehashed(table: "Table", inst: Instant) -> str | None:
     cancel it instead of running it, and say why (the rehash cancels such plans after its
     commit point; this covers a rehash that crashed right after it). A clean's plan lists
     files no retained snapshot reads, whatever the layout: it stays."""
-    from spark_jobs.table.action.rehash import rehash_after
-
     if inst.action == Action.CLEAN:
         return None
     hit = rehash_after(table, int(table.timeline.read_plan(inst).get("snapshot_seq") or 0))
@@ -143,15 +128,13 @@ def _cancel_if_rehashed(table: "Table", inst: Instant) -> str | None:
             f"bucket count; it was cancelled, schedule a new one")
 
 
-def execute_waiting(table: "Table", action: str, run: Callable[[Transaction], dict[str, Any]], *,
+def execute_waiting(table: "Table", action: str, run: Callable[[Transaction], Written], *,
                     heartbeat_timeout_s: float | None = None,
                     select: Callable[[dict[str, Any]], bool] | None = None) -> list[Executed]:
     """Execute, oldest first, the scheduled ``action`` plans no live process is executing: a
     plan whose scheduler died before reporting it, or whose executor crashed. They hold their
     files back from every new plan until they run, so a service runs them before planning.
     ``select(plan)``: only the plans this caller can execute (default: every one)."""
-    from spark_jobs.table.action.rollback import is_writer_alive
-
     out = []
     for inst, plan in pending_plans(table, action):
         if select is not None and not select(plan):
@@ -170,3 +153,11 @@ def execute_waiting(table: "Table", action: str, run: Callable[[Transaction], di
                  "completed meanwhile" if done.noop else "executed")
         out.append(done)
     return out
+
+
+def rehash_after(table: "Table", seq: int) -> dict[str, Any] | None:
+    """The first completed rehash entry after sequence entry ``seq``, or None: a plan made
+    before it names the old layout's files. Here, not in :mod:`.rehash`, which cancels such
+    plans through this module, so the import goes one way (rehash -> service)."""
+    tl = table.timeline
+    return next((e for e in tl.entries_after(seq) if e["action"] == Action.REHASH), None)

@@ -12,9 +12,13 @@ trace. As pyiceberg's ``Transaction`` and delta-rs's commit builder, it keeps th
 out of the jobs.
 
 :meth:`run` is that loop, the retry policy of every action: the job passes a function that
-writes one attempt on a snapshot and returns its metadata; ``run`` begins, commits, rebases
-and retries on a conflict, gives up (:class:`ConflictError`, exit 3) after ``max_retries``,
-and aborts on any failure. Every way a commit can lose ends retryable.
+writes one attempt on a snapshot and reports what it wrote (:class:`~spark_jobs.table.commit.Written`);
+``run`` rolls back abandoned instants first (``repair=True``), begins, builds the commit's
+:class:`~spark_jobs.table.commit.CommitMetadata` from the report, commits, rebases and retries on a
+conflict, gives up (:class:`ConflictError`, exit 3, one message) after ``max_retries``, and aborts
+on any failure. Every way a commit can lose ends retryable. :func:`reserve` is the one place an
+instant time is reserved, for a write (:meth:`Transaction.begin`) and a table service's plan
+(``service.schedule``) alike.
 """
 
 from __future__ import annotations
@@ -25,12 +29,13 @@ import posixpath
 import time
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from spark_jobs.exceptions import ConflictError, InstantRolledBackError, RetryableError
 from spark_jobs.table.action.checkpoint import maybe_checkpoint
 from spark_jobs.table.action.conflict import Conflict, WriteSet, find_conflict
-from spark_jobs.table.action.rollback import referenced_files
+from spark_jobs.table.action.rollback import referenced_files, rollback
+from spark_jobs.table.commit import CommitMetadata, Written
 from spark_jobs.table.commit import parse as parse_commit
 from spark_jobs.table.delta import after_commit
 from spark_jobs.table.heartbeat import Heartbeat, owner_info
@@ -41,12 +46,43 @@ from spark_jobs.table.faults import maybe_crash
 if TYPE_CHECKING:
     from spark_jobs.table.table import Table
 
-__all__ = ["Transaction", "CommitConflict", "Committed"]
+__all__ = ["Transaction", "CommitConflict", "Committed", "reserve", "repair_abandoned"]
 
 log = logging.getLogger("bucketindex.transaction")
 
 #: how many instant times to try when other writers keep taking the same millisecond
 MAX_INSTANT_ATTEMPTS = 20
+#: actions that record the snapshot their commit was written on (a table service's is in its plan)
+RECORDS_SNAPSHOT = (Action.COMMIT, Action.BOOTSTRAP, Action.REHASH)
+#: actions that write again on a new snapshot after a conflict, and record each retry
+RECORDS_CONFLICTS = (Action.COMMIT, Action.BOOTSTRAP)
+
+
+def reserve(table: "Table", action: str, plan: Mapping[str, Any]) -> Instant:
+    """Write ``plan`` as a new requested ``action`` instant at a fresh instant time.
+
+    Two writers that pick the same millisecond both try to create the same plan file; the
+    loser picks another time and touches nothing of the winner's. RetryableError (exit 3)
+    when ``MAX_INSTANT_ATTEMPTS`` times in a row were taken."""
+    tl = table.timeline
+    for _ in range(MAX_INSTANT_ATTEMPTS):
+        ts = tl.new_instant_time()
+        try:
+            return tl.create_requested(action, dict(plan), timestamp=ts)
+        except InstantConflictError:
+            log.info("instant time %s was taken by another writer; picking another", ts)
+    raise RetryableError(f"could not reserve an instant time in {MAX_INSTANT_ATTEMPTS} tries; try again")
+
+
+def repair_abandoned(table: "Table", *, timeout_s: float | None = None) -> list[str]:
+    """Roll back the instants of writers that died before their commit point (and finish
+    interrupted rollbacks), as every writer does before it writes: their plans would hold
+    clean and compaction back, and their files are garbage. Live writers go on. Returns the
+    instants rolled back."""
+    repaired = rollback(table, timeout_s=timeout_s)
+    if repaired:
+        log.info("rolled back abandoned instants %s", ", ".join(repaired))
+    return repaired
 
 
 class CommitConflict(Exception):
@@ -63,7 +99,7 @@ class Committed:
 
     #: the completed instant; None when a concurrent writer already applied the batch
     instant: Instant | None
-    #: what was committed ({} when already applied)
+    #: what was committed, as written to the timeline ({} when already applied)
     metadata: dict[str, Any]
     #: one per conflict: ``{"attempt": n, "with": ts, "with_action": action, "reason": text}``
     retries: list[dict[str, Any]]
@@ -77,14 +113,21 @@ class Transaction:
     :param view: the snapshot the caller already planned on (validation needs it before
         anything is written); built here when omitted. Every action completed after it is
         checked at commit.
+    :param repair: :meth:`begin` first rolls back abandoned instants (:func:`repair_abandoned`),
+        and takes the snapshot again when it rolled one back: what every writer does before it
+        writes. Off for the bare protocol (tests, a resumed service).
+    :param heartbeat_timeout_s: how long a silent writer counts as alive for that repair.
     """
 
     def __init__(self, table: "Table", action: str, plan: dict[str, Any], *,
-                 view: FileSystemView | None = None) -> None:
+                 view: FileSystemView | None = None, repair: bool = False,
+                 heartbeat_timeout_s: float | None = None) -> None:
         self.table = table
         self.action = action
         self.plan = plan
         self.view = view
+        self.repair = repair
+        self.heartbeat_timeout_s = heartbeat_timeout_s
         self.instant: Instant | None = None
         self.conflicts: list[Conflict] = []
         self._heartbeat: Heartbeat | None = None
@@ -100,19 +143,12 @@ class Transaction:
     # -- protocol --------------------------------------------------------------------
     def begin(self) -> "Transaction":
         tl = self.table.timeline
+        if self.repair and repair_abandoned(self.table, timeout_s=self.heartbeat_timeout_s):
+            self.view = None  # the rollbacks are entries after it: plan on the snapshot after them
         if self.view is None:
             self.view = self.table.view()
-        for _ in range(MAX_INSTANT_ATTEMPTS):
-            ts = tl.new_instant_time()
-            try:
-                # snapshot_seq: archival keeps the entries after it listed, clean keeps its files
-                inst = tl.create_requested(self.action, {**self.plan, "owner": owner_info(),
-                                                         "snapshot_seq": self.view.seq}, timestamp=ts)
-                break
-            except InstantConflictError:
-                log.info("instant time %s was taken by another writer; picking another", ts)
-        else:
-            raise RetryableError(f"could not reserve an instant time in {MAX_INSTANT_ATTEMPTS} tries; try again")
+        # snapshot_seq: archival keeps the entries after it listed, clean keeps its files
+        inst = reserve(self.table, self.action, {**self.plan, "owner": owner_info(), "snapshot_seq": self.view.seq})
         self.instant = inst
         self._heartbeat = Heartbeat(self.table.io, self.table.layout, inst.timestamp).start()
         maybe_crash("after_requested")
@@ -146,13 +182,28 @@ class Transaction:
         self.view = self.table.view()
         return self.view
 
-    def commit(self, metadata: dict[str, Any]) -> Instant:
+    def metadata(self, written: Written, *, batch_id: str | None = None,
+                 retries: list[dict[str, Any]] | None = None) -> CommitMetadata:
+        """The commit's metadata for an attempt's report on the current snapshot: the action,
+        this instant, ``batch_id``, the snapshot (:data:`RECORDS_SNAPSHOT`) and the conflicts
+        retried so far (:data:`RECORDS_CONFLICTS`) with what the action reported."""
+        assert self.instant is not None and self.view is not None, "begin() first"
+        return CommitMetadata.of(
+            written, action=self.action, instant=self.ts, batch_id=batch_id,
+            snapshot_seq=self.view.seq if self.action in RECORDS_SNAPSHOT else None,
+            conflicts=list(retries or []) if self.action in RECORDS_CONFLICTS else None)
+
+    def commit(self, metadata: "CommitMetadata | Mapping[str, Any]") -> Instant:
         """Check concurrent actions and claim the next sequence slot: the commit point.
 
+        ``metadata``: built by :meth:`metadata` (what :meth:`run` commits); a mapping is
+        committed as it is (the bare protocol's tests).
         Raises :class:`CommitConflict` (rebase and retry, or give up) and
         :class:`InstantRolledBackError` (a rollback aborted this instant).
         """
         assert self.instant is not None and self.view is not None, "begin() first"
+        if isinstance(metadata, CommitMetadata):
+            metadata = metadata.to_json()
         mine = WriteSet.of(self.action, metadata)
         tl = self.table.timeline
         checked = self.view.seq
@@ -197,20 +248,25 @@ class Transaction:
         after_commit(self.table, done.seq, properties=properties)
         return done
 
-    def run(self, attempt: Callable[[FileSystemView, list[dict[str, Any]]], dict[str, Any]], *,
-            max_retries: int, batch_id: str | None = None, what: str = "the write") -> Committed:
+    def run(self, attempt: Callable[[FileSystemView, list[dict[str, Any]]], "Written | Mapping[str, Any]"], *,
+            max_retries: int, batch_id: str | None = None, what: str = "the write",
+            give_up: str | None = None) -> Committed:
         """The retry policy: write an attempt, commit it, and on a conflict rebase and write again.
 
         ``attempt(view, retries)`` writes one attempt's files (under this instant's markers)
-        on the snapshot ``view`` and returns the metadata to commit; ``retries`` holds one
-        record per conflict so far (``{"attempt", "with", "with_action", "reason"}``), which
-        it may record itself (as ``"conflicts"``). :meth:`begin` is called first unless the
-        instant exists (a resumed table service).
+        on the snapshot ``view`` and reports them (:class:`Written`); the commit's metadata is
+        :meth:`metadata` of that report (a mapping is committed as it is: the bare protocol's
+        tests). ``retries`` holds one record per conflict so far (``{"attempt", "with",
+        "with_action", "reason"}``). :meth:`begin` is called first unless the instant exists
+        (a resumed table service).
 
         * a conflict with a concurrent commit of the same batch: the instant is aborted and
           the result has ``instant`` None and ``applied_by`` that commit;
         * any other conflict: :meth:`rebase` and try again, up to ``max_retries`` times; then
-          a conflict note for ``show`` (:meth:`record_give_up`) and :class:`ConflictError`;
+          a conflict note for ``show`` (:meth:`record_give_up`) and :class:`ConflictError`:
+          ``conflict: <the conflict>; <give_up>``, by default that it gave up after so many
+          attempts and how to retry. A resumed table-service plan that conflicts can never
+          commit (a plan is fixed): it is cancelled (rolled back) after the abort;
         * any failure (the callback's, the commit's, the give-up): :meth:`abort`, and when
           another process rolled the instant back meanwhile, :class:`InstantRolledBackError`
           in its place. A resumed service keeps its plan (:meth:`abort`).
@@ -219,12 +275,15 @@ class Transaction:
         action in the log and in the message when there is no batch id.
         """
         retries: list[dict[str, Any]] = []
+        gave_up = False
         try:
             if self.instant is None:
                 self.begin()
             while True:
                 assert self.view is not None
-                metadata = attempt(self.view, retries)
+                report = attempt(self.view, retries)
+                metadata = (self.metadata(report, batch_id=batch_id, retries=retries).to_json()
+                            if isinstance(report, Written) else dict(report))
                 try:
                     done = self.commit(metadata)
                 except CommitConflict as c:
@@ -238,11 +297,12 @@ class Transaction:
                                     "with_action": conflict.action, "reason": conflict.reason})
                     if len(retries) > max_retries:
                         self.record_give_up(batch_id, len(retries))
-                        again = "retry with the same batch id" if batch_id is not None else f"run {what} again"
-                        raise ConflictError(
-                            f"conflict: {conflict}; gave up after {len(retries)} attempts (--max-retries "
-                            f"{max_retries}); nothing was written, {again}"
-                        ) from None
+                        gave_up = True
+                        if give_up is None:
+                            again = "retry with the same batch id" if batch_id is not None else f"run {what} again"
+                            give_up = (f"gave up after {len(retries)} attempts (--max-retries {max_retries}); "
+                                       f"nothing was written, {again}")
+                        raise ConflictError(f"conflict: {conflict}; {give_up}") from None
                     log.warning("%s: attempt %d of %s conflicts with %s: %s; writing again on the new snapshot",
                                 self.ts, len(retries), what, conflict.instant, conflict.reason)
                     self.rebase()
@@ -252,6 +312,8 @@ class Transaction:
             rolled_back = self.was_rolled_back()
             ts = self.instant.timestamp if self.instant is not None else None
             self.abort()
+            if gave_up and self.attempt is not None and ts is not None:  # a fixed plan that cannot commit
+                rollback(self.table, ts, force=True)
             if rolled_back and not isinstance(e, InstantRolledBackError):
                 raise InstantRolledBackError(
                     f"conflict: instant {ts} was rolled back by another process while it was writing; "

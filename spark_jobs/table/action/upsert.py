@@ -72,7 +72,7 @@ from spark_jobs.table.action.options import (
     option,
 )
 from spark_jobs.table.action.transaction import Transaction
-from spark_jobs.table.commit import FileGroupChange, LogChange
+from spark_jobs.table.commit import EngineInfo, FileGroupChange, LogChange, Written
 from spark_jobs.table.config import (
     DEFAULT_NUM_BUCKETS,
     EVOLVING_FORMAT_VERSION,
@@ -560,24 +560,22 @@ def _commit(engine: UpsertEngine, opts: UpsertOptions, table: "Table", cfg: Tabl
         cfg = table.create(cfg)
         log.info("created table %s (%s index, %s)", redact_uri(opts.table), cfg.index_type,
                  plural(cfg.num_buckets, "bucket"))
-    repaired = table.rollback(timeout_s=opts.heartbeat_timeout_s)  # abandoned instants only; live writers go on
-    if repaired:
-        log.info("rolled back abandoned instants %s", ", ".join(repaired))
-    if view is None:
-        view = table.view()
     # the source as it may be shown: every reader of the timeline reads the plan (nothing reads the
     # source back from it; a retry or a rerun is given the source again, and the batch id is derived
     # from the source's listing, not from this text)
     plan = {"batch_id": batch_id, "operation": opts.operation, "source": redact_uri(opts.source),
             "index_type": cfg.index_type,
             "num_buckets": table.num_buckets(view)}
-    txn = Transaction(table, opts.action, plan, view=view).begin()
+    # abandoned instants are rolled back first (live writers go on)
+    txn = Transaction(table, opts.action, plan, view=view, repair=True,
+                      heartbeat_timeout_s=opts.heartbeat_timeout_s).begin()
     ts = txn.ts
+    assert txn.view is not None
+    planned_seq = txn.view.seq  # a rollback of this instant can only decide after this position
     log.info("instant %s: upserting %s into %s (snapshot at commit %d)", ts, redact_uri(opts.source),
-             redact_uri(opts.table), view.seq)
-    planned_seq = view.seq  # a rollback of this instant can only decide after this position
+             redact_uri(opts.table), planned_seq)
 
-    def attempt(view: FileSystemView, retries: list[dict[str, Any]]) -> dict[str, Any]:
+    def attempt(view: FileSystemView, retries: list[dict[str, Any]]) -> Written:
         batch = batches[-1]
         if not check_schema(view, batch):
             log.info("instant %s: the table's schema changed since the batch was validated; validating it again", ts)
@@ -598,34 +596,26 @@ def _commit(engine: UpsertEngine, opts: UpsertOptions, table: "Table", cfg: Tabl
                                       instant=ts, phases=phases, planned_seq=planned_seq,
                                       shadow_index=opts.shadow_index, batch_id=batch_id,
                                       number=len(retries) + 1))
-        metadata = {
-            **opts.extra_metadata,
-            "action": opts.action,
-            "instant": ts,
-            "batch_id": batch_id,
-            "operation": opts.operation,
-            "index_type": cfg.index_type,
+        # the engine's report (file groups, index deltas, counts, reads, shadow) in the JSON shape,
+        # and what the caller records beside it (a rewrite bootstrap's summary), parsed as one
+        written = Written.from_json({**opts.extra_metadata, **result})
+        # the batch's size, set here once so both engines report the same figures: rows read
+        # (in-batch duplicates included) and distinct identities after dedupe
+        counts = {**(written.counts or {}), "rows_in_batch": batch.n if batch.rows is None else batch.rows,
+                  "keys_in_batch": batch.n}
+        written = written.replace(
+            operation=opts.operation, index_type=cfg.index_type,
             # only a commit that changes the schema records it (the view keeps the previous one):
             # a writer must not put back the schema a concurrent alter replaced (format.md
             # "Schema evolution"); two commits that both change it conflict (conflict.py)
-            **({"schema": encode_schema(batch.data_schema)}
-               if view.schema is None or not view.schema.equals(batch.data_schema) else {}),
-            "snapshot_seq": view.seq,
-            "conflicts": list(retries),
-            **({"engine": choice.as_metadata()} if choice is not None else {}),
-            **result,
-        }
-        # the batch's size, set here once so both engines report the same figures: rows read
-        # (in-batch duplicates included) and distinct identities after dedupe
-        metadata["counts"] = {**result.get("counts", {}), "rows_in_batch": batch.n if batch.rows is None
-                              else batch.rows, "keys_in_batch": batch.n}
-        metadata["ignored"] = ignored_counts(metadata["counts"], upserts=batch.upserts)
-        session_ms = engine.session_start_ms()
-        if session_ms is not None:  # JVM and session start, apart from the phases
-            metadata["session_start_ms"] = session_ms
+            schema=encode_schema(batch.data_schema)
+            if view.schema is None or not view.schema.equals(batch.data_schema) else None,
+            engine=EngineInfo.from_json(choice.as_metadata()) if choice is not None else written.engine,
+            counts=counts, ignored=ignored_counts(counts, upserts=batch.upserts),
+            # JVM and session start, apart from the phases
+            session_start_ms=engine.session_start_ms())
         maybe_crash("before_complete")
-        metadata["timings_ms"] = {**phases.timings, "total_ms": int((time.perf_counter() - started) * 1000)}
-        return metadata
+        return written.replace(timings_ms={**phases.timings, "total_ms": int((time.perf_counter() - started) * 1000)})
 
     committed = txn.run(attempt, max_retries=opts.max_retries, batch_id=batch_id, what="the upsert")
     if committed.instant is None:  # a concurrent writer applied this batch
