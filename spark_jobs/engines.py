@@ -11,7 +11,7 @@ anything, that it cannot reproduce Spark's rules for this batch (``EngineUnsuppo
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from spark_jobs.exceptions import EngineUnsupportedError
 from spark_jobs.table.action.engine import (
@@ -26,9 +26,12 @@ from spark_jobs.table.action.engine import (
     needs_sizing,
 )
 from spark_jobs.table.action.upsert import UpsertOptions
+
+if TYPE_CHECKING:
+    from spark_jobs.table.action.bootstrap import BootstrapOptions
 from spark_jobs.table.config import INDEX_GLOBAL_SIMPLE, INDEX_RECORD
 
-__all__ = ["upsert", "upsert_footprint", "precheck_upsert"]
+__all__ = ["upsert", "upsert_footprint", "precheck_upsert", "bootstrap"]
 
 log = logging.getLogger("bucketindex.engine")
 
@@ -120,7 +123,7 @@ def upsert(opts: UpsertOptions, *, spark: Callable[[], Any] | None = None,
         from spark_jobs.arrow_engine.upsert import run_upsert as run_arrow
 
         try:
-            return run_arrow(opts, choice=choice)
+            return run_arrow(opts, choice=choice, prepared=prepared)
         except EngineUnsupportedError as e:  # raised before anything is written
             if requested != AUTO:
                 raise EngineUnsupportedError(f"--engine arrow cannot run this batch: {e}; use --engine spark") from e
@@ -134,3 +137,48 @@ def upsert(opts: UpsertOptions, *, spark: Callable[[], Any] | None = None,
     from spark_jobs.jobs.upsert import run_upsert as run_spark
 
     return run_spark(spark(), opts, choice=choice)
+
+
+def bootstrap(opts: "BootstrapOptions", *, spark: Callable[[], Any] | None = None,
+              spark_requested: str | None = None) -> dict[str, Any]:
+    """Bootstrap a table on the engine ``opts.engine`` asks for (default auto): the dataset is
+    sized from its listing (:func:`spark_jobs.table.action.bootstrap.footprint`) after the
+    checks that need no engine, so a bad option or a rerun starts nothing.
+
+    :param spark: makes (or returns) the Spark session, called only when Spark runs
+    :param spark_requested: why Spark is implied (``--master yarn``), if it is
+    """
+    from spark_jobs.table.action import bootstrap as action
+
+    requested = opts.engine or AUTO
+    budget = memory_budget(opts.memory_budget)  # a bad --memory-budget: exit 2 whatever the engine
+    # a fixed choice that cannot hold (--engine arrow with --master) is refused before anything is read
+    if requested != AUTO or spark_requested:
+        choose_engine(requested=requested, needed_bytes=0, spark_requested=spark_requested, budget=budget,
+                      announce=False)
+    prepared = action.prepare(opts)
+    if prepared.noop is not None:
+        return prepared.noop
+    sized = needs_sizing(requested, spark_requested=spark_requested, override=opts.memory_budget)
+    needed = action.footprint(prepared.source, expansion=IN_MEMORY_EXPANSION) if sized else 0
+    choice = choose_engine(requested=requested, needed_bytes=needed, spark_requested=spark_requested,
+                           budget=budget, budget_set=budget_given(opts.memory_budget))
+    if choice.engine == ARROW:
+        from spark_jobs.arrow_engine.bootstrap import run_bootstrap as run_arrow
+
+        try:
+            return run_arrow(opts, choice=choice, prepared=prepared)
+        except EngineUnsupportedError as e:  # raised before anything is written
+            if requested != AUTO:
+                raise EngineUnsupportedError(f"--engine arrow cannot run this bootstrap: {e}; use --engine spark") from e
+            choice = EngineChoice(SPARK, f"the arrow engine cannot run this bootstrap ({e})")
+            log.info("engine: %s (%s)", choice.engine, choice.reason)
+    if spark is None:
+        from spark_jobs.jobs.session import get_spark
+
+        def spark() -> Any:  # the Python API outside spark-submit: a local session
+            return get_spark("local[*]", ui=False)
+
+    from spark_jobs.jobs.bootstrap import run_bootstrap as run_spark
+
+    return run_spark(spark, opts, choice=choice, prepared=prepared)
