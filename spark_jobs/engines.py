@@ -170,7 +170,8 @@ def bootstrap(opts: "BootstrapOptions", *, spark: Callable[[], Any] | None = Non
             return run_arrow(opts, choice=choice, prepared=prepared)
         except EngineUnsupportedError as e:  # raised before anything is written
             if requested != AUTO:
-                raise EngineUnsupportedError(f"--engine arrow cannot run this bootstrap: {e}; use --engine spark") from e
+                raise EngineUnsupportedError(f"--engine arrow cannot run this bootstrap: {e}; "
+                                             f"use --engine spark") from e
             choice = EngineChoice(SPARK, f"the arrow engine cannot run this bootstrap ({e})")
             log.info("engine: %s (%s)", choice.engine, choice.reason)
     if spark is None:

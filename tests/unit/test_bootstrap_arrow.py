@@ -72,8 +72,8 @@ def write_dataset(root: Path, *, flat: bool = False) -> list[dict]:
 
 
 def _comparable(r: dict) -> dict:
-    out = {k: ("NaN" if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items() if not k.startswith("_bi_")}
-    return out
+    return {k: ("NaN" if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()
+            if not k.startswith("_bi_")}
 
 
 def expected(rows: list[dict]) -> dict:

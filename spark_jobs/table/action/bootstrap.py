@@ -333,7 +333,8 @@ def scan_keys(files: Iterable[pa.RecordBatch], *, source_uri: str, paths: list[s
                 need = [c for c in dict.fromkeys([*record_key, *([precombine] if precombine else [])]) if c in stored]
                 data = pf.read(columns=need)
             n = data.num_rows
-            cols = {**_path_values_from(values[fno], schema, path_columns, n), **dict(zip(data.column_names, data.columns))}
+            cols = {**_path_values_from(values[fno], schema, path_columns, n),
+                    **dict(zip(data.column_names, data.columns))}
             arrays = [canonical_keys([cols[k] for k in record_key]), pa.array([fno] * n, pa.int32()),
                       pa.array(range(n), pa.int64()), pa.nulls(n, pa.string())]
             if precombine:
