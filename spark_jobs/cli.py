@@ -322,11 +322,12 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
     bs.add_argument("--partition-field", help="the table's partition field (reference mode: a Hive directory field)")
     bs.add_argument("--precombine-field",
                     help="resolves duplicate keys in the dataset (the highest value wins); without it they are refused")
-    bs.add_argument("--index", choices=("record", "bucket"), default="record", help="index type (default record)")
+    bs.add_argument("--index", choices=("record", "bucket", "global_simple"), default="record",
+                    help="index type (default record)")
     bs.add_argument("--mode", choices=("reference", "rewrite"),
                     help="reference: the dataset's files become the table's first file slices, in place (record "
                          "index only; the default for it); rewrite: every row is written into the table's layout "
-                         "(the default, and the only mode, for the bucket index)")
+                         "(the default, and the only mode, for the bucket and global_simple indexes)")
     bs.add_argument("--num-buckets", type=int, help="index buckets (record) or buckets per partition (bucket)")
     bs.add_argument("--table-type", choices=TABLE_TYPES, help="default copy_on_write")
     bs.add_argument("--batch-id", help="idempotence key (default: derived from SOURCE, so a rerun is a no-op)")
@@ -336,6 +337,7 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
     bs.add_argument("--mirror", choices=("delta",),
                     help="also write a Delta Lake log beside each commit, from the bootstrap on (or turn it on "
                          "later with `bucketindex mirror TABLE --enable delta`)")
+    _add_engine_options(bs)  # auto: arrow when the dataset, decoded, fits the budget
     _add_spark_options(bs)
     mi = sub.add_parser("mirror", help="the Delta Lake projection of each commit: turn it on, or write "
                                        "versions a crash left out",
@@ -784,20 +786,24 @@ def cmd_bootstrap(args: argparse.Namespace, submitted: bool) -> int:
     if args.index == "bucket" and args.mode == "reference":  # fail fast, before a JVM starts
         raise BadInputError("the bucket index needs --mode rewrite: its file groups are hash buckets, "
                             "which the dataset's files are not")
+    if args.index == "global_simple" and args.mode == "reference":
+        raise BadInputError("the global_simple index needs --mode rewrite: --mode reference writes a record index")
     from spark_jobs.io.filesystem import resolve
 
     io, path = resolve(args.source)
     if not io.exists(path):
         raise BadInputError(f"source {args.source} does not exist")
-    from spark_jobs.jobs.bootstrap import BootstrapOptions, run_bootstrap
+    from spark_jobs.engines import bootstrap
+    from spark_jobs.table.action.bootstrap import BootstrapOptions
 
     opts = BootstrapOptions(
         table=args.table, source=args.source, record_key=args.record_key, partition_field=args.partition_field,
         precombine_field=args.precombine_field, index=args.index, mode=args.mode, num_buckets=args.num_buckets,
         table_type=args.table_type, batch_id=args.batch_id, target_file_rows=args.target_file_rows,
-        heartbeat_timeout_s=args.heartbeat_timeout, mirror=args.mirror,
+        heartbeat_timeout_s=args.heartbeat_timeout, mirror=args.mirror, engine=args.engine,
+        memory_budget=args.memory_budget,
     )
-    result = run_bootstrap(lambda: _spark(args, submitted), opts)
+    result = bootstrap(opts, spark=lambda: _spark(args, submitted), spark_requested=_spark_requested(args, submitted))
     print(json.dumps(result, sort_keys=True))
     return 0
 

@@ -32,13 +32,14 @@ from spark_jobs.table.config import INDEX_GLOBAL_SIMPLE, INDEX_RECORD
 
 if TYPE_CHECKING:
     from spark_jobs.io.filesystem import FileIO
+    from spark_jobs.table.action.bootstrap import BootstrapOptions
     from spark_jobs.table.action.compact import CompactOptions
     from spark_jobs.table.action.read import ReadOptions
     from spark_jobs.table.action.rehash import RehashOptions
     from spark_jobs.table.action.shadow_compare import ShadowCompareOptions
     from spark_jobs.table.action.validate import ValidateOptions
 
-__all__ = ["run", "ReadResult", "upsert", "upsert_footprint", "precheck_upsert", "output_path", "VERBS"]
+__all__ = ["run", "ReadResult", "upsert", "upsert_footprint", "precheck_upsert", "output_path", "VERBS", "bootstrap"]
 
 log = logging.getLogger("bucketindex.engine")
 
@@ -130,7 +131,7 @@ def upsert(opts: UpsertOptions, *, spark: Callable[[], Any] | None = None,
         from spark_jobs.arrow_engine.upsert import run_upsert as run_arrow
 
         try:
-            return run_arrow(opts, choice=choice)
+            return run_arrow(opts, choice=choice, prepared=prepared)
         except EngineUnsupportedError as e:  # raised before anything is written
             if requested != AUTO:
                 raise EngineUnsupportedError(f"--engine arrow cannot run this batch: {e}; use --engine spark") from e
@@ -363,6 +364,51 @@ def _rehash(opts: "RehashOptions", spark: Callable[[], Any], spark_requested: st
     return result
 
 
+def bootstrap(opts: "BootstrapOptions", *, spark: Callable[[], Any] | None = None,
+              spark_requested: str | None = None) -> dict[str, Any]:
+    """:func:`run` of ``bootstrap``."""
+    return run("bootstrap", opts, spark=spark, spark_requested=spark_requested)
+
+
+def _bootstrap(opts: "BootstrapOptions", spark: Callable[[], Any], spark_requested: str | None) -> dict[str, Any]:
+    """Bootstrap a table on the engine ``opts.engine`` asks for (default auto): the dataset is
+    sized from its listing (:func:`spark_jobs.table.action.bootstrap.footprint`) after the
+    checks that need no engine, so a bad option or a rerun starts nothing.
+
+    ``spark`` makes (or returns) the Spark session, called only when Spark runs;
+    ``spark_requested``: why Spark is implied (``--master yarn``), if it is.
+    """
+    from spark_jobs.table.action import bootstrap as action
+
+    requested = opts.engine or AUTO
+    budget = memory_budget(opts.memory_budget)  # a bad --memory-budget: exit 2 whatever the engine
+    # a fixed choice that cannot hold (--engine arrow with --master) is refused before anything is read
+    if requested != AUTO or spark_requested:
+        choose_engine(requested=requested, needed_bytes=0, spark_requested=spark_requested, budget=budget,
+                      announce=False)
+    prepared = action.prepare(opts)
+    if prepared.noop is not None:
+        return prepared.noop
+    sized = needs_sizing(requested, spark_requested=spark_requested, override=opts.memory_budget)
+    needed = action.footprint(prepared.source, expansion=IN_MEMORY_EXPANSION) if sized else 0
+    choice = choose_engine(requested=requested, needed_bytes=needed, spark_requested=spark_requested,
+                           budget=budget, budget_set=budget_given(opts.memory_budget))
+    if choice.engine == ARROW:
+        from spark_jobs.arrow_engine.bootstrap import run_bootstrap as run_arrow
+
+        try:
+            return run_arrow(opts, choice=choice, prepared=prepared)
+        except EngineUnsupportedError as e:  # raised before anything is written
+            if requested != AUTO:
+                raise EngineUnsupportedError(f"--engine arrow cannot run this bootstrap: {e}; "
+                                             f"use --engine spark") from e
+            choice = EngineChoice(SPARK, f"the arrow engine cannot run this bootstrap ({e})")
+            log.info("engine: %s (%s)", choice.engine, choice.reason)
+    from spark_jobs.jobs.bootstrap import run_bootstrap as run_spark
+
+    return run_spark(spark, opts, choice=choice, prepared=prepared)
+
+
 #: the verbs with two engines, and how :func:`run` runs each
 VERBS: dict[str, Callable[..., Any]] = {
     "upsert": lambda opts, spark, spark_requested: upsert(opts, spark=spark, spark_requested=spark_requested),
@@ -371,6 +417,7 @@ VERBS: dict[str, Callable[..., Any]] = {
     "shadow-compare": _shadow_compare,
     "compact": _compact,
     "rehash": _rehash,
+    "bootstrap": _bootstrap,
 }
 
 

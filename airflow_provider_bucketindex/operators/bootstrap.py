@@ -7,7 +7,15 @@ from typing import TYPE_CHECKING, Any, Sequence
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_bucketindex.hooks.bucketindex import EXIT_BAD_INPUT, EXIT_RETRYABLE, SparkJobFailed
-from airflow_provider_bucketindex.operators.base import BucketIndexSparkOperator, storage_scoped
+from airflow_provider_bucketindex.operators.base import (
+    ARROW,
+    AUTO,
+    SPARK,
+    BucketIndexEngineMixin,
+    BucketIndexSparkOperator,
+    one_line,
+    storage_scoped,
+)
 from spark_jobs.io.storage import redact_uri
 
 if TYPE_CHECKING:
@@ -24,9 +32,11 @@ BOOTSTRAP_COUNTS = ("rows", "files_referenced", "files_rewritten", "duplicate_ke
 _UNSET = ("", "none", "null")
 
 
-class BootstrapTableOperator(BucketIndexSparkOperator):
+class BootstrapTableOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
     """Make a new table at ``table_uri`` from the Parquet dataset at ``source_uri``
-    (``bucketindex bootstrap TABLE SOURCE --record-key K ...``), with spark-submit.
+    (``bucketindex bootstrap TABLE SOURCE --record-key K ...``): in the task on the in-process
+    Arrow engine when the dataset fits the memory budget (``engine="auto"``, the default; no
+    spark-submit, no JVM), else with spark-submit (``bucketindex bootstrap --engine spark``).
 
     The source is Hive-style (``P=value`` directories) or flat Parquet files. Two modes:
 
@@ -64,6 +74,13 @@ class BootstrapTableOperator(BucketIndexSparkOperator):
         not even start spark-submit).
     :param heartbeat_timeout_s: seconds without a heartbeat after which a pending write
         counts as abandoned; default the CLI's (60).
+    :param engine: ``auto`` (default: the connection's ``engine`` extra, else auto) runs the
+        bootstrap in the task when the dataset, decoded, fits ``memory_budget``
+        (:func:`spark_jobs.table.action.bootstrap.footprint`), and submits it to Spark
+        otherwise -- also when the Arrow engine finds, before writing anything, that it cannot
+        run it; ``spark``: always spark-submit; ``arrow``: always in the task (templated).
+    :param memory_budget: what the in-task engine may hold, e.g. ``"4g"`` (templated; default:
+        the connection's ``memory-budget`` extra, else the machine's).
 
     Connection table defaults (``index``, ``num-buckets``, ``table-type`` extras) do not
     apply: a bootstrap says what it builds, or takes the CLI's defaults.
@@ -97,6 +114,8 @@ class BootstrapTableOperator(BucketIndexSparkOperator):
         "env_vars",
         "storage_conn_id",
         "storage_options",
+        "engine",
+        "memory_budget",
     )
     ui_color = "#e8f0fe"
     emits_table_updates = True
@@ -115,6 +134,8 @@ class BootstrapTableOperator(BucketIndexSparkOperator):
         table_type: str | None = None,
         batch_id: str | None = None,
         heartbeat_timeout_s: float | None = None,
+        engine: str | None = None,
+        memory_budget: str | None = None,
         **kwargs: Any,
     ) -> None:
         self.default_outlets(kwargs)
@@ -130,6 +151,8 @@ class BootstrapTableOperator(BucketIndexSparkOperator):
         self.table_type = table_type
         self.batch_id = batch_id
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.engine = engine
+        self.memory_budget = memory_budget
 
     # -- the command ---------------------------------------------------------------------------
     def build_args(self, batch_id: str) -> list[str]:
@@ -155,7 +178,8 @@ class BootstrapTableOperator(BucketIndexSparkOperator):
         table_type = self._table_type()
         if table_type is not None:
             args += ["--table-type", table_type]
-        args += ["--batch-id", str(batch_id)]
+        # the operator has decided the engine: the submitted job does not decide again
+        args += ["--engine", SPARK, "--batch-id", str(batch_id)]
         if self.heartbeat_timeout_s is not None:
             try:
                 timeout = float(self.heartbeat_timeout_s)
@@ -197,8 +221,10 @@ class BootstrapTableOperator(BucketIndexSparkOperator):
             self.log.info("Rolled back %s left pending by an earlier attempt of bootstrap %s", rolled, batch_id)
 
         self.log.info("Bootstrapping %s from %s (batch %s)", table_uri, source_uri, batch_id)
+        in_task = self._run_in_task(batch_id)
         try:
-            self.submit_job(context, "bootstrap", args)
+            if not in_task:
+                self.submit_job(context, "bootstrap", args)
         except SparkJobFailed as e:
             if e.returncode == EXIT_BAD_INPUT:  # bad input: nothing was written, a retry cannot help
                 raise AirflowFailException(str(e)) from e
@@ -211,12 +237,77 @@ class BootstrapTableOperator(BucketIndexSparkOperator):
 
         done = self._completed(table_uri, batch_id)
         if done is None:
-            raise AirflowException(f"bucketindex bootstrap exited 0 but no bootstrap of {table_uri} carries batch id "
-                                   f"{batch_id}")
+            how = "the bootstrap in the task returned" if in_task else "bucketindex bootstrap exited 0"
+            raise AirflowException(f"{how} but no bootstrap of {table_uri} carries batch id {batch_id}")
         counts = done["counts"]
         self.log.info("Bootstrapped %s at %s (%s mode, %s index): %s", table_uri, done["instant"], done["mode"],
                       done["index_type"], ", ".join(f"{k} {v}" for k, v in counts.items()))
         return self._publish(context, done, noop=False)
+
+    def options(self, batch_id: str, *, memory_budget: str | None = None) -> Any:
+        """The :class:`~spark_jobs.table.action.bootstrap.BootstrapOptions` of the in-task run:
+        the values :meth:`build_args` passes the CLI (checked there first). ``engine`` is
+        ``arrow``: the operator has decided."""
+        from spark_jobs.table.action.bootstrap import BootstrapOptions
+
+        def text(value: Any) -> str | None:
+            return None if value is None or str(value).strip() == "" else str(value).strip()
+
+        return BootstrapOptions(
+            table=str(self.table_uri), source=str(self.source_uri), record_key=self._record_key().split(","),
+            partition_field=text(self.partition_field), precombine_field=text(self.precombine_field),
+            index=str(self.index).strip(), mode=self._mode(), num_buckets=self._num_buckets(),
+            table_type=self._table_type(), batch_id=batch_id,
+            heartbeat_timeout_s=float(self.heartbeat_timeout_s) if self.heartbeat_timeout_s is not None else None,
+            engine=ARROW, memory_budget=memory_budget)
+
+    def _run_in_task(self, batch_id: str) -> bool:
+        """Decide the engine; on ``arrow`` bootstrap in this process and return True. False: the
+        bootstrap goes to Spark (decided so, or ``auto`` and the Arrow engine cannot run it).
+
+        The dataset is listed and checked here (the core's checks, before anything is written),
+        then sized. Not :func:`spark_jobs.engines.bootstrap`: that would start a local Spark
+        session *in the worker* when the Arrow engine cannot run it; the operator submits it
+        instead. Errors map as the CLI's exit statuses do on the Spark path: bad input (2)
+        fails without retries, a conflict (3) is retried, a damaged table (1) is an ordinary
+        failure."""
+        from spark_jobs.exceptions import BadInputError, EngineUnsupportedError, RetryableError, TableCorruptError
+
+        try:
+            requested, budget = self.requested_engine()
+            if requested == SPARK:
+                self.decide_engine("bootstrap", lambda: 0)
+                return False
+            from spark_jobs.arrow_engine.bootstrap import run_bootstrap
+            from spark_jobs.table.action import bootstrap as action
+            from spark_jobs.table.action.engine import IN_MEMORY_EXPANSION
+
+            opts = self.options(batch_id, memory_budget=budget)
+            prepared = action.prepare(opts)
+            requested, choice = self.decide_engine(
+                "bootstrap", lambda: action.footprint(prepared.source, expansion=IN_MEMORY_EXPANSION))
+            if choice.engine != ARROW:
+                return False
+            try:
+                result = run_bootstrap(opts, choice=choice, prepared=prepared)
+            except EngineUnsupportedError as e:
+                if requested != AUTO:  # asked for explicitly: bad input, as the CLI's --engine arrow
+                    raise EngineUnsupportedError(f"engine='arrow' cannot run this bootstrap: {one_line(e)}; "
+                                                 f"use engine='spark'") from e
+                self.log.info("bootstrap: engine spark (engine='auto': the arrow engine cannot run it (%s), "
+                              "nothing was written; submitted to Spark)", one_line(e))
+                return False
+        except BadInputError as e:  # bad input: nothing was written, a retry cannot help
+            raise AirflowFailException(f"bucketindex bootstrap failed: {one_line(e)}") from e
+        except RetryableError as e:  # a conflict: nothing was written
+            raise AirflowException(f"bootstrap {batch_id} of {self.table_uri} met a concurrent writer and wrote "
+                                   f"nothing ({one_line(e)}); the task's retries run it again under the same "
+                                   f"batch id") from e
+        except TableCorruptError as e:  # the CLI's exit status 1
+            raise AirflowException(f"bucketindex bootstrap failed: {one_line(e)}; nothing was committed") from e
+        self.log.info("bootstrap in the task: instant %s, %s ms", result.get("instant"),
+                      (result.get("timings_ms") or {}).get("total_ms", "?"))
+        return True
 
     def _publish(self, context: Context, done: dict[str, Any], *, noop: bool) -> dict[str, Any]:
         table_uri = str(self.table_uri)

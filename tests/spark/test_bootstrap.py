@@ -26,7 +26,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from spark_jobs.cli import main
-from spark_jobs.jobs.bootstrap import BootstrapOptions, run_bootstrap
+from spark_jobs.jobs.bootstrap import BootstrapOptions, run_bootstrap  # the Spark engine
 from spark_jobs.jobs.compact import run_compact
 from spark_jobs.jobs.read import read_table
 from spark_jobs.jobs.rehash import run_rehash
@@ -259,7 +259,7 @@ def test_duplicate_keys_refused_with_counts_and_samples_or_resolved_by_precombin
     rows = _dup_dataset(root)
     before = file_digests(root)
     uri = str(tmp_path / "table")
-    assert main(["bootstrap", uri, str(root), "--record-key", "id"]) == 2
+    assert main(["bootstrap", uri, str(root), "--record-key", "id", "--engine", "spark"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "4 record key(s) (id) appear more than once in the source (8 rows)" in err[0], err
     assert "'k1', 'k2', 'k3', 'k4'" in err[0]
@@ -283,13 +283,14 @@ def test_duplicate_keys_refused_with_counts_and_samples_or_resolved_by_precombin
     (["--record-key", "amount"], "--mode reference needs string or integer record key columns (amount is double)"),
     (["--partition-field", "v"], "--mode reference needs the dataset partitioned by v directories"),
     (["--num-buckets", "0"], "--num-buckets must be at least 1"),
-    (["--index", "global_simple"], "invalid choice"),
+    (["--index", "global_simple", "--mode", "reference"], "the global_simple index needs --mode rewrite"),
+    (["--index", "hash"], "invalid choice"),
 ])
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, capsys, args, message):
     root = tmp_path / "dataset"
     write_batch(root / "region=eu/part-0.parquet", [{"id": "a", "v": 1, "amount": 1.5}])
     uri = str(tmp_path / "table")
-    base = ["bootstrap", uri, str(root), "--record-key", "id"]
+    base = ["bootstrap", uri, str(root), "--record-key", "id", "--engine", "spark"]
     try:
         code = main(base + args)
     except SystemExit as e:  # argparse's own refusal (a choice it does not offer)
@@ -306,7 +307,7 @@ def test_a_table_with_data_is_refused(spark, tmp_path, capsys):
     uri = str(tmp_path / "table")
     run_upsert(spark, UpsertOptions(table=uri, source=str(root / "part-0.parquet"), record_key=["id"]))
     before = tree_digest(Path(uri))
-    assert main(["bootstrap", uri, str(root), "--record-key", "id"]) == 2
+    assert main(["bootstrap", uri, str(root), "--record-key", "id", "--engine", "spark"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "already holds a table with data" in err[0], err
     assert tree_digest(Path(uri)) == before
@@ -328,7 +329,7 @@ def test_killed_bootstrap_leaves_no_table_rows_and_the_next_run_finishes(spark, 
     data = make_dataset(root, 3000, rows_per_file=500)
     uri = str(tmp_path / "table")
     args = ["bootstrap", uri, str(root), "--record-key", "id", "--partition-field", "region", "--mode", mode,
-            *spark_cli_args]
+            "--engine", "spark", *spark_cli_args]
     p = _cli(args, {"BUCKETINDEX_FAULT": point})
     _, err = p.communicate(timeout=300)
     assert p.returncode == -signal.SIGKILL, (p.returncode, err[-2000:])
@@ -373,8 +374,8 @@ def test_reference_bootstrap_losing_a_race_exits_3_with_one_line(spark, tmp_path
     commit conflicts (another bootstrap always does; a commit that rewrote one of its file
     groups does by write sets). Exit 3 (retryable) with one ``conflict:`` line, not a
     traceback, and nothing of the bootstrap is left."""
-    from spark_jobs.jobs import bootstrap as bootstrap_job
     from spark_jobs.table.action import Transaction
+    from spark_jobs.table.action import bootstrap as bootstrap_action
     from spark_jobs.table.action.bootstrap import file_id_of, reference_path
     from spark_jobs.table.timeline import Action
 
@@ -398,8 +399,9 @@ def test_reference_bootstrap_losing_a_race_exits_3_with_one_line(spark, tmp_path
         txn.commit(meta)
         raced.append(txn.ts)
 
-    monkeypatch.setattr(bootstrap_job, "maybe_crash", other_writer_commits)
-    code = main(["bootstrap", uri, str(root), "--record-key", "id", "--mode", "reference"], submitted=True)
+    monkeypatch.setattr(bootstrap_action, "maybe_crash", other_writer_commits)
+    code = main(["bootstrap", uri, str(root), "--record-key", "id", "--mode", "reference", "--engine", "spark"],
+                submitted=True)
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert code == 3, err
     assert len(err) == 1 and err[0].startswith("bucketindex: conflict: "), err

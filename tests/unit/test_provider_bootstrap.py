@@ -121,7 +121,8 @@ def job(monkeypatch):  # type: ignore[no-untyped-def]
 
 def _op(ops, tmp_path, **kw):  # type: ignore[no-untyped-def]
     args = dict(task_id="bootstrap", table_uri=str(tmp_path / "lake" / "events"),
-                source_uri=str(tmp_path / "warehouse" / "events"), record_key="id")
+                source_uri=str(tmp_path / "warehouse" / "events"), record_key="id",
+                engine="spark")  # these tests are of the submitted job (the in-task run: below)
     args.update(kw)
     return ops.BootstrapTableOperator(**args)
 
@@ -148,7 +149,8 @@ def test_template_fields_are_assigned_verbatim_and_init_does_no_work(ops, monkey
     kw = dict(table_uri="{{ params.table }}", source_uri="{{ params.source }}", batch_id="{{ run_id }}",
               mode="{{ params.mode }}", num_buckets="{{ params.n }}", partition_field="{{ params.p }}",
               master="local[2]", conf={"k": "{{ ds }}"}, name="n", env_vars={"E": "1"}, storage_conn_id="{{ params.store }}",
-              storage_options={"region": "{{ params.region }}"})
+              storage_options={"region": "{{ params.region }}"}, engine="{{ params.engine }}",
+              memory_budget="{{ params.budget }}")
     op = ops.BootstrapTableOperator(task_id="b", record_key=["tenant", "id"], conn_id="not_defined_anywhere",
                                     index="{{ not templated }}", **kw)
     assert set(op.template_fields) == set(kw)
@@ -172,7 +174,7 @@ def test_templates_render(ops):  # type: ignore[no-untyped-def]
         "/lake/events", "/warehouse/events", "migration-2025-03-01", "rewrite", "64", "dt")
     assert op.build_args(op.batch_id) == [
         "/lake/events", "/warehouse/events", "--record-key", "id", "--partition-field", "dt", "--index", "record",
-        "--mode", "rewrite", "--num-buckets", "64", "--batch-id", "migration-2025-03-01",
+        "--mode", "rewrite", "--num-buckets", "64", "--engine", "spark", "--batch-id", "migration-2025-03-01",
     ]
 
 
@@ -180,21 +182,22 @@ def test_templates_render(ops):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("kw,expected", [
-    ({}, ["--record-key", "id", "--index", "record", "--batch-id", "b-1"]),
+    ({}, ["--record-key", "id", "--index", "record", "--engine", "spark", "--batch-id", "b-1"]),
     (dict(record_key=["tenant", "id"], partition_field="dt", precombine_field="ts", mode="reference"),
      ["--record-key", "tenant,id", "--partition-field", "dt", "--precombine-field", "ts", "--index", "record",
-      "--mode", "reference", "--batch-id", "b-1"]),
+      "--mode", "reference", "--engine", "spark", "--batch-id", "b-1"]),
     (dict(record_key=" tenant , id ", mode="rewrite", num_buckets=32, table_type="merge_on_read",
           heartbeat_timeout_s=120),
      ["--record-key", "tenant,id", "--index", "record", "--mode", "rewrite", "--num-buckets", "32",
-      "--table-type", "merge_on_read", "--batch-id", "b-1", "--heartbeat-timeout", "120"]),
+      "--table-type", "merge_on_read", "--engine", "spark", "--batch-id", "b-1", "--heartbeat-timeout", "120"]),
     (dict(index="bucket", num_buckets=" 8 ", partition_field="region"),  # rewrite: the CLI's default for bucket
      ["--record-key", "id", "--partition-field", "region", "--index", "bucket", "--num-buckets", "8",
-      "--batch-id", "b-1"]),
+      "--engine", "spark", "--batch-id", "b-1"]),
     (dict(index="bucket", mode="rewrite", table_type="copy_on_write", partition_field="", precombine_field=None),
      ["--record-key", "id", "--index", "bucket", "--mode", "rewrite", "--table-type", "copy_on_write",
-      "--batch-id", "b-1"]),
-    (dict(mode="None", num_buckets=""), ["--record-key", "id", "--index", "record", "--batch-id", "b-1"]),
+      "--engine", "spark", "--batch-id", "b-1"]),
+    (dict(mode="None", num_buckets=""),
+     ["--record-key", "id", "--index", "record", "--engine", "spark", "--batch-id", "b-1"]),
 ])
 def test_exact_spark_submit_command(ops, tmp_path, monkeypatch, kw, expected):  # type: ignore[no-untyped-def]
     monkeypatch.delenv(CONN, raising=False)  # the embedded default: local[*], spark-submit of this venv
@@ -217,7 +220,7 @@ def test_spark_connect_command(ops, tmp_path, monkeypatch):  # type: ignore[no-u
     op = _op(ops, tmp_path, master="sc://spark:15002", mode="reference")
     cmd = op.spark_submit_command("b-1")
     assert cmd[:4] == [packaging.python_for_spark(None), "-m", "spark_jobs.cli", "bootstrap"]
-    assert cmd[-4:] == ["--batch-id", "b-1", "--remote", "sc://spark:15002"]
+    assert cmd[-6:] == ["--engine", "spark", "--batch-id", "b-1", "--remote", "sc://spark:15002"]
 
 
 def test_execute_submits_the_bootstrap_and_returns_the_summary(ops, tmp_path, job):  # type: ignore[no-untyped-def]
@@ -226,7 +229,8 @@ def test_execute_submits_the_bootstrap_and_returns_the_summary(ops, tmp_path, jo
     out = op.execute({"ti": ti})
     table, source = str(tmp_path / "lake" / "events"), str(tmp_path / "warehouse" / "events")
     assert job["calls"] == [("bootstrap", [table, source, "--record-key", "tenant,id", "--partition-field", "dt",
-                                           "--index", "record", "--batch-id", _batch(tmp_path)])]
+                                           "--index", "record", "--engine", "spark",
+                                           "--batch-id", _batch(tmp_path)])]
     instant = Table.load(table).timeline.reload().last_completed([Action.BOOTSTRAP]).timestamp
     assert out == {"table_uri": table, "batch_id": _batch(tmp_path), "instant": instant, "noop": False, "mode": "reference",
                    "index_type": "record", "counts": COUNTS}
@@ -300,7 +304,8 @@ def test_a_retry_rolls_back_what_its_killed_try_left_then_submits(ops, tmp_path,
 
 def test_a_rewrite_reports_the_tables_rows(ops, tmp_path, job):  # type: ignore[no-untyped-def]
     out = _op(ops, tmp_path, index="bucket", num_buckets=4).execute({"ti": FakeTI()})
-    assert job["calls"][0][1][-5:] == ["bucket", "--num-buckets", "4", "--batch-id", _batch(tmp_path)]
+    assert job["calls"][0][1][-7:] == ["bucket", "--num-buckets", "4", "--engine", "spark", "--batch-id",
+                                       _batch(tmp_path)]
     assert (out["mode"], out["index_type"]) == ("rewrite", "bucket")
     assert out["counts"] == {k: v for k, v in COUNTS.items() if k != "rows_dropped"}  # not in a rewrite's metadata
 
@@ -369,3 +374,53 @@ def test_the_module_imports_no_pyspark():  # type: ignore[no-untyped-def]
             "import airflow_provider_bucketindex.operators.bootstrap; print('pyspark' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip().splitlines()[-1:] == ["False"], out.stderr[-2000:]
+
+
+# -- in the task: the Arrow engine, no Spark job ---------------------------------------------------
+
+
+def _dataset(tmp_path):  # type: ignore[no-untyped-def]
+    """A small Hive dataset at the operators' source: users' partition values and keys."""
+    from tests.unit.test_bootstrap_arrow import write_dataset
+
+    return write_dataset(tmp_path / "warehouse" / "events")
+
+
+@pytest.mark.parametrize("mode", ["reference", "rewrite"])
+def test_auto_bootstraps_a_small_dataset_in_the_task(ops, tmp_path, no_spark, monkeypatch, mode):  # type: ignore[no-untyped-def]
+    from spark_jobs.table.reader import read_arrow
+    from tests.unit.test_bootstrap_arrow import expected, snapshot
+
+    monkeypatch.delenv(CONN, raising=False)
+    rows = _dataset(tmp_path)
+    op = _op(ops, tmp_path, engine=None, partition_field="region", precombine_field="ts", mode=mode)
+    out = op.execute({"ti": FakeTI()})
+    table = str(tmp_path / "lake" / "events")
+    assert not out["noop"] and out["mode"] == mode and out["counts"]["rows"] == len(rows) - 4
+    assert snapshot(table) == expected(rows) and read_arrow(table).num_rows == len(rows) - 4
+    t = Table.load(table)
+    meta = t.timeline.read_metadata(t.timeline.completed()[-1])
+    assert meta["engine"]["name"] == "arrow" and "in the Airflow task" in meta["engine"]["reason"]
+    again = op.execute({"ti": FakeTI(try_number=2)})  # a retry: a no-op
+    assert again["noop"] and again["instant"] == out["instant"]
+
+
+def test_auto_submits_a_dataset_over_the_budget(ops, tmp_path, job, monkeypatch):  # type: ignore[no-untyped-def]
+    _dataset(tmp_path)
+    out = _op(ops, tmp_path, engine="auto", memory_budget="1k").execute({"ti": FakeTI()})
+    assert [verb for verb, _ in job["calls"]] == ["bootstrap"] and "--engine" in job["calls"][0][1]
+    assert not out["noop"]
+
+
+def test_engine_arrow_on_what_only_spark_defines_fails_without_retry_or_job(ops, tmp_path, no_spark):  # type: ignore[no-untyped-def]
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+    from airflow.sdk.exceptions import AirflowFailException
+
+    root = tmp_path / "warehouse" / "events"
+    root.mkdir(parents=True)
+    ds.write_dataset(pa.table({"id": [1.5, 1.0e7], "v": [1, 2]}), root, format="parquet")
+    before = tree_digest(tmp_path)
+    with pytest.raises(AirflowFailException, match="engine='arrow' cannot run this bootstrap"):
+        _op(ops, tmp_path, engine="arrow", mode="rewrite").execute({"ti": FakeTI()})
+    assert tree_digest(tmp_path) == before
