@@ -131,7 +131,7 @@ def upsert(opts: UpsertOptions, *, spark: Callable[[], Any] | None = None,
         from spark_jobs.arrow_engine.upsert import run_upsert as run_arrow
 
         try:
-            return run_arrow(opts, choice=choice, prepared=prepared)
+            return run_arrow(opts, choice=choice)
         except EngineUnsupportedError as e:  # raised before anything is written
             if requested != AUTO:
                 raise EngineUnsupportedError(f"--engine arrow cannot run this batch: {e}; use --engine spark") from e
