@@ -47,9 +47,9 @@ from spark_jobs.table.action.upsert import (
     PreparedBatch,
     UpsertOptions,
     check_source_columns,
-    file_group_entry,
     plan_new_file_groups,
 )
+from spark_jobs.table.commit import Written
 from spark_jobs.table.config import INDEX_BUCKET, INDEX_RECORD, TableConfig
 from spark_jobs.table.ordering import older
 from spark_jobs.table.reader import read_slice
@@ -154,7 +154,7 @@ class ArrowUpsertEngine:
                              carried=carried, base_schema=table_schema)
 
     # -- tag, route, write, index ----------------------------------------------------
-    def write(self, attempt: Attempt) -> dict[str, Any]:
+    def write(self, attempt: Attempt) -> Written:
         a = attempt
         cfg, view, table = a.cfg, a.view, a.table
         batch: pa.Table = a.batch.frame.combine_chunks()
@@ -216,8 +216,7 @@ class ArrowUpsertEngine:
                                                instant=a.instant, snapshot_seq=a.planned_seq)
 
             written = _parallel(lambda _, g: delta(g), _groups(entries, ["bucket"]))
-            index_added = [{"bucket": r["bucket"], "path": r["path"], "entries": r["entries"], "size": r["size"],
-                            "kind": "delta"} for w in written for r in w.to_pylist()]
+            index_added = [r for w in written for r in w.to_pylist()]
             a.phases.done("index", plural(len(index_added), "index delta"))
         # rows decided without writing (the action's rule: action.read_set): the merges' and the routing's
         reads = pa.concat_tables([merged.filter(pc.equal(merged.column("kind"), action.READ))
@@ -232,15 +231,10 @@ class ArrowUpsertEngine:
                 _groups(by_bucket, ["bucket"])) for r in w.to_pylist()]
         counts = {k: sum(int(f[k] or 0) for f in files) for k in ("inserted", "updated", "deleted")}
         counts["moved"] = sum(s["moved"] for s in stats.values())
-        return {
-            "file_groups": [file_group_entry(f) for f in files if f["path"] or not f["log"]],
-            "index": {"added": index_added, "removed": []},
-            "counts": counts,
-            "num_buckets": a.num_buckets,
-            **({"shadow": shadow} if shadow is not None else {}),
-            **action.read_set(index_type=cfg.index_type, read_files=read_files,
-                              groups=zip(reads.column("part").to_pylist(), reads.column("fid").to_pylist())),
-        }
+        return action.attempt_written(
+            files=files, index_deltas=index_added, counts=counts, num_buckets=a.num_buckets, shadow=shadow,
+            reads=action.read_set(index_type=cfg.index_type, read_files=read_files,
+                                  groups=zip(reads.column("part").to_pylist(), reads.column("fid").to_pylist())))
 
     def _tag(self, table: Any, cfg: TableConfig, view: FileSystemView, num_buckets: int,
              keys: pa.Array) -> tuple[pa.Array, pa.Array]:

@@ -71,9 +71,9 @@ from spark_jobs.table.action.upsert import (
     UpsertOptions,
     check_shadow_index,
     check_source_columns,
-    file_group_entry,
     plan_new_file_groups,
 )
+from spark_jobs.table.commit import Written
 from spark_jobs.table.config import INDEX_BUCKET, INDEX_RECORD, TableConfig
 from spark_jobs.table.schema import evolve, refuse_kind_changes, text_fixed_columns
 from spark_jobs.table.schema import STORED_TZ, carried_columns, check_batch_columns, refuse_missing_columns
@@ -265,7 +265,7 @@ class SparkUpsertEngine:
         return PreparedBatch(frame=batch, n=n, upserts=upserts, data_schema=data_schema, rows=rows,
                              carried=checks.carried, base_schema=view.schema if view is not None else None)
 
-    def write(self, attempt: Attempt) -> dict[str, Any]:
+    def write(self, attempt: Attempt) -> Written:
         b = attempt.batch
         return _write(self.spark, attempt.table, attempt.cfg, attempt.view, attempt.num_buckets, b.frame, b.n,
                       b.upserts, b.data_schema, attempt.instant, attempt.phases, self.cores,
@@ -549,7 +549,7 @@ LOG_TASK_ROWS = 250_000
 def _write(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystemView, num_buckets: int,
            batch: DataFrame, n: int, upserts: int, data_schema: Any, ts: str, phases: Phases, cores: int,
            *, planned_seq: int, shadow_index: str | None = None, batch_id: str,
-           carried: list[str] | None = None) -> dict[str, Any]:
+           carried: list[str] | None = None) -> Written:
     """Tag, route, merge and index one attempt on ``view``; returns the commit's write set and counts.
     ``carried``: a ``--partial-update`` batch's columns (None: all)."""
     # Each persist below happens inside the settings its plan needs: a cached plan keeps the
@@ -624,8 +624,7 @@ def _write(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystem
             written = entries.groupBy("bucket").applyInArrow(
                 tasks.bind(tasks.write_index_delta, table_uri=table.uri, instant=ts, snapshot_seq=planned_seq), tasks.DELTA_OUTPUT
             ).collect()
-        index_added = [{"bucket": r["bucket"], "path": r["path"], "entries": r["entries"], "size": r["size"],
-                        "kind": "delta"} for r in written]
+        index_added = [r.asDict() for r in written]
         phases.done("index", plural(len(index_added), "index delta"))
     # rows decided without writing (the action's rule: action.read_set): the merges' and the routing's
     reads = merged.filter(F.col("kind") == F.lit(action.READ)).select("key", "part", "fid")
@@ -647,11 +646,6 @@ def _write(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystem
     tagged.unpersist()
     counts = {k: sum(int(f[k] or 0) for f in files) for k in ("inserted", "updated", "deleted")}
     counts["moved"] = sum(s["moved"] for s in stats.values())  # keys entering another partition (at most)
-    return {
-        "file_groups": [file_group_entry(f) for f in files if f["path"] or not f["log"]],
-        "index": {"added": index_added, "removed": []},
-        "counts": counts,
-        "num_buckets": num_buckets,
-        **({"shadow": shadow} if shadow is not None else {}),
-        **action.read_set(index_type=cfg.index_type, groups=read_groups, read_files=read_files),
-    }
+    return action.attempt_written(
+        files=files, index_deltas=index_added, counts=counts, num_buckets=num_buckets, shadow=shadow,
+        reads=action.read_set(index_type=cfg.index_type, groups=read_groups, read_files=read_files))

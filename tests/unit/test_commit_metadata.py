@@ -117,7 +117,8 @@ def test_a_log_entry_keeps_exactly_its_keys():
     assert g.files() == {"region=eu/.f1_x.log.parquet"}
     # the upsert's writer builds it through the type
     assert file_group_entry({"part": "region=eu", "fid": "f1", "row_delta": -3, "log": True,
-                             "path": "region=eu/.f1_x.log.parquet", "num_rows": 5, "size": 900}) == m
+                             "path": "region=eu/.f1_x.log.parquet", "num_rows": 5, "size": 900}) == g
+    assert g.to_json() == m
 
 
 def test_a_removed_group_and_a_plain_base():
@@ -125,7 +126,8 @@ def test_a_removed_group_and_a_plain_base():
     g = FileGroupChange.from_json(removed)
     assert g.removed and g.path is None and g.log is None and g.to_json() == removed
     assert g.files() == set()
-    assert file_group_entry({"part": "", "fid": "0003", "path": None, "num_rows": 0, "size": 0, "log": False}) == removed
+    assert file_group_entry({"part": "", "fid": "0003", "path": None, "num_rows": 0, "size": 0, "log": False}) == g
+    assert g.to_json() == removed
     plain = {"partition": "region=us", "file_id": "f2", "path": "region=us/f2_1_2.parquet", "num_rows": 7,
              "size": 10, "removed": False}
     assert FileGroupChange.from_json(plain).to_json() == plain

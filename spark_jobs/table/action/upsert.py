@@ -53,7 +53,7 @@ import logging
 import time
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
@@ -72,7 +72,7 @@ from spark_jobs.table.action.options import (
     option,
 )
 from spark_jobs.table.action.transaction import Transaction
-from spark_jobs.table.commit import EngineInfo, FileGroupChange, LogChange, Written
+from spark_jobs.table.commit import EngineInfo, FileGroupChange, IndexFileChange, LogChange, ReadSet, Written
 from spark_jobs.table.config import (
     DEFAULT_NUM_BUCKETS,
     EVOLVING_FORMAT_VERSION,
@@ -109,6 +109,7 @@ __all__ = [
     "plan_new_file_groups",
     "new_file_id",
     "file_group_entry",
+    "attempt_written",
     "run",
     "SHADOW_INDEXES",
     "TEE_KINDS",
@@ -312,10 +313,10 @@ class UpsertEngine(Protocol):
         """Read, validate and deduplicate the batch (phases ``validate`` and ``dedupe``);
         BadInputError before anything is written."""
 
-    def write(self, attempt: Attempt) -> dict[str, Any]:
-        """Tag, route, merge and index one attempt; returns the commit's write set and counts:
-        ``file_groups`` (:func:`file_group_entry`), ``index`` ({added, removed}), ``counts``,
-        ``num_buckets`` and, with a tee, ``shadow``."""
+    def write(self, attempt: Attempt) -> Written:
+        """Tag, route, merge and index one attempt; returns the commit's write set and counts
+        (:func:`attempt_written`: file groups, index deltas, counts, bucket count, reads and,
+        with a tee, ``shadow``), typed, so no engine builds commit metadata."""
 
     def release(self, batch: PreparedBatch | None) -> None:
         """Free what :meth:`prepare` holds (a cached DataFrame)."""
@@ -473,15 +474,28 @@ def new_file_id(*, batch_id: str, snapshot_seq: int, partition: str, ordinal: in
     return uuid.uuid5(_FILE_ID_NAMESPACE, f"{batch_id}\x00{snapshot_seq}\x00{partition}\x00{ordinal}").hex
 
 
-def file_group_entry(f: dict[str, Any]) -> dict[str, Any]:
-    """The commit metadata of one merge task's output (format.md §3.3)."""
+def file_group_entry(f: dict[str, Any]) -> FileGroupChange:
+    """The commit's entry of one merge task's output (format.md §3.3)."""
     if f["log"]:
-        change = FileGroupChange(partition=f["part"], file_id=f["fid"], row_delta=f["row_delta"],
-                                 log=LogChange(path=f["path"], num_rows=f["num_rows"], size=f["size"]))
-    else:
-        change = FileGroupChange(partition=f["part"], file_id=f["fid"], path=f["path"], num_rows=f["num_rows"],
-                                 size=f["size"], removed=f["path"] is None)
-    return change.to_json()
+        return FileGroupChange(partition=f["part"], file_id=f["fid"], row_delta=f["row_delta"],
+                               log=LogChange(path=f["path"], num_rows=f["num_rows"], size=f["size"]))
+    return FileGroupChange(partition=f["part"], file_id=f["fid"], path=f["path"], num_rows=f["num_rows"],
+                           size=f["size"], removed=f["path"] is None)
+
+
+def attempt_written(*, files: Iterable[dict[str, Any]], index_deltas: Iterable[dict[str, Any]],
+                    counts: dict[str, int], num_buckets: int, shadow: dict[str, Any] | None,
+                    reads: ReadSet | None) -> Written:
+    """What one attempt of either engine reports (:meth:`UpsertEngine.write`), from its merge
+    tasks' file rows (``tasks._merge_schema``'s ``kind == "file"``), the index deltas it wrote
+    (``tasks.write_index_delta``'s rows), its counts, the bucket count it wrote under, the tee's
+    report and its :func:`read_set`. One builder, so the engines cannot record a write set
+    differently; a file row of a log task that wrote nothing is not a change."""
+    return Written(
+        file_groups=tuple(file_group_entry(f) for f in files if f["path"] or not f["log"]),
+        index_added=tuple(IndexFileChange(bucket=r["bucket"], path=r["path"], entries=r["entries"], size=r["size"],
+                                          kind="delta") for r in index_deltas),
+        index_removed=(), counts=counts, num_buckets=num_buckets, shadow=shadow, reads=reads)
 
 
 #: a merge task's output row of a batch row decided without writing (``tasks._read_rows``)
@@ -489,7 +503,7 @@ READ = "read"
 
 
 def read_set(*, index_type: str, groups: Iterable[tuple[str | None, str | None]],
-             read_files: list[dict[str, Any]]) -> dict[str, Any]:
+             read_files: list[dict[str, Any]]) -> ReadSet | None:
     """The commit's ``reads`` (``commit.ReadSet``) from the rows an attempt decided without
     writing: ``groups`` -- each such row's (partition, file id), (None, None) for a delete of a
     key absent from the snapshot routed to no group; ``read_files`` -- record index: the ``read``
@@ -497,19 +511,16 @@ def read_set(*, index_type: str, groups: Iterable[tuple[str | None, str | None]]
     the finest thing the index type can compare with a concurrent commit's write set: keys
     (record), the file groups a key can only live in (bucket), the groups holding the stored
     rows and whether absent keys were deleted (global_simple, which knows no keys of others).
-    Returns ``{}`` when nothing was decided (``reads`` absent)."""
+    Returns None when nothing was decided (``reads`` absent)."""
     if index_type == INDEX_RECORD:
-        files = [{"bucket": int(f["bucket"]), "path": f["path"], "entries": int(f["entries"]),
-                  "size": int(f["size"]), "kind": READ} for f in sorted(read_files, key=lambda f: int(f["bucket"]))]
-        return {"reads": {"index": files}} if files else {}
+        files = tuple(IndexFileChange(bucket=int(f["bucket"]), path=f["path"], entries=int(f["entries"]),
+                                      size=int(f["size"]), kind=READ)
+                      for f in sorted(read_files, key=lambda f: int(f["bucket"])))
+        return ReadSet(index=files) if files else None
     seen = set(groups)
-    held = sorted((p, f) for p, f in seen if p is not None and f is not None)
-    out: dict[str, Any] = {}
-    if held:
-        out["groups"] = [{"partition": p, "file_id": f} for p, f in held]
-    if index_type == INDEX_GLOBAL_SIMPLE and any(f is None for _, f in seen):
-        out["absent_keys"] = True
-    return {"reads": out} if out else {}
+    held = frozenset((p, f) for p, f in seen if p is not None and f is not None)
+    absent = index_type == INDEX_GLOBAL_SIMPLE and any(f is None for _, f in seen)
+    return ReadSet(groups=held, absent_keys=absent) if held or absent else None
 
 
 def needs_read_files(index_type: str) -> bool:
@@ -592,13 +603,14 @@ def _commit(engine: UpsertEngine, opts: UpsertOptions, table: "Table", cfg: Tabl
             # before any file is written: a release that cannot read them refuses the table instead
             table.require_format(EVOLVING_FORMAT_VERSION, why="a schema change" if evolves else "a partial log")
         num_buckets = table.num_buckets(view)
-        result = engine.write(Attempt(table=table, cfg=cfg, view=view, num_buckets=num_buckets, batch=batch,
+        written = engine.write(Attempt(table=table, cfg=cfg, view=view, num_buckets=num_buckets, batch=batch,
                                       instant=ts, phases=phases, planned_seq=planned_seq,
                                       shadow_index=opts.shadow_index, batch_id=batch_id,
                                       number=len(retries) + 1))
-        # the engine's report (file groups, index deltas, counts, reads, shadow) in the JSON shape,
-        # and what the caller records beside it (a rewrite bootstrap's summary), parsed as one
-        written = Written.from_json({**opts.extra_metadata, **result})
+        # the engine's typed report (file groups, index deltas, counts, reads, shadow), and what
+        # the caller records beside it (a rewrite bootstrap's summary; the engine's fields win)
+        if opts.extra_metadata:
+            written = _beside(Written.from_json(opts.extra_metadata), written)
         # the batch's size, set here once so both engines report the same figures: rows read
         # (in-batch duplicates included) and distinct identities after dedupe
         counts = {**(written.counts or {}), "rows_in_batch": batch.n if batch.rows is None else batch.rows,
@@ -632,6 +644,15 @@ def _commit(engine: UpsertEngine, opts: UpsertOptions, table: "Table", cfg: Tabl
             "engine": engine.name, "timings_ms": {**metadata["timings_ms"], **phases.timings, "total_ms": total},
             "session_start_ms": engine.session_start_ms(),
             **({"shadow": metadata["shadow"]} if "shadow" in metadata else {})}
+
+
+def _beside(base: Written, report: Written) -> Written:
+    """``report`` with ``base``'s fields where the report has none (a caller's summary beside an
+    engine's write set)."""
+    given = {f.name: getattr(report, f.name) for f in fields(Written)
+             if getattr(report, f.name) is not None and f.name != "extra"}
+    extra = {**base.extra, **report.extra}
+    return base.replace(**given, extra=extra)
 
 
 def ignored_counts(counts: dict[str, int], *, upserts: int) -> dict[str, int]:
