@@ -35,6 +35,7 @@ if TYPE_CHECKING:
         WriteResult,
     )
     from spark_jobs.table.action.alter import AlterOptions
+    from spark_jobs.table.action.bootstrap import BootstrapOptions
     from spark_jobs.table.action.clean import CleanOptions
     from spark_jobs.table.action.compact import CompactOptions
     from spark_jobs.table.action.mirror import MirrorOptions
@@ -72,6 +73,7 @@ _EXPORTS = {
     "RollbackOptions": "spark_jobs.table.action.rollback",
     "MirrorOptions": "spark_jobs.table.action.mirror",
     "RehashOptions": "spark_jobs.table.action.rehash",
+    "BootstrapOptions": "spark_jobs.table.action.bootstrap",
     **{name: "spark_jobs.exceptions" for name in (
         "BucketIndexError", "BadInputError", "ConfigConflictError", "TableNotFoundError", "EngineUnsupportedError",
         "MissingDependencyError", "RetryableError", "ConflictError", "WriterAliveError", "StorageUnavailableError",

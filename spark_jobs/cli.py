@@ -779,31 +779,16 @@ def cmd_mirror(args: argparse.Namespace, submitted: bool) -> int:
 
 
 def cmd_bootstrap(args: argparse.Namespace, submitted: bool) -> int:
-    if args.num_buckets is not None and args.num_buckets < 1:
-        raise BadInputError(f"--num-buckets must be at least 1, got {args.num_buckets}")
-    if args.heartbeat_timeout is not None and args.heartbeat_timeout <= 0:
-        raise BadInputError(f"--heartbeat-timeout must be positive, got {args.heartbeat_timeout}")
-    if args.index == "bucket" and args.mode == "reference":  # fail fast, before a JVM starts
-        raise BadInputError("the bucket index needs --mode rewrite: its file groups are hash buckets, "
-                            "which the dataset's files are not")
-    if args.index == "global_simple" and args.mode == "reference":
-        raise BadInputError("the global_simple index needs --mode rewrite: --mode reference writes a record index")
+    from spark_jobs.engines import run
     from spark_jobs.io.filesystem import resolve
-
-    io, path = resolve(args.source)
-    if not io.exists(path):
-        raise BadInputError(f"source {args.source} does not exist")
-    from spark_jobs.engines import bootstrap
     from spark_jobs.table.action.bootstrap import BootstrapOptions
 
-    opts = BootstrapOptions(
-        table=args.table, source=args.source, record_key=args.record_key, partition_field=args.partition_field,
-        precombine_field=args.precombine_field, index=args.index, mode=args.mode, num_buckets=args.num_buckets,
-        table_type=args.table_type, batch_id=args.batch_id, target_file_rows=args.target_file_rows,
-        heartbeat_timeout_s=args.heartbeat_timeout, mirror=args.mirror, engine=args.engine,
-        memory_budget=args.memory_budget,
-    )
-    result = bootstrap(opts, spark=lambda: _spark(args, submitted), spark_requested=_spark_requested(args, submitted))
+    opts = BootstrapOptions.from_args(args)  # bad options: one line, exit 2, before a JVM starts
+    io, path = resolve(opts.source)
+    if not io.exists(path):
+        raise BadInputError(f"source {opts.source} does not exist")
+    result = run("bootstrap", opts, spark=lambda: _spark(args, submitted),
+                 spark_requested=_spark_requested(args, submitted))
     print(json.dumps(result, sort_keys=True))
     return 0
 

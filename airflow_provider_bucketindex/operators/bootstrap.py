@@ -156,7 +156,18 @@ class BootstrapTableOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
 
     # -- the command ---------------------------------------------------------------------------
     def build_args(self, batch_id: str) -> list[str]:
-        """``bucketindex bootstrap`` arguments, checked (AirflowFailException for a bad combination)."""
+        """``bucketindex bootstrap`` arguments, checked (AirflowFailException for a bad combination):
+        :meth:`BootstrapOptions.to_argv` of the job's options, ``--index`` always written and
+        ``--engine spark`` -- the operator has decided the engine: the submitted job does not
+        decide again."""
+        return self._options(batch_id, engine=SPARK).to_argv(given=("index",))
+
+    def _options(self, batch_id: str, *, engine: str, memory_budget: str | None = None) -> Any:
+        """The operator's arguments checked (AirflowFailException, in the operator's words) and
+        made the :class:`~spark_jobs.table.action.bootstrap.BootstrapOptions` the job runs."""
+        from spark_jobs.exceptions import BadInputError
+        from spark_jobs.table.action.bootstrap import BootstrapOptions  # pure Python
+
         index = str(self.index if self.index is not None else "").strip()
         if index not in BOOTSTRAP_INDEXES:
             raise AirflowFailException(f"index must be one of {', '.join(BOOTSTRAP_INDEXES)}, got {self.index!r}")
@@ -165,21 +176,7 @@ class BootstrapTableOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
             raise AirflowFailException("the bucket index needs mode='rewrite' (it places every row in its bucket); "
                                        "mode='reference' keeps the source's files and works with the record index only")
         key = self._record_key()
-        args = [str(self.table_uri), str(self.source_uri), "--record-key", key]
-        for flag, value in (("--partition-field", self.partition_field), ("--precombine-field", self.precombine_field)):
-            if value is not None and str(value).strip():
-                args += [flag, str(value).strip()]
-        args += ["--index", index]
-        if mode is not None:
-            args += ["--mode", mode]
-        count = self._num_buckets()
-        if count is not None:
-            args += ["--num-buckets", str(count)]
-        table_type = self._table_type()
-        if table_type is not None:
-            args += ["--table-type", table_type]
-        # the operator has decided the engine: the submitted job does not decide again
-        args += ["--engine", SPARK, "--batch-id", str(batch_id)]
+        timeout: float | None = None
         if self.heartbeat_timeout_s is not None:
             try:
                 timeout = float(self.heartbeat_timeout_s)
@@ -188,8 +185,20 @@ class BootstrapTableOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
                     f"heartbeat_timeout_s must be a number, got {self.heartbeat_timeout_s!r}") from None
             if not timeout > 0:
                 raise AirflowFailException(f"heartbeat_timeout_s must be positive, got {self.heartbeat_timeout_s!r}")
-            args += ["--heartbeat-timeout", str(self.heartbeat_timeout_s)]
-        return args
+            if timeout.is_integer():  # 120 stays "--heartbeat-timeout 120" on the command line
+                timeout = int(timeout)
+
+        def text(value: Any) -> str | None:
+            return None if value is None or str(value).strip() == "" else str(value).strip()
+
+        try:
+            return BootstrapOptions(
+                table=str(self.table_uri), source=str(self.source_uri), record_key=key.split(","),
+                partition_field=text(self.partition_field), precombine_field=text(self.precombine_field),
+                index=index, mode=mode, num_buckets=self._num_buckets(), table_type=self._table_type(),
+                batch_id=str(batch_id), heartbeat_timeout_s=timeout, engine=engine, memory_budget=memory_budget)
+        except BadInputError as e:  # a check only the options make: no job, no retry
+            raise AirflowFailException(f"bucketindex bootstrap: {one_line(e)}") from e
 
     def spark_submit_command(self, batch_id: str) -> list[str]:
         """The exact spark-submit command ``execute`` runs for ``batch_id`` (templates rendered)."""
@@ -246,20 +255,8 @@ class BootstrapTableOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
 
     def options(self, batch_id: str, *, memory_budget: str | None = None) -> Any:
         """The :class:`~spark_jobs.table.action.bootstrap.BootstrapOptions` of the in-task run:
-        the values :meth:`build_args` passes the CLI (checked there first). ``engine`` is
-        ``arrow``: the operator has decided."""
-        from spark_jobs.table.action.bootstrap import BootstrapOptions
-
-        def text(value: Any) -> str | None:
-            return None if value is None or str(value).strip() == "" else str(value).strip()
-
-        return BootstrapOptions(
-            table=str(self.table_uri), source=str(self.source_uri), record_key=self._record_key().split(","),
-            partition_field=text(self.partition_field), precombine_field=text(self.precombine_field),
-            index=str(self.index).strip(), mode=self._mode(), num_buckets=self._num_buckets(),
-            table_type=self._table_type(), batch_id=batch_id,
-            heartbeat_timeout_s=float(self.heartbeat_timeout_s) if self.heartbeat_timeout_s is not None else None,
-            engine=ARROW, memory_budget=memory_budget)
+        the ones :meth:`build_args` passes the CLI, with ``engine`` ``arrow``: the operator has decided."""
+        return self._options(batch_id, engine=ARROW, memory_budget=memory_budget)
 
     def _run_in_task(self, batch_id: str) -> bool:
         """Decide the engine; on ``arrow`` bootstrap in this process and return True. False: the

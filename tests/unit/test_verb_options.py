@@ -15,10 +15,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import spark_jobs
 from spark_jobs import cli, exceptions
 from spark_jobs.cli import build_parser
 from spark_jobs.exceptions import BadInputError, BucketIndexError
 from spark_jobs.table.action.alter import AlterOptions
+from spark_jobs.table.action.bootstrap import BootstrapOptions
 from spark_jobs.table.action.clean import CleanOptions
 from spark_jobs.table.action.compact import CompactOptions
 from spark_jobs.table.action.mirror import MirrorOptions
@@ -67,6 +69,13 @@ CASES = [
     RehashOptions(table=TABLE, num_buckets=4, heartbeat_timeout_s=5),
     MirrorOptions(table=TABLE, enable="delta"),
     MirrorOptions(table=TABLE, repair=True),
+    BootstrapOptions(table=TABLE, source="/warehouse/ventes été/2026 100%", record_key=["id"]),
+    BootstrapOptions(table=TABLE, source="s3://landing/part %2F é", record_key=["région", "id"],
+                     partition_field="région", precombine_field="mis à jour", index="bucket", mode="rewrite",
+                     num_buckets=8, table_type="merge_on_read", engine="arrow", batch_id="-migration été 1%",
+                     heartbeat_timeout_s=0.25, target_file_rows=5000, mirror="delta", memory_budget="512m"),
+    BootstrapOptions(table=TABLE, source="/warehouse/t", record_key=["id"], index="global_simple", engine="spark",
+                     batch_id="bootstrap-0123456789abcdef", heartbeat_timeout_s=120),
 ]
 
 
@@ -80,9 +89,11 @@ def test_the_cli_parses_back_the_options_to_argv_wrote(opts):
     assert _parse(opts) == opts
 
 
-def test_every_verb_of_the_cli_but_show_and_bootstrap_has_an_options_class_in_the_round_trip():
+def test_every_verb_of_the_cli_but_show_has_an_options_class_in_the_round_trip():
     covered = {type(o).VERB for o in CASES}
-    assert set(cli.COMMANDS) - covered == {"show", "bootstrap"}
+    assert set(cli.COMMANDS) - covered == {"show"}
+    # exported at the package root beside the other verbs' options
+    assert "BootstrapOptions" in spark_jobs.__all__ and spark_jobs.BootstrapOptions is BootstrapOptions
     for cls in {type(o) for o in CASES}:
         params = inspect.signature(cls).parameters.values()
         assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen, cls
@@ -112,6 +123,19 @@ def test_options_at_their_default_are_left_out_and_a_given_one_is_kept():
     (lambda: AlterOptions(table="t", max_retries=-2), "--max-retries must be 0 or more"),
     (lambda: RehashOptions(table="t", num_buckets=0), "--num-buckets must be at least 1"),
     (lambda: MirrorOptions(table="t"), "one of --enable delta and --repair"),
+    (lambda: BootstrapOptions(table="t", source="s", record_key=["id"], num_buckets=0),
+     "--num-buckets must be at least 1, got 0"),
+    (lambda: BootstrapOptions(table="t", source="s", record_key=["id"], heartbeat_timeout_s=-1.0),
+     "--heartbeat-timeout must be positive"),
+    (lambda: BootstrapOptions(table="t", source="s", record_key=["id"], index="bucket", mode="reference"),
+     "the bucket index needs --mode rewrite"),
+    (lambda: BootstrapOptions(table="t", source="s", record_key=["id"], index="global_simple", mode="reference"),
+     "the global_simple index needs --mode rewrite"),
+    (lambda: BootstrapOptions(table="t", source="s", record_key=["id"], index="btree"), "--index must be one of"),
+    (lambda: BootstrapOptions(table="t", source="s", record_key=["id"], mode="copy"), "--mode must be one of"),
+    (lambda: BootstrapOptions(table="t", source="s", record_key=[]), "--record-key must name at least one field"),
+    (lambda: BootstrapOptions(table="t", source="s", record_key=["a.b"]), "record key field name 'a.b'"),
+    (lambda: BootstrapOptions(table="t", source="s", record_key=["id"], engine="turbo"), "--engine must be one of"),
 ])
 def test_options_are_validated_once_when_made_with_one_line(make, line):
     with pytest.raises(BadInputError, match=line) as info:
@@ -149,6 +173,33 @@ def test_the_operator_submits_the_options_it_would_run_in_the_task(tmp_path):
         ["upsert", *op.build_args("b-1", table_exists=False)]))
     assert submitted == dataclasses.replace(in_task, engine="spark")
     assert "--source-format" in op.build_args("b-1", table_exists=False)  # given: written even at its default
+
+
+def test_the_bootstrap_operator_submits_the_options_it_would_run_in_the_task(tmp_path):
+    from airflow_provider_bucketindex.demo import sandbox
+
+    sandbox.isolate_before_import()
+    from airflow_provider_bucketindex.operators import BootstrapTableOperator
+
+    op = BootstrapTableOperator(task_id="b", table_uri=str(tmp_path / "t é 1%"), source_uri="s3://landing/v é %2F",
+                                record_key=" région , id ", partition_field="région", precombine_field="mis à jour",
+                                index="bucket", num_buckets=" 8 ", table_type="merge_on_read",
+                                heartbeat_timeout_s=2.5)
+    in_task = op.options("-rerun été")
+    submitted = BootstrapOptions.from_args(build_parser().parse_args(["bootstrap", *op.build_args("-rerun été")]))
+    assert submitted == dataclasses.replace(in_task, engine="spark")
+    assert submitted.record_key == ["région", "id"] and submitted.heartbeat_timeout_s == 2.5
+
+
+def test_the_cli_refuses_bad_bootstrap_options_before_looking_at_the_source(tmp_path, capsys):
+    """The options' checks come first: one line, exit 2, nothing created -- not "source does
+    not exist", and no table directory."""
+    table = tmp_path / "lake" / "t é"
+    status = cli.main(["bootstrap", str(table), str(tmp_path / "absent"), "--record-key", " , ",
+                       "--engine", "arrow"])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and "--record-key must name at least one field" in err and "\n" not in err
+    assert not (tmp_path / "lake").exists()
 
 
 # -- exit codes live on the exception classes ------------------------------------------------------

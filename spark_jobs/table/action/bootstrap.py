@@ -41,6 +41,15 @@ import pyarrow.parquet as pq
 from spark_jobs.exceptions import BadInputError
 from spark_jobs.io.filesystem import resolve
 from spark_jobs.io.storage import redact_uri
+from spark_jobs.table.action.options import (
+    CSV,
+    POSITIONAL,
+    VerbOptions,
+    check_choice,
+    check_engine,
+    check_heartbeat_timeout,
+    option,
+)
 from spark_jobs.table.action.transaction import Transaction, repair_abandoned
 from spark_jobs.table.action.upsert import UpsertOptions
 from spark_jobs.table.config import (
@@ -49,7 +58,9 @@ from spark_jobs.table.config import (
     INDEX_BUCKET,
     INDEX_GLOBAL_SIMPLE,
     INDEX_RECORD,
+    MIRRORS,
     REFERENCE_FORMAT_VERSION,
+    TABLE_TYPES,
     TableConfig,
     check_field_names,
 )
@@ -70,7 +81,7 @@ if TYPE_CHECKING:
 
 __all__ = ["MODES", "MODE_REFERENCE", "MODE_REWRITE", "SourceFile", "SourceDataset", "discover",
            "check_bootstrap", "default_mode", "default_batch_id", "reference_path", "file_id_of",
-           "existing_bootstrap", "schema_problem", "BootstrapOptions", "BootstrapEngine", "Prepared", "prepare",
+           "existing_bootstrap", "schema_problem", "BootstrapOptions", "BOOTSTRAP_INDEXES", "refuse_reference", "BootstrapEngine", "Prepared", "prepare",
            "run", "execute", "scan_keys", "check_bucket", "rewrite_files", "read_files", "check_schemas",
            "scan_schema", "CHECK_SCHEMA", "KEY", "rewrite_identity_field", "footprint"]
 
@@ -113,29 +124,65 @@ class SourceDataset:
         return f.values.get(partition_field) if partition_field else None
 
 
-@dataclass
-class BootstrapOptions:
-    """One bootstrap, as the CLI, the operator and the Python API give it."""
+@dataclass(frozen=True, kw_only=True)
+class BootstrapOptions(VerbOptions):
+    """One bootstrap, as the CLI, the operator and the Python API give it, validated once when
+    made (BadInputError: one line, exit 2, before any engine or JVM starts; the checks that need
+    the dataset are :func:`check_bootstrap`'s). :meth:`to_argv` / :meth:`from_args` are the
+    CLI's form (:mod:`.options`): the Airflow operator's spark-submit arguments come from here."""
 
-    table: str
-    source: str
-    record_key: list[str]
-    partition_field: str | None = None
-    precombine_field: str | None = None
-    index: str = INDEX_RECORD
+    VERB = "bootstrap"
+
+    table: str = option(form=POSITIONAL)
+    source: str = option(form=POSITIONAL)
+    record_key: list[str] = option("--record-key", form=CSV)
+    partition_field: str | None = option("--partition-field", default=None)
+    precombine_field: str | None = option("--precombine-field", default=None)
+    index: str = option("--index", default=INDEX_RECORD)
     #: reference | rewrite; default reference for the record index, rewrite for the others
-    mode: str | None = None
-    num_buckets: int | None = None
-    table_type: str | None = None
-    batch_id: str | None = None
-    target_file_rows: int | None = None
-    heartbeat_timeout_s: float | None = None
-    #: ``--mirror delta``: the table's Delta projection from its first commit (format.md §11)
-    mirror: str | None = None
+    mode: str | None = option("--mode", default=None)
+    num_buckets: int | None = option("--num-buckets", default=None)
+    table_type: str | None = option("--table-type", default=None)
     #: auto | spark | arrow (``spark_jobs.table.action.engine``); None means auto
-    engine: str | None = None
+    engine: str | None = option("--engine", default=None)
+    batch_id: str | None = option("--batch-id", default=None)
+    heartbeat_timeout_s: float | None = option("--heartbeat-timeout", default=None)
+    target_file_rows: int | None = option("--target-file-rows", default=None)
+    #: ``--mirror delta``: the table's Delta projection from its first commit (format.md §11)
+    mirror: str | None = option("--mirror", default=None)
     #: the in-process engine's memory budget (``4g``); default derived from the machine
-    memory_budget: str | None = None
+    memory_budget: str | None = option("--memory-budget", default=None)
+
+    def __post_init__(self) -> None:
+        # the checks that need no dataset and no table: a bad option costs a second, not a JVM's start
+        if not self.record_key:
+            raise BadInputError("--record-key must name at least one field")
+        check_field_names(record_key=list(self.record_key), partition_field=self.partition_field,
+                          precombine_field=self.precombine_field)
+        check_choice("--index", self.index, BOOTSTRAP_INDEXES)
+        check_choice("--mode", self.mode, MODES)
+        check_choice("--table-type", self.table_type, TABLE_TYPES)
+        check_choice("--mirror", self.mirror, MIRRORS)
+        if self.num_buckets is not None and self.num_buckets < 1:
+            raise BadInputError(f"--num-buckets must be at least 1, got {self.num_buckets}")
+        check_heartbeat_timeout(self.heartbeat_timeout_s)
+        check_engine(self.engine, self.memory_budget)
+        if self.mode == MODE_REFERENCE:
+            refuse_reference(self.index)
+
+
+#: the index types a bootstrap writes
+BOOTSTRAP_INDEXES = (INDEX_RECORD, INDEX_BUCKET, INDEX_GLOBAL_SIMPLE)
+
+
+def refuse_reference(index: str) -> None:
+    """BadInputError for ``--mode reference`` with an index whose file groups a user's files
+    cannot be: the bucket index's are hash buckets; global_simple is not what reference writes."""
+    if index == INDEX_BUCKET:
+        raise BadInputError("the bucket index needs --mode rewrite: its file groups are hash buckets, "
+                            "which the dataset's files are not")
+    if index == INDEX_GLOBAL_SIMPLE:
+        raise BadInputError("the global_simple index needs --mode rewrite: --mode reference writes a record index")
 
 
 def default_mode(index: str) -> str:
@@ -176,15 +223,12 @@ def check_bootstrap(table: Table, source: SourceDataset, *, record_key: list[str
                     precombine_field: str | None, index: str, mode: str) -> None:
     """Everything that refuses a bootstrap before anything is written (BadInputError)."""
     check_field_names(record_key=list(record_key), partition_field=partition_field, precombine_field=precombine_field)
-    if index not in (INDEX_RECORD, INDEX_BUCKET, INDEX_GLOBAL_SIMPLE):
+    if index not in BOOTSTRAP_INDEXES:
         raise BadInputError(f"--index must be record, bucket or global_simple, got {index!r}")
     if mode not in MODES:
         raise BadInputError(f"--mode must be reference or rewrite, got {mode!r}")
-    if mode == MODE_REFERENCE and index == INDEX_BUCKET:
-        raise BadInputError("the bucket index needs --mode rewrite: its file groups are hash buckets, "
-                            "which the dataset's files are not")
-    if mode == MODE_REFERENCE and index == INDEX_GLOBAL_SIMPLE:
-        raise BadInputError("the global_simple index needs --mode rewrite: --mode reference writes a record index")
+    if mode == MODE_REFERENCE:
+        refuse_reference(index)
     names = source.schema.names
     for label, f in [("record key", k) for k in record_key] + [("partition", partition_field),
                                                               ("precombine", precombine_field)]:
