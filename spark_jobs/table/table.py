@@ -24,10 +24,11 @@ from spark_jobs.io.filesystem import FileIO, refuse_uncommittable, refuse_uncomm
 from spark_jobs.io.storage import redact_uri
 from spark_jobs.table.config import TableConfig
 from spark_jobs.table.layout import META_DIR, TableLayout, is_reference
-from spark_jobs.table.timeline import Action, Instant, State, Timeline, resolve_as_of
+from spark_jobs.table.heartbeat import is_alive
+from spark_jobs.table.timeline import Action, Instant, State, Timeline, read_checkpoint_batches, resolve_as_of
 from spark_jobs.table.view import FileSystemView
 
-__all__ = ["Table", "TableNotFoundError", "WriterAliveError"]
+__all__ = ["Table", "TableNotFoundError", "WriterAliveError", "pending_plans", "retention", "is_writer_alive"]
 
 T = TypeVar("T")
 
@@ -132,10 +133,18 @@ class Table:
                 if (references or not is_reference(rel)) and not self.io.exists(self.abs(rel))]
 
     def retained_from(self) -> dict[str, Any] | None:
-        """The retention of the latest clean (see :func:`.action.clean.retained_from`)."""
-        from spark_jobs.table.action.clean import retained_from
+        """The retention of the latest clean, completed or pending (its deletions may have
+        begun): a clean since the checkpoint, else the one the checkpoint carries; None if none.
 
-        return retained_from(self)
+        What a read as of an instant checks, so it is the core's (``clean`` plans from it)."""
+        tl = self.timeline
+        found = [retention(inst.timestamp, plan) for inst, plan in pending_plans(self, Action.CLEAN)]
+        last = tl.recent(1, [Action.CLEAN], after_seq=tl.base_seq)
+        if last:
+            found.append(retention(last[0].timestamp, tl.read_metadata(last[0])))
+        elif (tl.checkpoint or {}).get("clean"):
+            found.append(tl.checkpoint["clean"])
+        return max(found, key=lambda r: r["earliest_retained_seq"], default=None)
 
     def num_buckets(self, view: FileSystemView | None = None) -> int:
         """The bucket count in force: from the latest completed rehash, else the table config."""
@@ -146,8 +155,6 @@ class Table:
     def commit_for_batch(self, batch_id: str) -> Instant | None:
         """The completed commit of ``batch_id``: the entries after the checkpoint, then the
         checkpoint's batch list (read only now), so idempotence costs O(1) history reads."""
-        from spark_jobs.table.action.checkpoint import read_batches
-
         tl = self.timeline.reload()
 
         def search(after_seq: int) -> Instant | None:
@@ -157,7 +164,7 @@ class Table:
         found = search(tl.base_seq)
         if found is not None or not tl.base_seq:
             return found
-        batches = read_batches(self, tl.base_seq)
+        batches = read_checkpoint_batches(self.io, self.layout, tl.base_seq)
         if batches is None:  # an unreadable sidecar: ask the whole history
             return search(0)
         if batch_id not in batches:
@@ -338,8 +345,6 @@ class Table:
 
     def _compaction_plans(self) -> list[dict[str, Any]]:
         """Scheduled compactions waiting for (or in) execution, with what each folds."""
-        from spark_jobs.table.action.service import pending_plans
-
         return [{"instant": inst.timestamp, "state": inst.state.name.lower(),
                  "file_groups": len(plan.get("file_groups", [])),
                  "logs": sum(len(g["logs"]) for g in plan.get("file_groups", [])),
@@ -371,8 +376,6 @@ class Table:
     def writers(self, heartbeat_timeout_s: float | None = None) -> list[dict[str, Any]]:
         """Pending instants with their batch, owner, start, last heartbeat and liveness
         (``heartbeat_timeout_s``: seconds without a beat before a writer counts as dead)."""
-        from spark_jobs.table.action.rollback import is_writer_alive
-
         out = []
         for inst in self.timeline.pending():
             try:
@@ -398,6 +401,37 @@ class Table:
                 "scheduled": inst.action in Action.SERVICES,
             })
         return out
+
+
+# -- state the actions share -----------------------------------------------------------
+# Readers of the timeline that both ``Table`` and the actions ask. They live here, in the core,
+# so the table never imports an action (the actions import the table): no import cycle.
+
+def pending_plans(table: Table, action: str) -> list[tuple[Instant, dict[str, Any]]]:
+    """Scheduled, not yet completed plans of ``action`` with their plan, oldest first."""
+    out = []
+    for inst in table.timeline.reload().pending([action]):
+        try:
+            out.append((inst, table.timeline.read_plan(inst)))
+        except FileNotFoundError:  # cancelled meanwhile
+            continue
+    return out
+
+
+def retention(instant: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """``{"instant", "earliest_retained_seq", "earliest_retained_instant"}`` of a clean, from
+    its plan or its completed metadata (the same fields): what a read as of an instant checks."""
+    return {"instant": instant, "earliest_retained_seq": int(fields["earliest_retained_seq"]),
+            "earliest_retained_instant": fields.get("earliest_retained_instant")}
+
+
+def is_writer_alive(table: Table, inst: Instant, timeout_s: float | None = None) -> bool:
+    """Whether the process that owns pending ``inst`` still heartbeats (within ``timeout_s``)."""
+    try:
+        owner = table.timeline.read_plan(inst).get("owner")
+    except FileNotFoundError:  # plan removed meanwhile: nothing is writing it any more
+        return False
+    return is_alive(table.io, table.layout, inst.timestamp, timeout_s, owner=owner)
 
 
 def _log_summary(view: FileSystemView, *, limit: int) -> dict[str, Any]:

@@ -207,13 +207,10 @@ ALLOWED_CYCLE_EDGES: frozenset[tuple[str, str]] = frozenset({
     ("spark_jobs.table.table", "spark_jobs.table.action.clean"),
     ("spark_jobs.table.table", "spark_jobs.table.action.checkpoint"),
     ("spark_jobs.table.table", "spark_jobs.table.action.rollback"),
-    ("spark_jobs.table.table", "spark_jobs.table.action.service"),
     ("spark_jobs.table.table", "spark_jobs.table.skew"),
-    ("spark_jobs.table.action.checkpoint", "spark_jobs.table.action.clean"),
     ("spark_jobs.table.action.checkpoint", "spark_jobs.table.action.rollback"),
     ("spark_jobs.table.action.clean", "spark_jobs.table.table"),
     ("spark_jobs.table.action.compact", "spark_jobs.table.table"),
-    ("spark_jobs.table.action.service", "spark_jobs.table.action.rollback"),
 })
 
 

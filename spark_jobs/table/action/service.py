@@ -23,17 +23,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from spark_jobs.exceptions import BadInputError, ConflictError, InstantRolledBackError, WriterAliveError
-from spark_jobs.table.action.rollback import is_writer_alive
 from spark_jobs.table.action.transaction import Transaction, reserve
 from spark_jobs.table.commit import Written
 from spark_jobs.table.heartbeat import owner_info
+from spark_jobs.table.table import is_writer_alive, pending_plans
 from spark_jobs.table.timeline import Action, Instant, InstantConflictError, State
 from spark_jobs.table.faults import maybe_crash
 
 if TYPE_CHECKING:
     from spark_jobs.table.table import Table
 
-__all__ = ["schedule", "pending_plans", "execute", "execute_waiting", "Executed", "rehash_after"]
+__all__ = ["schedule", "execute", "execute_waiting", "Executed", "rehash_after"]
 
 log = logging.getLogger("bucketindex.service")
 
@@ -47,17 +47,6 @@ def schedule(table: "Table", action: str, plan: dict[str, Any]) -> Instant:
     log.info("scheduled %s %s", action, inst.timestamp)
     maybe_crash("schedule_after_requested")
     return inst
-
-
-def pending_plans(table: "Table", action: str) -> list[tuple[Instant, dict[str, Any]]]:
-    """Scheduled, not yet completed plans of ``action`` with their plan, oldest first."""
-    out = []
-    for inst in table.timeline.reload().pending([action]):
-        try:
-            out.append((inst, table.timeline.read_plan(inst)))
-        except FileNotFoundError:  # cancelled meanwhile
-            continue
-    return out
 
 
 @dataclass
