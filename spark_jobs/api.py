@@ -336,7 +336,9 @@ class Table:
 
     def describe(self) -> Mapping[str, Any]:
         """What ``bucketindex show --json`` prints."""
-        return MappingProxyType(self._core().describe())
+        from spark_jobs.table.describe import describe
+
+        return MappingProxyType(describe(self._core()))
 
     # -- writing ------------------------------------------------------------------------------
     def upsert(self, source: Any, **options: Any) -> WriteResult:

@@ -446,11 +446,12 @@ SHOW_BUCKETS = 8
 def cmd_show(args: argparse.Namespace, submitted: bool) -> int:
     from spark_jobs.api import schema_history
     from spark_jobs.table.dataset import public_schema
+    from spark_jobs.table.describe import describe
     from spark_jobs.table.schema import type_name
     from spark_jobs.table.table import Table
 
     table = Table.load(args.table)
-    d = table.describe()
+    d = describe(table)
     # the columns users read (no _bi_*), in Spark's type names as `alter` takes them; and, per
     # listed entry, what it changed of the schema (an upsert's: schema evolution)
     d["schema"] = [{"name": f.name, "type": type_name(f.type), "nullable": f.nullable}

@@ -31,6 +31,7 @@ from spark_jobs.table.commit import (
     parse,
 )
 from spark_jobs.table.reader import read_arrow
+from spark_jobs.table.describe import describe
 from spark_jobs.table.table import Table
 from spark_jobs.table.timeline import Action
 
@@ -99,7 +100,7 @@ def test_every_metadata_the_product_writes_round_trips(tmp_path, index, table_ty
     # the view replayed through the type is the table's view
     t = Table.load(uri)
     assert t.view().num_rows == read_arrow(uri).num_rows
-    shown = t.describe()["timeline"]  # `show` reads every entry through the type
+    shown = describe(t)["timeline"]  # `show` reads every entry through the type
     by_instant = {m.get("instant"): m for _, m in entries}
     for row in shown:
         meta = by_instant.get(row["instant"], {})

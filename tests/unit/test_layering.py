@@ -204,13 +204,7 @@ def test_the_scanner_sees_function_level_and_type_checking_imports() -> None:
 #: acyclic, so any NEW cycle fails. :func:`test_allowed_cycle_edges_are_still_needed` fails as
 #: soon as one of them is gone or no longer on a cycle: then delete it here.
 ALLOWED_CYCLE_EDGES: frozenset[tuple[str, str]] = frozenset({
-    ("spark_jobs.table.table", "spark_jobs.table.action.clean"),
-    ("spark_jobs.table.table", "spark_jobs.table.action.checkpoint"),
     ("spark_jobs.table.table", "spark_jobs.table.action.rollback"),
-    ("spark_jobs.table.table", "spark_jobs.table.skew"),
-    ("spark_jobs.table.action.checkpoint", "spark_jobs.table.action.rollback"),
-    ("spark_jobs.table.action.clean", "spark_jobs.table.table"),
-    ("spark_jobs.table.action.compact", "spark_jobs.table.table"),
 })
 
 

@@ -22,6 +22,7 @@ from spark_jobs.index.record_index import IndexEntries, lookup, write_index_file
 from spark_jobs.io.filesystem import InstantExistsError, resolve
 from spark_jobs.table.config import TableConfig
 from spark_jobs.table.reader import read_arrow
+from spark_jobs.table.describe import describe
 from spark_jobs.table.table import Table
 from spark_jobs.table.timeline import Action, InstantConflictError, State
 from spark_jobs.table.view import encode_schema
@@ -421,7 +422,7 @@ def test_show_lists_live_writers_and_recent_conflicts(tmp_path, capsys):
             b.commit(meta("b"))
         b.record_give_up("b", 1)
         b.abort()
-        d = Table.load(t.root).describe()
+        d = describe(Table.load(t.root))
         assert [(w["instant"], w["batch_id"], w["alive"]) for w in d["writers"]] == [(live.ts, "hourly", True)]
         assert [(c["instant"], c["batch_id"], c["with"]) for c in d["conflicts"]] == [(b.ts, "b", a.ts)]
         assert main(["show", t.root]) == 0
@@ -429,4 +430,4 @@ def test_show_lists_live_writers_and_recent_conflicts(tmp_path, capsys):
         assert f"{live.ts} commit" in out and "alive" in out and "gave up after 1 attempt(s)" in out
     finally:
         live.abort()
-    assert Table.load(t.root).describe()["writers"] == []
+    assert describe(Table.load(t.root))["writers"] == []

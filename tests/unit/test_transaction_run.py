@@ -22,6 +22,7 @@ from spark_jobs.table.action import service
 from spark_jobs.table.action.transaction import Committed, Transaction
 from spark_jobs.table.config import TableConfig
 from spark_jobs.table.reader import read_arrow
+from spark_jobs.table.describe import describe
 from spark_jobs.table.table import Table
 from spark_jobs.table.timeline import Action, State
 from spark_jobs.table.view import FileSystemView, encode_schema
@@ -141,7 +142,7 @@ def test_gives_up_after_max_retries_with_a_note_and_nothing_left(tmp_path, batch
     no_trace(t, txn.ts, written)
     # the note `show` lists
     assert os.path.exists(t.layout.conflict_file(txn.ts))
-    noted = Table.load(t.uri).describe()["conflicts"]
+    noted = describe(Table.load(t.uri))["conflicts"]
     assert [(c["instant"], c["batch_id"]) for c in noted] == [(txn.ts, batch_id)]
     assert read_arrow(t.uri).to_pylist() == [{"id": "fg1", "v": 102}]  # the other writer's
 
