@@ -652,11 +652,11 @@ def cmd_shadow_compare(args: argparse.Namespace, submitted: bool) -> int:
 
 
 def cmd_rollback(args: argparse.Namespace, submitted: bool) -> int:
-    from spark_jobs.table.action.rollback import RollbackOptions
+    from spark_jobs.table.action.rollback import RollbackOptions, rollback
     from spark_jobs.table.table import Table
 
     opts = RollbackOptions.from_args(args)
-    done = Table.load(opts.table).rollback(opts.instant, force=opts.force, timeout_s=opts.heartbeat_timeout_s)
+    done = rollback(Table.load(opts.table), opts.instant, force=opts.force, timeout_s=opts.heartbeat_timeout_s)
     print(f"rolled back {', '.join(done)}" if done else "nothing to roll back")
     return 0
 

@@ -2,6 +2,12 @@
 
 Pure Python (pyarrow only): the CLI, Airflow sensors and operators, and Spark executors
 all use it to read table state and to follow the commit protocol.
+
+It imports no action: the verbs are functions of ``spark_jobs.table.action`` that take a
+``Table`` (``rollback.rollback(table, ...)``, ``clean.run_clean``, ...) and ``show``'s data is
+:func:`spark_jobs.table.describe.describe`; the timeline readers both sides need
+(:func:`pending_plans`, :func:`retention`, :func:`is_writer_alive`) live here. So the actions
+import the table and never the reverse: no import cycle (tests/unit/test_layering.py).
 """
 
 from __future__ import annotations
@@ -262,14 +268,6 @@ class Table:
         self.delete_files(extra)
         self.io.delete_dir(self.layout.marker_dir(instant))
         return extra
-
-    # -- rollback --------------------------------------------------------------------
-    def rollback(self, instant: str | None = None, *, force: bool = False,
-                 timeout_s: float | None = None) -> list[str]:
-        """Roll back pending instants (every abandoned one, or the one named); see :mod:`.action.rollback`."""
-        from spark_jobs.table.action.rollback import rollback
-
-        return rollback(self, instant, force=force, timeout_s=timeout_s)
 
     def writers(self, heartbeat_timeout_s: float | None = None) -> list[dict[str, Any]]:
         """Pending instants with their batch, owner, start, last heartbeat and liveness

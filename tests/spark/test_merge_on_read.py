@@ -26,6 +26,7 @@ from spark_jobs.jobs.read import read_table
 from spark_jobs.jobs.upsert import UpsertOptions, run_upsert
 from spark_jobs.jobs.validate import run_validate
 from spark_jobs.table.action.compact import CompactionPolicy
+from spark_jobs.table.action.rollback import rollback
 from spark_jobs.table.reader import read_arrow
 from spark_jobs.table.describe import describe
 from spark_jobs.table.table import Table
@@ -180,7 +181,7 @@ def test_killed_compaction_leaves_the_snapshot_and_resumes(spark, spark_cli_args
     assert t.marked_files(planned), "the dead attempt should have left a new base"
     assert read_arrow(uri).to_pylist() == before  # readers: the old snapshot
     # a writer's automatic repair leaves a scheduled plan alone: it is resumed, not abandoned
-    assert t.rollback(timeout_s=2) == []
+    assert rollback(t, timeout_s=2) == []
     assert [i.timestamp for i in t.timeline.pending()] == [planned]
 
     import time

@@ -20,7 +20,7 @@ from spark_jobs.table.action import Transaction
 from spark_jobs.table.action.clean import run_clean
 from spark_jobs.table.action.compact import CompactionPolicy
 from spark_jobs.table.action.conflict import WriteSet
-from spark_jobs.table.action.rollback import referenced_files
+from spark_jobs.table.action.rollback import referenced_files, rollback
 from spark_jobs.table.action.upsert import UpsertOptions, file_group_entry
 from spark_jobs.table.commit import (
     CommitMetadata,
@@ -74,7 +74,7 @@ def test_every_metadata_the_product_writes_round_trips(tmp_path, index, table_ty
     t = Table.load(uri)
     txn = Transaction(t, Action.COMMIT, {"batch_id": "abandoned"}).begin()
     txn._heartbeat.stop()  # type: ignore[union-attr]
-    assert t.rollback(txn.ts, force=True) == [txn.ts]
+    assert rollback(t, txn.ts, force=True) == [txn.ts]
     _upsert(tmp_path, uri, index, table_type, 4)
     assert not run_clean(uri, retain_commits=1)["noop"]
 

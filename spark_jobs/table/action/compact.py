@@ -38,6 +38,7 @@ from spark_jobs.table.action.options import (
     check_heartbeat_timeout,
     option,
 )
+from spark_jobs.table.action.rollback import rollback
 from spark_jobs.table.action.service import execute, execute_waiting, schedule
 from spark_jobs.table.commit import EngineInfo, FileGroupChange, IndexFileChange, Written
 from spark_jobs.table.config import INDEX_RECORD
@@ -605,4 +606,4 @@ def _cancel_plans_holding(table: "Table", buckets: set[int], heartbeat_timeout_s
                                    f"live process; rebuild it once that completes")
         log.info("cancelling compaction %s: it folds index files of bucket %s, which the rebuild replaces",
                  inst.timestamp, ", ".join(map(str, sorted(held))))
-        table.rollback(inst.timestamp, force=True)
+        rollback(table, inst.timestamp, force=True)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from spark_jobs.exceptions import BadInputError, ConflictError, InstantRolledBackError, WriterAliveError
+from spark_jobs.table.action.rollback import rollback
 from spark_jobs.table.action.transaction import Transaction, reserve
 from spark_jobs.table.commit import Written
 from spark_jobs.table.heartbeat import owner_info
@@ -112,7 +113,7 @@ def _cancel_if_rehashed(table: "Table", inst: Instant) -> str | None:
     hit = rehash_after(table, int(table.timeline.read_plan(inst).get("snapshot_seq") or 0))
     if hit is None:
         return None
-    table.rollback(inst.timestamp, force=True)
+    rollback(table, inst.timestamp, force=True)
     return (f"conflict: {inst.action} {inst.timestamp} was planned before rehash {hit['instant']} changed the "
             f"bucket count; it was cancelled, schedule a new one")
 
