@@ -112,6 +112,7 @@ def main() -> None:
     from spark_jobs.jobs.session import get_spark
     from spark_jobs.jobs.upsert import UpsertOptions, run_upsert
     from spark_jobs.table.action.compact import CompactionPolicy
+    from spark_jobs.table.describe import describe
     from spark_jobs.table.table import Table
 
     t0 = time.perf_counter()
@@ -150,7 +151,7 @@ def main() -> None:
                     f"~{res['counts']['updated']}")
         reads = {tt: timed_read(spark, uris[tt], args.read_repeats) for tt in TYPES}
         log(f"[{sl}] full read after {args.upserts} upserts: " + ", ".join(f"{k} {v:.2f} s" for k, v in reads.items()))
-        logs = Table.load(uris["merge_on_read"]).describe()["logs"]
+        logs = describe(Table.load(uris["merge_on_read"]))["logs"]
         t0 = time.perf_counter()
         comp = run_compact(spark, uris["merge_on_read"], policy=CompactionPolicy(min_logs=1))
         compact_s = round(time.perf_counter() - t0, 2)

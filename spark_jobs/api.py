@@ -43,6 +43,7 @@ from spark_jobs.table.action.compact import CompactOptions
 from spark_jobs.table.action.mirror import MirrorOptions
 from spark_jobs.table.action.rehash import RehashOptions
 from spark_jobs.table.action.rollback import RollbackOptions
+from spark_jobs.table.action.rollback import rollback as rollback_pending
 from spark_jobs.table.action.shadow_compare import ShadowCompareOptions
 from spark_jobs.table.action.upsert import UpsertOptions
 from spark_jobs.table.action.validate import ValidateOptions
@@ -336,7 +337,9 @@ class Table:
 
     def describe(self) -> Mapping[str, Any]:
         """What ``bucketindex show --json`` prints."""
-        return MappingProxyType(self._core().describe())
+        from spark_jobs.table.describe import describe
+
+        return MappingProxyType(describe(self._core()))
 
     # -- writing ------------------------------------------------------------------------------
     def upsert(self, source: Any, **options: Any) -> WriteResult:
@@ -504,7 +507,7 @@ class Table:
         back pending instants (every abandoned one, or ``instant``)."""
         opts = self._options(RollbackOptions, options, kwargs)
         with _storage(self.storage_options):
-            done = self._core().rollback(opts.instant, force=opts.force, timeout_s=opts.heartbeat_timeout_s)
+            done = rollback_pending(self._core(), opts.instant, force=opts.force, timeout_s=opts.heartbeat_timeout_s)
         return RollbackResult(rolled_back=tuple(done))
 
     def mirror(self, options: MirrorOptions | None = None, /, **kwargs: Any) -> MirrorResult:

@@ -446,11 +446,12 @@ SHOW_BUCKETS = 8
 def cmd_show(args: argparse.Namespace, submitted: bool) -> int:
     from spark_jobs.api import schema_history
     from spark_jobs.table.dataset import public_schema
+    from spark_jobs.table.describe import describe
     from spark_jobs.table.schema import type_name
     from spark_jobs.table.table import Table
 
     table = Table.load(args.table)
-    d = table.describe()
+    d = describe(table)
     # the columns users read (no _bi_*), in Spark's type names as `alter` takes them; and, per
     # listed entry, what it changed of the schema (an upsert's: schema evolution)
     d["schema"] = [{"name": f.name, "type": type_name(f.type), "nullable": f.nullable}
@@ -651,11 +652,11 @@ def cmd_shadow_compare(args: argparse.Namespace, submitted: bool) -> int:
 
 
 def cmd_rollback(args: argparse.Namespace, submitted: bool) -> int:
-    from spark_jobs.table.action.rollback import RollbackOptions
+    from spark_jobs.table.action.rollback import RollbackOptions, rollback
     from spark_jobs.table.table import Table
 
     opts = RollbackOptions.from_args(args)
-    done = Table.load(opts.table).rollback(opts.instant, force=opts.force, timeout_s=opts.heartbeat_timeout_s)
+    done = rollback(Table.load(opts.table), opts.instant, force=opts.force, timeout_s=opts.heartbeat_timeout_s)
     print(f"rolled back {', '.join(done)}" if done else "nothing to roll back")
     return 0
 

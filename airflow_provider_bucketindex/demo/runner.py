@@ -276,6 +276,7 @@ def _print_summary(
     nightly_conf: dict[str, Any] | None = None,
 ) -> None:
     from spark_jobs.table import Table
+    from spark_jobs.table.describe import describe
 
     _say("")
     _say("bucketindex demo summary")
@@ -285,7 +286,7 @@ def _print_summary(
     _say(f"DAG runs       {len(runs)} x {DAG_ID}: {', '.join(r.state for r in runs)}")
     t = Table.open(table_uri)
     if t.exists:
-        d = t.describe()
+        d = describe(t)
         c = d["config"]
         _say(f"table          {table_uri}")
         _say(f"               {c['index_type']} index, {plural(c['num_buckets'], 'bucket')}, key {','.join(c['record_key_fields'])}")

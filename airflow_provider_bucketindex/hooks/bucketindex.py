@@ -745,6 +745,8 @@ class BucketIndexHook(BaseHook):
         ``force`` an instant whose writer still heartbeats is refused (WriterAliveError, a
         retryable condition); with it, that writer fails at its commit point, nothing visible.
         """
+        from spark_jobs.table.action.rollback import rollback
+
         t = self.open_table(table_uri)
         if not t.exists:
             return None
@@ -752,7 +754,7 @@ class BucketIndexHook(BaseHook):
         if inst is None:
             return None
         self.log.info("Rolling back %s of batch %s in %s", inst, batch_id, table_uri)
-        done = t.rollback(inst.timestamp, force=force)
+        done = rollback(t, inst.timestamp, force=force)
         return done[0] if done else None
 
 

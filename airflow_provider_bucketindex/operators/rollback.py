@@ -136,6 +136,7 @@ class RollbackBatchOperator(BucketIndexTableMixin, BaseOperator):
     def _rollback_instant(self, table_uri: str, instant: str) -> dict[str, Any]:
         from spark_jobs.exceptions import BadInputError
         from spark_jobs.table import WriterAliveError
+        from spark_jobs.table.action.rollback import rollback
 
         t = self.hook.open_table(table_uri)
         if not t.exists:
@@ -145,7 +146,7 @@ class RollbackBatchOperator(BucketIndexTableMixin, BaseOperator):
             self.log.info("Instant %s completed in %s: nothing to roll back", instant, table_uri)
             return {"instant": instant, "rolled_back": None}
         try:
-            done = t.rollback(instant, force=self.force)
+            done = rollback(t, instant, force=self.force)
         except WriterAliveError as e:  # retryable: the writer may still finish or its heartbeat expire
             raise AirflowException(f"instant {instant}: {e}") from e
         except BadInputError as e:  # no such instant (or it completed just now)

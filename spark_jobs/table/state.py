@@ -23,8 +23,7 @@ from spark_jobs.table.action.compact import (
     compactable,
     plan_compaction,
 )
-from spark_jobs.table.action.service import pending_plans
-from spark_jobs.table.table import Table
+from spark_jobs.table.table import Table, pending_plans
 from spark_jobs.table.timeline import Action, State
 
 __all__ = ["compaction_due", "pending_writes", "find_commit", "COMMIT_ACTIONS"]
@@ -97,7 +96,7 @@ def pending_writes(uri: str, *, heartbeat_timeout_s: float | None = None) -> lis
     """Writes in progress right now: pending instants of a writing action whose writer is alive.
 
     * ``commit``, ``rehash``, ``bootstrap`` (:data:`Action.WRITES` minus the services): counted
-      while their writer heartbeats (:func:`~spark_jobs.table.action.rollback.is_writer_alive`
+      while their writer heartbeats (:func:`~spark_jobs.table.table.is_writer_alive`
       with ``heartbeat_timeout_s``, default 60 s). An abandoned one -- a killed or crashed
       writer -- is not in progress: nothing will ever complete it, and waiting for it would
       wait for ever (``bucketindex rollback`` or the next writer's repair removes it).

@@ -2,6 +2,12 @@
 
 Pure Python (pyarrow only): the CLI, Airflow sensors and operators, and Spark executors
 all use it to read table state and to follow the commit protocol.
+
+It imports no action: the verbs are functions of ``spark_jobs.table.action`` that take a
+``Table`` (``rollback.rollback(table, ...)``, ``clean.run_clean``, ...) and ``show``'s data is
+:func:`spark_jobs.table.describe.describe`; the timeline readers both sides need
+(:func:`pending_plans`, :func:`retention`, :func:`is_writer_alive`) live here. So the actions
+import the table and never the reverse: no import cycle (tests/unit/test_layering.py).
 """
 
 from __future__ import annotations
@@ -24,10 +30,11 @@ from spark_jobs.io.filesystem import FileIO, refuse_uncommittable, refuse_uncomm
 from spark_jobs.io.storage import redact_uri
 from spark_jobs.table.config import TableConfig
 from spark_jobs.table.layout import META_DIR, TableLayout, is_reference
-from spark_jobs.table.timeline import Action, Instant, State, Timeline, resolve_as_of
+from spark_jobs.table.heartbeat import is_alive
+from spark_jobs.table.timeline import Action, Instant, State, Timeline, read_checkpoint_batches, resolve_as_of
 from spark_jobs.table.view import FileSystemView
 
-__all__ = ["Table", "TableNotFoundError", "WriterAliveError"]
+__all__ = ["Table", "TableNotFoundError", "WriterAliveError", "pending_plans", "retention", "is_writer_alive"]
 
 T = TypeVar("T")
 
@@ -132,10 +139,18 @@ class Table:
                 if (references or not is_reference(rel)) and not self.io.exists(self.abs(rel))]
 
     def retained_from(self) -> dict[str, Any] | None:
-        """The retention of the latest clean (see :func:`.action.clean.retained_from`)."""
-        from spark_jobs.table.action.clean import retained_from
+        """The retention of the latest clean, completed or pending (its deletions may have
+        begun): a clean since the checkpoint, else the one the checkpoint carries; None if none.
 
-        return retained_from(self)
+        What a read as of an instant checks, so it is the core's (``clean`` plans from it)."""
+        tl = self.timeline
+        found = [retention(inst.timestamp, plan) for inst, plan in pending_plans(self, Action.CLEAN)]
+        last = tl.recent(1, [Action.CLEAN], after_seq=tl.base_seq)
+        if last:
+            found.append(retention(last[0].timestamp, tl.read_metadata(last[0])))
+        elif (tl.checkpoint or {}).get("clean"):
+            found.append(tl.checkpoint["clean"])
+        return max(found, key=lambda r: r["earliest_retained_seq"], default=None)
 
     def num_buckets(self, view: FileSystemView | None = None) -> int:
         """The bucket count in force: from the latest completed rehash, else the table config."""
@@ -146,8 +161,6 @@ class Table:
     def commit_for_batch(self, batch_id: str) -> Instant | None:
         """The completed commit of ``batch_id``: the entries after the checkpoint, then the
         checkpoint's batch list (read only now), so idempotence costs O(1) history reads."""
-        from spark_jobs.table.action.checkpoint import read_batches
-
         tl = self.timeline.reload()
 
         def search(after_seq: int) -> Instant | None:
@@ -157,7 +170,7 @@ class Table:
         found = search(tl.base_seq)
         if found is not None or not tl.base_seq:
             return found
-        batches = read_batches(self, tl.base_seq)
+        batches = read_checkpoint_batches(self.io, self.layout, tl.base_seq)
         if batches is None:  # an unreadable sidecar: ask the whole history
             return search(0)
         if batch_id not in batches:
@@ -256,123 +269,9 @@ class Table:
         self.io.delete_dir(self.layout.marker_dir(instant))
         return extra
 
-    # -- rollback --------------------------------------------------------------------
-    def rollback(self, instant: str | None = None, *, force: bool = False,
-                 timeout_s: float | None = None) -> list[str]:
-        """Roll back pending instants (every abandoned one, or the one named); see :mod:`.action.rollback`."""
-        from spark_jobs.table.action.rollback import rollback
-
-        return rollback(self, instant, force=force, timeout_s=timeout_s)
-
-    # -- description -----------------------------------------------------------------
-    def describe(self, *, recent_conflicts: int = 10, recent: int = 30) -> dict[str, Any]:
-        """Everything ``bucketindex show`` prints, as data (the last ``recent`` instants of the timeline)."""
-        from spark_jobs.table.action.checkpoint import describe_checkpoints
-        from spark_jobs.table.action.clean import describe_clean
-
-        assert self.config is not None
-        tl = self.timeline.reload()
-        view = FileSystemView.build(tl)
-        commits, conflicts = [], []
-        for inst in tl.recent(recent):
-            meta = tl.read_commit(inst)
-            commits.append(
-                {
-                    "seq": inst.seq,
-                    "instant": inst.timestamp,
-                    "action": inst.action,
-                    "batch_id": meta.batch_id,
-                    "rolled_back": meta.get("rolled_back"),
-                    "counts": dict(meta.counts or {}),
-                    "timings_ms": dict(meta.timings_ms or {}),
-                    "session_start_ms": meta.get("session_start_ms"),
-                    "engine": meta.engine.to_json() if meta.engine is not None else meta.get("engine"),
-                    **({"shadow": dict(meta.shadow)} if meta.shadow else {}),  # upsert --shadow-index
-                    **({"bootstrap": meta.get("bootstrap")} if meta.get("bootstrap") else {}),
-                    **({"alter": meta.get("alter")} if meta.get("alter") else {}),  # bucketindex alter
-                    # bucketindex mirror --enable
-                    **({"properties": dict(meta.properties)} if meta.properties else {}),
-                }
-            )
-            for c in meta.conflicts or ():
-                conflicts.append({"instant": inst.timestamp, "batch_id": meta.batch_id, "outcome": "retried",
-                                  **c})
-        for name in self.io.list_names(self.layout.conflicts):
-            if name.endswith(".json") and not name.startswith("."):
-                note = json.loads(self.io.read_bytes(posixpath.join(self.layout.conflicts, name)))
-                for c in note.get("conflicts", [])[-1:]:  # the one it gave up on
-                    conflicts.append({"instant": note.get("instant"), "batch_id": note.get("batch_id"),
-                                      "outcome": f"gave up after {note.get('attempts')} attempt(s)",
-                                      "with": c.get("instant"), "with_action": c.get("action"),
-                                      "reason": c.get("reason")})
-        conflicts.sort(key=lambda c: c["instant"] or "")
-        from spark_jobs.table.skew import bucket_sizes  # entries per bucket and a suggested count (issue 12)
-
-        return {
-            "bucket_sizes": bucket_sizes(self, view),
-            "uri": self.display_uri,
-            "config": {
-                "record_key_fields": self.config.record_key_fields,
-                "partition_fields": self.config.partition_fields,
-                "precombine_field": self.config.precombine_field,
-                "index_type": self.config.index_type,
-                "num_buckets": self.num_buckets(view),
-                "table_type": self.config.table_type,
-            },
-            "timeline": commits,
-            "pending": [str(i) for i in tl.pending()],
-            "writers": self.writers(),
-            "conflicts": conflicts[-recent_conflicts:],
-            "file_groups": len(view.file_groups),
-            "data_bytes": sum(fs.size for fs in view.file_groups.values()),
-            "logs": _log_summary(view, limit=recent_conflicts),
-            "rows": view.num_rows,
-            "partitions": view.partitions(),
-            "index_buckets": {b: len(files) for b, files in sorted(view.index_files.items())},
-            "index_deltas": self._index_delta_summary(view),
-            "completed_instants": tl.last_seq,
-            "compaction_plans": self._compaction_plans(),
-            "clean": describe_clean(self),
-            "checkpoints": describe_checkpoints(self),
-        }
-
-    def _compaction_plans(self) -> list[dict[str, Any]]:
-        """Scheduled compactions waiting for (or in) execution, with what each folds."""
-        from spark_jobs.table.action.service import pending_plans
-
-        return [{"instant": inst.timestamp, "state": inst.state.name.lower(),
-                 "file_groups": len(plan.get("file_groups", [])),
-                 "logs": sum(len(g["logs"]) for g in plan.get("file_groups", [])),
-                 "index_buckets": len(plan.get("index_buckets", [])),
-                 "index_deltas": sum(int(b["deltas"]) for b in plan.get("index_buckets", [])),
-                 "scheduled_by": plan.get("scheduled_by")}
-                for inst, plan in pending_plans(self, Action.COMPACTION)]
-
-    def _index_delta_summary(self, view: FileSystemView) -> dict[str, Any]:
-        """Record-index deltas per bucket (what every lookup opens, and index compaction folds)."""
-        from spark_jobs.index.record_index import is_sealed_base
-        from spark_jobs.table.view import is_index_delta
-
-        per: dict[int, dict[str, int]] = {}
-        # one listing of index/ (a page per 1,000 files), not a HEAD per delta (format.md §10)
-        sizes = self.io.list_sizes(self.layout.index) if view.index_files else {}
-        for b, files in sorted(view.index_files.items()):
-            deltas = [f for f in files if is_index_delta(f)]
-            per[b] = {"bases": len(files) - len(deltas), "deltas": len(deltas),
-                      "delta_bytes": sum(sizes.get(self.abs(f)) or 0 for f in deltas)}
-            sealed = sum(map(is_sealed_base, files))
-            if sealed:  # bases past the cap, never rewritten (format.md §6.1); told by name
-                per[b]["sealed"] = sealed
-        return {"total": sum(v["deltas"] for v in per.values()),
-                "bytes": sum(v["delta_bytes"] for v in per.values()),
-                "max_per_bucket": max((v["deltas"] for v in per.values()), default=0),
-                "buckets": per}
-
     def writers(self, heartbeat_timeout_s: float | None = None) -> list[dict[str, Any]]:
         """Pending instants with their batch, owner, start, last heartbeat and liveness
         (``heartbeat_timeout_s``: seconds without a beat before a writer counts as dead)."""
-        from spark_jobs.table.action.rollback import is_writer_alive
-
         out = []
         for inst in self.timeline.pending():
             try:
@@ -400,20 +299,35 @@ class Table:
         return out
 
 
-def _log_summary(view: FileSystemView, *, limit: int) -> dict[str, Any]:
-    """Merge-on-read logs: totals, and the file groups with the most log bytes (compaction's
-    candidates), so a user sees what reads pay for merging and what compaction would fold."""
-    with_logs = [fs for fs in view.file_groups.values() if fs.logs]
-    with_logs.sort(key=lambda fs: (-(fs.total_size - fs.size), fs.partition, fs.file_id))
-    return {
-        "files": sum(len(fs.logs) for fs in with_logs),
-        "bytes": sum(fs.total_size - fs.size for fs in with_logs),
-        "file_groups_with_logs": len(with_logs),
-        "max_per_group": max((len(fs.logs) for fs in with_logs), default=0),
-        "largest": [{"partition": fs.partition, "file_id": fs.file_id, "logs": len(fs.logs),
-                     "log_bytes": fs.total_size - fs.size, "base_bytes": fs.size, "rows": fs.num_rows}
-                    for fs in with_logs[:limit]],
-    }
+# -- state the actions share -----------------------------------------------------------
+# Readers of the timeline that both ``Table`` and the actions ask. They live here, in the core,
+# so the table never imports an action (the actions import the table): no import cycle.
+
+def pending_plans(table: Table, action: str) -> list[tuple[Instant, dict[str, Any]]]:
+    """Scheduled, not yet completed plans of ``action`` with their plan, oldest first."""
+    out = []
+    for inst in table.timeline.reload().pending([action]):
+        try:
+            out.append((inst, table.timeline.read_plan(inst)))
+        except FileNotFoundError:  # cancelled meanwhile
+            continue
+    return out
+
+
+def retention(instant: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """``{"instant", "earliest_retained_seq", "earliest_retained_instant"}`` of a clean, from
+    its plan or its completed metadata (the same fields): what a read as of an instant checks."""
+    return {"instant": instant, "earliest_retained_seq": int(fields["earliest_retained_seq"]),
+            "earliest_retained_instant": fields.get("earliest_retained_instant")}
+
+
+def is_writer_alive(table: Table, inst: Instant, timeout_s: float | None = None) -> bool:
+    """Whether the process that owns pending ``inst`` still heartbeats (within ``timeout_s``)."""
+    try:
+        owner = table.timeline.read_plan(inst).get("owner")
+    except FileNotFoundError:  # plan removed meanwhile: nothing is writing it any more
+        return False
+    return is_alive(table.io, table.layout, inst.timestamp, timeout_s, owner=owner)
 
 
 def _iso(epoch: float | None) -> str | None:

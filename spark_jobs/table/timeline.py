@@ -149,6 +149,17 @@ def read_checkpoint(io: FileIO, layout: TableLayout, seq: int, *, archived: bool
     return ckpt
 
 
+def read_checkpoint_batches(io: FileIO, layout: TableLayout, seq: int) -> dict[str, list[Any]] | None:
+    """``batch id -> [instant, seq, action]`` of every commit up to checkpoint ``seq`` (its
+    ``<seq>.batches.json`` sidecar), or None if unreadable. Read only to check a batch's
+    idempotence, so it lives beside :func:`read_checkpoint` for ``Table.commit_for_batch``."""
+    try:
+        data = json.loads(io.read_bytes(layout.checkpoint_batches_file(seq)))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def load_json(io: FileIO, path: str, *, what: str) -> Any:
     """A metadata file the commit protocol wrote atomically: one that does not parse was damaged
     outside bucketindex (a copy tool, a full disk, a hand edit). Named as such

@@ -39,6 +39,7 @@ from spark_jobs.table import (
 from spark_jobs.table import delta
 from spark_jobs.table.action.clean import run_clean
 from spark_jobs.table.reader import read_arrow
+from spark_jobs.table.describe import describe
 from spark_jobs.table.table import Table
 from spark_jobs.table.view import FileSystemView
 from tests.harness.delta_reads import query_delta
@@ -411,7 +412,7 @@ def test_reference_bootstrap_losing_a_race_exits_3_with_one_line(spark, tmp_path
     assert tl.pending() == [] and [i.timestamp for i in tl.completed()] == raced
     assert not table.io.list_names(table.layout.markers)
     assert not [p for p in Path(uri).rglob("*.arrow")], "the bootstrap's index deltas were deleted"
-    assert table.describe()["conflicts"], "show lists the conflict"
+    assert describe(table)["conflicts"], "show lists the conflict"
 
 
 def test_a_bootstraps_total_leaves_out_the_session_start_as_show_does(spark, tmp_path, capsys):

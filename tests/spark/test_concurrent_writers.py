@@ -21,6 +21,7 @@ from spark_jobs.arrow_engine.validate import run_validate as arrow_validate
 from spark_jobs.jobs.upsert import run_upsert
 from spark_jobs.jobs.validate import run_validate
 from spark_jobs.table import Action, Table
+from spark_jobs.table.describe import describe
 from spark_jobs.table.reader import read_arrow
 from tests.oracle import reduce_batches, rows_by_identity
 from tests.unit.test_arrow_concurrent_writers import (
@@ -112,7 +113,7 @@ def test_arrow_writer_racing_a_spark_writer_matches_the_oracle(tmp_path):
         inst, _ = commits[winner]
         assert inst.timestamp in {c["with"] for c in commits[loser][1]["conflicts"]}, (loser, commits[loser][1]["conflicts"])
         assert commits[loser][1]["snapshot_seq"] >= inst.seq, (loser, winner)
-    assert t.describe()["conflicts"], "show lists the recent conflicts"
+    assert describe(t)["conflicts"], "show lists the recent conflicts"
 
     expected = reduce_batches([base] + [batches[b] for b in commits if b != "base"])
     assert rows_by_identity(read_arrow(uri).to_pylist()) == expected  # asserts no key twice

@@ -21,6 +21,7 @@ import pytest
 
 from spark_jobs import cli
 from spark_jobs.jobs.upsert import UpsertOptions, run_upsert
+from spark_jobs.table.action.rollback import rollback
 from spark_jobs.table.table import Table
 from tests.spark.conftest import tree_digest, write_batch
 
@@ -229,7 +230,7 @@ def test_compaction_cancelled_by_a_rehash_exits_3_then_2(spark, made, tmp_path, 
     real = compact_job._execute
 
     def rehashed_meanwhile(s, table, txn):  # type: ignore[no-untyped-def]
-        Table.load(uri).rollback(txn.ts, force=True)  # what a concurrent rehash does to the plan
+        rollback(Table.load(uri), txn.ts, force=True)  # what a concurrent rehash does to the plan
         return real(s, table, txn)
 
     monkeypatch.setattr(compact_job, "_execute", rehashed_meanwhile)

@@ -17,6 +17,7 @@ from spark_jobs.index.record_index import TOMBSTONE, IndexFile, is_sealed_base, 
 from spark_jobs.jobs.compact import run_compact
 from spark_jobs.table.action.compact import CompactionPolicy
 from spark_jobs.table.reader import read_arrow
+from spark_jobs.table.describe import describe
 from spark_jobs.table.table import Table
 from spark_jobs.table.view import is_index_delta
 from tests.oracle import reduce_batches, rows_by_identity
@@ -93,7 +94,7 @@ def test_sealed_bases_past_the_cap_keep_the_table_equal_to_the_oracle(spark, tmp
                 assert idx.sealed and idx.num_entries > CAP
     state = reduce_batches(done)
     assert rows_by_identity(read_arrow(uri).to_pylist()) == state
-    shown = t.describe()["index_deltas"]["buckets"]
+    shown = describe(t)["index_deltas"]["buckets"]
     assert all(shown[b]["sealed"] == len(fs) and shown[b]["deltas"] == 0 for b, fs in view.index_files.items())
 
     # every live key's entry now sits in a sealed base

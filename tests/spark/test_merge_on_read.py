@@ -26,7 +26,9 @@ from spark_jobs.jobs.read import read_table
 from spark_jobs.jobs.upsert import UpsertOptions, run_upsert
 from spark_jobs.jobs.validate import run_validate
 from spark_jobs.table.action.compact import CompactionPolicy
+from spark_jobs.table.action.rollback import rollback
 from spark_jobs.table.reader import read_arrow
+from spark_jobs.table.describe import describe
 from spark_jobs.table.table import Table
 from tests.oracle import reduce_batches, rows_by_identity
 from tests.spark.conftest import write_batch
@@ -137,9 +139,9 @@ def test_compaction_beside_upserts_folds_only_its_plan(spark, tmp_path):
     third = _upsert(None, uri, srcs[2], 2)
     t = Table.load(uri)
     assert [i.timestamp for i in t.timeline.pending()] == [planned["instant"]]
-    (w,) = t.describe()["writers"]  # `show` lists the plan as scheduled, not as an abandoned write
+    (w,) = describe(t)["writers"]  # `show` lists the plan as scheduled, not as an abandoned write
     assert w["instant"] == planned["instant"] and w["scheduled"] and not w["alive"]
-    logs = t.describe()["logs"]
+    logs = describe(t)["logs"]
     assert logs["files"] == sum(len(s.logs) for s in t.view().file_groups.values()) > 0
     assert logs["largest"][0]["log_bytes"] > 0
     third_logs = {fg["log"]["path"] for fg in t.timeline.read_metadata(t.timeline.find(third["instant"]))["file_groups"]
@@ -179,7 +181,7 @@ def test_killed_compaction_leaves_the_snapshot_and_resumes(spark, spark_cli_args
     assert t.marked_files(planned), "the dead attempt should have left a new base"
     assert read_arrow(uri).to_pylist() == before  # readers: the old snapshot
     # a writer's automatic repair leaves a scheduled plan alone: it is resumed, not abandoned
-    assert t.rollback(timeout_s=2) == []
+    assert rollback(t, timeout_s=2) == []
     assert [i.timestamp for i in t.timeline.pending()] == [planned]
 
     import time

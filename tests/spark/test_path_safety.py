@@ -25,6 +25,7 @@ from spark_jobs.jobs.read import read_table
 from spark_jobs.jobs.upsert import UpsertOptions, run_upsert
 from spark_jobs.jobs.validate import run_validate
 from spark_jobs.table.action.clean import _deleter
+from spark_jobs.table.action.rollback import rollback
 from spark_jobs.table.action.transaction import Transaction
 from spark_jobs.table.layout import partition_path
 from spark_jobs.table.reader import read_arrow
@@ -275,7 +276,7 @@ def test_a_write_that_fails_on_a_long_name_is_rolled_back(spark, tmp_path, monke
     txn = Transaction(table, "commit", {"batch_id": "crashed", "operation": "upsert"}).begin()
     table.create_marker(txn.ts, "region=" + "z" * 300 + "/f_0-1-0_" + txn.ts + ".parquet")
     txn._stop_heartbeat()  # the writer is gone
-    assert table.rollback(txn.ts, force=True) == [txn.ts]
+    assert rollback(table, txn.ts, force=True) == [txn.ts]
     assert not table.timeline.reload().pending()
 
     run_upsert(spark, _options(uri, str(tmp_path / "b1.parquet"), "record", "b1"))

@@ -18,6 +18,7 @@ from spark_jobs.cli import main
 from spark_jobs.exceptions import BadInputError
 from spark_jobs.jobs.upsert import UpsertOptions, run_upsert
 from spark_jobs.table.reader import read_arrow
+from spark_jobs.table.describe import describe
 from spark_jobs.table.table import Table
 from tests.spark.conftest import tree_digest, write_batch
 from tests.spark.test_shadow_compare import _location
@@ -91,7 +92,7 @@ def test_healthy_record_table_records_zero_disagreements(spark, base, tmp_path, 
     assert sh == {"shadow_index": "global_simple", "keys_compared": 2 + len(UPDATED) + len(NEW),
                   "compared": "location", "disagreements": {"missing": 0, "extra": 0, "wrong_location": 0},
                   "samples": {"missing": [], "extra": [], "wrong_location": []}}
-    desc = tee.describe()["timeline"]
+    desc = describe(tee)["timeline"]
     assert [c.get("shadow") for c in desc] == [None, sh]
     capsys.readouterr()
     assert main(["show", tee.uri], submitted=True) == 0

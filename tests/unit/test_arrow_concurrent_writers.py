@@ -32,6 +32,7 @@ import pytest
 from spark_jobs.arrow_engine.upsert import run_upsert as arrow_upsert
 from spark_jobs.arrow_engine.validate import run_validate as arrow_validate
 from spark_jobs.table import Action, Table
+from spark_jobs.table.describe import describe
 from spark_jobs.table.action.upsert import UpsertOptions
 from spark_jobs.table.reader import read_arrow
 from tests.oracle import reduce_batches, rows_by_identity
@@ -151,7 +152,7 @@ def three_writers_overlapping_then_disjoint(upsert: Upsert, validate: Validate, 
     t = Table.load(uri)
     retried = [c for i in t.timeline.completed([Action.COMMIT]) for c in t.timeline.read_metadata(i)["conflicts"]]
     assert retried, "the injected pause should have made at least one writer retry"
-    assert t.describe()["conflicts"], "show lists the recent conflicts"
+    assert describe(t)["conflicts"], "show lists the recent conflicts"
 
 
 @pytest.mark.parametrize("index,table_type", [("record", "copy_on_write"), ("bucket", "copy_on_write"),

@@ -21,6 +21,7 @@ from spark_jobs.arrow_engine.upsert import run_upsert
 from spark_jobs.arrow_engine.validate import run_validate
 from spark_jobs.engines import upsert_footprint
 from spark_jobs.table.action.engine import choose_engine
+from spark_jobs.table.action.rollback import rollback
 from spark_jobs.table.action.upsert import UpsertOptions
 from spark_jobs.table.reader import read_arrow
 from spark_jobs.table.table import Table
@@ -178,7 +179,7 @@ def test_killed_arrow_writer_leaves_old_snapshot_and_next_run_repairs(tmp_path, 
     if point != "after_requested":
         assert t.marked_files(pending[0].timestamp), "the writer should have left marked files"
     if repair == "rollback":
-        assert t.rollback() == [pending[0].timestamp]
+        assert rollback(t) == [pending[0].timestamp]
         assert read_arrow(uri).to_pylist() == before
     res = run_upsert(_options(uri, src2, index, "b2"))
     assert not res["noop"]

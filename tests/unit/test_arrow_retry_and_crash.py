@@ -25,6 +25,7 @@ import pytest
 
 from spark_jobs.arrow_engine.upsert import run_upsert as arrow_upsert
 from spark_jobs.arrow_engine.validate import run_validate as arrow_validate
+from spark_jobs.table.action.rollback import rollback
 from spark_jobs.table.action.upsert import UpsertOptions
 from spark_jobs.table.reader import read_arrow
 from spark_jobs.table.table import Table
@@ -95,7 +96,7 @@ def killed_writer_leaves_old_snapshot_and_next_run_repairs(upsert: Upsert, valid
         assert t.marked_files(pending[0].timestamp), "the writer should have left marked files"
 
     if repair == "rollback":
-        assert t.rollback() == [pending[0].timestamp]
+        assert rollback(t) == [pending[0].timestamp]
         assert read_arrow(uri).to_pylist() == before
         assert not t.marked_files(pending[0].timestamp)
     res = upsert(options(uri, src2, index, "batch-2"))

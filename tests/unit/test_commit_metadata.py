@@ -20,7 +20,7 @@ from spark_jobs.table.action import Transaction
 from spark_jobs.table.action.clean import run_clean
 from spark_jobs.table.action.compact import CompactionPolicy
 from spark_jobs.table.action.conflict import WriteSet
-from spark_jobs.table.action.rollback import referenced_files
+from spark_jobs.table.action.rollback import referenced_files, rollback
 from spark_jobs.table.action.upsert import UpsertOptions, file_group_entry
 from spark_jobs.table.commit import (
     CommitMetadata,
@@ -31,6 +31,7 @@ from spark_jobs.table.commit import (
     parse,
 )
 from spark_jobs.table.reader import read_arrow
+from spark_jobs.table.describe import describe
 from spark_jobs.table.table import Table
 from spark_jobs.table.timeline import Action
 
@@ -73,7 +74,7 @@ def test_every_metadata_the_product_writes_round_trips(tmp_path, index, table_ty
     t = Table.load(uri)
     txn = Transaction(t, Action.COMMIT, {"batch_id": "abandoned"}).begin()
     txn._heartbeat.stop()  # type: ignore[union-attr]
-    assert t.rollback(txn.ts, force=True) == [txn.ts]
+    assert rollback(t, txn.ts, force=True) == [txn.ts]
     _upsert(tmp_path, uri, index, table_type, 4)
     assert not run_clean(uri, retain_commits=1)["noop"]
 
@@ -99,7 +100,7 @@ def test_every_metadata_the_product_writes_round_trips(tmp_path, index, table_ty
     # the view replayed through the type is the table's view
     t = Table.load(uri)
     assert t.view().num_rows == read_arrow(uri).num_rows
-    shown = t.describe()["timeline"]  # `show` reads every entry through the type
+    shown = describe(t)["timeline"]  # `show` reads every entry through the type
     by_instant = {m.get("instant"): m for _, m in entries}
     for row in shown:
         meta = by_instant.get(row["instant"], {})

@@ -20,8 +20,10 @@ from spark_jobs.exceptions import (
 )
 from spark_jobs.index.record_index import IndexEntries, lookup, write_index_file
 from spark_jobs.io.filesystem import InstantExistsError, resolve
+from spark_jobs.table.action.rollback import rollback
 from spark_jobs.table.config import TableConfig
 from spark_jobs.table.reader import read_arrow
+from spark_jobs.table.describe import describe
 from spark_jobs.table.table import Table
 from spark_jobs.table.timeline import Action, InstantConflictError, State
 from spark_jobs.table.view import encode_schema
@@ -237,12 +239,12 @@ def test_rollback_deletes_only_marked_files_and_resumes(tmp_path):
     committed = {p for p in os.listdir(t.root) if p.endswith(".parquet")}
     pending = write_commit(t, [("a", 9), ("z", 9)], file_id="fg2", complete=False)
     assert len(t.marked_files(pending)) == 2
-    assert t.rollback() == [pending]
+    assert rollback(t) == [pending]
     assert {p for p in os.listdir(t.root) if p.endswith(".parquet")} == committed
     assert t.timeline.pending() == [] and not os.path.exists(t.layout.marker_dir(pending))
     rb = t.timeline.completed([Action.ROLLBACK])
     assert t.timeline.read_metadata(rb[0])["rolled_back"] == pending
-    assert t.rollback() == []  # nothing left: a no-op
+    assert rollback(t) == []  # nothing left: a no-op
 
 
 def test_interrupted_rollback_is_finished_first(tmp_path):
@@ -251,7 +253,7 @@ def test_interrupted_rollback_is_finished_first(tmp_path):
     files = t.marked_files(pending)
     # a rollback that wrote its plan, then died before deleting anything
     t.timeline.create_requested(Action.ROLLBACK, {"target": pending, "target_action": "commit", "files": files})
-    assert t.rollback() == []  # it resumes the interrupted one; nothing else is pending
+    assert rollback(t) == []  # it resumes the interrupted one; nothing else is pending
     assert t.timeline.pending() == []
     assert not any(os.path.exists(t.abs(f)) for f in files)
 
@@ -263,11 +265,11 @@ def test_live_writer_blocks_rollback(tmp_path):
     pending = write_commit(t, [("a", 1)], complete=False)
     hb = Heartbeat(t.io, t.layout, pending).start()
     try:
-        assert t.rollback() == []  # a sweep of abandoned instants leaves a live writer alone
+        assert rollback(t) == []  # a sweep of abandoned instants leaves a live writer alone
         assert [i.timestamp for i in t.timeline.pending()] == [pending]
         with pytest.raises(WriterAliveError, match="live writer"):
-            t.rollback(pending)  # named: refused, retryable (exit 3)
-        assert t.rollback(pending, force=True) == [pending]
+            rollback(t, pending)  # named: refused, retryable (exit 3)
+        assert rollback(t, pending, force=True) == [pending]
     finally:
         hb.stop()
 
@@ -283,7 +285,7 @@ def test_a_task_overtaken_by_a_rollback_leaves_nothing(tmp_path):
 
     def write_while_rolled_back(rel: str):
         def write() -> None:
-            assert t.rollback(pending, force=True) == [pending]  # decides and cleans before our file exists
+            assert rollback(t, pending, force=True) == [pending]  # decides and cleans before our file exists
             pq.write_table(pa.table({"id": ["c"], "v": [3], "_bi_key": ["c"]}, schema=SCHEMA), t.abs(rel))
         return write
 
@@ -306,9 +308,9 @@ def test_rollback_of_completed_instant_is_refused(tmp_path):
     t = new_table(tmp_path)
     done = write_commit(t, [("a", 1)])
     with pytest.raises(BadInputError, match="is completed"):
-        t.rollback(done)
+        rollback(t, done)
     with pytest.raises(BadInputError, match="no pending instant"):
-        t.rollback("20000101000000000")
+        rollback(t, "20000101000000000")
 
 
 def test_finalize_markers_deletes_unreferenced_attempts(tmp_path):
@@ -394,7 +396,7 @@ def test_repair_leaves_a_live_writers_markers_and_heartbeat(tmp_path):
     t.create_marker(live.ts, rel)
     open(t.abs(rel), "wb").close()
     try:
-        assert Table.load(t.root).rollback() == []
+        assert rollback(Table.load(t.root)) == []
         assert os.path.exists(t.abs(rel)) and t.marked_files(live.ts) == [rel]
         assert os.path.exists(t.layout.heartbeat_file(live.ts))
     finally:
@@ -421,7 +423,7 @@ def test_show_lists_live_writers_and_recent_conflicts(tmp_path, capsys):
             b.commit(meta("b"))
         b.record_give_up("b", 1)
         b.abort()
-        d = Table.load(t.root).describe()
+        d = describe(Table.load(t.root))
         assert [(w["instant"], w["batch_id"], w["alive"]) for w in d["writers"]] == [(live.ts, "hourly", True)]
         assert [(c["instant"], c["batch_id"], c["with"]) for c in d["conflicts"]] == [(b.ts, "b", a.ts)]
         assert main(["show", t.root]) == 0
@@ -429,4 +431,4 @@ def test_show_lists_live_writers_and_recent_conflicts(tmp_path, capsys):
         assert f"{live.ts} commit" in out and "alive" in out and "gave up after 1 attempt(s)" in out
     finally:
         live.abort()
-    assert Table.load(t.root).describe()["writers"] == []
+    assert describe(Table.load(t.root))["writers"] == []

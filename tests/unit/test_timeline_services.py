@@ -19,6 +19,7 @@ import pytest
 from spark_jobs.exceptions import BadInputError
 from spark_jobs.table.action import checkpoint as ckpt
 from spark_jobs.table.action.clean import run_clean
+from spark_jobs.table.action.rollback import rollback
 from spark_jobs.table.action.transaction import Transaction
 from spark_jobs.table.config import TableConfig
 from spark_jobs.table.reader import read_arrow
@@ -121,7 +122,7 @@ def test_archival_keeps_directories_small_and_history_answerable(tmp_path):
         assert rows(t.uri, instants[i]) == oracle(i + 1)
     assert [i.timestamp for i in fresh.timeline.completed()] == instants
     # a plan file of an archived instant never looks pending (nothing to roll back)
-    assert fresh.rollback() == [] and fresh.timeline.pending() == []
+    assert rollback(fresh) == [] and fresh.timeline.pending() == []
     commit(t, 45)
     assert rows(t.uri) == oracle(46)
 
@@ -283,7 +284,7 @@ def test_killed_checkpoint_or_archival_leaves_a_readable_table(tmp_path, point):
     assert rows(t.uri) == oracle(50) and fresh.view().to_state() == scratch_view(fresh).to_state()
     assert rows(t.uri, instants[3]) == oracle(4) and rows(t.uri, instants[35]) == oracle(36)
     assert fresh.commit_for_batch("b1") is not None and fresh.commit_for_batch("b33") is not None
-    assert fresh.rollback() == []  # nothing looks abandoned
+    assert rollback(fresh) == []  # nothing looks abandoned
     for i in range(50, 61):  # the next commits checkpoint and archive again
         commit(t, i)
     ckpt.archive(t, min_entries=5)

@@ -19,9 +19,11 @@ import pytest
 
 from spark_jobs.exceptions import ConflictError, InstantRolledBackError, RetryableError
 from spark_jobs.table.action import service
+from spark_jobs.table.action.rollback import rollback
 from spark_jobs.table.action.transaction import Committed, Transaction
 from spark_jobs.table.config import TableConfig
 from spark_jobs.table.reader import read_arrow
+from spark_jobs.table.describe import describe
 from spark_jobs.table.table import Table
 from spark_jobs.table.timeline import Action, State
 from spark_jobs.table.view import FileSystemView, encode_schema
@@ -141,7 +143,7 @@ def test_gives_up_after_max_retries_with_a_note_and_nothing_left(tmp_path, batch
     no_trace(t, txn.ts, written)
     # the note `show` lists
     assert os.path.exists(t.layout.conflict_file(txn.ts))
-    noted = Table.load(t.uri).describe()["conflicts"]
+    noted = describe(Table.load(t.uri))["conflicts"]
     assert [(c["instant"], c["batch_id"]) for c in noted] == [(txn.ts, batch_id)]
     assert read_arrow(t.uri).to_pylist() == [{"id": "fg1", "v": 102}]  # the other writer's
 
@@ -203,7 +205,7 @@ def test_rolled_back_by_another_process_while_writing(tmp_path):
 
     def attempt(view: FileSystemView, retries: list) -> dict:
         written.append(write_file(t, txn.ts, "fg1", 1))
-        Table.load(t.uri).rollback(txn.ts, force=True)  # `bucketindex rollback --force` from elsewhere
+        rollback(Table.load(t.uri), txn.ts, force=True)  # `bucketindex rollback --force` from elsewhere
         raise RuntimeError("task failed: instant was rolled back while this task wrote")  # what a task then says
 
     with pytest.raises(InstantRolledBackError) as e:
@@ -223,7 +225,7 @@ def test_rolled_back_before_the_commit_point(tmp_path):
 
     def attempt(view: FileSystemView, retries: list) -> dict:
         written.append(write_file(t, txn.ts, "fg1", 1))
-        Table.load(t.uri).rollback(txn.ts, force=True)
+        rollback(Table.load(t.uri), txn.ts, force=True)
         return meta("b", "fg1", written[-1], retries)
 
     with pytest.raises(InstantRolledBackError) as e:
@@ -297,7 +299,7 @@ def test_a_service_rolled_back_while_it_ran_is_a_conflict(tmp_path):
     real = _compacting(t, "fg1", written)
 
     def cancelled_meanwhile(txn: Transaction) -> dict:
-        Table.load(t.uri).rollback(txn.ts, force=True)  # what a concurrent rehash does to the plan
+        rollback(Table.load(t.uri), txn.ts, force=True)  # what a concurrent rehash does to the plan
         return real(txn)
 
     with pytest.raises(ConflictError, match=f"compaction {planned} was cancelled .* while it ran"):

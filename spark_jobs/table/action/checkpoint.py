@@ -31,6 +31,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from spark_jobs.io.filesystem import InstantExistsError
+from spark_jobs.table.action.rollback import pending_snapshots
 from spark_jobs.table.config import DEFAULT_CHECKPOINT_INTERVAL
 from spark_jobs.table.timeline import (
     CHECKPOINT_FORMAT,
@@ -40,9 +41,11 @@ from spark_jobs.table.timeline import (
     Timeline,
     checkpoint_seqs,
     read_checkpoint,
+    read_checkpoint_batches,
 )
 from spark_jobs.table.view import FileSystemView
 from spark_jobs.table.faults import maybe_crash
+from spark_jobs.table.table import retention
 from spark_jobs.text import plural
 
 if TYPE_CHECKING:
@@ -84,8 +87,6 @@ def maybe_checkpoint(table: "Table", *, interval: int | None = None) -> int | No
 
 def write_checkpoint(table: "Table", seq: int) -> int:
     """Write the checkpoint after entry ``seq`` (idempotent: an existing one is kept)."""
-    from spark_jobs.table.action.clean import retention  # clean commits through this module's caller
-
     tl = table.timeline
     if read_checkpoint(table.io, table.layout, seq) is not None:
         return seq
@@ -127,12 +128,9 @@ def _create(table: "Table", path: str, payload: dict[str, Any]) -> None:
 
 
 def read_batches(table: "Table", seq: int) -> dict[str, list[Any]] | None:
-    """``batch id -> [instant, seq, action]`` of every commit up to checkpoint ``seq``, or None if unreadable."""
-    try:
-        data = json.loads(table.io.read_bytes(table.layout.checkpoint_batches_file(seq)))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    """``batch id -> [instant, seq, action]`` of every commit up to checkpoint ``seq``, or None
+    if unreadable (:func:`~spark_jobs.table.timeline.read_checkpoint_batches`)."""
+    return read_checkpoint_batches(table.io, table.layout, seq)
 
 
 def _batches_upto(table: "Table", tl: Timeline, seq: int) -> dict[str, list[Any]]:
@@ -151,8 +149,6 @@ def _batches_upto(table: "Table", tl: Timeline, seq: int) -> dict[str, list[Any]
 def archive(table: "Table", *, min_entries: int = ARCHIVE_MIN_ENTRIES,
             heartbeat_timeout_s: float | None = None) -> tuple[int, int] | None:
     """Move old sequence entries and their plan files into one archive file; returns its range."""
-    from spark_jobs.table.action.rollback import pending_snapshots
-
     tl = table.timeline.reload()
     readable: list[int] = []  # the newest two that parse (older ones are not opened: O(1))
     for s in reversed(checkpoint_seqs(table.io, table.layout)):

@@ -27,14 +27,14 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pendulum
 
 from spark_jobs.exceptions import BadInputError, PathEscapeError
 from spark_jobs.table.action.options import POSITIONAL, SWITCH, VerbOptions, check_heartbeat_timeout, option
 from spark_jobs.table.action.rollback import pending_snapshots, referenced_files
-from spark_jobs.table.action.service import execute, execute_waiting, pending_plans, schedule
+from spark_jobs.table.action.service import execute, execute_waiting, schedule
 from spark_jobs.table.action.transaction import Transaction
 from spark_jobs.table.commit import Written
 from spark_jobs.table.commit import parse as parse_commit
@@ -42,12 +42,10 @@ from spark_jobs.table.layout import is_reference
 from spark_jobs.table.timeline import Action, checkpoint_seqs
 from spark_jobs.table.view import FileSystemView
 from spark_jobs.table.faults import maybe_crash
+from spark_jobs.table.table import Table, pending_plans
 from spark_jobs.text import plural
 
-if TYPE_CHECKING:
-    from spark_jobs.table.table import Table
-
-__all__ = ["CleanOptions", "plan_clean", "run_clean", "describe_clean", "retained_from", "retention", "CleanPolicy"]
+__all__ = ["CleanOptions", "plan_clean", "run_clean", "describe_clean", "CleanPolicy"]
 
 log = logging.getLogger("bucketindex.clean")
 
@@ -108,26 +106,6 @@ class CleanPolicy:
                 else f"retain {self.retain_hours:g} hour{'s' * (self.retain_hours != 1)}")
 
 
-def retention(instant: str, fields: dict[str, Any]) -> dict[str, Any]:
-    """``{"instant", "earliest_retained_seq", "earliest_retained_instant"}`` of a clean, from
-    its plan or its completed metadata (the same fields): what a read as of an instant checks."""
-    return {"instant": instant, "earliest_retained_seq": int(fields["earliest_retained_seq"]),
-            "earliest_retained_instant": fields.get("earliest_retained_instant")}
-
-
-def retained_from(table: "Table") -> dict[str, Any] | None:
-    """The retention of the latest clean, completed or pending (its deletions may have
-    begun): a clean since the checkpoint, else the one the checkpoint carries; None if none."""
-    tl = table.timeline
-    found = [retention(inst.timestamp, plan) for inst, plan in pending_plans(table, Action.CLEAN)]
-    last = tl.recent(1, [Action.CLEAN], after_seq=tl.base_seq)
-    if last:
-        found.append(retention(last[0].timestamp, tl.read_metadata(last[0])))
-    elif (tl.checkpoint or {}).get("clean"):
-        found.append(tl.checkpoint["clean"])
-    return max(found, key=lambda r: r["earliest_retained_seq"], default=None)
-
-
 def plan_clean(table: "Table", policy: CleanPolicy, *, heartbeat_timeout_s: float | None = None,
                with_sizes: bool = True) -> dict[str, Any] | None:
     """The plan of a clean now, or None when nothing would be deleted (pure: writes nothing)."""
@@ -139,7 +117,7 @@ def plan_clean(table: "Table", policy: CleanPolicy, *, heartbeat_timeout_s: floa
     for ts, snap in pending_snapshots(table, heartbeat_timeout_s, scheduled=True):
         if snap < target:
             target, held_by = snap, ts
-    prev = retained_from(table)
+    prev = table.retained_from()
     prev_seq = prev["earliest_retained_seq"] if prev else 0
     if target <= prev_seq:
         return None
@@ -243,8 +221,6 @@ def run_clean(uri: str, *, retain_commits: int | None = None, retain_hours: floa
     Returns ``{"instant", "noop", "files", "bytes", "earliest_retained", "resumed", "dry_run"}``:
     ``instant`` None when nothing was deleted (nothing old enough, or a dry run).
     """
-    from spark_jobs.table.table import Table
-
     table = Table.load(uri)
     policy = CleanPolicy.of(table, retain_commits, retain_hours)
     out: dict[str, Any] = {"instant": None, "noop": True, "files": 0, "bytes": 0, "earliest_retained": None,
@@ -316,7 +292,7 @@ def _drop_unreachable_checkpoints(table: "Table", retained_seq: int) -> None:
 
 def describe_clean(table: "Table") -> dict[str, Any]:
     """What ``show`` prints: the retained window and what a clean now would delete."""
-    kept = retained_from(table)
+    kept = table.retained_from()
     out: dict[str, Any] = {"retained_from": kept["earliest_retained_instant"] if kept else None,
                            "last_clean": kept["instant"] if kept else None}
     try:

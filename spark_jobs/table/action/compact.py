@@ -38,10 +38,11 @@ from spark_jobs.table.action.options import (
     check_heartbeat_timeout,
     option,
 )
-from spark_jobs.table.action.rollback import is_writer_alive
-from spark_jobs.table.action.service import execute, execute_waiting, pending_plans, schedule
+from spark_jobs.table.action.rollback import rollback
+from spark_jobs.table.action.service import execute, execute_waiting, schedule
 from spark_jobs.table.commit import EngineInfo, FileGroupChange, IndexFileChange, Written
 from spark_jobs.table.config import INDEX_RECORD
+from spark_jobs.table.table import Table, is_writer_alive, pending_plans
 from spark_jobs.table.timeline import Action, State, check_instant
 from spark_jobs.table.view import FileSlice, FileSystemView, is_index_delta
 from spark_jobs.text import plural
@@ -49,7 +50,6 @@ from spark_jobs.text import plural
 if TYPE_CHECKING:
     from spark_jobs.table.action.engine import EngineChoice
     from spark_jobs.table.action.transaction import Transaction
-    from spark_jobs.table.table import Table
 
 __all__ = ["CompactOptions", "CompactionPolicy", "plan_compaction", "schedule_compaction", "compaction_metadata", "compactable",
            "DEFAULT_INDEX_BASE_CAP", "check_plan", "plan_index_base_cap", "execute_plan", "run", "Write", "Pick",
@@ -448,8 +448,6 @@ def run(uri: str, pick: Pick, *, policy: CompactionPolicy | None = None, schedul
     bool, "executed": bool, "noop": bool, "resumed": [...], "engine": {...}, ...}``;
     ``instant`` None means nothing was due and nothing was written.
     """
-    from spark_jobs.table.table import Table
-
     table = Table.load(uri)
     started = time.perf_counter()
     out: dict[str, Any] = {"instant": instant, "scheduled": False, "executed": False, "noop": False}
@@ -551,8 +549,6 @@ def run_rebuild(uri: str, write: Write, *, buckets: Sequence[int] | None = None,
 
     Returns ``{"instant", "executed", "noop", "buckets", "resumed", "counts", "engine"}``.
     """
-    from spark_jobs.table.table import Table
-
     table = Table.load(uri)
     assert table.config is not None
     if table.config.index_type != INDEX_RECORD:
@@ -610,4 +606,4 @@ def _cancel_plans_holding(table: "Table", buckets: set[int], heartbeat_timeout_s
                                    f"live process; rebuild it once that completes")
         log.info("cancelling compaction %s: it folds index files of bucket %s, which the rebuild replaces",
                  inst.timestamp, ", ".join(map(str, sorted(held))))
-        table.rollback(inst.timestamp, force=True)
+        rollback(table, inst.timestamp, force=True)

@@ -31,13 +31,13 @@ from spark_jobs.exceptions import BadInputError
 from spark_jobs.io.storage import redact_uri
 from spark_jobs.table.action.engine import EngineChoice
 from spark_jobs.table.action.options import POSITIONAL, VerbOptions, check_engine, check_heartbeat_timeout, option
-from spark_jobs.table.action.rollback import is_writer_alive
-from spark_jobs.table.action.service import pending_plans, rehash_after
+from spark_jobs.table.action.rollback import rollback
+from spark_jobs.table.action.service import rehash_after
 from spark_jobs.table.action.transaction import Transaction, repair_abandoned
 from spark_jobs.table.commit import EngineInfo, FileGroupChange, IndexFileChange, Written
 from spark_jobs.table.config import INDEX_BUCKET, INDEX_RECORD, MAX_NUM_BUCKETS
 from spark_jobs.table.faults import maybe_crash
-from spark_jobs.table.table import Table
+from spark_jobs.table.table import Table, is_writer_alive, pending_plans
 from spark_jobs.table.timeline import Action
 from spark_jobs.table.view import FileSystemView
 from spark_jobs.text import plural
@@ -264,7 +264,7 @@ def cancel_stale_plans(table: Table) -> list[str]:
             if rehash_after(table, int(plan.get("snapshot_seq") or 0)) is None:
                 continue
             log.info("cancelling %s %s: planned under the bucket count before a rehash", action, inst.timestamp)
-            table.rollback(inst.timestamp, force=True)
+            rollback(table, inst.timestamp, force=True)
             cancelled.append(inst.timestamp)
     return cancelled
 

@@ -19,14 +19,14 @@ from spark_jobs.table.action.options import POSITIONAL, SWITCH, VerbOptions, che
 from spark_jobs.table.commit import CommitMetadata
 from spark_jobs.table.commit import parse as parse_commit
 from spark_jobs.table.delta import after_commit
-from spark_jobs.table.heartbeat import is_alive
 from spark_jobs.table.timeline import Action, Instant, SequenceTakenError, State, check_instant
 from spark_jobs.table.faults import maybe_crash
+from spark_jobs.table.table import is_writer_alive
 
 if TYPE_CHECKING:
     from spark_jobs.table.table import Table
 
-__all__ = ["RollbackOptions", "rollback", "repair", "is_writer_alive", "pending_snapshots"]
+__all__ = ["RollbackOptions", "rollback", "repair", "pending_snapshots"]
 
 log = logging.getLogger("bucketindex.rollback")
 
@@ -49,14 +49,6 @@ class RollbackOptions(VerbOptions):
         check_heartbeat_timeout(self.heartbeat_timeout_s)
         if self.instant is not None:
             check_instant(self.instant, option="INSTANT")
-
-
-def is_writer_alive(table: "Table", inst: Instant, timeout_s: float | None = None) -> bool:
-    try:
-        owner = table.timeline.read_plan(inst).get("owner")
-    except FileNotFoundError:  # plan removed meanwhile: nothing is writing it any more
-        return False
-    return is_alive(table.io, table.layout, inst.timestamp, timeout_s, owner=owner)
 
 
 def pending_snapshots(table: "Table", timeout_s: float | None = None, *,

@@ -23,17 +23,18 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from spark_jobs.exceptions import BadInputError, ConflictError, InstantRolledBackError, WriterAliveError
-from spark_jobs.table.action.rollback import is_writer_alive
+from spark_jobs.table.action.rollback import rollback
 from spark_jobs.table.action.transaction import Transaction, reserve
 from spark_jobs.table.commit import Written
 from spark_jobs.table.heartbeat import owner_info
+from spark_jobs.table.table import is_writer_alive, pending_plans
 from spark_jobs.table.timeline import Action, Instant, InstantConflictError, State
 from spark_jobs.table.faults import maybe_crash
 
 if TYPE_CHECKING:
     from spark_jobs.table.table import Table
 
-__all__ = ["schedule", "pending_plans", "execute", "execute_waiting", "Executed", "rehash_after"]
+__all__ = ["schedule", "execute", "execute_waiting", "Executed", "rehash_after"]
 
 log = logging.getLogger("bucketindex.service")
 
@@ -47,17 +48,6 @@ def schedule(table: "Table", action: str, plan: dict[str, Any]) -> Instant:
     log.info("scheduled %s %s", action, inst.timestamp)
     maybe_crash("schedule_after_requested")
     return inst
-
-
-def pending_plans(table: "Table", action: str) -> list[tuple[Instant, dict[str, Any]]]:
-    """Scheduled, not yet completed plans of ``action`` with their plan, oldest first."""
-    out = []
-    for inst in table.timeline.reload().pending([action]):
-        try:
-            out.append((inst, table.timeline.read_plan(inst)))
-        except FileNotFoundError:  # cancelled meanwhile
-            continue
-    return out
 
 
 @dataclass
@@ -123,7 +113,7 @@ def _cancel_if_rehashed(table: "Table", inst: Instant) -> str | None:
     hit = rehash_after(table, int(table.timeline.read_plan(inst).get("snapshot_seq") or 0))
     if hit is None:
         return None
-    table.rollback(inst.timestamp, force=True)
+    rollback(table, inst.timestamp, force=True)
     return (f"conflict: {inst.action} {inst.timestamp} was planned before rehash {hit['instant']} changed the "
             f"bucket count; it was cancelled, schedule a new one")
 
