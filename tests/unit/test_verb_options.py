@@ -17,7 +17,7 @@ import pytest
 
 import spark_jobs
 from spark_jobs import cli, exceptions
-from spark_jobs.cli import build_parser
+from spark_jobs.cli import build_parser, main
 from spark_jobs.exceptions import BadInputError, BucketIndexError
 from spark_jobs.table.action.alter import AlterOptions
 from spark_jobs.table.action.bootstrap import BootstrapOptions
@@ -310,3 +310,23 @@ def test_the_cli_read_prints_what_run_returns(table, capsys):
     assert "k 1/é%+" in text and "k+2" in text
     assert cli.main(["validate", table]) == 0
     assert json.loads(capsys.readouterr().out)["ok"]
+
+
+def test_a_shadow_index_equal_to_a_record_tables_index_is_refused_saying_why(tmp_path):
+    """``shadow_index="record"`` from Python: the table's check names the reason (the tee would
+    compare the index with itself), not only the list of shadow indexes; nothing is written."""
+    import pyarrow as pa
+
+    from spark_jobs.engines import precheck_upsert
+    from spark_jobs.io import parquet
+
+    src = tmp_path / "batch.parquet"
+    parquet.write_table(pa.table({"id": ["a b", "ü"], "v": [1, 2]}), str(src))
+    table = tmp_path / "t"
+    main(["upsert", str(table), str(src), "--record-key", "id"])
+    before = sorted(p.name for p in table.rglob("*"))
+    with pytest.raises(BadInputError, match="compares the index with itself"):
+        precheck_upsert(UpsertOptions(table=str(table), source=str(src), shadow_index="record"))
+    with pytest.raises(BadInputError, match="--shadow-index must be one of global_simple, bucket, got 'hash'"):
+        UpsertOptions(table=str(table), source=str(src), shadow_index="hash")
+    assert sorted(p.name for p in table.rglob("*")) == before
