@@ -287,13 +287,12 @@ def test_a_table_written_before_keeps_its_old_directories(spark, tmp_path, monke
     """Directories named by the rule before issue 22 (a value starting with `__` unescaped, a
     name of 201-255 bytes whole) keep their values: a bucket-index update must find its key
     there, not store a second copy under the new name."""
-    import spark_jobs.jobs.keys as keys
-
     uri = str(tmp_path / "table")
     old_value, long_value = "__x", "w" * 230
     first = [{"id": "a", "region": old_value, "ts": 1}, {"id": "b", "region": long_value, "ts": 1},
              {"id": "c", "region": "eu", "ts": 1}]
-    monkeypatch.setattr(keys, "DUNDER_ESCAPE", ("(?!)", ""))  # the old rule, in the driver's expression
+    # the old rule, in the one definition of a partition directory (the driver's Spark expression applies it)
+    monkeypatch.setattr(layout, "DUNDER_ESCAPE", ("(?!)", ""))
     monkeypatch.setattr(layout, "MAX_PARTITION_DIR_BYTES", 255)
     run_upsert(spark, _options(uri, write_batch(tmp_path / "b0.parquet", first, SCHEMA), "bucket", "b0"))
     monkeypatch.undo()
