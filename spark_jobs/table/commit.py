@@ -261,27 +261,21 @@ def _freeze(value: Any) -> Any:
 
 
 @dataclass(frozen=True, kw_only=True)
-class CommitMetadata:
-    """A completed timeline entry's ``metadata`` (every action: commit, compaction, rehash,
-    bootstrap, clean, rollback). Fields that are None (or ``file_groups``/``index_*`` None)
-    were absent; every key the type does not name is in ``extra``
-    (``bootstrap``, ``rolled_back``, ``previous_num_buckets``, plan fields, ...)."""
+class _Reported:
+    """The fields an action reports about its own attempt, shared by :class:`Written` (what
+    an engine hands the commit protocol) and :class:`CommitMetadata` (what the timeline
+    keeps): declared once, so the two cannot drift apart. None is absent."""
 
-    action: str | None = None
-    instant: str | None = None
-    batch_id: str | None = None
     operation: str | None = None
     index_type: str | None = None
     num_buckets: int | None = None
-    snapshot_seq: int | None = None
     schema: str | None = None
+    #: the file groups written, replaced (a compaction's ``compacted_logs``, a bootstrap's
+    #: ``replaces``) and removed (``removed``)
     file_groups: tuple[FileGroupChange, ...] | None = None
     index_added: tuple[IndexFileChange, ...] | None = None
     index_removed: tuple[str, ...] | None = None
-    #: keys of ``index`` other than added/removed (None: none; {} an ``index`` with neither)
-    index_extra: Mapping[str, Any] | None = None
     counts: Mapping[str, Any] | None = None
-    conflicts: tuple[Mapping[str, Any], ...] | None = None
     timings_ms: Mapping[str, Any] | None = None
     engine: EngineInfo | None = None
     shadow: Mapping[str, Any] | None = None
@@ -306,11 +300,31 @@ class CommitMetadata:
     earliest_retained_instant: str | None = None
     previous_retained_seq: int | None = None
     policy: Mapping[str, Any] | None = None
+    #: every key the type does not name
+    extra: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommitMetadata(_Reported):
+    """A completed timeline entry's ``metadata`` (every action: commit, compaction, rehash,
+    bootstrap, clean, rollback). Fields that are None (or ``file_groups``/``index_*`` None)
+    were absent; every key the type does not name is in ``extra``
+    (``bootstrap``, ``rolled_back``, ``previous_num_buckets``, plan fields, ...).
+
+    What an action reports is declared in :class:`_Reported`; the fields here are the ones
+    only the commit protocol (or a rollback) records."""
+
+    action: str | None = None
+    instant: str | None = None
+    batch_id: str | None = None
+    snapshot_seq: int | None = None
+    #: keys of ``index`` other than added/removed (None: none; {} an ``index`` with neither)
+    index_extra: Mapping[str, Any] | None = None
+    conflicts: tuple[Mapping[str, Any], ...] | None = None
     #: a rollback: the instant it aborted, that instant's action and the files it deleted
     rolled_back: str | None = None
     target_action: str | None = None
     deleted_files: tuple[str, ...] | None = None
-    extra: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
 
     _KNOWN = ("action", "instant", "batch_id", "operation", "index_type", "num_buckets", "snapshot_seq",
               "schema", "file_groups", "index", "counts", "conflicts", "timings_ms", "engine", "shadow", "reads",
@@ -385,7 +399,7 @@ class CommitMetadata:
         nothing else builds a commit's metadata."""
         return cls(action=action, instant=instant, batch_id=batch_id, snapshot_seq=snapshot_seq,
                    conflicts=tuple(MappingProxyType(dict(c)) for c in conflicts) if conflicts is not None else None,
-                   **{f.name: getattr(written, f.name) for f in fields(Written)})
+                   **{f.name: getattr(written, f.name) for f in fields(_Reported)})
 
     # -- what readers ask ----------------------------------------------------------------
     @property
@@ -447,7 +461,7 @@ def parse(meta: Mapping[str, Any]) -> CommitMetadata:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Written:
+class Written(_Reported):
     """What one attempt of an action reports: the file groups it wrote, replaced or removed,
     the index files it added and removed, its counts, the schema or properties it sets, and
     what its kind of action records of its own.
@@ -460,32 +474,6 @@ class Written:
     :class:`CommitMetadata` with the same meaning; None is absent. Lists given are kept as
     tuples and dicts as read-only mappings.
     """
-
-    operation: str | None = None
-    index_type: str | None = None
-    num_buckets: int | None = None
-    schema: str | None = None
-    #: the file groups written, replaced (a compaction's ``compacted_logs``, a bootstrap's
-    #: ``replaces``) and removed (``removed``)
-    file_groups: tuple[FileGroupChange, ...] | None = None
-    index_added: tuple[IndexFileChange, ...] | None = None
-    index_removed: tuple[str, ...] | None = None
-    counts: Mapping[str, Any] | None = None
-    timings_ms: Mapping[str, Any] | None = None
-    engine: EngineInfo | None = None
-    shadow: Mapping[str, Any] | None = None
-    reads: ReadSet | None = None
-    properties: Mapping[str, Any] | None = None
-    ignored: Mapping[str, Any] | None = None
-    session_start_ms: int | None = None
-    previous_num_buckets: int | None = None
-    bootstrap: Mapping[str, Any] | None = None
-    alter: Mapping[str, Any] | None = None
-    earliest_retained_seq: int | None = None
-    earliest_retained_instant: str | None = None
-    previous_retained_seq: int | None = None
-    policy: Mapping[str, Any] | None = None
-    extra: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
 
     #: fields the protocol sets (:meth:`CommitMetadata.of`); an action never reports them
     PROTOCOL = ("action", "instant", "batch_id", "snapshot_seq", "conflicts")
@@ -503,7 +491,7 @@ class Written:
         owned = [k for k in cls.PROTOCOL if getattr(meta, k) is not None]
         if owned or meta.index_extra or meta.rolled_back or meta.target_action or meta.deleted_files:
             raise ValueError(f"an action's report names what the commit protocol sets: {owned or dict(d)!r}")
-        return cls(**{f.name: getattr(meta, f.name) for f in fields(cls)})
+        return cls(**{f.name: getattr(meta, f.name) for f in fields(_Reported)})
 
     def replace(self, **changes: Any) -> Written:
         """This report with ``changes`` (``dataclasses.replace``)."""
