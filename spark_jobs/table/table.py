@@ -15,9 +15,8 @@ from __future__ import annotations
 import json
 import logging
 import posixpath
+from datetime import datetime, timezone
 from typing import Any, Callable, Iterable, TypeVar
-
-import pendulum
 
 from spark_jobs.exceptions import (
     BadInputError,
@@ -331,4 +330,6 @@ def is_writer_alive(table: Table, inst: Instant, timeout_s: float | None = None)
 
 
 def _iso(epoch: float | None) -> str | None:
-    return None if epoch is None else pendulum.from_timestamp(float(epoch), "UTC").to_iso8601_string()
+    if epoch is None:
+        return None
+    return datetime.fromtimestamp(float(epoch), timezone.utc).isoformat().replace("+00:00", "Z")

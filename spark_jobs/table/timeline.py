@@ -32,7 +32,6 @@ from datetime import datetime, timedelta, timezone
 from enum import IntEnum
 from typing import Any, Iterable
 
-import pendulum
 
 from spark_jobs.exceptions import BadInputError, TableCorruptError
 from spark_jobs.io.filesystem import FileIO, InstantExistsError
@@ -58,7 +57,16 @@ __all__ = [
     "resolve_as_of",
     "seq_at_time",
     "instant_to_iso",
+    "utc_stamp",
 ]
+
+
+def utc_stamp(*, seconds_ago: float = 0.0) -> str:
+    """Now (less ``seconds_ago``) in UTC in the instants' form ``YYYYMMDDHHmmssSSS``: the
+    clock of instant times, ``completed`` stamps and retention cut-offs, with the standard
+    library only (a cold CLI process should not pay for a calendar library here)."""
+    now = datetime.now(timezone.utc) - timedelta(seconds=seconds_ago)
+    return now.strftime("%Y%m%d%H%M%S") + f"{now.microsecond // 1000:03d}"
 
 
 class Action:
@@ -696,7 +704,7 @@ class Timeline:
         Two processes can still pick the same time; creating the requested file decides
         (:meth:`create_requested` raises for the loser, who picks again).
         """
-        now = pendulum.now("UTC").format("YYYYMMDDHHmmssSSS")
+        now = utc_stamp()
         self.reload()
         last = max([i.timestamp for i in self.instants] + [ts for ts, _ in self._files] + [self.max_instant()],
                    default="")
@@ -732,7 +740,7 @@ class Timeline:
         # "completed": when the slot was claimed (UTC, the instants' form), so that a reader can
         # travel to a *time* and leave out commits requested before it but completed after it
         entry = {"seq": seq, "instant": instant.timestamp, "action": instant.action, "metadata": metadata,
-                 "completed": pendulum.now("UTC").format("YYYYMMDDHHmmssSSS")}
+                 "completed": utc_stamp()}
         data = json.dumps(entry, indent=1, sort_keys=True, default=str).encode()
         try:
             self.io.create_exclusive(self.layout.sequence_file(seq), data)

@@ -51,6 +51,9 @@ SPARK_ENGINE = ("spark_jobs.jobs",)
 RUNTIMES = ("pyspark", "py4j", "airflow")
 #: the test harness (tests/harness: torture, the S3 server, Delta readers) and the benchmarks
 HARNESS = ("tests", "benchmarks", "conftest")
+#: Airflow's calendar library: the core's clock is the standard library's, so a cold CLI
+#: process or a Spark worker that loads the core does not pay for it
+CALENDAR = ("pendulum",)
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,7 @@ class Layer:
 
 
 LAYERS = (
-    Layer("table core", CORE, allowed=CORE + LEAVES, denied=RUNTIMES + HARNESS),
+    Layer("table core", CORE, allowed=CORE + LEAVES, denied=RUNTIMES + HARNESS + CALENDAR),
     Layer("kernels", KERNELS, allowed=CORE + LEAVES + KERNELS, denied=RUNTIMES + HARNESS),
     Layer("Arrow engine", ARROW_ENGINE, allowed=None,
           denied=SPARK_ENGINE + ("spark_jobs.engines", "spark_jobs.cli", "airflow_provider_bucketindex")

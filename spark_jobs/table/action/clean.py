@@ -29,7 +29,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import pendulum
 
 from spark_jobs.exceptions import BadInputError, PathEscapeError
 from spark_jobs.table.action.options import POSITIONAL, SWITCH, VerbOptions, check_heartbeat_timeout, option
@@ -39,7 +38,7 @@ from spark_jobs.table.action.transaction import Transaction
 from spark_jobs.table.commit import Written
 from spark_jobs.table.commit import parse as parse_commit
 from spark_jobs.table.layout import is_reference
-from spark_jobs.table.timeline import Action, checkpoint_seqs
+from spark_jobs.table.timeline import Action, checkpoint_seqs, utc_stamp
 from spark_jobs.table.view import FileSystemView
 from spark_jobs.table.faults import maybe_crash
 from spark_jobs.table.table import Table, pending_plans
@@ -156,7 +155,7 @@ def _earliest_retained(table: "Table", policy: CleanPolicy) -> int | None:
             return None  # fewer snapshots than retained: nothing is old enough
         return writes[0].seq
     assert policy.retain_hours is not None
-    cutoff = pendulum.now("UTC").subtract(seconds=int(policy.retain_hours * 3600)).format("YYYYMMDDHHmmssSSS")
+    cutoff = utc_stamp(seconds_ago=int(policy.retain_hours * 3600))
     seq = tl.seq_as_of(cutoff)  # the snapshot a reader as of the cutoff sees must stay readable
     return seq or None
 
