@@ -1246,7 +1246,8 @@ def run_sequence(seq: dict[str, Any], workdir: Path, *, storage: Storage | None 
         except Exception as e:
             raise Divergence(i, "check raised", f"{type(e).__name__}: {' '.join(str(e).split())[:1500]}") from e
         if log:
-            log(f"    step {i} {step['op']}/{step.get('via', step.get('phase', ''))}: "
+            how = _engine(step) if step["op"] in ("rehash", "bootstrap") else step.get("via", step.get("phase", ""))
+            log(f"    step {i} {step['op']}/{how}: "
                 f"{time.perf_counter() - t0:.1f} s with checks")
     shutil.rmtree(workdir, ignore_errors=True)
     if r.storage.kind == "s3":  # the server keeps objects in memory: a long run must not pile them up
