@@ -3,12 +3,13 @@
 Each sequence is generated from one seed (``tests.harness.torture.generate``): table
 settings and 4-12 steps -- upserts (in-process, CLI, Spark), kills at fault points, 2-3
 racing writers (a table service beside them), forced rollbacks of live writers, compaction,
-clean, rollback, schema change, rehash and bootstrap (Spark) -- with the table checked against
-the oracle, ``validate``, ``shadow-compare``, time travel, a file audit and a digest of its
-surroundings after every step. A fraction ``--spark-share`` of the sequences take Spark steps,
-all in one in-process local Spark session. A fraction ``--mirror-share`` mirror their table to
-Delta (every retained Delta version is then read back through ``deltalake`` after every step),
-and ``--long-share`` run 40-48 steps so that archival runs and is killed.
+clean, rollback, schema change, rehash and bootstrap (each on Arrow, ``auto`` or Spark) -- with
+the table checked against the oracle, ``validate``, ``shadow-compare``, time travel, a file
+audit and a digest of its surroundings after every step. A fraction ``--spark-share`` of the
+sequences take Spark steps, all in one in-process local Spark session; the others rehash and
+bootstrap on Arrow only. A fraction ``--mirror-share`` mirror their table to Delta (every
+retained Delta version is then read back through ``deltalake`` after every step), and
+``--long-share`` run 40-48 steps so that archival runs and is killed.
 
 A divergence of a bug already filed with a failing regression test (``torture.KNOWN``) is
 counted (``known_divergences``) and the run goes on; any other is shrunk to the fewest steps
@@ -16,7 +17,9 @@ and rows that still fail the same check and printed as JSON with the command tha
 (``--replay FILE|JSON``). Progress lines go to stdout;
 the last line is one JSON object: ``sequences``, ``steps``, ``kills``, ``overlaps``,
 ``divergences``, ``delta_versions`` (read back and compared), ``archived_sequences``,
-``duration_s``, ``seed`` and the step count per action.
+``duration_s``, ``seed`` and the step count per action (``actions``: upserts per route,
+``upsert_api`` ... ``upsert_spark``; rehash and bootstrap per engine asked for, ``rehash_arrow``,
+``rehash_auto``, ``rehash_spark``, ``bootstrap_*``).
 
     python benchmarks/torture.py [--sequences 1000] [--seed S] [--spark-share 0.05]
                                  [--mirror-share 0.25] [--long-share 0.04]
@@ -76,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sequences", type=int, default=1000, help="how many sequences (default 1000)")
     ap.add_argument("--seed", type=int, default=None, help="the run's seed (default: random, printed)")
     ap.add_argument("--spark-share", type=float, default=0.03,
-                    help="fraction of sequences with Spark steps (upsert, rehash, bootstrap); default 0.03")
+                    help="fraction of sequences with Spark steps (upsert, rehash, bootstrap; the others rehash "
+                         "and bootstrap on Arrow); default 0.03")
     ap.add_argument("--mirror-share", type=float, default=0.25,
                     help="fraction of sequences mirrored to Delta (from creation or by `mirror --enable`); "
                          "default 0.25")
@@ -123,9 +127,9 @@ def main(argv: list[str] | None = None) -> int:
                                              overlaps=not args.no_overlaps, mirror_share=args.mirror_share,
                                              long_share=args.long_share))
         log(f"torture: {len(seqs)} sequences, seed {seed}, storage {args.storage}, "
-            f"{sum(1 for q in seqs if _uses_spark(q))} with Spark steps; work dir {work}")
+            f"{sum(1 for q in seqs if torture.uses_spark(q))} with Spark steps; work dir {work}")
         for i, seq in enumerate(seqs):
-            if _uses_spark(seq):
+            if torture.uses_spark(seq):
                 spark_session()
             d = torture.diverges(seq, work / f"s{i}", storage=storage, counts=counts)
             if i % 10 == 9 or i == len(seqs) - 1 or d is not None:
@@ -169,14 +173,11 @@ def main(argv: list[str] | None = None) -> int:
     result = {**counts.as_dict(), "duration_s": round(time.perf_counter() - t0, 1), "seed": seed,
               "storage": args.storage, "spark_share": args.spark_share, "mirror_share": args.mirror_share,
               "long_share": args.long_share,
-              "spark_sequences": sum(1 for q in seqs if _uses_spark(q)), "divergent": divergent,
+              "spark_sequences": sum(1 for q in seqs if torture.uses_spark(q)), "divergent": divergent,
               "python": sys.version.split()[0]}
     emit_result(result, args.json_out)
     return 1 if counts.divergences else 0
 
-
-def _uses_spark(seq: dict[str, Any]) -> bool:
-    return any(s["op"] in ("rehash", "bootstrap") or s.get("via") == "spark" for s in seq["steps"])
 
 
 if __name__ == "__main__":

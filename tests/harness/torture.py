@@ -31,7 +31,9 @@ the commit point must leave the batch invisible, one after it visible. Overlaps 
 writer processes (sometimes with a table service beside them) with a pause widening their
 window: exit 0 means committed, exit 3 nothing visible. Spark steps (upsert, rehash,
 bootstrap) go through the in-process CLI (``spark_jobs.cli.main``), which reuses the active
-Spark session; this module imports no ``pyspark``.
+Spark session; this module imports no ``pyspark``. Rehash and bootstrap steps name their
+engine (``--engine arrow|auto|spark``, :func:`_arrow_steps`) and the runner checks the CLI
+ran on it.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ __all__ = [
     "replay_command",
     "run_sequence",
     "shrink",
+    "uses_spark",
 ]
 
 #: points of the commit protocol before the commit point: a kill there leaves nothing visible
@@ -109,6 +112,14 @@ BOOT_REGIONS = ("eu west", "são paulo", "north")
 TABLE_TYPES = ("copy_on_write", "merge_on_read")
 INDEXES = ("record", "bucket", "global_simple")
 CLI = [sys.executable, "-m", "spark_jobs.cli"]
+#: the engines a rehash or bootstrap step asks for (``--engine``): both verbs run on either
+#: (issue 37); ``auto`` sizes the work and picks one, which on these small tables is Arrow.
+#: Sequences without Spark draw from the first two only
+STEP_ENGINES = ("arrow", "auto", "spark")
+#: the share of sequences without Spark steps that get an Arrow rehash (somewhere after the
+#: first step) and that start with an Arrow bootstrap (:func:`_arrow_steps`)
+ARROW_REHASH_SHARE = 0.3
+ARROW_BOOTSTRAP_SHARE = 0.25
 DELTA_LOG = "_delta_log/"
 #: what a Delta log holds (format.md §11): versions, Parquet checkpoints, the checkpoint pointer
 DELTA_FILE = re.compile(r"^(\d{20}\.json|\d{20}\.checkpoint\.parquet|_last_checkpoint)$")
@@ -270,6 +281,11 @@ def generate(seed: int, *, spark: bool = False, kills: bool = True, overlaps: bo
     (``settings["uri_options"]``: on S3 storage; a local path takes no query). These are drawn
     from a second random stream, so a seed's other steps are what they were before these
     options existed.
+
+    Rehash and bootstrap steps name their engine (``step["engine"]``: ``--engine arrow``,
+    ``auto`` or ``spark``), drawn from a third stream (:func:`_arrow_steps`) as upserts name
+    theirs (``via``): in Spark sequences any of the three, elsewhere Arrow rehash and bootstrap
+    steps are added, so every seed's other steps stay what they were.
     """
     g = _Gen(seed, spark=spark, kills=kills, overlaps=overlaps)
     rng = g.rng
@@ -328,7 +344,8 @@ def generate(seed: int, *, spark: bool = False, kills: bool = True, overlaps: bo
     while len(steps) < n:
         draw()
     ext = random.Random(f"torture-ext/{seed}")
-    if ext.random() < long_share:
+    is_long = ext.random() < long_share
+    if is_long:
         settings["checkpoint_interval"] = 2
         for _ in range(ext.randint(40, 48) - len(steps)):
             draw()
@@ -360,7 +377,39 @@ def generate(seed: int, *, spark: bool = False, kills: bool = True, overlaps: bo
     seq = {"seed": seed, "settings": settings, "steps": steps}
     if ext.random() < float_share:  # drawn last: the draws above stay what they were
         _float_precombine(seq, ext)
+    _arrow_steps(seq, g, spark=spark, long=is_long)
     return seq
+
+
+def _arrow_steps(seq: dict[str, Any], g: _Gen, *, spark: bool, long: bool) -> None:
+    """Give each rehash and bootstrap step its engine, and add Arrow ones to sequences without Spark.
+
+    From a stream of its own (seeded by the sequence's seed), drawn after everything else, so
+    a seed's steps are what they were before these verbs had an Arrow engine, plus the engine
+    names and added steps. A Spark sequence's rehash and bootstrap steps (drawn as before) ask
+    for any engine (:data:`STEP_ENGINES`), so Arrow and Spark runs of one verb alternate on one
+    table, as upserts' engines do. A sequence without Spark gets, on a bucketed table (not
+    ``global_simple``: no bucket count to change, as for Spark), an Arrow or auto rehash
+    somewhere after the first step, and some (short ones: a bootstrap's table takes no
+    checkpoint interval, which long sequences need for archival) start with a bootstrap.
+    """
+    eng = random.Random(f"torture-engine/{seq['seed']}")
+    choices = STEP_ENGINES if spark else STEP_ENGINES[:2]
+    steps, s = seq["steps"], seq["settings"]
+    if not spark and s["index"] != "global_simple":
+        # the same draws whatever the other streams added (a mirror step): a seed's rows stay equal
+        rehash, where, direction = eng.random() < ARROW_REHASH_SHARE, eng.random(), eng.choice(["up", "down"])
+        if rehash:
+            steps.insert(1 + int(where * len(steps)), {"op": "rehash", "direction": direction})
+        if eng.random() < ARROW_BOOTSTRAP_SHARE and not long:
+            boot = _bootstrap_step(g, s, rng=eng)
+            if s.get("ts_type"):  # the dataset's ts column has the table's floating-point type
+                for r in boot["rows"]:
+                    r["ts"] = float(r["ts"])
+            steps.insert(0, boot)
+    for st in steps:
+        if st["op"] in ("rehash", "bootstrap"):
+            st["engine"] = eng.choice(choices)
 
 
 #: the share of a floating-point sequence's ``ts`` values drawn as NaN
@@ -418,8 +467,9 @@ def _empty_beside_null(steps: list[dict[str, Any]], ext: random.Random) -> None:
     walk(steps)
 
 
-def _bootstrap_step(g: _Gen, settings: dict[str, Any]) -> dict[str, Any]:
-    rng = g.rng
+def _bootstrap_step(g: _Gen, settings: dict[str, Any], *, rng: random.Random | None = None) -> dict[str, Any]:
+    """A first step making the table from a dataset; ``rng``: a stream other than the generator's."""
+    rng = rng or g.rng
     mode = "rewrite" if settings["index"] == "bucket" else rng.choice(["reference", "rewrite"])
     files: list[dict[str, Any]] = []
     keys = rng.sample(g.keys[:30], rng.randint(3, 10))
@@ -662,15 +712,17 @@ class _Runner:
 
     # -- executing -----------------------------------------------------------------------
     def cli(self, args: list[str]) -> tuple[int, str]:
-        """The in-process CLI (reuses an active Spark session); returns (status, stderr)."""
+        """The in-process CLI (reuses an active Spark session); returns (status, stderr), and
+        keeps its stdout in ``last_out``."""
         from spark_jobs.cli import main
 
-        err = _io.StringIO()
-        with _quiet(), contextlib.redirect_stderr(err):
+        out, err = _io.StringIO(), _io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 rc = main(args)
             except SystemExit as e:  # argparse
                 rc = int(e.code or 0)
+        self.last_out = out.getvalue()
         return rc, err.getvalue()
 
     def must(self, args: list[str]) -> None:
@@ -699,6 +751,8 @@ class _Runner:
         # steps that run a writer's repair (format.md §4 step 3) or a rollback's
         self.repaired_now = op in ("rollback", "retry") or (op == "upsert" and step["via"] in ("api", "cli", "spark"))
         name = op if op != "upsert" else f"upsert_{step['via']}"
+        if op in ("rehash", "bootstrap"):  # per engine asked for, as upserts per route
+            name = f"{op}_{_engine(step)}"
         self.counts.actions[name] += 1
         self.counts.steps += 1
         getattr(self, f"do_{op}")(step)
@@ -887,18 +941,35 @@ class _Runner:
         m = n // 2 if step["direction"] == "down" and n % 2 == 0 else min(n * 2, 16)
         if m == n:
             return
-        self.must(["rehash", self.uri, "--num-buckets", str(m), "--master", self.spark_master])
+        self.must(["rehash", self.uri, "--num-buckets", str(m), *self._engine_args(step)])
+        self._check_engine(step)
+
+    def _engine_args(self, step: dict[str, Any]) -> list[str]:
+        """``--engine`` as the step asks (Spark: on this run's master, reusing its session)."""
+        engine = _engine(step)
+        return ["--engine", engine] + (["--master", self.spark_master] if engine == "spark" else [])
+
+    def _check_engine(self, step: dict[str, Any]) -> None:
+        """The engine the CLI reports having run is the one asked for (``auto`` on these small
+        tables: Arrow), so the per-engine counts say what ran."""
+        first = self.last_out.splitlines()[0] if self.last_out.strip() else "{}"
+        ran = (json.loads(first).get("engine") or {}).get("name")
+        want = "arrow" if _engine(step) == "auto" else _engine(step)
+        if ran is not None and ran != want:
+            raise Divergence(self.step_no, f"{step['op']} engine", f"asked for {_engine(step)}, ran on {ran}: "
+                             f"{self.last_out.strip()[:800]}")
 
     def do_bootstrap(self, step: dict[str, Any]) -> None:
         s = self.settings
         args = ["bootstrap", self.uri, self.dataset, "--record-key", "id", "--precombine-field", "ts",
                 "--index", s["index"], "--mode", step["mode"], "--num-buckets", str(s["num_buckets"]),
-                "--table-type", s["table_type"], "--master", self.spark_master]
+                "--table-type", s["table_type"], *self._engine_args(step)]
         if s["partitioned"]:
             args += ["--partition-field", "region"]
         if s.get("mirror"):
             args += ["--mirror", s["mirror"]]
         self.must(args)
+        self._check_engine(step)
         from spark_jobs.table import Table
 
         cols = [c for c in Table.load(self.uri).view().schema.names if not c.startswith("_bi_")]
@@ -1175,7 +1246,8 @@ def run_sequence(seq: dict[str, Any], workdir: Path, *, storage: Storage | None 
         except Exception as e:
             raise Divergence(i, "check raised", f"{type(e).__name__}: {' '.join(str(e).split())[:1500]}") from e
         if log:
-            log(f"    step {i} {step['op']}/{step.get('via', step.get('phase', ''))}: "
+            how = _engine(step) if step["op"] in ("rehash", "bootstrap") else step.get("via", step.get("phase", ""))
+            log(f"    step {i} {step['op']}/{how}: "
                 f"{time.perf_counter() - t0:.1f} s with checks")
     shutil.rmtree(workdir, ignore_errors=True)
     if r.storage.kind == "s3":  # the server keeps objects in memory: a long run must not pile them up
@@ -1236,6 +1308,18 @@ def shrink(seq: dict[str, Any], first: Divergence, workdir: Path, *, budget_s: f
                 best, why = cand, d
             j -= 1
     return best, why
+
+
+def _engine(step: dict[str, Any]) -> str:
+    """The engine a rehash or bootstrap step asks for; a step written before both verbs had an
+    Arrow engine names none and ran on Spark."""
+    return step.get("engine", "spark")
+
+
+def uses_spark(seq: dict[str, Any]) -> bool:
+    """Whether ``seq`` has a step that runs on Spark (its runner needs a Spark session)."""
+    return any(s.get("via") == "spark" or s["op"] in ("rehash", "bootstrap") and _engine(s) == "spark"
+               for s in seq["steps"])
 
 
 def _senders(seq: dict[str, Any]) -> Iterator[dict[str, Any]]:

@@ -39,7 +39,8 @@ MAX_STEPS = 9
 #: frequent checkpoints; kills before and after the commit point and of compact, clean, alter,
 #: rollback; racing writers beside compact and clean; a forced rollback; compaction scheduled,
 #: executed and run whole; clean; rollback; retry; alter; a table mirrored to Delta from creation
-#: and two turned on by `mirror --enable` (tests/unit/test_torture.py's docstring)
+#: and two turned on by `mirror --enable`; a rehash on --engine arrow and one on auto
+#: (tests/unit/test_torture.py's docstring)
 FIXED = [1913, 358, 1428, 1800, 814, 2480]
 RANDOM = [random.SystemRandom().randrange(2**31) for _ in range(2)]
 
@@ -72,6 +73,8 @@ def test_fixed_seeds_cover_every_step_kind():
         seen |= {s["index"], s["table_type"], "unpartitioned" if not s["partitioned"] else "partitioned"}
         for st in seq["steps"]:
             seen.add(st["op"] + ("/" + st["via"] if st["op"] == "upsert" else ""))
+            if st["op"] in ("rehash", "bootstrap"):
+                seen.add(f"{st['op']}/{st['engine']}")
             if st.get("kill"):
                 seen.add("kill " + ("pre-commit" if st["kill"] in torture.PRE_COMMIT else st["op"]
                                     if st["op"] != "upsert" else "post-commit"))
@@ -83,7 +86,7 @@ def test_fixed_seeds_cover_every_step_kind():
             "upsert/api", "upsert/cli", "upsert/kill", "upsert/forced", "overlap", "overlap+compact",
             "overlap+clean", "compact", "clean", "rollback", "retry", "alter", "kill pre-commit",
             "kill post-commit", "kill compact", "kill clean", "kill alter", "kill rollback", "mirror",
-            "mirror from creation"}
+            "mirror from creation", "rehash/arrow", "rehash/auto"}
     assert want <= seen, sorted(want - seen)
 
 
@@ -93,6 +96,29 @@ def test_generator_is_a_function_of_the_seed():
     assert generate(78) != a
     keys = {r["id"] for st in generate(5, max_steps=12)["steps"] for r in st.get("rows", [])}
     assert len(keys) > 3
+
+
+def test_rehash_and_bootstrap_steps_name_their_engine():
+    """Issue 37: both verbs have an Arrow engine, so the generator draws each step's engine
+    (seeded, as upserts' routes): Spark sequences ask for arrow, auto or spark; the others get
+    Arrow (or auto) rehash and bootstrap steps, and no step of theirs needs Spark."""
+    engines: dict[tuple[bool, str], set[str]] = {}
+    for seed in range(150):
+        for spark in (False, True):
+            seq = generate(seed, spark=spark)
+            assert seq == generate(seed, spark=spark)  # the engines too are a function of the seed
+            for st in seq["steps"]:
+                if st["op"] in ("rehash", "bootstrap"):
+                    engines.setdefault((spark, st["op"]), set()).add(st["engine"])
+                    assert seq["settings"]["index"] != "global_simple"
+            if not spark:
+                assert not torture.uses_spark(seq), seq
+    assert engines == {(False, "rehash"): {"arrow", "auto"}, (False, "bootstrap"): {"arrow", "auto"},
+                       (True, "rehash"): {"arrow", "auto", "spark"},
+                       (True, "bootstrap"): {"arrow", "auto", "spark"}}
+    # a step written before both verbs had an Arrow engine names none: it ran, and replays, on Spark
+    assert torture.uses_spark({"steps": [{"op": "rehash", "direction": "up"}]})
+    assert not torture.uses_spark({"steps": [{"op": "rehash", "direction": "up", "engine": "auto"}]})
 
 
 def test_mirrored_tables_draw_empty_beside_null():
@@ -282,3 +308,25 @@ def test_the_benchmark_replays_a_sequence_and_ends_with_its_counts(tmp_path):
     last = json.loads(r.stdout.strip().splitlines()[-1])
     assert (last["sequences"], last["steps"], last["divergences"]) == (1, 2, 0)
     assert {"kills", "overlaps", "duration_s", "seed", "actions"} <= set(last)
+
+
+@pytest.mark.parametrize("index,mode", [("record", "reference"), ("bucket", "rewrite")])
+def test_arrow_rehash_and_bootstrap_run_without_spark_and_are_counted_per_engine(tmp_path, index, mode):
+    """A sequence that bootstraps and rehashes on --engine arrow and auto replays with no Spark
+    session (``spark_sequences`` 0), passes every check, and the result counts those steps per
+    engine; the harness checks the engine the CLI reports is the one asked for."""
+    boot = {"op": "bootstrap", "mode": mode, "engine": "arrow",
+            "rows": [{"id": k, "region": r, "ts": ts, "amount": "1.25", "at": "2024-03-30T23:00:00+00:00"}
+                     for k, r, ts in [("k 1/%", "eu west", 1), ("日本", "são paulo", 2), ("x+y z", "north", 0)]]}
+    seq = _seq([boot, _up("b001", [("k 1/%", "a/b", 5, False), ("日本", None, 1, False), ("x+y z", "x+y", 3, True)]),
+                {"op": "rehash", "direction": "up", "engine": "arrow"},
+                _up("b002", [("k 1/%", "a/b", 6, False), ("new", "100%", 1, False)]),
+                {"op": "rehash", "direction": "down", "engine": "auto"}], index)
+    path = tmp_path / "seq.json"
+    path.write_text(json.dumps(seq, ensure_ascii=False))
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "torture.py"), "--replay", str(path)],
+                       check=False, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    last = json.loads(r.stdout.strip().splitlines()[-1])
+    assert (last["steps"], last["divergences"], last["spark_sequences"]) == (5, 0, 0)
+    assert last["actions"] == {"bootstrap_arrow": 1, "rehash_arrow": 1, "rehash_auto": 1, "upsert_api": 2}
