@@ -42,6 +42,9 @@ import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from airflow_provider_bucketindex.cli import main
+from spark_jobs.io import filesystem, storage
+
 __all__ = ["run_cli", "in_process"]
 
 #: environment variables whose presence means the command must run in its own process
@@ -93,8 +96,6 @@ def run_cli(*args: str, env: Mapping[str, str] | None = None, cwd: str | os.Path
                               capture_output=True, text=True, env=None if env is None else dict(env),
                               cwd=cwd, input=input, timeout=timeout, check=False,
                               start_new_session=True)  # a fault kills its session: not the test runner's
-    from airflow_provider_bucketindex.cli import main
-
     out, err = _Capture(), _Capture()
     with _isolated(env=env, cwd=cwd, stdin=io.StringIO(input or ""), stdout=out, stderr=err):
         try:
@@ -149,8 +150,6 @@ def _isolated(*, env: Mapping[str, str] | None, cwd: str | os.PathLike[str] | No
     the environment, the working directory, the standard streams, logging (the root logger's
     handlers and level, every logger's level, handlers and propagation), signal handlers,
     warning filters, the run's storage options and the caches built from them."""
-    from spark_jobs.io import storage
-
     saved_env = dict(os.environ)
     saved_cwd = os.getcwd()
     saved_streams = (sys.stdin, sys.stdout, sys.stderr)
@@ -215,8 +214,6 @@ def _forget_caches() -> None:
     """Module-level caches the CLI fills, keyed by what a new process would rebuild: the FileIOs
     (:func:`spark_jobs.io.filesystem.clear_cache`, called by ``storage.configure``) and the
     table handles a task opens (:func:`spark_jobs.kernels.tasks._open_table`)."""
-    from spark_jobs.io import filesystem
-
     filesystem.clear_cache()
     tasks = sys.modules.get("spark_jobs.kernels.tasks")
     if tasks is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,7 @@ def _state() -> dict:
                     if isinstance(lg, logging.Logger)},
         "signals": {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)},
         "storage": storage.configured(),
+        "threads": set(threading.enumerate()),  # a heartbeat left beating would outlive the command
     }
 
 
