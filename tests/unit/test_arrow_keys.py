@@ -35,6 +35,7 @@ from spark_jobs.arrow_engine.source import (
 from spark_jobs.exceptions import BadInputError, EngineUnsupportedError
 from spark_jobs.index.hashing import buckets_of, composite_key
 from spark_jobs.table.layout import partition_path
+from tests.harness.cli import run_cli
 
 
 @pytest.mark.parametrize("arr", [
@@ -306,8 +307,7 @@ def test_a_bigint_key_sent_as_a_5001_digit_string_upserts_on_the_arrow_engine(tm
     run_upsert(UpsertOptions(table=uri, source=str(first), record_key=["id"], partition_field="region", batch_id="b1"))
 
     def cli(src: Path) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "spark_jobs.cli", "upsert", uri, str(src), "--engine", "arrow"],
-                              capture_output=True, text=True, timeout=120)
+        return run_cli("upsert", uri, str(src), "--engine", "arrow", timeout=120)
 
     def digest() -> str:
         h = hashlib.sha256()

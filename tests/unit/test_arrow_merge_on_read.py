@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,6 +21,7 @@ from spark_jobs.arrow_engine.validate import run_validate as arrow_validate
 from spark_jobs.table.action.upsert import UpsertOptions
 from spark_jobs.table.reader import read_arrow
 from spark_jobs.table.table import Table
+from tests.harness.cli import run_cli
 from tests.oracle import reduce_batches, rows_by_identity
 from tests.unit.test_arrow_concurrent_writers import ARROW, write_batch
 from tests.unit.test_arrow_retry_and_crash import B1, crash_upsert
@@ -83,8 +82,7 @@ def test_compaction_bad_input_is_one_line_and_writes_nothing(tmp_path):
         (["--min-logs", "0"], "--min-logs must be at least 1"),
         (["--execute", "20990101000000000", "--min-logs", "2"], "apply when scheduling"),
     ):
-        p = subprocess.run([sys.executable, "-m", "spark_jobs.cli", "compact", uri, *args],
-                           capture_output=True, text=True, timeout=120)
+        p = run_cli("compact", uri, *args, timeout=120)
         assert p.returncode == 2, (args, p.stderr)
         assert p.stderr.strip().count("\n") == 0 and needle in p.stderr, (args, p.stderr)
         assert tree_digest(tmp_path / "t") == before
@@ -93,8 +91,7 @@ def test_compaction_bad_input_is_one_line_and_writes_nothing(tmp_path):
     arrow_upsert(UpsertOptions(table=mor, source=src, record_key=["id"], precombine_field="ts",
                                partition_field="region", index="record", num_buckets=4, delete_field="is_deleted",
                                batch_id="b0", target_file_rows=60, table_type="merge_on_read"))
-    p = subprocess.run([sys.executable, "-m", "spark_jobs.cli", "compact", mor, "--schedule-only"],
-                       capture_output=True, text=True, timeout=120)
+    p = run_cli("compact", mor, "--schedule-only", timeout=120)
     assert p.returncode == 0 and p.stdout.strip().splitlines()[-1] == "nothing to compact: no file group or index bucket is due"
     assert json.loads(p.stdout.splitlines()[0])["instant"] is None
     assert Table.load(mor).timeline.pending() == []

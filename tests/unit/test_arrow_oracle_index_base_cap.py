@@ -4,15 +4,13 @@ Spark) against the oracle: tests/spark/test_index_base_cap.py, which imports thi
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from spark_jobs.arrow_engine.upsert import run_upsert
 from spark_jobs.exceptions import BadInputError
 from spark_jobs.table.action.compact import CompactionPolicy
 from spark_jobs.table.action.upsert import UpsertOptions
+from tests.harness.cli import run_cli
 from tests.unit.test_arrow_oracle_upsert import make_batches, tree_digest, write_batch
 
 pytestmark = pytest.mark.unit
@@ -34,8 +32,7 @@ def test_index_base_cap_bad_input_is_one_line_and_writes_nothing(tmp_path):
     for args, needle in ((["--index-base-cap", "0"], "--index-base-cap must be at least 1, got 0"),
                          (["--index-base-cap", "-5", "--min-deltas", "1"], "--index-base-cap must be at least 1"),
                          (["--execute", "20990101000000000", "--index-base-cap", "5"], "apply when scheduling")):
-        p = subprocess.run([sys.executable, "-m", "spark_jobs.cli", "compact", uri, *args],
-                           capture_output=True, text=True, timeout=120)
+        p = run_cli("compact", uri, *args, timeout=120)
         assert p.returncode == 2, (args, p.stderr)
         assert p.stderr.strip().count("\n") == 0 and needle in p.stderr, (args, p.stderr)
         assert tree_digest(tmp_path / "t") == before

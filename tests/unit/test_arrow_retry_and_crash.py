@@ -29,6 +29,7 @@ from spark_jobs.table.action.rollback import rollback
 from spark_jobs.table.action.upsert import UpsertOptions
 from spark_jobs.table.reader import read_arrow
 from spark_jobs.table.table import Table
+from tests.harness.cli import run_cli
 from tests.oracle import reduce_batches, rows_by_identity
 from tests.unit.test_arrow_concurrent_writers import ARROW, write_batch
 
@@ -146,8 +147,7 @@ def test_crash_during_rollback_resumes(tmp_path):
     assert [i.timestamp for i in t.timeline.aborted_leftovers()] == [target]
     assert t.marked_files(target), "the crash should have left marked files to delete"
     assert read_arrow(uri).to_pylist() == before
-    p = subprocess.run([sys.executable, "-m", "spark_jobs.cli", "rollback", uri], capture_output=True, text=True,
-                       timeout=120)
+    p = run_cli("rollback", uri, timeout=120)
     assert p.returncode == 0, p.stderr
     t = Table.load(uri)
     assert t.timeline.pending() == [] and t.timeline.aborted_leftovers() == []
@@ -180,8 +180,7 @@ def test_killed_after_its_commit_point_the_batch_is_in_and_the_rerun_clears_what
     # the rerun repaired what the killed writer left (markers, heartbeat); rollback finds nothing
     t = Table.load(uri)
     assert not t.marked_files(done.timestamp) and not os.path.exists(t.layout.heartbeat_file(done.timestamp))
-    rb = subprocess.run([sys.executable, "-m", "spark_jobs.cli", "rollback", uri], capture_output=True, text=True,
-                        timeout=120)
+    rb = run_cli("rollback", uri, timeout=120)
     assert rb.returncode == 0, rb.stderr
     t = Table.load(uri)
     assert t.timeline.completed(["rollback"]) == []

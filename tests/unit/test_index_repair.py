@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ from spark_jobs.arrow_engine.validate import run_validate
 from spark_jobs.index.hashing import buckets_of
 from spark_jobs.table.reader import read_arrow
 from spark_jobs.table.table import Table
+from tests.harness.cli import run_cli
 from tests.oracle import reduce_batches, rows_by_identity
 from tests.unit.test_arrow_concurrent_writers import write_batch
 from tests.unit.test_arrow_retry_and_crash import B1, B2, KEY, options
@@ -40,8 +40,8 @@ UPSERT = ("--record-key", "id", "--precombine-field", "ts", "--partition-field",
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "spark_jobs.cli", *args], capture_output=True, text=True,
-                          timeout=300, env=env or dict(os.environ), start_new_session=True)
+    """In this process (:func:`tests.harness.cli.run_cli`); a fault in ``env`` runs a process of its own."""
+    return run_cli(*args, env=env, timeout=300)
 
 
 def errors(p: subprocess.CompletedProcess) -> list[str]:

@@ -14,7 +14,6 @@ as it was. The Spark engine and Spark's reader: tests/spark/test_partial_update_
 from __future__ import annotations
 
 import subprocess
-import sys
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from pathlib import Path
@@ -32,6 +31,7 @@ from spark_jobs.table.action.upsert import UpsertOptions
 from spark_jobs.table.merge import LOG_COLUMNS_KEY
 from spark_jobs.table.reader import read_arrow
 from spark_jobs.table.table import Table
+from tests.harness.cli import run_cli
 
 pytestmark = pytest.mark.unit
 
@@ -188,8 +188,7 @@ def test_partial_history_equals_oracle_at_every_instant_and_through_compaction(t
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "spark_jobs.cli", "upsert", *args, "--engine", "arrow"],
-                          capture_output=True, text=True, timeout=120)
+    return run_cli("upsert", *args, "--engine", "arrow", timeout=120)
 
 
 def test_refusals_exit_2_with_one_line_and_the_table_unchanged(tmp_path):

@@ -7,8 +7,8 @@ checkpoint). A gap before it breaks only the verbs that read that far back (``sh
 recent history, ``clean``'s retention): they fail the same one-line way, while reads and
 writes of the latest snapshot, which the checkpoint covers, keep working.
 
-Real tables written in process, the CLI as a subprocess (what a user and the Airflow
-operators see).
+Real tables written in process, the CLI's output and exit status as a user and the Airflow
+operators see them (run in this process by :func:`tests.harness.cli.run_cli`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -26,6 +25,7 @@ import pytest
 
 from spark_jobs.arrow_engine.upsert import run_upsert
 from spark_jobs.table.action.upsert import UpsertOptions
+from tests.harness.cli import run_cli
 from tests.unit.test_cli_newcomer import tree_digest
 
 pytestmark = pytest.mark.unit
@@ -67,8 +67,7 @@ def _copy(pristine: tuple[Path, str], tmp_path: Path) -> Path:
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "SPARK_REMOTE"}
-    return subprocess.run([sys.executable, "-m", "spark_jobs.cli", *args], capture_output=True, text=True,
-                          timeout=120, env=env)
+    return run_cli(*args, timeout=120, env=env)
 
 
 def _verbs(root: Path, src: str) -> dict[str, tuple[str, ...]]:

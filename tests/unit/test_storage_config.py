@@ -15,7 +15,6 @@ import os
 import pickle
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -29,6 +28,7 @@ from spark_jobs.io.filesystem import S3FileIO, resolve
 from spark_jobs.io.storage import OPTIONS_ENV, StorageConfig
 from spark_jobs.table.reader import read_arrow
 from spark_jobs.table.table import Table
+from tests.harness.cli import run_cli as _run_cli
 from tests.oracle import reduce_batches, rows_by_identity
 
 pytestmark = pytest.mark.unit
@@ -230,8 +230,7 @@ def test_repr_never_shows_a_secret():
 
 # -- the CLI ----------------------------------------------------------------------------------
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "spark_jobs.cli", *args], capture_output=True, text=True,
-                          timeout=120, cwd=ROOT, env={**os.environ, **(env or {})})
+    return _run_cli(*args, timeout=120, cwd=ROOT, env={**os.environ, **(env or {})})
 
 
 def test_cli_storage_option_without_a_value_is_one_line_exit_2():
