@@ -9,7 +9,6 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from airflow_provider_bucketindex.hooks.bucketindex import EXIT_BAD_INPUT, EXIT_RETRYABLE, SparkJobFailed
 from airflow_provider_bucketindex.operators.base import (
     ARROW,
-    AUTO,
     SPARK,
     BucketIndexEngineMixin,
     BucketIndexSparkOperator,
@@ -262,46 +261,16 @@ class BootstrapTableOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
         """Decide the engine; on ``arrow`` bootstrap in this process and return True. False: the
         bootstrap goes to Spark (decided so, or ``auto`` and the Arrow engine cannot run it).
 
-        The dataset is listed and checked here (the core's checks, before anything is written),
-        then sized. Not :func:`spark_jobs.engines.bootstrap`: that would start a local Spark
-        session *in the worker* when the Arrow engine cannot run it; the operator submits it
-        instead. Errors map as the CLI's exit statuses do on the Spark path: bad input (2)
-        fails without retries, a conflict (3) is retried, a damaged table (1) is an ordinary
-        failure."""
-        from spark_jobs.exceptions import BadInputError, EngineUnsupportedError, RetryableError, TableCorruptError
-
-        try:
-            requested, budget = self.requested_engine()
-            if requested == SPARK:
-                self.decide_engine("bootstrap", lambda: 0)
-                return False
-            from spark_jobs.arrow_engine.bootstrap import run_bootstrap
-            from spark_jobs.table.action import bootstrap as action
-            from spark_jobs.table.action.engine import IN_MEMORY_EXPANSION
-
-            opts = self.options(batch_id, memory_budget=budget)
-            prepared = action.prepare(opts)
-            requested, choice = self.decide_engine(
-                "bootstrap", lambda: action.footprint(prepared.source, expansion=IN_MEMORY_EXPANSION))
-            if choice.engine != ARROW:
-                return False
-            try:
-                result = run_bootstrap(opts, choice=choice, prepared=prepared)
-            except EngineUnsupportedError as e:
-                if requested != AUTO:  # asked for explicitly: bad input, as the CLI's --engine arrow
-                    raise EngineUnsupportedError(f"engine='arrow' cannot run this bootstrap: {one_line(e)}; "
-                                                 f"use engine='spark'") from e
-                self.log.info("bootstrap: engine spark (engine='auto': the arrow engine cannot run it (%s), "
-                              "nothing was written; submitted to Spark)", one_line(e))
-                return False
-        except BadInputError as e:  # bad input: nothing was written, a retry cannot help
-            raise AirflowFailException(f"bucketindex bootstrap failed: {one_line(e)}") from e
-        except RetryableError as e:  # a conflict: nothing was written
-            raise AirflowException(f"bootstrap {batch_id} of {self.table_uri} met a concurrent writer and wrote "
-                                   f"nothing ({one_line(e)}); the task's retries run it again under the same "
-                                   f"batch id") from e
-        except TableCorruptError as e:  # the CLI's exit status 1
-            raise AirflowException(f"bucketindex bootstrap failed: {one_line(e)}; nothing was committed") from e
+        Through :meth:`~BucketIndexEngineMixin.run_in_task` (:func:`spark_jobs.engines.run`): the
+        dataset is listed and checked (the core's checks, before anything is written), then sized."""
+        table_uri = self.table_uri
+        engine, result = self.run_in_task(
+            "bootstrap", lambda engine, budget: self._options(batch_id, engine=engine, memory_budget=budget),
+            what="this bootstrap",
+            retryable=lambda e: (f"bootstrap {batch_id} of {table_uri} met a concurrent writer and wrote nothing "
+                                 f"({e}); the task's retries run it again under the same batch id"))
+        if engine != ARROW:
+            return False
         self.log.info("bootstrap in the task: instant %s, %s ms", result.get("instant"),
                       (result.get("timings_ms") or {}).get("total_ms", "?"))
         return True

@@ -405,6 +405,37 @@ def test_auto_bootstraps_a_small_dataset_in_the_task(ops, tmp_path, no_spark, mo
     assert again["noop"] and again["instant"] == out["instant"]
 
 
+def test_the_engine_choice_is_logged_once(ops, tmp_path, no_spark, monkeypatch, capfd):  # type: ignore[no-untyped-def]
+    """A rewrite bootstrap in the task logs its engine choice and reason once (not again from the
+    bootstrap's upsert, nor from the core's chooser)."""
+    import logging
+
+    monkeypatch.delenv(CONN, raising=False)
+    _dataset(tmp_path)
+    records: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record.getMessage())
+
+    keep = Keep(level=logging.DEBUG)
+    loggers = [logging.getLogger(n) for n in ("bucketindex", "airflow.task")]
+    for lg in loggers:
+        monkeypatch.setattr(lg, "level", logging.INFO)
+        lg.addHandler(keep)
+    try:
+        _op(ops, tmp_path, engine=None, partition_field="region", precombine_field="ts", mode="rewrite",
+            memory_budget="1g").execute({"ti": FakeTI()})
+    finally:
+        for lg in loggers:
+            lg.removeHandler(keep)
+    out = capfd.readouterr()
+    text = "\n".join([*records, out.out, out.err])
+    reason = "in memory, within the 1 GiB budget"
+    assert "bootstrap: engine arrow (engine='auto': needs about" in text, text[-3000:]
+    assert text.count(reason) == 1, [line for line in text.splitlines() if reason in line]
+
+
 def test_auto_submits_a_dataset_over_the_budget(ops, tmp_path, job, monkeypatch):  # type: ignore[no-untyped-def]
     _dataset(tmp_path)
     out = _op(ops, tmp_path, engine="auto", memory_budget="1k").execute({"ti": FakeTI()})
