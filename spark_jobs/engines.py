@@ -7,6 +7,11 @@ Arrow engine or Spark. The CLI's verbs build the options, call it and print. A S
 starts no JVM and imports no ``pyspark``. When the Arrow engine finds, before writing
 anything, that it cannot reproduce Spark's rules for this batch (``EngineUnsupportedError``),
 ``auto`` runs Spark instead and says why; ``--engine arrow`` fails with that line (exit 2).
+
+A caller that must never start Spark in its own process -- the Airflow operators, whose process
+is a worker -- passes ``decide`` (:data:`Decide`): its own engine decision over the verb's
+sizing, made before anything is written; a Spark choice comes back as :class:`SubmitToSpark`
+and the caller submits the job (spark-submit) itself.
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ if TYPE_CHECKING:
     from spark_jobs.table.action.shadow_compare import ShadowCompareOptions
     from spark_jobs.table.action.validate import ValidateOptions
 
-__all__ = ["run", "ReadResult", "upsert", "upsert_footprint", "precheck_upsert", "output_path", "VERBS", "bootstrap"]
+__all__ = ["run", "ReadResult", "upsert", "upsert_footprint", "precheck_upsert", "output_path", "VERBS", "bootstrap",
+           "Decide", "SubmitToSpark", "DECIDABLE"]
 
 log = logging.getLogger("bucketindex.engine")
 
@@ -47,6 +53,34 @@ log = logging.getLogger("bucketindex.engine")
 KEY_BYTES = 96
 #: in-memory bytes per record-index entry a lookup holds (fingerprints, location codes)
 INDEX_ENTRY_BYTES = 64
+
+
+#: ``decide(needed)``: a caller's own engine choice, given the verb's sizing ``needed()`` (bytes
+#: the Arrow engine would hold; call it only to size, it reads the table); it logs the choice
+Decide = Callable[[Callable[[], int]], EngineChoice]
+
+
+@dataclass(frozen=True)
+class SubmitToSpark:
+    """What :func:`run` with ``decide`` returns when the work goes to Spark: nothing was run or
+    written in this process; the caller submits the job. ``unsupported``: why the Arrow engine
+    could not run it, when ``auto`` chose Arrow and the engine refused before writing."""
+
+    choice: EngineChoice
+    unsupported: str | None = None
+
+
+def _arrow_or_submit(requested: str | None, run_arrow: Callable[[], Any], what: str) -> Any:
+    """``run_arrow()``, or under ``auto`` a :class:`SubmitToSpark` when the Arrow engine finds,
+    before writing anything, that it cannot run the work; under ``arrow`` that error is raised
+    as it is (the caller words it in its own terms)."""
+    try:
+        return run_arrow()
+    except EngineUnsupportedError as e:
+        if (requested or AUTO) != AUTO:
+            raise
+        reason = " ".join(str(e).split())
+        return SubmitToSpark(EngineChoice(SPARK, f"the arrow engine cannot run {what} ({reason})"), unsupported=reason)
 
 
 def precheck_upsert(opts: UpsertOptions) -> None:
@@ -114,13 +148,26 @@ def upsert_footprint(opts: UpsertOptions) -> int:
 
 
 def upsert(opts: UpsertOptions, *, spark: Callable[[], Any] | None = None,
-           spark_requested: str | None = None) -> dict[str, Any]:
+           spark_requested: str | None = None, decide: Decide | None = None) -> Any:
     """Upsert one batch on the engine ``opts.engine`` asks for (default auto).
 
     :param spark: makes (or returns) the Spark session, called only when Spark runs
     :param spark_requested: why Spark is implied (``--master yarn``), if it is
+    :param decide: see :func:`run`; the Arrow path then runs :func:`precheck_upsert` first (only
+        there: a source the Spark job reads may be reachable from its environment only)
     """
     requested = opts.engine or AUTO
+    if decide is not None:
+        choice = decide(lambda: upsert_footprint(opts))
+        if choice.engine != ARROW:
+            return SubmitToSpark(choice)
+        from spark_jobs.arrow_engine.upsert import run_upsert as run_in_process
+
+        def arrow() -> dict[str, Any]:
+            precheck_upsert(opts)
+            return run_in_process(opts, choice=choice, announce=False)  # decide has logged the choice
+
+        return _arrow_or_submit(requested, arrow, "this batch")
     budget = memory_budget(opts.memory_budget)
     sized = needs_sizing(requested, spark_requested=spark_requested, override=opts.memory_budget)
     needed = upsert_footprint(opts) if sized else 0
@@ -251,7 +298,8 @@ def _read(opts: "ReadOptions", spark: Callable[[], Any], spark_requested: str | 
     return ReadResult(SPARK, frame=df)
 
 
-def _validate(opts: "ValidateOptions", spark: Callable[[], Any], spark_requested: str | None) -> dict[str, Any]:
+def _validate(opts: "ValidateOptions", spark: Callable[[], Any], spark_requested: str | None,
+              decide: Decide | None = None) -> Any:
     def needed() -> int:
         from spark_jobs.arrow_engine.validate import needed_bytes
         from spark_jobs.table.table import Table
@@ -259,7 +307,10 @@ def _validate(opts: "ValidateOptions", spark: Callable[[], Any], spark_requested
         table = Table.load(opts.table)
         return needed_bytes(table, table.view())
 
-    if _choose(opts, spark_requested, needed).engine == ARROW:
+    choice = decide(needed) if decide is not None else _choose(opts, spark_requested, needed)
+    if decide is not None and choice.engine != ARROW:
+        return SubmitToSpark(choice)
+    if choice.engine == ARROW:
         from spark_jobs.arrow_engine.validate import run_validate as run_in_process
 
         return run_in_process(opts.table)
@@ -294,10 +345,42 @@ def _shadow_compare(opts: "ShadowCompareOptions", spark: Callable[[], Any],
     return run_shadow_compare(spark(), opts.table, opts.shadow)
 
 
-def _compact(opts: "CompactOptions", spark: Callable[[], Any], spark_requested: str | None) -> dict[str, Any]:
+def plan_bytes(uri: str, instant: str) -> int:
+    """Bytes the Arrow engine holds to execute the compaction plan ``instant``
+    (:func:`spark_jobs.arrow_engine.compact.needed_bytes`); 0 for a plan that is not pending
+    (completed: a no-op; missing or cancelled: the run refuses it, writing nothing)."""
+    from spark_jobs.arrow_engine.compact import needed_bytes
+    from spark_jobs.table.table import Table
+    from spark_jobs.table.timeline import Action
+
+    table = Table.load(uri)
+    tl = table.timeline.reload()
+    inst = None if instant in tl.aborted else tl.find(instant)
+    if inst is None or inst.is_completed or inst.action != Action.COMPACTION:
+        return 0
+    return needed_bytes(table, tl.read_plan(inst))
+
+
+def _compact(opts: "CompactOptions", spark: Callable[[], Any], spark_requested: str | None,
+             decide: Decide | None = None) -> Any:
     """Schedule and/or execute a compaction; auto sizes each plan it executes (a waiting one,
-    then the new one). ``compact --rebuild-index`` is the CLI's own (in-process only)."""
+    then the new one). ``compact --rebuild-index`` is the CLI's own (in-process only).
+
+    With ``decide``: executing one scheduled plan (``opts.execute``) only, decided before it is
+    resumed (a plan resumed and then handed to Spark would look like a live writer to the job)."""
     from spark_jobs.table.action import compact as action
+
+    if decide is not None:
+        if opts.execute is None or opts.schedule_only:
+            raise ValueError("run('compact', decide=...) executes one scheduled plan: set opts.execute")
+        instant = opts.execute
+        choice = decide(lambda: plan_bytes(opts.table, instant))
+        if choice.engine != ARROW:
+            return SubmitToSpark(choice)
+        from spark_jobs.arrow_engine.compact import write_plan
+
+        return action.run(opts.table, lambda table, plan: (write_plan, choice), instant=instant,
+                          heartbeat_timeout_s=opts.heartbeat_timeout_s)
 
     budget = memory_budget(opts.memory_budget)
     # a fixed choice is checked before anything is written (--engine arrow with --master: exit 2)
@@ -329,11 +412,36 @@ def _compact(opts: "CompactOptions", spark: Callable[[], Any], spark_requested: 
     return result
 
 
-def _rehash(opts: "RehashOptions", spark: Callable[[], Any], spark_requested: str | None) -> dict[str, Any]:
+def rehash_bytes(opts: "RehashOptions") -> int:
+    """Bytes the Arrow engine holds to rehash as ``opts`` asks
+    (:func:`spark_jobs.arrow_engine.rehash.needed_bytes`; 0 when there is nothing to do), after
+    the action's own check of the count (BadInputError, nothing written)."""
+    from spark_jobs.arrow_engine.rehash import needed_bytes
+    from spark_jobs.table.action.rehash import check_rehash
+    from spark_jobs.table.table import Table
+
+    table = Table.load(opts.table)
+    view = table.view()
+    plan = check_rehash(table, view, opts.num_buckets, heartbeat_timeout_s=opts.heartbeat_timeout_s)
+    return 0 if plan is None else needed_bytes(table, plan, view)
+
+
+def _rehash(opts: "RehashOptions", spark: Callable[[], Any], spark_requested: str | None,
+            decide: Decide | None = None) -> Any:
     """Rehash to ``opts.num_buckets``; auto sizes it by the largest units it holds at once
     (:func:`spark_jobs.arrow_engine.rehash.needed_bytes`), after the action has checked the
-    count against the table (a bad count: exit 2 before any engine starts)."""
+    count against the table (a bad count: exit 2 before any engine starts). With ``decide``:
+    decided before the action repairs or writes anything."""
     from spark_jobs.table.action import rehash as action
+
+    if decide is not None:
+        choice = decide(lambda: rehash_bytes(opts))
+        if choice.engine != ARROW:
+            return SubmitToSpark(choice)
+        from spark_jobs.arrow_engine.rehash import ArrowRehash
+
+        return action.run(opts.table, opts.num_buckets, lambda table, plan, view: (ArrowRehash(), choice),
+                          heartbeat_timeout_s=opts.heartbeat_timeout_s)
 
     budget = memory_budget(opts.memory_budget)
     sized = needs_sizing(opts.engine, spark_requested=spark_requested, override=opts.memory_budget)
@@ -365,12 +473,13 @@ def _rehash(opts: "RehashOptions", spark: Callable[[], Any], spark_requested: st
 
 
 def bootstrap(opts: "BootstrapOptions", *, spark: Callable[[], Any] | None = None,
-              spark_requested: str | None = None) -> dict[str, Any]:
+              spark_requested: str | None = None, decide: Decide | None = None) -> Any:
     """:func:`run` of ``bootstrap``."""
-    return run("bootstrap", opts, spark=spark, spark_requested=spark_requested)
+    return run("bootstrap", opts, spark=spark, spark_requested=spark_requested, decide=decide)
 
 
-def _bootstrap(opts: "BootstrapOptions", spark: Callable[[], Any], spark_requested: str | None) -> dict[str, Any]:
+def _bootstrap(opts: "BootstrapOptions", spark: Callable[[], Any], spark_requested: str | None,
+               decide: Decide | None = None) -> Any:
     """Bootstrap a table on the engine ``opts.engine`` asks for (default auto): the dataset is
     sized from its listing (:func:`spark_jobs.table.action.bootstrap.footprint`) after the
     checks that need no engine, so a bad option or a rerun starts nothing.
@@ -381,6 +490,16 @@ def _bootstrap(opts: "BootstrapOptions", spark: Callable[[], Any], spark_request
     from spark_jobs.table.action import bootstrap as action
 
     requested = opts.engine or AUTO
+    if decide is not None:  # the dataset is listed and checked (nothing written), then decided on
+        prepared = action.prepare(opts)
+        if prepared.noop is not None:
+            return prepared.noop
+        choice = decide(lambda: action.footprint(prepared.source, expansion=IN_MEMORY_EXPANSION))
+        if choice.engine != ARROW:
+            return SubmitToSpark(choice)
+        from spark_jobs.arrow_engine.bootstrap import run_bootstrap as run_in_process
+
+        return _arrow_or_submit(requested, lambda: run_in_process(opts, choice=choice, prepared=prepared), "it")
     budget = memory_budget(opts.memory_budget)  # a bad --memory-budget: exit 2 whatever the engine
     # a fixed choice that cannot hold (--engine arrow with --master) is refused before anything is read
     if requested != AUTO or spark_requested:
@@ -411,7 +530,8 @@ def _bootstrap(opts: "BootstrapOptions", spark: Callable[[], Any], spark_request
 
 #: the verbs with two engines, and how :func:`run` runs each
 VERBS: dict[str, Callable[..., Any]] = {
-    "upsert": lambda opts, spark, spark_requested: upsert(opts, spark=spark, spark_requested=spark_requested),
+    "upsert": lambda opts, spark, spark_requested, decide=None: upsert(opts, spark=spark,
+                                                                       spark_requested=spark_requested, decide=decide),
     "read": _read,
     "validate": _validate,
     "shadow-compare": _shadow_compare,
@@ -419,10 +539,12 @@ VERBS: dict[str, Callable[..., Any]] = {
     "rehash": _rehash,
     "bootstrap": _bootstrap,
 }
+#: the verbs :func:`run` can run with ``decide`` (what the Airflow operators run in a task)
+DECIDABLE = ("upsert", "validate", "compact", "rehash", "bootstrap")
 
 
 def run(verb: str, opts: Any, *, spark: Callable[[], Any] | None = None,
-        spark_requested: str | None = None) -> Any:
+        spark_requested: str | None = None, decide: Decide | None = None) -> Any:
     """Run ``verb`` with its options on the engine ``opts.engine`` asks for (None: auto).
 
     :param opts: the verb's options dataclass (``UpsertOptions``, ``ReadOptions``,
@@ -430,6 +552,13 @@ def run(verb: str, opts: Any, *, spark: Callable[[], Any] | None = None,
     :param spark: makes (or returns) the Spark session, called only when Spark runs, and at
         most once; None: a local session
     :param spark_requested: why Spark is implied (``--master yarn``), if it is
+    :param decide: for a caller whose process must never start Spark (an Airflow worker): the
+        engine choice is ``decide(needed)``'s -- its own words and budget, logged by it, made
+        before anything is written (``opts.engine`` ``spark``: without sizing) -- and a Spark
+        choice is returned as :class:`SubmitToSpark` instead of run (``spark`` is never called;
+        the caller submits the job). Under ``auto`` a batch the Arrow engine refuses before
+        writing is a :class:`SubmitToSpark` too; under ``arrow`` its ``EngineUnsupportedError``
+        is raised unworded. Verbs: :data:`DECIDABLE` (compact: ``opts.execute`` only).
     :returns: the verb's result: upsert, compact: the commit summary; validate, shadow-compare:
         the report; read: a :class:`ReadResult`
     """
@@ -437,4 +566,15 @@ def run(verb: str, opts: Any, *, spark: Callable[[], Any] | None = None,
         raise ValueError(f"{verb!r} is not a verb with two engines ({', '.join(VERBS)})")
     if getattr(opts, "VERB", verb) != verb:
         raise TypeError(f"{type(opts).__name__} are the options of {opts.VERB!r}, not {verb!r}")
-    return VERBS[verb](opts, _once(spark), spark_requested)
+    if decide is None:
+        return VERBS[verb](opts, _once(spark), spark_requested)
+    if verb not in DECIDABLE:
+        raise ValueError(f"run({verb!r}, decide=...) is not supported ({', '.join(DECIDABLE)})")
+    if (opts.engine or AUTO) == SPARK:  # nothing to size or read: the caller submits
+        return SubmitToSpark(decide(lambda: 0))
+    return VERBS[verb](opts, _never_spark, None, decide)
+
+
+def _never_spark() -> Any:
+    """The session factory under ``decide``: Spark is never started in the caller's process."""
+    raise AssertionError("run(..., decide=...) must not start a Spark session")

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_bucketindex import DEFAULT_CONN_ID
 from airflow_provider_bucketindex.hooks.bucketindex import BucketIndexHook
@@ -330,11 +331,73 @@ class BucketIndexEngineMixin:
             choice = EngineChoice(ARROW, "engine='arrow': in the Airflow task")
         else:
             limit = memory_budget(budget)
-            auto = choose_engine(requested=AUTO, needed_bytes=int(needed_bytes()), budget=limit)
+            # announce=False: the line below is the choice's one log line
+            auto = choose_engine(requested=AUTO, needed_bytes=int(needed_bytes()), budget=limit, announce=False)
             where = "in the Airflow task" if auto.engine == ARROW else "submitted to Spark"
             choice = EngineChoice(auto.engine, f"engine='auto': {auto.reason}; {where}")
         self.log.info("%s: engine %s (%s)", verb, choice.engine, choice.reason)
         return requested, choice
+
+    def run_in_task(
+        self,
+        verb: str,
+        options: Callable[[str, str | None], Any],
+        *,
+        retryable: Callable[[str], str],
+        label: str | None = None,
+        what: str = "it",
+        corrupt: Callable[[str], BaseException] | None = None,
+    ) -> tuple[str, Any]:
+        """Decide the engine of ``verb`` and, on ``arrow``, run it in this process; the one path of
+        every operator's in-task work: :func:`spark_jobs.engines.run` with :meth:`decide_engine` as
+        its ``decide``, so the verb's own sizing and in-process run are the CLI's, while the choice
+        (this task's engine and memory budget, in the task's words, logged once) is the task's.
+        ``engines.run`` never starts Spark here: a Spark choice comes back and the operator submits.
+
+        :param verb: the ``engines.run`` verb (``upsert``, ``bootstrap``, ``rehash``, ``compact``,
+            ``validate``); also the ``bucketindex <verb>`` of error messages
+        :param options: ``options(engine, memory_budget)``: the verb's options dataclass for the
+            requested engine (``auto`` or ``arrow``) and the task's budget -- not built for
+            ``engine='spark'``, which needs no sizing and reads nothing here
+        :param retryable: the message of a conflict or a busy table (an ordinary, retried failure)
+        :param label: the verb in the engine's log line (default ``verb``)
+        :param what: what ``engine='arrow'`` cannot run, when the Arrow engine refuses it
+        :param corrupt: the exception for a damaged table (default: an ordinary failure)
+        :returns: ``("arrow", result)`` run here, or ``("spark", None)``: submit it
+
+        Errors map as the CLI's exit statuses do on the Spark path: bad input (2) fails without
+        retries, a conflict or a busy table (3) is retried, a damaged table (1) is an ordinary
+        failure unless ``corrupt`` says otherwise.
+        """
+        from spark_jobs.engines import SubmitToSpark, run
+        from spark_jobs.exceptions import BadInputError, EngineUnsupportedError, RetryableError, TableCorruptError
+
+        label = label or verb
+        try:
+            requested, budget = self.requested_engine()
+            if requested == SPARK:
+                self.decide_engine(label, lambda: 0)
+                return SPARK, None
+            opts = options(requested, budget)
+            try:
+                result = run(verb, opts, decide=lambda needed: self.decide_engine(label, needed)[1])
+            except EngineUnsupportedError as e:  # engine='arrow' asked for explicitly: bad input, as the CLI's
+                raise EngineUnsupportedError(f"engine='arrow' cannot run {what}: {one_line(e)}; "
+                                             f"use engine='spark'") from e
+        except TableCorruptError as e:  # the CLI's exit status 1
+            if corrupt is not None:
+                raise corrupt(one_line(e)) from e
+            raise AirflowException(f"bucketindex {verb} failed: {one_line(e)}; nothing was committed") from e
+        except BadInputError as e:  # bad input: nothing was written, a retry cannot help
+            raise AirflowFailException(f"bucketindex {verb} failed: {one_line(e)}") from e
+        except RetryableError as e:  # a conflict or a busy table: an ordinary, retryable failure
+            raise AirflowException(retryable(one_line(e))) from e
+        if isinstance(result, SubmitToSpark):
+            if result.unsupported is not None:  # auto chose Arrow, which refused before writing anything
+                self.log.info("%s: engine spark (engine='auto': %s, nothing was written; submitted to Spark)",
+                              label, result.choice.reason)
+            return SPARK, None
+        return ARROW, result
 
 
 def _text(value: Any) -> str | None:

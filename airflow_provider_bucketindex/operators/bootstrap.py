@@ -9,7 +9,6 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from airflow_provider_bucketindex.hooks.bucketindex import EXIT_BAD_INPUT, EXIT_RETRYABLE, SparkJobFailed
 from airflow_provider_bucketindex.operators.base import (
     ARROW,
-    AUTO,
     SPARK,
     BucketIndexEngineMixin,
     BucketIndexSparkOperator,
@@ -23,10 +22,6 @@ if TYPE_CHECKING:
 
 __all__ = ["BootstrapTableOperator"]
 
-#: index types a bootstrap builds (``global_simple`` has no index to build)
-BOOTSTRAP_INDEXES = ("record", "bucket")
-#: ``reference``: the source's files become the table's first file slices; ``rewrite``: every row is rewritten
-BOOTSTRAP_MODES = ("reference", "rewrite")
 #: the counts of a bootstrap's result (the CLI's JSON line; the commit metadata's ``bootstrap.counts``)
 BOOTSTRAP_COUNTS = ("rows", "files_referenced", "files_rewritten", "duplicate_keys", "rows_dropped")
 _UNSET = ("", "none", "null")
@@ -45,12 +40,13 @@ class BootstrapTableOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
       file groups holding losing duplicate rows are rewritten. The record index is built
       from one scan of the key columns. The referenced files stay the user's: bucketindex
       never deletes a file outside the table root (``clean`` included).
-    * ``rewrite``: every row is rewritten into the table's own layout. The ``bucket`` index
-      requires it (and it is that index's default).
+    * ``rewrite``: every row is rewritten into the table's own layout. The ``bucket`` and
+      ``global_simple`` indexes require it (and it is their default).
 
-    **Checked in the task before anything is submitted** (pure Python): ``index`` is
-    ``record`` or ``bucket``, ``mode`` is None, ``reference`` or ``rewrite``, not ``bucket``
-    with ``reference``, the record key names at least one field, ``num_buckets`` is a whole
+    **Checked in the task before anything is submitted** (pure Python): ``index`` is one of
+    :class:`~spark_jobs.table.action.bootstrap.BootstrapOptions`' (``record``, ``bucket``,
+    ``global_simple``), ``mode`` is None, ``reference`` or ``rewrite``, only ``record`` with
+    ``reference``, the record key names at least one field, ``num_buckets`` is a whole
     number of at least 1, ``table_type`` is known. A wrong value fails the task without a
     retry and without a Spark job.
 
@@ -61,9 +57,9 @@ class BootstrapTableOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
     :param precombine_field: when a key occurs more than once in the source, the row with the
         largest value wins; without it duplicate keys fail the task (exit status 2, with
         counts and sample keys).
-    :param index: ``record`` (default) or ``bucket``.
+    :param index: ``record`` (default), ``bucket`` or ``global_simple`` (the CLI's ``--index``).
     :param mode: ``reference``, ``rewrite`` or None -- the CLI's default, ``reference`` for the
-        record index and ``rewrite`` for the bucket index (templated; a rendered ``""`` or
+        record index and ``rewrite`` for the others (templated; a rendered ``""`` or
         ``"None"`` means None).
     :param num_buckets: index buckets (record) or buckets per partition (bucket) (templated;
         a rendered string is accepted). None: the CLI's default.
@@ -166,15 +162,26 @@ class BootstrapTableOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
         """The operator's arguments checked (AirflowFailException, in the operator's words) and
         made the :class:`~spark_jobs.table.action.bootstrap.BootstrapOptions` the job runs."""
         from spark_jobs.exceptions import BadInputError
-        from spark_jobs.table.action.bootstrap import BootstrapOptions  # pure Python
+        # the index types and modes are the options' own, so the task accepts what the CLI does
+        # (imported here, as the options are: a DAG file that imports the operator stays light)
+        from spark_jobs.table.action.bootstrap import (
+            BOOTSTRAP_INDEXES,
+            MODE_REFERENCE,
+            BootstrapOptions,
+            refuse_reference,
+        )
 
         index = str(self.index if self.index is not None else "").strip()
         if index not in BOOTSTRAP_INDEXES:
             raise AirflowFailException(f"index must be one of {', '.join(BOOTSTRAP_INDEXES)}, got {self.index!r}")
         mode = self._mode()
-        if index == "bucket" and mode == "reference":
-            raise AirflowFailException("the bucket index needs mode='rewrite' (it places every row in its bucket); "
-                                       "mode='reference' keeps the source's files and works with the record index only")
+        if mode == MODE_REFERENCE:
+            try:
+                refuse_reference(index)
+            except BadInputError as e:
+                raise AirflowFailException(
+                    f"the {index} index needs mode='rewrite'; mode='reference' keeps the source's files and works "
+                    f"with the record index only ({one_line(e)})") from None
         key = self._record_key()
         timeout: float | None = None
         if self.heartbeat_timeout_s is not None:
@@ -262,46 +269,16 @@ class BootstrapTableOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
         """Decide the engine; on ``arrow`` bootstrap in this process and return True. False: the
         bootstrap goes to Spark (decided so, or ``auto`` and the Arrow engine cannot run it).
 
-        The dataset is listed and checked here (the core's checks, before anything is written),
-        then sized. Not :func:`spark_jobs.engines.bootstrap`: that would start a local Spark
-        session *in the worker* when the Arrow engine cannot run it; the operator submits it
-        instead. Errors map as the CLI's exit statuses do on the Spark path: bad input (2)
-        fails without retries, a conflict (3) is retried, a damaged table (1) is an ordinary
-        failure."""
-        from spark_jobs.exceptions import BadInputError, EngineUnsupportedError, RetryableError, TableCorruptError
-
-        try:
-            requested, budget = self.requested_engine()
-            if requested == SPARK:
-                self.decide_engine("bootstrap", lambda: 0)
-                return False
-            from spark_jobs.arrow_engine.bootstrap import run_bootstrap
-            from spark_jobs.table.action import bootstrap as action
-            from spark_jobs.table.action.engine import IN_MEMORY_EXPANSION
-
-            opts = self.options(batch_id, memory_budget=budget)
-            prepared = action.prepare(opts)
-            requested, choice = self.decide_engine(
-                "bootstrap", lambda: action.footprint(prepared.source, expansion=IN_MEMORY_EXPANSION))
-            if choice.engine != ARROW:
-                return False
-            try:
-                result = run_bootstrap(opts, choice=choice, prepared=prepared)
-            except EngineUnsupportedError as e:
-                if requested != AUTO:  # asked for explicitly: bad input, as the CLI's --engine arrow
-                    raise EngineUnsupportedError(f"engine='arrow' cannot run this bootstrap: {one_line(e)}; "
-                                                 f"use engine='spark'") from e
-                self.log.info("bootstrap: engine spark (engine='auto': the arrow engine cannot run it (%s), "
-                              "nothing was written; submitted to Spark)", one_line(e))
-                return False
-        except BadInputError as e:  # bad input: nothing was written, a retry cannot help
-            raise AirflowFailException(f"bucketindex bootstrap failed: {one_line(e)}") from e
-        except RetryableError as e:  # a conflict: nothing was written
-            raise AirflowException(f"bootstrap {batch_id} of {self.table_uri} met a concurrent writer and wrote "
-                                   f"nothing ({one_line(e)}); the task's retries run it again under the same "
-                                   f"batch id") from e
-        except TableCorruptError as e:  # the CLI's exit status 1
-            raise AirflowException(f"bucketindex bootstrap failed: {one_line(e)}; nothing was committed") from e
+        Through :meth:`~BucketIndexEngineMixin.run_in_task` (:func:`spark_jobs.engines.run`): the
+        dataset is listed and checked (the core's checks, before anything is written), then sized."""
+        table_uri = self.table_uri
+        engine, result = self.run_in_task(
+            "bootstrap", lambda engine, budget: self._options(batch_id, engine=engine, memory_budget=budget),
+            what="this bootstrap",
+            retryable=lambda e: (f"bootstrap {batch_id} of {table_uri} met a concurrent writer and wrote nothing "
+                                 f"({e}); the task's retries run it again under the same batch id"))
+        if engine != ARROW:
+            return False
         self.log.info("bootstrap in the task: instant %s, %s ms", result.get("instant"),
                       (result.get("timings_ms") or {}).get("total_ms", "?"))
         return True
@@ -351,11 +328,13 @@ class BootstrapTableOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
 
     # -- argument checks (pure Python) -----------------------------------------------------------
     def _mode(self) -> str | None:
+        from spark_jobs.table.action.bootstrap import MODES
+
         if self.mode is None or str(self.mode).strip().lower() in _UNSET:
             return None
         mode = str(self.mode).strip()
-        if mode not in BOOTSTRAP_MODES:
-            raise AirflowFailException(f"mode must be one of {', '.join(BOOTSTRAP_MODES)} or None, got {self.mode!r}")
+        if mode not in MODES:
+            raise AirflowFailException(f"mode must be one of {', '.join(MODES)} or None, got {self.mode!r}")
         return mode
 
     def _record_key(self) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Sequence
 
-from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from airflow_provider_bucketindex.hooks.bucketindex import EXIT_BAD_INPUT, SparkJobFailed
 from airflow_provider_bucketindex.operators.base import (
@@ -12,7 +12,6 @@ from airflow_provider_bucketindex.operators.base import (
     SPARK,
     BucketIndexEngineMixin,
     BucketIndexSparkOperator,
-    one_line,
     storage_scoped,
 )
 from spark_jobs.io.storage import redact_uri
@@ -143,28 +142,18 @@ class AsyncIndexCompactionOperator(BucketIndexEngineMixin, BucketIndexSparkOpera
 
     def _run_in_task(self, table_uri: str, instant: str) -> str | None:
         """Decide the engine; on ``arrow`` execute the plan in this process and return ``"arrow"``
-        (None: it goes to Spark). Failures map as the CLI's exit statuses do: bad input (2: no
-        such plan, cancelled, stale) fails without retries; a conflict or a busy table (3) and a
-        damaged table (1) are retried (the plan stays for the next try)."""
-        from spark_jobs.exceptions import BadInputError, RetryableError, TableCorruptError
+        (None: it goes to Spark), through :meth:`~BucketIndexEngineMixin.run_in_task`. Failures map
+        as the CLI's exit statuses do: bad input (2: no such plan, cancelled, stale) fails without
+        retries; a conflict or a busy table (3) and a damaged table (1) are retried (the plan stays
+        for the next try)."""
+        from spark_jobs.table.action.compact import CompactOptions
 
-        try:
-            requested, _ = self.requested_engine()
-            if requested == SPARK:
-                self.decide_engine("compaction", lambda: 0)
-                return None
-            _, choice = self.decide_engine("compaction", lambda: _plan_bytes(table_uri, instant))
-            if choice.engine != ARROW:
-                return None
-            from spark_jobs.arrow_engine.compact import run_compact
-
-            done = run_compact(table_uri, instant=instant, choice=choice)
-        except BadInputError as e:
-            raise AirflowFailException(f"bucketindex compact failed: {one_line(e)}") from e
-        except RetryableError as e:
-            raise AirflowException(f"bucketindex compact {table_uri} --execute {instant}: {one_line(e)}") from e
-        except TableCorruptError as e:
-            raise AirflowException(f"bucketindex compact failed: {one_line(e)}; nothing was committed") from e
+        engine, done = self.run_in_task(
+            "compact", lambda engine, budget: CompactOptions(table=table_uri, execute=instant, engine=engine,
+                                                             memory_budget=budget),
+            label="compaction", retryable=lambda e: f"bucketindex compact {table_uri} --execute {instant}: {e}")
+        if engine != ARROW:
+            return None
         self.log.info("compaction %s in the task%s, %s ms", instant, " (already completed)" if done.get("noop") else "",
                       done.get("total_ms", "?"))
         return ARROW
@@ -198,19 +187,3 @@ def _execute_args(table_uri: str, instant: str) -> list[str]:
     from spark_jobs.table.action.compact import CompactOptions
 
     return CompactOptions(table=table_uri, execute=instant).to_argv()
-
-
-def _plan_bytes(table_uri: str, instant: str) -> int:
-    """Bytes the in-task compaction holds for plan ``instant``
-    (:func:`spark_jobs.arrow_engine.compact.needed_bytes`); 0 for a plan that is not pending
-    (completed: a no-op; missing or cancelled: the run refuses it, in the task)."""
-    from spark_jobs.arrow_engine.compact import needed_bytes
-    from spark_jobs.table import Table
-    from spark_jobs.table.timeline import Action
-
-    table = Table.load(table_uri)
-    tl = table.timeline.reload()
-    inst = None if instant in tl.aborted else tl.find(instant)
-    if inst is None or inst.is_completed or inst.action != Action.COMPACTION:
-        return 0
-    return needed_bytes(table, tl.read_plan(inst))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Sequence
 
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_provider_bucketindex.hooks.bucketindex import EXIT_BAD_INPUT, SparkJobFailed
 from airflow_provider_bucketindex.operators.base import (
@@ -12,7 +12,6 @@ from airflow_provider_bucketindex.operators.base import (
     SPARK,
     BucketIndexEngineMixin,
     BucketIndexSparkOperator,
-    one_line,
     storage_scoped,
 )
 from spark_jobs.io.storage import redact_uri
@@ -112,28 +111,14 @@ class RehashOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
 
     def _run_in_task(self, table_uri: str, count: int) -> str | None:
         """Decide the engine; on ``arrow`` rehash in this process and return ``"arrow"`` (None: the
-        rehash goes to Spark). Failures map as the CLI's exit statuses do: bad input (2) fails
-        without retries, a conflict or a busy table (3) and a damaged table (1) are retried."""
-        from spark_jobs.exceptions import BadInputError, RetryableError, TableCorruptError
-
-        try:
-            requested, _ = self.requested_engine()
-            if requested == SPARK:
-                self.decide_engine("rehash", lambda: 0)
-                return None
-            _, choice = self.decide_engine("rehash", lambda: _needed_bytes(table_uri, count,
-                                                                           self.heartbeat_timeout_s))
-            if choice.engine != ARROW:
-                return None
-            from spark_jobs.arrow_engine.rehash import run_rehash
-
-            done = run_rehash(table_uri, count, heartbeat_timeout_s=self.heartbeat_timeout_s, choice=choice)
-        except BadInputError as e:  # refused (e.g. index and data disagree): nothing written, no retry
-            raise AirflowFailException(f"bucketindex rehash failed: {one_line(e)}") from e
-        except RetryableError as e:  # a write completed meanwhile: the rehash wrote nothing; retry
-            raise AirflowException(f"bucketindex rehash {table_uri}: {one_line(e)}") from e
-        except TableCorruptError as e:
-            raise AirflowException(f"bucketindex rehash failed: {one_line(e)}; nothing was committed") from e
+        rehash goes to Spark), through :meth:`~BucketIndexEngineMixin.run_in_task`. Failures map
+        as the CLI's exit statuses do: bad input (2) fails without retries, a conflict or a busy
+        table (3) and a damaged table (1) are retried."""
+        engine, done = self.run_in_task(
+            "rehash", lambda engine, budget: self._options(table_uri, count, engine=engine, memory_budget=budget),
+            retryable=lambda e: f"bucketindex rehash {table_uri}: {e}")
+        if engine != ARROW:
+            return None
         self.log.info("rehash in the task: instant %s, %s ms", done.get("instant"),
                       (done.get("timings_ms") or {}).get("total_ms", "?"))
         return ARROW
@@ -147,13 +132,20 @@ class RehashOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
     def _args(self, table_uri: str, count: int) -> list[str]:
         """The job's arguments, by :class:`~spark_jobs.table.action.rehash.RehashOptions` (the CLI's form)."""
         from spark_jobs.exceptions import BadInputError
-        from spark_jobs.table.action.rehash import RehashOptions
 
         try:
-            opts = RehashOptions(table=table_uri, num_buckets=count, heartbeat_timeout_s=self.heartbeat_timeout_s)
+            return self._options(table_uri, count).to_argv()
         except BadInputError as e:  # the CLI would refuse it (exit 2): no job, no retry
             raise AirflowFailException(f"rehash of {redact_uri(table_uri)} refused: {e}") from e
-        return opts.to_argv()
+
+    def _options(self, table_uri: str, count: int, *, engine: str | None = None,
+                 memory_budget: str | None = None) -> Any:
+        """The :class:`~spark_jobs.table.action.rehash.RehashOptions` of this task: the job's (no
+        engine: under spark-submit the job runs on Spark), or the in-task run's."""
+        from spark_jobs.table.action.rehash import RehashOptions
+
+        return RehashOptions(table=table_uri, num_buckets=count, heartbeat_timeout_s=self.heartbeat_timeout_s,
+                             engine=engine, memory_budget=memory_budget)
 
     @staticmethod
     def _committed(table_uri: str, count: int) -> dict[str, Any]:
@@ -167,15 +159,3 @@ class RehashOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
         if meta.get("num_buckets") != count:
             raise AirflowFailException(f"the rehash job ended but {table_uri} has no completed rehash to {count} buckets")
         return {"instant": done.timestamp if done else None, "counts": dict(meta.get("counts") or {})}
-
-
-def _needed_bytes(table_uri: str, count: int, heartbeat_timeout_s: float | None) -> int:
-    """Bytes the in-task rehash holds (:func:`spark_jobs.arrow_engine.rehash.needed_bytes`)."""
-    from spark_jobs.arrow_engine.rehash import needed_bytes
-    from spark_jobs.table.action.rehash import check_rehash
-    from spark_jobs.table.table import Table
-
-    table = Table.load(table_uri)
-    view = table.view()
-    plan = check_rehash(table, view, count, heartbeat_timeout_s=heartbeat_timeout_s)
-    return 0 if plan is None else needed_bytes(table, plan, view)

@@ -16,7 +16,6 @@ from airflow_provider_bucketindex.hooks.bucketindex import (
 )
 from airflow_provider_bucketindex.operators.base import (
     ARROW,
-    AUTO,
     SPARK,
     BucketIndexEngineMixin,
     BucketIndexSparkOperator,
@@ -202,8 +201,9 @@ class UpsertWithIndexOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
                        engine: str = ARROW) -> Any:
         """The :class:`~spark_jobs.table.action.upsert.UpsertOptions` of this task: connection
         defaults filled in, templated text made typed (``num_buckets="8"``), checked once by the
-        options themselves (bad values raise ``BadInputError``). ``engine``: ``arrow`` for the
-        in-task run, ``spark`` for the submitted job's arguments (:meth:`build_args`)."""
+        options themselves (bad values raise ``BadInputError``). ``engine``: the requested one
+        (``auto`` or ``arrow``) for the in-task run, ``spark`` for the submitted job's arguments
+        (:meth:`build_args`)."""
         from spark_jobs.table.action.upsert import UpsertOptions
 
         opt = self._table_options(table_exists)
@@ -274,39 +274,17 @@ class UpsertWithIndexOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
     def _run_in_task(self, batch_id: str, *, table_exists: bool) -> str | None:
         """Decide the engine; on ``arrow`` run the batch in this process and return ``"arrow"``.
         None: the batch goes to Spark (decided so, or ``auto`` and the Arrow engine cannot run it).
-
-        The core's errors map as the CLI's exit statuses do on the Spark path: bad input (2) fails
-        without retries, a conflict or a busy table (3) is retried, a damaged table (1) is an
-        ordinary failure."""
-        from spark_jobs.exceptions import BadInputError, EngineUnsupportedError, RetryableError, TableCorruptError
-
-        try:
-            requested, budget = self.requested_engine()
-            if requested == SPARK:
-                self.decide_engine("upsert", lambda: 0)
-                return None
-            opts = self.upsert_options(batch_id, table_exists=table_exists, memory_budget=budget)
-            requested, choice = self.decide_engine("upsert", lambda: _footprint(opts))
-            if choice.engine != ARROW:
-                return None
-            try:
-                result = _upsert_in_task(opts, choice)
-            except EngineUnsupportedError as e:
-                if requested != AUTO:  # asked for explicitly: bad input, as the CLI's --engine arrow
-                    raise EngineUnsupportedError(f"engine='arrow' cannot run this batch: {one_line(e)}; "
-                                                 f"use engine='spark'") from e
-                self.log.info("upsert: engine spark (engine='auto': the arrow engine cannot run this batch (%s), "
-                              "nothing was written; submitted to Spark)", one_line(e))
-                return None
-        except BadInputError as e:  # bad input: nothing was written, a retry cannot help
-            raise AirflowFailException(f"bucketindex upsert failed: {one_line(e)}") from e
-        except RetryableError as e:  # a conflict or a busy table: an ordinary, retryable failure
-            raise AirflowException(
-                f"batch {batch_id} met concurrent writers and wrote nothing ({one_line(e)}); the task's retries "
-                f"apply it under the same batch id"
-            ) from e
-        except TableCorruptError as e:  # the CLI's exit status 1
-            raise AirflowException(f"bucketindex upsert failed: {one_line(e)}; nothing was committed") from e
+        Through :meth:`~BucketIndexEngineMixin.run_in_task` (:func:`spark_jobs.engines.run`, which
+        runs the CLI's pre-checks of the batch before the in-process upsert)."""
+        engine, result = self.run_in_task(
+            "upsert",
+            lambda engine, budget: self.upsert_options(batch_id, table_exists=table_exists, memory_budget=budget,
+                                                       engine=engine),
+            what="this batch",
+            retryable=lambda e: (f"batch {batch_id} met concurrent writers and wrote nothing ({e}); the task's "
+                                 f"retries apply it under the same batch id"))
+        if engine != ARROW:
+            return None
         timings = result.get("timings_ms") or {}
         self.log.info("upsert in the task: instant %s%s, %s ms", result.get("instant"),
                       " (batch already committed)" if result.get("noop") else "", timings.get("total_ms", "?"))
@@ -357,23 +335,3 @@ class UpsertWithIndexOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
         self.log.warning(
             "upsert stopped; a pending instant of this batch, if any, is left for the rollback task or the next try"
         )
-
-
-def _footprint(opts: Any) -> int:
-    """Bytes the in-task engine would hold for this batch (:func:`spark_jobs.engines.upsert_footprint`)."""
-    from spark_jobs.engines import upsert_footprint
-
-    return upsert_footprint(opts)
-
-
-def _upsert_in_task(opts: Any, choice: Any) -> dict[str, Any]:
-    """The batch on the in-process Arrow engine, with the CLI's pre-checks (source exists, the
-    batch's columns from its Parquet footers) first; the commit records ``choice``.
-
-    Not :func:`spark_jobs.engines.upsert`: that would start a local Spark session *in the
-    worker* when the Arrow engine cannot run a batch; the operator submits it instead."""
-    from spark_jobs.arrow_engine.upsert import run_upsert
-    from spark_jobs.engines import precheck_upsert
-
-    precheck_upsert(opts)
-    return run_upsert(opts, choice=choice)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Sequence
 
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_provider_bucketindex.hooks.bucketindex import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, SparkJobFailed
 from airflow_provider_bucketindex.operators.base import (
@@ -12,7 +12,6 @@ from airflow_provider_bucketindex.operators.base import (
     SPARK,
     BucketIndexEngineMixin,
     BucketIndexSparkOperator,
-    one_line,
     storage_scoped,
 )
 from spark_jobs.io.storage import redact_uri
@@ -82,26 +81,16 @@ class ValidateTableOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
 
     def _run_in_task(self, table_uri: str) -> str | None:
         """Decide the engine; on ``arrow`` check the table in this process and return ``"arrow"``
-        (None: the check goes to Spark). Failures map as the CLI's exit statuses do."""
-        from spark_jobs.exceptions import BadInputError, RetryableError, TableCorruptError
+        (None: the check goes to Spark), through :meth:`~BucketIndexEngineMixin.run_in_task`.
+        Failures map as the CLI's exit statuses do; a damaged table is a finding (no retry)."""
+        from spark_jobs.table.action.validate import ValidateOptions
 
-        try:
-            requested, _ = self.requested_engine()
-            if requested == SPARK:
-                self.decide_engine("validate", lambda: 0)
-                return None
-            requested, choice = self.decide_engine("validate", lambda: _needed_bytes(table_uri))
-            if choice.engine != ARROW:
-                return None
-            from spark_jobs.arrow_engine.validate import run_validate
-
-            report = run_validate(table_uri)
-        except TableCorruptError as e:  # exit 1: what validate reports as a finding
-            raise AirflowFailException(f"validate found a problem in {table_uri}: {one_line(e)}") from e
-        except BadInputError as e:  # exit 2: no table there
-            raise AirflowFailException(f"bucketindex validate failed: {one_line(e)}") from e
-        except RetryableError as e:  # exit 3
-            raise AirflowException(f"bucketindex validate {table_uri}: {one_line(e)}") from e
+        engine, report = self.run_in_task(
+            "validate", lambda engine, budget: ValidateOptions(table=table_uri, engine=engine, memory_budget=budget),
+            retryable=lambda e: f"bucketindex validate {table_uri}: {e}",
+            corrupt=lambda e: AirflowFailException(f"validate found a problem in {table_uri}: {e}"))
+        if engine != ARROW:
+            return None
         if not report.get("ok"):
             problems = report.get("problems") or {}
             missing = problems.get("data_files_missing") if isinstance(problems, dict) else None
@@ -113,15 +102,6 @@ class ValidateTableOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
                 f"{', '.join(problems)}{files}")
         self.log.info("validate in the task: %s rows, no problem", report.get("rows"))
         return ARROW
-
-
-def _needed_bytes(table_uri: str) -> int:
-    """Bytes the in-task check holds for the latest snapshot (:func:`spark_jobs.arrow_engine.validate.needed_bytes`)."""
-    from spark_jobs.arrow_engine.validate import needed_bytes
-    from spark_jobs.table.table import Table
-
-    table = Table.load(table_uri)
-    return needed_bytes(table, table.view())
 
 
 def _args(table_uri: str) -> list[str]:

@@ -154,7 +154,8 @@ class ArrowBootstrapEngine:
         return frame.num_rows, n_dup, dup_rows, samples
 
     def upsert(self, opts: UpsertOptions) -> dict[str, Any]:
-        return upsert_action.run(ArrowUpsertEngine(), opts, choice=self.choice)
+        # the bootstrap logged its engine choice: the rewrite's upsert records it without logging it again
+        return upsert_action.run(ArrowUpsertEngine(), opts, choice=self.choice, announce=False)
 
     def release(self) -> None:
         self._keys = self._buckets = None

@@ -67,9 +67,10 @@ log = logging.getLogger("bucketindex.upsert")
 THREADS = max(2, min(8, 2 * (os.cpu_count() or 1)))
 
 
-def run_upsert(opts: UpsertOptions, *, choice: Any = None) -> dict[str, Any]:
-    """Upsert one batch in-process (:func:`spark_jobs.table.action.upsert.run`)."""
-    return action.run(ArrowUpsertEngine(), opts, choice=choice)
+def run_upsert(opts: UpsertOptions, *, choice: Any = None, announce: bool = True) -> dict[str, Any]:
+    """Upsert one batch in-process (:func:`spark_jobs.table.action.upsert.run`; ``announce=False``:
+    the caller has logged the engine choice)."""
+    return action.run(ArrowUpsertEngine(), opts, choice=choice, announce=announce)
 
 
 class ArrowUpsertEngine:

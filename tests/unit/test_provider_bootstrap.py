@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from airflow_provider_bucketindex import packaging
-from spark_jobs.table.action.bootstrap import default_batch_id
+from spark_jobs.table.action.bootstrap import default_batch_id, default_mode
 from airflow_provider_bucketindex.demo import sandbox
 from spark_jobs.resources import local_driver_memory
 from spark_jobs.table import Action, Table, TableConfig
@@ -111,8 +111,7 @@ def job(monkeypatch):  # type: ignore[no-untyped-def]
             raise bucketindex.SparkJobFailed(verb, state["rc"], state["reason"])
         if state["commit"]:
             index = args[args.index("--index") + 1]
-            mode = args[args.index("--mode") + 1] if "--mode" in args else ("rewrite" if index == "bucket" else
-                                                                             "reference")  # the CLI's default
+            mode = args[args.index("--mode") + 1] if "--mode" in args else default_mode(index)  # the CLI's default
             _bootstrapped(args[0], args[args.index("--batch-id") + 1], index=index, mode=mode)
 
     monkeypatch.setattr(bucketindex.BucketIndexHook, "submit", submit)
@@ -241,8 +240,9 @@ def test_execute_submits_the_bootstrap_and_returns_the_summary(ops, tmp_path, jo
 
 
 @pytest.mark.parametrize("kw,message", [
-    (dict(index="global_simple"), "index must be one of record, bucket"),
-    (dict(index="Record"), "index must be one of record, bucket"),
+    (dict(index="simple"), "index must be one of record, bucket, global_simple"),
+    (dict(index="Record"), "index must be one of record, bucket, global_simple"),
+    (dict(index="global_simple", mode="reference"), "the global_simple index needs mode='rewrite'"),
     (dict(mode="copy"), "mode must be one of reference, rewrite"),
     (dict(index="bucket", mode="reference"), "the bucket index needs mode='rewrite'"),
     (dict(index="bucket", mode=" reference "), "the bucket index needs mode='rewrite'"),
@@ -403,6 +403,55 @@ def test_auto_bootstraps_a_small_dataset_in_the_task(ops, tmp_path, no_spark, mo
     assert meta["engine"]["name"] == "arrow" and "in the Airflow task" in meta["engine"]["reason"]
     again = op.execute({"ti": FakeTI(try_number=2)})  # a retry: a no-op
     assert again["noop"] and again["instant"] == out["instant"]
+
+
+def test_global_simple_is_accepted_as_the_cli_accepts_it(ops, tmp_path, job, monkeypatch):  # type: ignore[no-untyped-def]
+    """``index="global_simple"`` (the CLI's ``--index global_simple``, rewrite mode) bootstraps in
+    the task and is submitted as such: the operator takes the index types from the options."""
+    from spark_jobs.table.reader import read_arrow
+    from tests.unit.test_bootstrap_arrow import expected, snapshot
+
+    rows = _dataset(tmp_path)
+    table = str(tmp_path / "lake" / "events")
+    submitted = _op(ops, tmp_path, index="global_simple", partition_field="region", precombine_field="ts")
+    assert submitted.build_args("b")[submitted.build_args("b").index("--index") + 1] == "global_simple"
+    op = _op(ops, tmp_path, engine="arrow", index="global_simple", partition_field="region", precombine_field="ts")
+    out = op.execute({"ti": FakeTI()})
+    assert job["calls"] == []  # in the task
+    assert out["mode"] == "rewrite" and out["index_type"] == "global_simple" and not out["noop"]
+    assert Table.load(table).config.index_type == "global_simple"
+    assert snapshot(table) == expected(rows) and read_arrow(table).num_rows == len(rows) - 4
+
+
+def test_the_engine_choice_is_logged_once(ops, tmp_path, no_spark, monkeypatch, capfd):  # type: ignore[no-untyped-def]
+    """A rewrite bootstrap in the task logs its engine choice and reason once (not again from the
+    bootstrap's upsert, nor from the core's chooser)."""
+    import logging
+
+    monkeypatch.delenv(CONN, raising=False)
+    _dataset(tmp_path)
+    records: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record.getMessage())
+
+    keep = Keep(level=logging.DEBUG)
+    loggers = [logging.getLogger(n) for n in ("bucketindex", "airflow.task")]
+    for lg in loggers:
+        monkeypatch.setattr(lg, "level", logging.INFO)
+        lg.addHandler(keep)
+    try:
+        _op(ops, tmp_path, engine=None, partition_field="region", precombine_field="ts", mode="rewrite",
+            memory_budget="1g").execute({"ti": FakeTI()})
+    finally:
+        for lg in loggers:
+            lg.removeHandler(keep)
+    out = capfd.readouterr()
+    text = "\n".join([*records, out.out, out.err])
+    reason = "in memory, within the 1 GiB budget"
+    assert "bootstrap: engine arrow (engine='auto': needs about" in text, text[-3000:]
+    assert text.count(reason) == 1, [line for line in text.splitlines() if reason in line]
 
 
 def test_auto_submits_a_dataset_over_the_budget(ops, tmp_path, job, monkeypatch):  # type: ignore[no-untyped-def]

@@ -531,8 +531,13 @@ def needs_read_files(index_type: str) -> bool:
     return index_type == INDEX_RECORD
 
 
-def run(engine: UpsertEngine, opts: UpsertOptions, *, choice: "EngineChoice | None" = None) -> dict[str, Any]:
+def run(engine: UpsertEngine, opts: UpsertOptions, *, choice: "EngineChoice | None" = None,
+        announce: bool = True) -> dict[str, Any]:
     """Upsert one batch with ``engine``; returns the instant, counts and timings.
+
+    ``choice`` is recorded in the commit and, with ``announce``, logged with the first phase;
+    a caller that has logged the choice itself (a bootstrap's rewrite, an Airflow task) passes
+    ``announce=False`` so the choice is logged once.
 
     Raises BadInputError on bad input (nothing written), ConflictError when concurrent
     commits kept conflicting, InstantRolledBackError when a forced rollback aborted it.
@@ -540,7 +545,7 @@ def run(engine: UpsertEngine, opts: UpsertOptions, *, choice: "EngineChoice | No
     from spark_jobs.table.table import Table
 
     phases = Phases()
-    if choice is not None:
+    if choice is not None and announce:
         phases.note(f"engine: {choice.engine} ({choice.reason})")
     started = time.perf_counter()
     table = Table.open(opts.table)
