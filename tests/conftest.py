@@ -4,10 +4,12 @@ for it; and the three tiers.
 
 * the default run (``pytest``; ``addopts`` in setup.cfg says ``-m "not slow and not ci"``): the
   table protocol's oracle, crash, concurrency, equivalence and S3 tests on the in-process
-  (Arrow) engine, and each Spark code path once -- the run people make between two changes;
-* the CI tier (``pytest -m ci``, :data:`CI_TIER`): Spark twins of Arrow tests, the standalone
-  cluster, Spark Connect, the end-to-end DAGs that run spark-submit. ``.ci/run`` runs it after
-  the default run;
+  (Arrow) engine, and each Spark code path once (:data:`SPARK_PATHS`) -- the run people make
+  between two changes;
+* the CI tier (``pytest -m ci``, :data:`CI_TIER`): the rest of ``tests/spark`` (Spark twins of
+  Arrow tests, the extended Spark matrix), the standalone cluster, Spark Connect, the end-to-end
+  DAGs that run spark-submit, the Spark verb chains on S3, and more cases of Arrow scenarios whose
+  first case stays. ``.ci/run`` runs it after the default run;
 * the release tier (``pytest -m slow``, :data:`EXTENDED`): the extended crash matrix -- more
   crash points and index or table types of scenarios the two other tiers run.
 """
@@ -159,6 +161,28 @@ _SHADOW_TWIN = ("the same-named test of tests/unit/test_arrow_shadow_compare.py 
 #: is a directory (``tests/connect/``), a file or a test id; each says which default-run test
 #: keeps the code path it exercises (or why none needs to).
 CI_TIER = {
+    "tests/spark/":
+        "Spark twins of the Arrow engine's tests (the same scenario, the oracle, the equivalence) and the "
+        "extended Spark matrix; every Spark code path stays in the default run through SPARK_PATHS",
+    "tests/s3/test_verbs_spark_s3.py":
+        "Spark verb chains on S3 (JVM work); the Spark S3 read path stays through SPARK_PATHS, the verbs on S3 "
+        "through tests/s3/test_verbs_arrow_s3.py",
+    "tests/s3/test_uri_secrets_s3.py::test_arrow_verbs_keep_uri_secrets":
+        "every Arrow verb as a cold process on an S3 URI with a query string: tests/unit/test_uri_redaction.py "
+        "redacts every verb's URI in-process; test_a_derived_batch_id_reads_the_file_a_uri_with_a_query_names stays",
+    "tests/s3/test_verbs_arrow_s3.py::test_arrow_verbs_on_an_s3_table_with_an_s3_source[copy_on_write]":
+        "[merge_on_read]: the same verbs on S3 with logs and a compaction",
+    "tests/s3/test_request_budget.py::test_upsert_costs_the_same_after_a_long_history_and_what_the_budget_says":
+        "a long history built on S3 (checkpoints and archival twice): tests/unit/test_timeline_services.py's "
+        "test_opening_cost_does_not_grow_with_history holds the same on local disk; the request budget's other "
+        "tests stay",
+    **{f"tests/spark/test_bad_input.py::test_bad_batch_is_rejected_and_nothing_written[{c}]":
+       "[null key], [uncastable type], [missing column] keep the Spark job's refusals with nothing written; the "
+       "rest are the config and schema checks both engines share (tests/unit/test_cli_newcomer.py refuses them "
+       "from metadata, tests/unit/test_table_format.py checks each contradiction)"
+       for c in ("missing key column", "empty key", "index type contradicts", "bucket count contradicts",
+                 "key fields contradict", "partition field contradicts", "new column", "missing precombine",
+                 "missing column, not every row deletes")},
     "tests/connect/":
         "Spark Connect: the same jobs as tests/spark over a local Connect server (a second JVM per run); "
         "tests/unit/test_provider_connect.py builds the Connect commands",
@@ -210,9 +234,6 @@ CI_TIER = {
     "tests/s3/test_uri_secrets_s3.py::test_spark_verbs_keep_uri_secrets":
         "every Spark verb as a cold CLI process on S3 (one JVM each): test_arrow_verbs_keep_uri_secrets "
         "runs every verb through the same redaction (io.storage.redact_uri); tests/unit/test_uri_redaction.py",
-    "tests/s3/test_verbs_spark_s3.py::test_merge_on_read_chain":
-        "test_copy_on_write_chain runs Spark's S3 reads and writes from tasks (spark_jobs.jobs.hadoop_fs); "
-        "tests/s3/test_verbs_arrow_s3.py[merge_on_read] the merge-on-read verbs on S3",
     "tests/spark/test_shadow_compare.py::test_index_entry_pointing_at_the_wrong_file_group": _SHADOW_TWIN,
     "tests/spark/test_shadow_compare.py::test_index_entry_in_another_partition_is_a_wrong_location_also_against_bucket": _SHADOW_TWIN,
     "tests/spark/test_shadow_compare.py::test_missing_index_entry": _SHADOW_TWIN,
@@ -224,13 +245,107 @@ CI_TIER = {
     "tests/spark/test_validate.py::test_cli_validate_exits_1_on_mismatch":
         "a cold CLI process for validate's exit 1: the same report in-process in test_key_missing_from_index; "
         "the CLI's exit 1 for validate's findings in tests/unit/test_arrow_read_validate.py",
+    # More cases of Arrow-engine scenarios whose first case stays in the default run (moved in
+    # session 43 to bring the default run under its 12 minutes): the same code path with another
+    # option, crash point, table type or refused column shape
+    **{f"tests/unit/test_cli_newcomer.py::test_a_metadata_only_refusal_answers_in_under_2s_without_a_jvm[{o}]":
+       "[--record-key]: the same cold process refusing a contradiction with the table's config from metadata "
+       "([--num-buckets], [--delete-field] and [--extra-column] stay for the other checks); "
+       "tests/unit/test_table_format.py::test_config_round_trip_and_conflicts checks each field's contradiction"
+       for o in ("--index", "--table-type", "--precombine-field", "--partition-field")},
+    **{f"tests/unit/test_arrow_concurrent_writers.py::test_three_writers_overlapping_then_disjoint[{c}]":
+       "[record-merge_on_read]: the same three processes racing on the Arrow engine; the torture test's racing "
+       "writers draw every index and table type"
+       for c in ("record-copy_on_write", "bucket-copy_on_write")},
+    **{f"tests/unit/test_arrow_concurrent_writers.py::test_forced_rollback_of_a_live_writer_never_leaves_a_broken_table"
+       f"[{c}]": "[after_index_file-operator]: a live writer paused at a point and rolled back by force; "
+                 "test_commit_protocol_stress races eight writers through every point of the protocol"
+       for c in ("after_requested-cli", "after_data_file-cli", "after_conflict_check-cli")},
+    "tests/unit/test_arrow_memory.py::test_engine_arrow_refuses_work_over_the_budget_the_user_set[environment]":
+        "[option]: the same refusal with the budget given as --memory-budget (both reach "
+        "table.action.engine.memory_budget; tests/unit/test_provider_engine.py reads the environment's)",
+    **{f"tests/unit/test_column_kind_change.py::test_a_change_of_shape_is_refused_in_one_line_before_a_jvm[{c}]":
+       "[tags-string-auto] and [s-array<bigint>-spark]: the same refusal from the batch's schema, before a JVM, "
+       "on each engine choice"
+       for c in ("tags-string-spark-add-columns", "n-array<int>-auto", "n-array<int>-auto-all",
+                 "s-struct<a:bigint,b:string>-auto", "deep-array<array<int>>-arrow")},
+    **{f"tests/unit/test_first_day_papercuts.py::test_a_delete_flag_without_delete_field_is_refused_naming_delete_field_"
+       f"first[{c}]": "[is_deleted-kind0-values0]: the same refusal naming --delete-field for another column name"
+       for c in ("__deleted-kind1-values1", "gone-kind2-values2")},
+}
+
+
+#: The Spark code paths the default run keeps: CI_TIER moves every test of ``tests/spark/`` (and
+#: the Spark files of ``tests/s3``) to the CI tier but these -- each Spark job, reader and rule once,
+#: held to the Arrow engine or the oracle, on data like users'. Each says the code path it holds.
+#: The Airflow operators' spark-submit path (a writer killed in a real spark-submit, rolled back)
+#: stays through tests/airflow/test_ingest_e2e.py.
+SPARK_PATHS: dict[str, str] = {
+    "tests/spark/test_engine_equivalence.py::test_same_batches_same_table[bucket-merge_on_read]":
+        "the Spark upsert (jobs/upsert.py) writing merge-on-read logs through the bucket index: equal to the Arrow "
+        "engine and the oracle at every instant over odd keys, moves, deletes, stale rows and ties",
+    "tests/spark/test_timestamps.py::test_upserts_round_trip[record-copy_on_write-spark]":
+        "the Spark upsert, copy-on-write through the record index, with time-zone timestamps",
+    "tests/spark/test_lean_job.py::test_spark_jobs_per_upsert_and_validate[global_simple]":
+        "the global_simple index's Spark join (the table's keys broadcast) and validate's jobs",
+    "tests/spark/test_retry_and_crash.py::test_same_batch_id_twice_is_one_commit":
+        "the Spark upsert's batch-id idempotence (a rerun is one commit)",
+    "tests/spark/test_conflict_reads_spark.py":
+        "a Spark writer that loses a race decides again on the new snapshot (concurrency on Spark)",
+    "tests/spark/test_rehash_engines.py::test_spark_and_arrow_rehash_give_the_same_table[bucket-merge_on_read]":
+        "the Spark rehash (jobs/rehash.py) equal to the Arrow rehash",
+    "tests/spark/test_bootstrap_equivalence.py::test_both_engines_bootstrap_the_same_table[reference-record]":
+        "the Spark bootstrap, reference mode, equal to Arrow's",
+    "tests/spark/test_bootstrap_equivalence.py::test_both_engines_bootstrap_the_same_table[rewrite-bucket]":
+        "the Spark bootstrap, rewrite mode (the upsert job), equal to Arrow's",
+    "tests/spark/test_compact_engines.py::test_spark_and_arrow_compaction_give_the_same_table":
+        "the Spark compaction (jobs/compact.py) equal to Arrow's",
+    "tests/spark/test_validate.py::test_engines_give_the_same_report[bucket-merge_on_read]":
+        "the Spark validate (jobs/validate.py) giving Arrow's report",
+    "tests/spark/test_shadow_compare_engines.py::test_both_engines_report_the_same_on_damaged_tables"
+    "[record-copy_on_write]": "the Spark shadow-compare (jobs/shadow_compare.py) on damaged tables, as Arrow's",
+    "tests/spark/test_shadow_tee.py::test_arrow_tee_equals_spark_tee[record-bucket-True]":
+        "the Spark upsert's shadow tee, as the Arrow tee",
+    "tests/spark/test_datasource.py::test_spark_reads_the_snapshot_as_of_through_sql_with_pruning[merge_on_read]":
+        "the Spark data source (spark.read.format('bucketindex'), SQL, as-of, pruning; jobs/datasource.py) merging "
+        "logs",
+    "tests/spark/test_datasource.py::test_options_are_checked": "the data source's options refused in one line",
+    "tests/spark/test_arrow_source.py::test_json_batch_into_a_table_equals_spark":
+        "Spark's JSON source reader (jobs/source.py) as the Arrow engine reads it",
+    "tests/spark/test_arrow_source.py::test_parquet_directory_read_as_spark_reads_it":
+        "Spark's Parquet directory reader as the Arrow engine reads it",
+    "tests/spark/test_arrow_source.py::test_uncastable_values_fail_with_the_spark_line":
+        "Spark's cast rules (try_cast) and their error line, as the Arrow engine words them",
+    "tests/spark/test_keys.py": "Spark's key, bucket (xxhash64) and partition-directory expressions equal Python's",
+    "tests/spark/test_bad_input.py::test_bad_batch_is_rejected_and_nothing_written":
+        "bad batches refused on the Spark path with nothing written",
+    "tests/spark/test_bad_input.py::test_cli_exit_2_with_one_line": "the Spark path's one-line exit 2",
+    "tests/spark/test_bad_input.py::test_cli_refuses_missing_column_before_spark": "refused before a JVM",
+    "tests/spark/test_bad_input.py::test_cli_usage_error_exits_2": "usage errors, exit 2",
+    "tests/spark/test_bad_input.py::test_empty_batch": "an empty batch on the Spark path",
+    "tests/spark/test_bad_input.py::test_missing_source_path": "a missing source on the Spark path",
+    "tests/spark/test_bad_input.py::test_new_table_not_created_on_bad_input": "no table left by a refused first batch",
+    "tests/spark/test_path_safety.py::test_bad_field_names_are_refused_before_anything":
+        "field names that would leave the table root, refused from metadata",
+    "tests/spark/test_path_safety.py::test_cli_refuses_an_absolute_partition_field_before_the_jvm":
+        "an absolute partition field refused before a JVM",
+    "tests/spark/test_timestamps.py::test_nanosecond_timestamps_are_refused_before_spark":
+        "nanosecond timestamps refused before a JVM",
+    "tests/s3/test_verbs_spark_s3.py::test_glob_and_hive_source_read_as_spark_reads_them":
+        "Spark tasks reading S3 sources through pyarrow (jobs/hadoop_fs.py; no S3 connector in the JVM)",
+    "tests/s3/test_verbs_spark_s3.py::test_spark_session_has_no_s3_connector":
+        "the premise of the S3 Spark path: the JVM has no S3 connector",
 }
 
 
 def _tier_key(nodeid: str, table: dict[str, str]) -> str | None:
-    """The key of ``table`` naming ``nodeid``: itself, its file or a directory above it."""
+    """The key of ``table`` naming ``nodeid``: itself, its function (every parameter), its file or a
+    directory above it."""
     if nodeid in table:
         return nodeid
+    function = nodeid.split("[")[0]
+    if function in table:
+        return function
     path = nodeid.split("::")[0]
     if path in table:
         return path
@@ -238,18 +353,27 @@ def _tier_key(nodeid: str, table: dict[str, str]) -> str | None:
 
 
 def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]
+    both = sorted(set(CI_TIER) & set(SPARK_PATHS))
+    if both:
+        raise pytest.UsageError(f"tests/conftest.py names these in both CI_TIER and SPARK_PATHS: {both}")
     seen = set()
     for item in items:
         if item.nodeid in EXTENDED:
             item.add_marker(pytest.mark.slow)
             seen.add(item.nodeid)
+        kept = _tier_key(item.nodeid, SPARK_PATHS)
+        if kept is not None:
+            seen.add(kept)
         key = _tier_key(item.nodeid, CI_TIER)
         if key is not None:
             seen.add(key)
-            if item.get_closest_marker("slow") is None:  # one tier each: the release tier keeps its own
+            # one tier each: the release tier keeps its own; a Spark path the default run keeps
+            # stays there unless CI_TIER names the test itself
+            if item.get_closest_marker("slow") is None and (kept is None or key == item.nodeid):
                 item.add_marker(pytest.mark.ci)
     # a renamed test, file or parameter must not fall out of every tier unnoticed
     files = {item.nodeid.split("::")[0] for item in items}
-    stale = [n for n in [*EXTENDED, *CI_TIER] if n.split("::")[0] in files and n not in seen]
+    stale = [n for n in [*EXTENDED, *CI_TIER, *SPARK_PATHS] if n.split("::")[0] in files and n not in seen]
     if stale and not config.getoption("keyword") and all("::" not in a for a in config.args):
-        raise pytest.UsageError(f"tests/conftest.py EXTENDED or CI_TIER names tests that do not exist: {stale}")
+        raise pytest.UsageError(f"tests/conftest.py EXTENDED, CI_TIER or SPARK_PATHS names tests that do not exist: "
+                                f"{stale}")
