@@ -30,10 +30,9 @@ from spark_jobs.exceptions import (
     StorageUnavailableError,
     TableCorruptError,
 )
-from spark_jobs.io.storage import redact_uri
-from spark_jobs.table.config import INDEX_TYPES, TABLE_TYPES
-from spark_jobs.table.timeline import AS_OF_FORMS
+from spark_jobs.redaction import redact_uri
 from spark_jobs.text import plural
+from spark_jobs.vocabulary import AS_OF_FORMS, INDEX_TYPES, TABLE_TYPES  # not the core: --help loads no pyarrow
 
 if TYPE_CHECKING:
     from spark_jobs.table.action.compact import CompactOptions
@@ -811,6 +810,11 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, bool], int]] = {
 }
 
 
+#: the verbs whose in-process paths (the Arrow engine, the pure-Python core) never use pandas:
+#: the program keeps pyarrow from loading it for them (:func:`_defer_pandas`); their Spark paths
+#: allow it again before a session starts (:func:`_spark`)
+PANDAS_FREE_VERBS = frozenset({"upsert", "read", "validate", "show", "compact", "rehash", "clean", "rollback"})
+
 #: the Spark log files this process opened (path, ours to delete): see :func:`main`
 _SPARK_LOG: list[tuple[str, bool]] = []
 
@@ -934,7 +938,7 @@ def _stdout_gone() -> None:
 def _main(argv: list[str] | None = None, *, submitted: bool = False,
           extra_verbs: dict[str, str] | None = None, console: bool = False) -> int:
     args = build_parser(extra_verbs).parse_args(argv)
-    if console and not submitted and args.verb in COMMANDS and getattr(args, "engine", None) != "spark" \
+    if console and args.verb in PANDAS_FREE_VERBS and getattr(args, "engine", None) != "spark" \
             and not _spark_requested(args, submitted):  # after parsing: --help does not load pyarrow
         _defer_pandas()
     logging.basicConfig(

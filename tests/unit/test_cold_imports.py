@@ -96,3 +96,29 @@ def test_pandas_comes_back_when_work_asks_for_it() -> None:
             "assert pa.array(pd.Series(pd.Categorical(['x']))).type == pa.dictionary(pa.int8(), pa.string())\n")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=_no_java_env())
     assert p.returncode == 0, p.stderr[-3000:]
+
+
+#: the program's help and usage errors: nothing of the table core's heavy imports
+NO_PYARROW = ("import sys; from airflow_provider_bucketindex.cli import main\n"
+              "try:\n    rc = main()\nexcept SystemExit as e:\n    rc = e.code\n"
+              "loaded = [m for m in ('pyarrow', 'numpy', 'pandas', 'pyspark') if m in sys.modules]\n"
+              "assert not loaded, f'the CLI imported {loaded}'; sys.exit(rc)")
+
+
+@pytest.mark.parametrize("argv, status, shown", [
+    (["--help"], 0, "upsert"),
+    (["upsert", "--help"], 0, "{record,bucket,global_simple}"),  # the choices, from spark_jobs.vocabulary
+    (["read", "--help"], 0, "Accepts an instant"),
+    (["upsert", "t a/b%c"], 2, "bucketindex: error: the following arguments are required: source"),
+    (["upsert", "t", "b.parquet", "--index", "hash é"], 2, "invalid choice: 'hash é'"),
+], ids=["help", "upsert-help", "read-help", "missing-source", "bad-choice"])
+def test_help_and_usage_errors_load_no_pyarrow(argv: list[str], status: int, shown: str) -> None:
+    """``bucketindex --help`` and a usage error (exit 2, one line) answer from the parser alone:
+    pyarrow and numpy (about 0.4 s of a cold process) are not loaded."""
+    p = subprocess.run([sys.executable, "-c", NO_PYARROW, *argv], capture_output=True, text=True, timeout=60,
+                       env=_no_java_env())
+    assert "the CLI imported" not in p.stderr, p.stderr[-2000:]
+    assert p.returncode == status, p.stderr[-2000:]
+    assert shown in (p.stdout if status == 0 else p.stderr), (p.stdout[-2000:], p.stderr[-2000:])
+    if status == 2:
+        assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr, p.stderr
