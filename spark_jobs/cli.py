@@ -815,6 +815,9 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, bool], int]] = {
 #: allow it again before a session starts (:func:`_spark`)
 PANDAS_FREE_VERBS = frozenset({"upsert", "read", "validate", "show", "compact", "rehash", "clean", "rollback"})
 
+#: not empty once :func:`_defer_pandas` has kept pandas out of this process
+_PANDAS_DEFERRED: list[bool] = []
+
 #: the Spark log files this process opened (path, ours to delete): see :func:`main`
 _SPARK_LOG: list[tuple[str, bool]] = []
 
@@ -858,6 +861,7 @@ def _defer_pandas() -> None:
         return
     finder = _NoPandas()
     sys.meta_path.insert(0, finder)
+    _PANDAS_DEFERRED.append(True)
     try:
         shim.have_pandas  # noqa: B018 - the shim's probe: it records that pandas is absent
         lib.array([None]).to_numpy(zero_copy_only=False)  # the C++ side's (type inference, to_numpy)
@@ -880,9 +884,11 @@ def _allow_pandas() -> None:
     """Before work that may use pandas (a Spark session: PySpark's Arrow conversions), let
     pyarrow's shim import it again (``_pandas_api.pd``, its explicit import), so that its
     pandas probes answer as in any program. A no-op when pyarrow is not loaded yet (it will
-    look for pandas itself) or pandas is not installed."""
-    if "pyarrow" not in sys.modules:
+    look for pandas itself), when :func:`_defer_pandas` did not run (a program that calls
+    :func:`main` keeps pyarrow as it is) or pandas is not installed."""
+    if "pyarrow" not in sys.modules or not _PANDAS_DEFERRED:
         return
+    _PANDAS_DEFERRED.clear()
     from pyarrow import lib
 
     try:
