@@ -29,7 +29,9 @@ def main(argv: list[str] | None = None) -> int:
         from spark_jobs.jobs.connect import serve
 
         return serve(args[1:])
-    return table_cli.main(args, extra_verbs={"demo": DEMO_HELP, "connect-server": CONNECT_SERVER_HELP})
+    # argv None: called as the program (console script, python -m), not by a user's program
+    return table_cli.main(args, extra_verbs={"demo": DEMO_HELP, "connect-server": CONNECT_SERVER_HELP},
+                          console=argv is None)
 
 
 if __name__ == "__main__":

@@ -30,10 +30,9 @@ from spark_jobs.exceptions import (
     StorageUnavailableError,
     TableCorruptError,
 )
-from spark_jobs.io.storage import redact_uri
-from spark_jobs.table.config import INDEX_TYPES, TABLE_TYPES
-from spark_jobs.table.timeline import AS_OF_FORMS
+from spark_jobs.redaction import redact_uri
 from spark_jobs.text import plural
+from spark_jobs.vocabulary import AS_OF_FORMS, INDEX_TYPES, TABLE_TYPES  # not the core: --help loads no pyarrow
 
 if TYPE_CHECKING:
     from spark_jobs.table.action.compact import CompactOptions
@@ -376,6 +375,7 @@ def _storage_option(text: str) -> tuple[str, str]:
 
 
 def _spark(args: argparse.Namespace, submitted: bool):  # type: ignore[no-untyped-def]
+    _allow_pandas()  # PySpark's Arrow conversions use pandas: pyarrow's shim must see it again
     from spark_jobs.jobs.session import get_spark  # lazy: only Spark verbs start a JVM
 
     if submitted:
@@ -810,17 +810,104 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, bool], int]] = {
 }
 
 
+#: the verbs whose in-process paths (the Arrow engine, the pure-Python core) never use pandas:
+#: the program keeps pyarrow from loading it for them (:func:`_defer_pandas`); their Spark paths
+#: allow it again before a session starts (:func:`_spark`)
+PANDAS_FREE_VERBS = frozenset({"upsert", "read", "validate", "show", "compact", "rehash", "clean", "rollback"})
+
+#: not empty once :func:`_defer_pandas` has kept pandas out of this process
+_PANDAS_DEFERRED: list[bool] = []
+
 #: the Spark log files this process opened (path, ours to delete): see :func:`main`
 _SPARK_LOG: list[tuple[str, bool]] = []
 
 
+def _defer_pandas() -> None:
+    """Keep pyarrow from importing pandas in this process until something really asks for it.
+
+    Why: pyarrow (tested with 26.0.1) loads pandas, about a third of a second of a cold
+    ``bucketindex upsert``, though the Arrow engine never uses it, from two places that each try
+    once per process and remember a failed import:
+
+    * its lazy shim ``pyarrow.lib._pandas_api``, on the first Python-to-Arrow conversion
+      (``pa.array``, ``pa.table``, a Python scalar given to a compute function): ``have_pandas``
+      probes (``_check_import``, then ``_tried_importing_pandas``, ``_have_pandas``; not writable
+      from Python);
+    * its C++ side (``arrow::py::internal::InitPandasStaticData``: pandas' ``NaT``, ``NA``,
+      ``Timestamp`` sentinels), on the first ``to_numpy`` of a non-zero-copy array, a type
+      inference, or ``import pyarrow.dataset``.
+
+    Both are made to try here, once, while a finder first on ``sys.meta_path`` makes ``import
+    pandas`` raise ``ImportError`` (``sys.modules["pandas"] = None`` would not do: Cython's import
+    returns that None, and the shim fails on it); then the finder is removed. The shim's probes
+    (``is_data_frame``, ``is_series``, ...) then answer False without importing; its explicit uses
+    (``to_pandas``, ``from_pandas``, ``_pandas_api.pd``) still import pandas when called
+    (:func:`_allow_pandas`). What stays for the process: pyarrow's C++ conversion of Python
+    objects does not recognise pandas' ``NaT``/``NA``/``Timestamp`` objects -- which is why this
+    runs only in the ``bucketindex`` program's own process (``main(console=True)``), on verbs not
+    sent to Spark, which never convert a pandas object; never in a user's program that imports
+    the library and may pass pandas frames.
+
+    A no-op when pandas is already loaded or pyarrow is not one with that shim (the attribute
+    names are checked here); an error in the probes leaves pyarrow to import pandas when asked."""
+    if "pandas" in sys.modules:
+        return
+    try:
+        from pyarrow import lib
+    except ImportError:  # no pyarrow: nothing to keep out
+        return
+    shim = getattr(lib, "_pandas_api", None)
+    if shim is None or not hasattr(type(shim), "have_pandas"):  # on the type: on the shim it would probe
+        return
+    finder = _NoPandas()
+    sys.meta_path.insert(0, finder)
+    _PANDAS_DEFERRED.append(True)
+    try:
+        shim.have_pandas  # noqa: B018 - the shim's probe: it records that pandas is absent
+        lib.array([None]).to_numpy(zero_copy_only=False)  # the C++ side's (type inference, to_numpy)
+    except Exception:  # noqa: BLE001 - another pyarrow: whatever it did, pandas is imported when asked
+        pass
+    finally:
+        sys.meta_path.remove(finder)
+
+
+class _NoPandas:
+    """A meta path finder for which pandas is not installed (:func:`_defer_pandas`)."""
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        if name == "pandas":
+            raise ModuleNotFoundError("pandas is kept out of this process", name=name)
+        return None
+
+
+def _allow_pandas() -> None:
+    """Before work that may use pandas (a Spark session: PySpark's Arrow conversions), let
+    pyarrow's shim import it again (``_pandas_api.pd``, its explicit import), so that its
+    pandas probes answer as in any program. A no-op when pyarrow is not loaded yet (it will
+    look for pandas itself), when :func:`_defer_pandas` did not run (a program that calls
+    :func:`main` keeps pyarrow as it is) or pandas is not installed."""
+    if "pyarrow" not in sys.modules or not _PANDAS_DEFERRED:
+        return
+    _PANDAS_DEFERRED.clear()
+    from pyarrow import lib
+
+    try:
+        getattr(lib, "_pandas_api").pd  # noqa: B009 - the shim's explicit import
+    except Exception:  # noqa: BLE001 - no pandas installed, or another pyarrow: nothing to undo
+        pass
+
+
 def main(argv: list[str] | None = None, *, submitted: bool = False,
-         extra_verbs: dict[str, str] | None = None) -> int:
+         extra_verbs: dict[str, str] | None = None, console: bool = False) -> int:
     """Run one verb; exit status as the module doc says. The Spark log a run opened
-    (:mod:`spark_jobs.home`) is deleted when the run succeeds and kept, and named, when it fails."""
+    (:mod:`spark_jobs.home`) is deleted when the run succeeds and kept, and named, when it fails.
+
+    ``console``: this process is the ``bucketindex`` program itself (its console script or
+    ``python -m``), not a program that imports the library: pyarrow is then kept from
+    importing pandas, which the Arrow engine never uses (:func:`_defer_pandas`)."""
     status = 1
     try:
-        status = _main(argv, submitted=submitted, extra_verbs=extra_verbs)
+        status = _main(argv, submitted=submitted, extra_verbs=extra_verbs, console=console)
         sys.stdout.flush()  # a reader that went away (`show | head`) is told here, not at the interpreter's exit
         return status
     except BrokenPipeError:
@@ -855,8 +942,11 @@ def _stdout_gone() -> None:
 
 
 def _main(argv: list[str] | None = None, *, submitted: bool = False,
-          extra_verbs: dict[str, str] | None = None) -> int:
+          extra_verbs: dict[str, str] | None = None, console: bool = False) -> int:
     args = build_parser(extra_verbs).parse_args(argv)
+    if console and args.verb in PANDAS_FREE_VERBS and getattr(args, "engine", None) != "spark" \
+            and not _spark_requested(args, submitted):  # after parsing: --help does not load pyarrow
+        _defer_pandas()
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -1078,4 +1168,4 @@ class _RedactingFormatter(logging.Formatter):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(console=True))

@@ -15,6 +15,15 @@ from dataclasses import dataclass, field
 from spark_jobs.exceptions import BadInputError, ConfigConflictError, TableCorruptError
 from spark_jobs.index.hashing import DEFAULT_HASH
 from spark_jobs.io.filesystem import FileIO, InstantExistsError
+from spark_jobs.vocabulary import (  # the index and table types, defined where the CLI's parser reads them
+    COPY_ON_WRITE,
+    INDEX_BUCKET,
+    INDEX_GLOBAL_SIMPLE,
+    INDEX_RECORD,
+    INDEX_TYPES,
+    MERGE_ON_READ,
+    TABLE_TYPES,
+)
 
 __all__ = [
     "FORMAT_VERSION",
@@ -43,10 +52,6 @@ REFERENCE_FORMAT_VERSION = 3
 #: so tables that never use these features stay readable by older releases.
 EVOLVING_FORMAT_VERSION = 4
 SUPPORTED_FORMAT_VERSIONS = (FORMAT_VERSION, REFERENCE_FORMAT_VERSION, EVOLVING_FORMAT_VERSION)
-INDEX_RECORD = "record"
-INDEX_BUCKET = "bucket"
-INDEX_GLOBAL_SIMPLE = "global_simple"
-INDEX_TYPES = (INDEX_RECORD, INDEX_BUCKET, INDEX_GLOBAL_SIMPLE)
 #: the largest bucket count: record-index bucket directories and bucket-index file ids stay
 #: fixed width, and a bucket-index table already has this many file groups per partition
 MAX_NUM_BUCKETS = 65_536
@@ -55,11 +60,6 @@ DEFAULT_TARGET_FILE_ROWS = 100_000
 DEFAULT_CHECKPOINT_INTERVAL = 10
 #: a day of hourly upserts stays readable with ``read --as-of``
 DEFAULT_CLEAN_RETAIN_COMMITS = 24
-#: copy-on-write rewrites a file group's base per upsert; merge-on-read appends a log to it
-#: (format.md §5.1) and data compaction folds the logs later
-COPY_ON_WRITE = "copy_on_write"
-MERGE_ON_READ = "merge_on_read"
-TABLE_TYPES = (COPY_ON_WRITE, MERGE_ON_READ)
 #: projections of each commit a table may ask for (``spark_jobs.table.delta``)
 MIRRORS = ("delta",)
 

@@ -37,6 +37,7 @@ from spark_jobs.exceptions import BadInputError, TableCorruptError
 from spark_jobs.io.filesystem import FileIO, InstantExistsError
 from spark_jobs.table.commit import CommitMetadata
 from spark_jobs.table.layout import TableLayout
+from spark_jobs.vocabulary import AS_OF_FORMS, INSTANT_FORM, TIME_FORMS
 
 __all__ = [
     "Action",
@@ -203,11 +204,8 @@ def check_instant(value: str, *, option: str) -> str:
     return value
 
 
-#: what ``--as-of`` and ``--since`` accept, for help texts and the one-line refusal
-_INSTANT_FORM = "17 digits yyyyMMddHHmmssSSS, UTC, as `bucketindex show` lists them"
-_TIME_FORMS = ("2026-11-25T09:24:00, 2026-11-25 09:24, 2026-11-25T09:24:00+01:00, 2026-11-25T08:24:00Z, "
-               "or a date 2026-11-25, its midnight; a time without a zone is UTC")
-AS_OF_FORMS = f"an instant ({_INSTANT_FORM}) or an ISO-8601 time ({_TIME_FORMS})"
+#: what ``--as-of`` and ``--since`` accept (``spark_jobs.vocabulary``: the CLI's help reads it there)
+_INSTANT_FORM, _TIME_FORMS = INSTANT_FORM, TIME_FORMS
 
 _ISO_TIME = re.compile(r"^(\d{4})-(\d{2})-(\d{2})(?:[T ](\d{2}):(\d{2})(?::(\d{2})(?:[.,](\d{1,9}))?)?)?"
                        r"\s*(Z|z|[+-]\d{2}(?::?\d{2})?)?$")

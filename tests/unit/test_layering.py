@@ -43,7 +43,7 @@ PACKAGES = ("spark_jobs", "airflow_provider_bucketindex")
 #: the table core: timeline, commit, view, actions' rules, index, io, errors, fault points
 CORE = ("spark_jobs.table", "spark_jobs.index", "spark_jobs.io", "spark_jobs.exceptions", "spark_jobs.redaction")
 #: modules that import nothing of the project (checked below), so anything may import them
-LEAVES = ("spark_jobs.redaction", "spark_jobs.text", "spark_jobs.processes")
+LEAVES = ("spark_jobs.redaction", "spark_jobs.text", "spark_jobs.processes", "spark_jobs.vocabulary")
 KERNELS = ("spark_jobs.kernels",)
 ARROW_ENGINE = ("spark_jobs.arrow_engine",)
 SPARK_ENGINE = ("spark_jobs.jobs",)
