@@ -19,6 +19,24 @@ import sys
 
 import pytest
 
+
+
+def pytest_configure(config):  # type: ignore[no-untyped-def]
+    """Compile the packages (and the harness the subprocesses import) once per run.
+
+    The tests start hundreds of cold processes (CLI runs, crash victims, racing writers, Spark's
+    Python workers). Where ``PYTHONDONTWRITEBYTECODE`` is set (this VM and CI set it) and the
+    checkout is fresh, none of them finds bytecode and each compiles every module it imports:
+    about 0.13 s more per process. ``compileall`` writes the bytecode regardless of that setting
+    (``__pycache__`` is git-ignored), as a first run would without it.
+    """
+    import compileall
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for package in ("spark_jobs", "airflow_provider_bucketindex", os.path.join("tests", "harness")):
+        compileall.compile_dir(os.path.join(root, package), quiet=2, workers=1)
+
+
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 # spark-submit from a pip-installed pyspark lives beside this interpreter
