@@ -295,21 +295,22 @@ CI_TIER = {
 
 #: The Spark code paths the default run keeps: CI_TIER moves every test of ``tests/spark/`` (and
 #: the Spark files of ``tests/s3``) to the CI tier but these -- each Spark job, reader and rule once,
-#: held to the Arrow engine or the oracle, on data like users'. Each says the code path it holds.
+#: held to the Arrow engine or the oracle, on data like users', and the tests there that start no
+#: Spark at all. Each says the code path it holds. A Spark writer losing a race and deciding again
+#: (tests/spark/test_conflict_reads_spark.py) is in the CI tier: the same races run on Arrow in
+#: tests/unit/test_conflict_reads.py, and the rule that decides what a retry redoes is the core's
+#: (table/action/conflict.py).
 #: The Airflow operators' spark-submit path (a writer killed in a real spark-submit, rolled back)
 #: stays through tests/airflow/test_ingest_e2e.py.
 SPARK_PATHS: dict[str, str] = {
     "tests/spark/test_engine_equivalence.py::test_same_batches_same_table[bucket-merge_on_read]":
         "the Spark upsert (jobs/upsert.py) writing merge-on-read logs through the bucket index: equal to the Arrow "
         "engine and the oracle at every instant over odd keys, moves, deletes, stale rows and ties",
-    "tests/spark/test_timestamps.py::test_upserts_round_trip[record-copy_on_write-spark]":
-        "the Spark upsert, copy-on-write through the record index, with time-zone timestamps",
     "tests/spark/test_lean_job.py::test_spark_jobs_per_upsert_and_validate[global_simple]":
         "the global_simple index's Spark join (the table's keys broadcast) and validate's jobs",
     "tests/spark/test_retry_and_crash.py::test_same_batch_id_twice_is_one_commit":
-        "the Spark upsert's batch-id idempotence (a rerun is one commit)",
-    "tests/spark/test_conflict_reads_spark.py":
-        "a Spark writer that loses a race decides again on the new snapshot (concurrency on Spark)",
+        "the Spark upsert, copy-on-write through the record index, and its batch-id idempotence (a rerun is "
+        "one commit)",
     "tests/spark/test_rehash_engines.py::test_spark_and_arrow_rehash_give_the_same_table[bucket-merge_on_read]":
         "the Spark rehash (jobs/rehash.py) equal to the Arrow rehash",
     "tests/spark/test_bootstrap_equivalence.py::test_both_engines_bootstrap_the_same_table[reference-record]":
@@ -353,6 +354,19 @@ SPARK_PATHS: dict[str, str] = {
         "Spark tasks reading S3 sources through pyarrow (jobs/hadoop_fs.py; no S3 connector in the JVM)",
     "tests/s3/test_verbs_spark_s3.py::test_spark_session_has_no_s3_connector":
         "the premise of the S3 Spark path: the JVM has no S3 connector",
+    # tests of tests/spark/ that start no Spark (no session, no JVM): the core's and the CLI's
+    "tests/spark/test_path_safety.py::test_layout_and_fileio_refuse_paths_outside_the_root":
+        "starts no Spark: the layout and FileIO refuse paths outside the table root",
+    "tests/spark/test_path_safety.py::test_clean_and_rollback_never_delete_outside_the_root":
+        "starts no Spark: clean and rollback never delete outside the root",
+    "tests/spark/test_path_safety.py::test_delete_treats_a_name_too_long_as_absent":
+        "starts no Spark: a delete of a name too long is a delete of an absent key",
+    "tests/spark/test_precombine_order_spark.py::test_bootstrap_keeps_the_duplicate_with_the_highest_value_in_section_8s_order":
+        "starts no Spark: the bootstrap kernel's precombine order (NaN, -0.0, null), called directly",
+    "tests/spark/test_lean_job.py::test_resource_failure_is_one_line_exit_1":
+        "starts no Spark: the CLI's one line for a JVM out-of-memory error",
+    "tests/spark/test_torture_spark.py::test_the_spark_seeds_cover_both_bootstraps_and_both_directions":
+        "starts no Spark: the generator's Spark seeds cover both bootstrap modes and both rehash directions",
 }
 
 
