@@ -581,6 +581,18 @@ def measure_compaction(index: Index, b: int, args, rng: np.random.Generator, scr
     return r
 
 
+def open_cost_ms(index: Index, built: list[int]) -> float:
+    """Opening and closing every built bucket's file once, warm (median of 3): the fixed part
+    of a lookup per bucket (memory map, Arrow IPC footer, location table, block index)."""
+    ts = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for b in built:
+            IndexFile(index.io, index.path(b)).close()
+        ts.append(time.perf_counter() - t0)
+    return round(statistics.median(ts) * 1000 / len(built), 3)
+
+
 def engine_grouping_ms(keys: pa.Array, buckets: int) -> dict:
     """The batch grouped by bucket as ``ArrowEngine._tag`` does it (one filter over the whole
     batch per bucket) and by one sort, as here: the former is keys x buckets work."""
@@ -660,6 +672,8 @@ def main(argv: list[str] | None = None) -> None:
     grouping = engine_grouping_ms(largest, index.buckets)
     log(f"grouping {len(largest):,} keys by bucket: ArrowEngine._tag's filter per bucket "
         f"{grouping['filter_per_bucket_ms']:,.0f} ms, one sort {grouping['sort_ms']:,.0f} ms")
+    open_ms = open_cost_ms(index, built)
+    log(f"opening one bucket's index file (warm): {open_ms:.3f} ms")
     comp = measure_compaction(index, built[0], args, rng, os.path.join(workdir, "compaction_scratch"))
     load1 = os.getloadavg()
     by = {(r["keys"], r["kind"]): r for r in rows}
@@ -687,6 +701,7 @@ def main(argv: list[str] | None = None) -> None:
         "lookups": rows,
         "no_mmap": nomap,
         "grouping": grouping,
+        "open_ms_per_bucket": open_ms,
         "compaction": comp,
         "build": build_info,
         "checked": all(r["checked"] for r in rows + nomap) and comp["checked"],

@@ -74,6 +74,7 @@ def test_result_reports_every_measurement_checked(built):
                                             and r["kind"] == "hit")
     assert [r["keys"] for r in res["no_mmap"]] == [100, 1000]
     assert all(r["checked"] and r["reads"] > 0 and r["read_mb"] > 0 for r in res["no_mmap"])
+    assert res["open_ms_per_bucket"] > 0
     comp = res["compaction"]
     assert comp["checked"] and comp["bucket"] == 0 and comp["deltas"] == 3
     assert comp["base_entries"] > 0 and comp["entries_after"] > 0 and comp["total_ms"] > 0
