@@ -50,19 +50,10 @@ from spark_jobs.index.record_index import IndexEntries, compact_entries, lookup,
 from spark_jobs.io.filesystem import resolve  # noqa: E402
 from machine_info import cpu_model, mem_total_gb  # noqa: E402 (benchmarks/ is on sys.path)
 from results import emit_result  # noqa: E402
+from index_common import status_kb as _status_kb  # noqa: E402
 
 LOCATIONS = [(f"region={i % 8}", f"fg-{i:05d}") for i in range(1000)]
 DELTAS, DELTA_ENTRIES = 10, 10_000
-
-
-def _status_kb(field: str) -> int:
-    """``VmRSS`` (now) or ``VmHWM`` (peak) of this process, in KiB. Not ``ru_maxrss``: Linux
-    carries that across exec, so a child would report its parent's peak."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return 0
 
 
 def _entries(hi: np.ndarray, lo: np.ndarray, rng: np.random.Generator) -> IndexEntries:

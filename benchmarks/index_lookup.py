@@ -40,7 +40,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.fs as pafs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -53,8 +52,9 @@ from spark_jobs.index.record_index import (  # noqa: E402
     merge_entries,
     write_index_file,
 )
-from spark_jobs.io.filesystem import FileIO, resolve  # noqa: E402
+from spark_jobs.io.filesystem import resolve  # noqa: E402
 from machine_info import cpu_model, mem_total_gb  # noqa: E402 (benchmarks/ is on sys.path)
+from index_common import Checker, CountingFileIO, log, make_locations  # noqa: E402
 
 MODES = ("seek", "scan", "auto")
 ORDERS = list(itertools.permutations(MODES))
@@ -62,40 +62,8 @@ PARTITIONS = 20
 FILES_PER_PARTITION = 50
 
 
-def log(msg: str) -> None:
-    print(msg, flush=True)
-
-
 def uuid4_strings(n: int, rng: random.Random) -> list[str]:
     return [str(uuid.UUID(int=rng.getrandbits(128), version=4)) for _ in range(n)]
-
-
-def make_locations(tag: str, partitions: int, files: int) -> list[tuple[str, str]]:
-    # realistic names: a date partition and a bucket-prefixed file id
-    return [
-        (f"dt=2024-03-{p + 1:02d}", f"{p * files + f:05d}-{uuid.UUID(int=(p * files + f) * 7919 + len(tag), version=4)}-{tag}")
-        for p in range(partitions)
-        for f in range(files)
-    ]
-
-
-class Checker:
-    """Expected location per key (by key position) to verify a LookupResult completely."""
-
-    def __init__(self, locations: list[tuple[str, str]]) -> None:
-        self.locations = locations
-        self.index = {loc: i for i, loc in enumerate(locations)}
-
-    def check(self, res, expected: np.ndarray, what: str) -> None:
-        """``expected[i]``: global location index of query i, or -1 for absent/deleted."""
-        want_found = expected >= 0
-        if not np.array_equal(res.found, want_found):
-            bad = int(np.count_nonzero(res.found != want_found))
-            raise AssertionError(f"{what}: {bad} keys found/absent wrongly")
-        remap = np.array([self.index[loc] for loc in res.locations] + [-1], dtype=np.int64)
-        got = remap[np.where(res.loc >= 0, res.loc, len(res.locations))]
-        if not np.array_equal(got, expected):
-            raise AssertionError(f"{what}: {int(np.count_nonzero(got != expected))} targets differ")
 
 
 def time_modes(io, paths, keys, runs: int, checker: Checker, expected: np.ndarray, what: str) -> dict:
@@ -134,51 +102,6 @@ def time_hash(keys, runs: int) -> float:
         fingerprints(keys)
         ts.append(time.perf_counter() - t0)
     return round(statistics.median(ts) * 1000, 3)
-
-
-class _CountingFile:
-    """A Python file object that counts read requests (wrapped by pyarrow.PythonFile)."""
-
-    def __init__(self, path: str, counter: dict) -> None:
-        self._f = open(path, "rb")  # noqa: SIM115
-        self._c = counter
-        self.closed = False
-
-    def read(self, n: int = -1) -> bytes:
-        b = self._f.read(n)
-        self._c["reads"] += 1
-        self._c["bytes"] += len(b)
-        return b
-
-    def seek(self, off: int, whence: int = 0) -> int:
-        return self._f.seek(off, whence)
-
-    def tell(self) -> int:
-        return self._f.tell()
-
-    def close(self) -> None:
-        self._f.close()
-        self.closed = True
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def writable(self) -> bool:
-        return False
-
-
-class CountingFileIO(FileIO):
-    """The generic (not memory-mapped) FileIO, counting the read requests lookups issue."""
-
-    def __init__(self) -> None:
-        super().__init__(pafs.LocalFileSystem())
-        self.counter = {"reads": 0, "bytes": 0}
-
-    def memory_map(self, path: str) -> pa.NativeFile:
-        return pa.PythonFile(_CountingFile(path, self.counter), mode="r")
 
 
 def main() -> None:
