@@ -399,7 +399,10 @@ cat = CatalogFactory.create({"warehouse": a["table"]})
 out = {}
 
 def with_kind(t):
-    kind = pc.if_else(t.column("_deleted"), "-D", "+I") if "_deleted" in t.column_names else pa.array(["+I"] * len(t), pa.string())
+    if "_deleted" in t.column_names:
+        kind = pc.if_else(t.column("_deleted"), "-D", "+I")
+    else:
+        kind = pa.array(["+I"] * len(t), pa.string())
     t = t.drop_columns([c for c in ["_deleted"] if c in t.column_names])
     return t.append_column("_rowkind", kind)
 
@@ -718,6 +721,58 @@ def run_contender(r: Runner, data: Dataset, layout: str, contender: str, batches
         guarded("validate", validate)
 
 
+def summary(steps: list[dict]) -> str:
+    """The markdown table of docs/benchmarks.md's "Scale" section: per size and contender, the
+    median cold time of each batch size (the engine ``auto`` chose), the reads, peak RSS, index
+    bytes per entry and the oracle's verdict over every step."""
+    import statistics
+
+    groups: dict[tuple, list[dict]] = {}
+    for st in steps:
+        groups.setdefault((st["size"], st["contender"]), []).append(st)
+    names = sorted({re.sub(r"batch_\d+_", "", st["step"]) for st in steps if st["step"].startswith("batch_")},
+                   key=lambda x: int(x.replace("k", "000").replace("M", "000000")))
+    head = ["rows", "contender", "build s"] + [f"batch {b} s" for b in names] + [
+        "peak RSS MB (batches)", "read after the batches: arrow / duckdb s", "compact s",
+        "read after compact: arrow / duckdb s", "index B/entry", "oracle"]
+    out = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+
+    def t(st: dict | None, key: str = "time_s") -> str:
+        if st is None:
+            return "-"
+        if st.get("rc", 0) != 0:
+            return f"failed ({str(st.get('rc'))[:40]})"
+        v = st.get(key)
+        return "-" if v is None else f"{v:.2f}"
+
+    for (size, contender), sts in groups.items():
+        by = {st["step"]: st for st in sts}
+        row = [human_rows(size), contender, t(by.get("build"))]
+        for b in names:
+            runs = [st for st in sts if re.fullmatch(rf"batch_\d+_{b}", st["step"])]
+            ok = [st["time_s"] for st in runs if st.get("rc", 0) == 0]
+            engines = sorted({st["engine"] for st in runs if st.get("engine")})
+            cell = f"{statistics.median(ok):.2f}" if ok else (t(runs[0]) if runs else "-")
+            row.append(cell + (f" ({'/'.join(engines)}, x{len(runs)})" if engines else f" (x{len(runs)})"))
+        peaks = [st["peak_rss_mb"] for st in sts if st["step"].startswith("batch_") and "peak_rss_mb" in st]
+        row.append(f"{max(peaks):.0f}" if peaks else "-")
+        after = [k for k in by if k.startswith("read_arrow_after_") and k != "read_arrow_after_compact"]
+        n = after[0].rsplit("_", 1)[1] if after else "10"
+        row.append(f"{t(by.get(f'read_arrow_after_{n}'), 'read_s')} / {t(by.get(f'read_duckdb_after_{n}'), 'read_s')}")
+        row.append(t(by.get("compact")))
+        row.append(f"{t(by.get('read_arrow_after_compact'), 'read_s')} / "
+                   f"{t(by.get('read_duckdb_after_compact'), 'read_s')}")
+        ipe = [st["index_bytes_per_entry"] for st in sts if st.get("index_bytes_per_entry") is not None]
+        row.append(f"{ipe[-1]:.1f}" if ipe else "-")
+        checked = [st for st in sts if "oracle_ok" in st]
+        verdict = f"{sum(st['oracle_ok'] for st in checked)}/{len(checked)} ok"
+        if "validate" in by:
+            verdict += f", validate {'ok' if by['validate'].get('validate_ok') else 'FAILED'}"
+        row.append(verdict)
+        out.append("| " + " | ".join(row) + " |")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workdir", required=True, help="data, tables, state and results: keep it to resume")
@@ -769,6 +824,7 @@ def main(argv: list[str] | None = None) -> dict:
               "elapsed_s": round(time.perf_counter() - t0, 1),
               "env": {"cpu": cpu_model(), "mem_gb": mem_total_gb(), "cores": os.cpu_count(),
                       "load": os.getloadavg()}}
+    log(summary(steps))
     emit_result(result, args.json_out or str(work / "results.json"))
     return result
 

@@ -91,6 +91,7 @@ def test_scale_runs_end_to_end_reports_every_step_and_resumes_without_redoing_on
         assert steps[name]["oracle_ok"] is True, steps[name]
         assert steps[name]["oracle"]["columns_differing"] == []
     assert steps["read_duckdb_after_1"]["read_s"] > 0 and steps["validate"]["validate_ok"] is True
+    assert "| 2k | bucketindex_merge_on_read_record_uuid_flat |" in r.stdout  # the summary table
     lines = (work / "results.jsonl").read_text().splitlines()
     assert len(lines) == len(steps)
     # a second run finds every step done: nothing is run again, nothing appended
