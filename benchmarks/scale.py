@@ -548,9 +548,14 @@ def commit_written(table: Path) -> dict:
 
 
 def index_stats(table: Path, live_rows: int) -> dict:
-    b = dir_size(table / ".bucketindex" / "index")
-    return {"index_bytes": b, "index_bytes_per_entry": round(b / live_rows, 2) if live_rows else None,
-            "table_bytes": dir_size(table)}
+    """The index files the latest snapshot reads (base and deltas; not the superseded ones a
+    ``clean`` has yet to delete) per live row, and the table directory's bytes (everything on disk)."""
+    from spark_jobs.table.table import Table
+
+    files = [f for fs in Table.load(str(table)).view().index_files.values() for f in fs]
+    b = sum((table / f).stat().st_size for f in files)
+    return {"index_bytes": b, "index_files": len(files),
+            "index_bytes_per_entry": round(b / live_rows, 2) if live_rows else None, "table_bytes": dir_size(table)}
 
 
 def run_contender(r: Runner, data: Dataset, layout: str, contender: str, batches: list[int]) -> None:
