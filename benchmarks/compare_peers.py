@@ -291,7 +291,14 @@ def _fixed_width_strings(chars: np.ndarray) -> pa.StringArray:
 
 def uuid4_strings(rng: np.random.Generator, n: int) -> pa.StringArray:
     """``n`` random UUID4 strings (36 chars), formatted with numpy."""
-    b = rng.integers(0, 256, size=(n, 16), dtype=np.uint8)
+    return uuid4_from_bytes(rng.integers(0, 256, size=(n, 16), dtype=np.uint8))
+
+
+def uuid4_from_bytes(b: np.ndarray) -> pa.StringArray:
+    """UUID4 strings of an (n, 16) uint8 matrix of random bytes (its version and variant bits are
+    overwritten): ``scale.py`` derives the bytes from each key's ordinal, so a key can be made again."""
+    n = b.shape[0]
+    b = b.copy()
     b[:, 6] = (b[:, 6] & 0x0F) | 0x40  # version 4
     b[:, 8] = (b[:, 8] & 0x3F) | 0x80  # RFC 4122 variant
     h = np.empty((n, 32), dtype=np.uint8)
@@ -508,6 +515,9 @@ class PeakRss:
         self.tree, self.interval = tree, interval
         self.peak = self.before = 0
         self.descendants_seen = False  # did the process start children (a JVM)?
+        #: per pid seen, the last (read_chars, write_chars) of /proc/<pid>/io: every read/write
+        #: call, page cache included; polled, so the last interval before a process exits is missed
+        self._io: dict[int, tuple[int, int]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -525,7 +535,9 @@ class PeakRss:
             for q in procs:
                 try:
                     total += q.memory_info().rss
-                except ps.Error:
+                    io = q.io_counters()
+                    self._io[q.pid] = (io.read_chars, io.write_chars)
+                except (ps.Error, AttributeError):  # AttributeError: no io_counters on this platform
                     pass
         return total
 
@@ -548,6 +560,11 @@ class PeakRss:
     @property
     def peak_mb(self) -> float:
         return round(self.peak / 2**20, 1)
+
+    @property
+    def io_chars(self) -> tuple[int, int]:
+        """Bytes read and written by every process of the tree seen (lower bounds: polled)."""
+        return sum(r for r, _ in self._io.values()), sum(w for _, w in self._io.values())
 
     @property
     def before_mb(self) -> float:
@@ -586,7 +603,9 @@ def run_cold(cmd: list[str], logs: Path, name: str, timeout: float, extra_pids: 
         payload = json.loads(last) if last.startswith("{") else {}
     except json.JSONDecodeError:
         payload = {}
+    read_chars, write_chars = mem.io_chars
     rec = {"time_s": round(wall, 3), "cpu_s": round(cpu, 3) if cpu is not None else None, "peak_mem_mb": mem.peak_mb,
+           "read_chars": read_chars, "write_chars": write_chars,
            "mem_scope": "the new process and its children",
            "rc": rc, "stdout": str(out), "stderr": str(err), "result": payload}
     if rc != 0:
