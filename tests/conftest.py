@@ -190,6 +190,10 @@ CI_TIER = {
         "redacts every verb's URI in-process; test_a_derived_batch_id_reads_the_file_a_uri_with_a_query_names stays",
     "tests/s3/test_verbs_arrow_s3.py::test_arrow_verbs_on_an_s3_table_with_an_s3_source[copy_on_write]":
         "[merge_on_read]: the same verbs on S3 with logs and a compaction",
+    "tests/unit/test_scale_benchmark.py": "benchmarks/scale.py end to end at 2k rows: a test of a benchmark script "
+                                          "(its oracle and resumption), not of the product",
+    "tests/unit/test_index_scale_benchmark.py": "benchmarks/index_scale.py at 3 buckets: a test of a benchmark "
+                                                "script, not of the product",
     "tests/s3/test_request_budget.py::test_upsert_costs_the_same_after_a_long_history_and_what_the_budget_says":
         "a long history built on S3 (checkpoints and archival twice): tests/unit/test_timeline_services.py's "
         "test_opening_cost_does_not_grow_with_history holds the same on local disk; the request budget's other "
