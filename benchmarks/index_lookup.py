@@ -53,7 +53,7 @@ from spark_jobs.index.record_index import (  # noqa: E402
     write_index_file,
 )
 from spark_jobs.io.filesystem import resolve  # noqa: E402
-from machine_info import cpu_model, mem_total_gb  # noqa: E402 (benchmarks/ is on sys.path)
+from machine_info import cpu_model, machine, mem_total_gb  # noqa: E402 (benchmarks/ is on sys.path)
 from index_common import Checker, CountingFileIO, log, make_locations  # noqa: E402
 
 MODES = ("seek", "scan", "auto")
@@ -280,12 +280,7 @@ def run(args, sweep: list[int], io, bucket: str, t_start: float) -> None:
         "block_rows": args.block_rows,
         "blocks": blocks,
         "locations": len(base_locs),
-        "python": platform.python_version(),
-        "pyarrow": pa.__version__,
-        "numpy": np.__version__,
-        "cpu_count": os.cpu_count(),
-        "cpu_model": cpu_model(),
-        "mem_gb": mem_total_gb(),
+        **machine(),
         "elapsed_s": round(elapsed, 1),
     }
     print(json.dumps(out), flush=True)

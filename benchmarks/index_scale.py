@@ -81,7 +81,7 @@ from spark_jobs.index.record_index import (  # noqa: E402
 )
 from spark_jobs.io.filesystem import resolve  # noqa: E402
 from spark_jobs.table.layout import TableLayout  # noqa: E402
-from machine_info import cpu_model, mem_total_gb  # noqa: E402 (benchmarks/ is on sys.path)
+from machine_info import cpu_model, machine, mem_total_gb  # noqa: E402 (benchmarks/ is on sys.path)
 from index_common import Checker, CountingFileIO, log, make_locations, status_kb  # noqa: E402
 from results import emit_result  # noqa: E402
 
@@ -712,12 +712,7 @@ def main(argv: list[str] | None = None) -> None:
         "runs": args.runs,
         "load_before": [round(x, 2) for x in load0],
         "load_after": [round(x, 2) for x in load1],
-        "python": platform.python_version(),
-        "pyarrow": pa.__version__,
-        "numpy": np.__version__,
-        "cpu_count": os.cpu_count(),
-        "cpu_model": cpu_model(),
-        "mem_gb": mem_total_gb(),
+        **machine(),
         "elapsed_s": round(elapsed, 1),
     }
     log(f"done in {elapsed:.0f} s")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import platform
 from pathlib import Path
 
-__all__ = ["cpu_model", "mem_total_gb"]
+__all__ = ["cpu_model", "mem_total_gb", "machine"]
 
 
 def cpu_model() -> str:
@@ -26,3 +26,14 @@ def mem_total_gb() -> float | None:
     except OSError:
         pass
     return None
+
+
+def machine() -> dict[str, object]:
+    """The versions and the machine a benchmark's JSON line records, in one place for every script."""
+    import os
+
+    import numpy as np
+    import pyarrow as pa
+
+    return {"python": platform.python_version(), "pyarrow": pa.__version__, "numpy": np.__version__,
+            "cpu_count": os.cpu_count(), "cpu_model": cpu_model(), "mem_gb": mem_total_gb()}
