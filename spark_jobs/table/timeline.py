@@ -204,9 +204,6 @@ def check_instant(value: str, *, option: str) -> str:
     return value
 
 
-#: what ``--as-of`` and ``--since`` accept (``spark_jobs.vocabulary``: the CLI's help reads it there)
-_INSTANT_FORM, _TIME_FORMS = INSTANT_FORM, TIME_FORMS
-
 _ISO_TIME = re.compile(r"^(\d{4})-(\d{2})-(\d{2})(?:[T ](\d{2}):(\d{2})(?::(\d{2})(?:[.,](\d{1,9}))?)?)?"
                        r"\s*(Z|z|[+-]\d{2}(?::?\d{2})?)?$")
 
@@ -272,8 +269,8 @@ def parse_as_of(text: str, *, option: str = "--as-of", instant_prefix: bool = Fa
         t = _parse_time(value)
         if t is not None:
             return t
-    raise BadInputError(f"{option} must be an instant or a time: {text!r} is not an instant ({_INSTANT_FORM}) "
-                        f"or an ISO-8601 time ({_TIME_FORMS})")
+    raise BadInputError(f"{option} must be an instant or a time: {text!r} is not an instant ({INSTANT_FORM}) "
+                        f"or an ISO-8601 time ({TIME_FORMS})")
 
 
 def completion_floors(timeline: "Timeline") -> list[str]:
