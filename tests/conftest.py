@@ -21,6 +21,10 @@ import pytest
 
 
 
+#: the environment variable holding the run's seed (:func:`pytest_configure`)
+RUN_SEED_VAR = "BUCKETINDEX_TEST_RUN_SEED"
+
+
 def pytest_configure(config):  # type: ignore[no-untyped-def]
     """Compile the packages (and the harness the subprocesses import) once per run.
 
@@ -31,7 +35,13 @@ def pytest_configure(config):  # type: ignore[no-untyped-def]
     (``__pycache__`` is git-ignored), as a first run would without it.
     """
     import compileall
+    import random
 
+    # One seed per run for what tests draw at collection (the torture test's random sequences):
+    # pytest-xdist's workers inherit it and so collect the same test ids; set it to replay a run's.
+    os.environ.setdefault(RUN_SEED_VAR, str(random.SystemRandom().randrange(2**31)))
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: the controller compiled already
+        return
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for package in ("spark_jobs", "airflow_provider_bucketindex", os.path.join("tests", "harness")):
         compileall.compile_dir(os.path.join(root, package), quiet=2, workers=1)
@@ -388,6 +398,37 @@ def _tier_key(nodeid: str, table: dict[str, str]) -> str | None:
     return next((k for k in table if k.endswith("/") and path.startswith(k)), None)
 
 
+#: Tests that share a per-process resource run in one pytest-xdist worker (``-n 2``): the local
+#: Spark session (a JVM per worker would put two JVMs on 2 cores) and the private Airflow whose
+#: SQLite DB each process migrates once. Every other test is scheduled on its own.
+_SHARED = (
+    ("spark", ("tests/spark/", "tests/connect/", "tests/cluster/", "tests/s3/test_verbs_spark_s3.py")),
+    ("airflow", ("tests/airflow/",)),
+)
+
+
+def _xdist_scope(nodeid: str) -> str:
+    """The unit pytest-xdist hands a worker: a shared group's name, else the test itself."""
+    for group, prefixes in _SHARED:
+        if nodeid.startswith(prefixes):
+            return group
+    return nodeid
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):  # type: ignore[no-untyped-def]
+    """``--dist loadgroup`` with ``xdist_group`` marks would do this, but pytest 9.2 no longer lets
+    pytest-xdist 3.8 rename the node ids it groups by (pytest-xdist issue #1386); a scope of our
+    own gives the same schedule."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class _SharedResourceScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _xdist_scope(nodeid)
+
+    return _SharedResourceScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]
     both = sorted(set(CI_TIER) & set(SPARK_PATHS))
     if both:
@@ -413,3 +454,7 @@ def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def
     if stale and not config.getoption("keyword") and all("::" not in a for a in config.args):
         raise pytest.UsageError(f"tests/conftest.py EXTENDED, CI_TIER or SPARK_PATHS names tests that do not exist: "
                                 f"{stale}")
+
+
+def pytest_report_header(config):  # type: ignore[no-untyped-def]
+    return f"bucketindex: run seed {os.environ.get(RUN_SEED_VAR)} (replay what it drew with {RUN_SEED_VAR}=<seed>)"

@@ -20,6 +20,7 @@ a file changed outside it, and that shrinking keeps what still fails.
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -42,7 +43,10 @@ MAX_STEPS = 9
 #: and two turned on by `mirror --enable`; a rehash on --engine arrow and one on auto
 #: (tests/unit/test_torture.py's docstring)
 FIXED = [1913, 358, 1428, 1800, 814, 2480]
-RANDOM = [random.SystemRandom().randrange(2**31) for _ in range(2)]
+#: drawn from the run's seed (tests/conftest.py sets it once per run, so every pytest-xdist worker
+#: collects the same ids; ``BUCKETINDEX_TEST_RUN_SEED=<n> pytest ...`` draws a run's seeds again)
+_RUN_SEED = os.environ.get("BUCKETINDEX_TEST_RUN_SEED") or str(random.SystemRandom().randrange(2**31))
+RANDOM = random.Random(int(_RUN_SEED)).sample(range(2**31), 2)
 
 
 def _replay_hint(seq: dict) -> str:
