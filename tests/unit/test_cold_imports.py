@@ -4,7 +4,9 @@ pyspark, and give the table the in-process API and the oracle give.
 
 Each CLI run here is a new interpreter started the way the console script starts it
 (``main()`` with no argv: the process is the program), with no Java reachable; the wrapper
-fails the run when pandas or pyspark is in ``sys.modules`` at the end.
+fails the run when pandas, pyspark or airflow (or, for the upsert into an existing table, a
+module made lazy for it: :data:`LAZY`) is in ``sys.modules`` where the program ends -- when
+``main`` returns, or in ``os._exit``, by which the program ends itself after its work.
 """
 
 from __future__ import annotations
