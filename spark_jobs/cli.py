@@ -20,7 +20,8 @@ import logging
 import os
 import re
 import sys
-from typing import TYPE_CHECKING, Callable
+import threading
+from typing import TYPE_CHECKING, Any, Callable, Collection, Sequence
 
 from spark_jobs.exceptions import (
     BadInputError,
@@ -101,11 +102,47 @@ def _spark_requested(args: argparse.Namespace, submitted: bool) -> str | None:
     return None
 
 
-def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.ArgumentParser:
-    """The CLI's parser; ``extra_verbs`` (name -> help) are verbs another layer runs, listed in ``--help``."""
+class _NoArguments:
+    """Stands for the parser of a verb this run does not parse (:func:`build_parser`'s ``verbs``):
+    its arguments are not built. Each ``add_argument`` of argparse formats the argument once (a
+    help formatter per call), so building all twelve verbs' ~170 arguments was 15-25 ms of every
+    cold run; the verb itself is still registered, with its help, for ``--help`` and the
+    ``invalid choice`` error."""
+
+    def add_argument(self, *args: object, **kwargs: object) -> None:
+        return None
+
+    def add_mutually_exclusive_group(self, **kwargs: object) -> "_NoArguments":
+        return self
+
+
+class _Verbs:
+    """The subparsers of :func:`build_parser`, building the arguments of ``verbs`` only (None: all)."""
+
+    def __init__(self, sub: "argparse._SubParsersAction[_Parser]", verbs: Collection[str] | None) -> None:
+        self.sub, self.verbs = sub, verbs
+
+    def add_parser(self, name: str, **kwargs: Any) -> Any:
+        parser = self.sub.add_parser(name, **kwargs)
+        return parser if self.verbs is None or name in self.verbs else _NoArguments()
+
+
+def verb_of(argv: Sequence[str]) -> str | None:
+    """The verb of a command line: its first word that is not an option (the program's own
+    options, ``-v`` and ``-h``, take no value); None when it has none (``--help``)."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def build_parser(extra_verbs: dict[str, str] | None = None, *,
+                 verbs: Collection[str] | None = None) -> argparse.ArgumentParser:
+    """The CLI's parser; ``extra_verbs`` (name -> help) are verbs another layer runs, listed in ``--help``.
+
+    ``verbs``: build the arguments of these verbs only (None: of every verb); every verb is
+    listed either way. A run parses one verb (:func:`verb_of`), so :func:`main` builds that
+    one's: what the parser accepts for it, and its help, are the same as the full parser's."""
     p = _Parser(prog="bucketindex", description="Upsertable lake tables with a record-level or bucket hash index.")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = p.add_subparsers(dest="verb", required=True, parser_class=_Parser)
+    sub = _Verbs(p.add_subparsers(dest="verb", required=True, parser_class=_Parser), verbs)
 
     up = sub.add_parser("upsert", help="upsert (and delete) a batch into a table, data + index in one commit",
                         description="Upsert (and delete) the rows of SOURCE into the table at TABLE: data files and "
@@ -355,7 +392,7 @@ def build_parser(extra_verbs: dict[str, str] | None = None) -> argparse.Argument
         verb.add_argument("--storage-option", action="append", default=[], type=_storage_option,
                           metavar="KEY=VALUE", help=STORAGE_OPTION_HELP)
     for name, text in (extra_verbs or {}).items():
-        sub.add_parser(name, help=text)
+        sub.sub.add_parser(name, help=text)
     return p
 
 
@@ -904,7 +941,40 @@ def main(argv: list[str] | None = None, *, submitted: bool = False,
 
     ``console``: this process is the ``bucketindex`` program itself (its console script or
     ``python -m``), not a program that imports the library: pyarrow is then kept from
-    importing pandas, which the Arrow engine never uses (:func:`_defer_pandas`)."""
+    importing pandas, which the Arrow engine never uses (:func:`_defer_pandas`), and the process
+    ends as soon as the verb's work and output are done (:func:`_end_process`)."""
+    status = _run(argv, submitted=submitted, extra_verbs=extra_verbs, console=console)
+    if console:
+        _end_process(status)
+    return status
+
+
+def _end_process(status: int) -> None:
+    """End the ``bucketindex`` program's own process now, with ``status``, skipping the
+    interpreter's teardown when nothing is left for it to do.
+
+    Why: after an Arrow verb, the teardown -- clearing every module's objects (pyarrow's ~500
+    compute function wrappers, numpy's), the garbage collector's passes over them, Arrow's
+    thread pools and allocator -- took 0.1 s of CPU, a quarter of a cold 200-row upsert's goal
+    (issue 38), and does nothing a finished program needs: its files are written and closed,
+    its commit is done. What the teardown would still do is done here (logging's handlers
+    flushed, standard output and error flushed). Not skipped, so the interpreter ends as usual:
+    when Spark was loaded (a JVM or a Connect client releases itself in its ``atexit`` hooks), when
+    another Python thread is still running (it would be waited for), under a tracer or coverage
+    (their data is written at exit), or when flushing the output fails (the usual path reports it)."""
+    if "pyspark" in sys.modules or "coverage" in sys.modules or sys.gettrace() is not None \
+            or threading.active_count() > 1:
+        return
+    logging.shutdown()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        return
+    os._exit(status)
+
+
+def _run(argv: list[str] | None, *, submitted: bool, extra_verbs: dict[str, str] | None, console: bool) -> int:
     status = 1
     try:
         status = _main(argv, submitted=submitted, extra_verbs=extra_verbs, console=console)
@@ -943,7 +1013,9 @@ def _stdout_gone() -> None:
 
 def _main(argv: list[str] | None = None, *, submitted: bool = False,
           extra_verbs: dict[str, str] | None = None, console: bool = False) -> int:
-    args = build_parser(extra_verbs).parse_args(argv)
+    line = sys.argv[1:] if argv is None else argv
+    verb = verb_of(line)
+    args = build_parser(extra_verbs, verbs=() if verb is None else (verb,)).parse_args(line)
     if console and args.verb in PANDAS_FREE_VERBS and getattr(args, "engine", None) != "spark" \
             and not _spark_requested(args, submitted):  # after parsing: --help does not load pyarrow
         _defer_pandas()

@@ -13,7 +13,6 @@ auto`` then runs the batch on Spark, which decides (and words any error) itself.
 from __future__ import annotations
 
 import contextlib
-import csv
 import datetime as dt
 import decimal
 import io as _io
@@ -21,13 +20,12 @@ import json
 import posixpath
 import re
 from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.csv as pacsv
 import pyarrow.fs as pafs
-import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from spark_jobs.exceptions import BadInputError, EngineUnsupportedError
@@ -35,6 +33,9 @@ from spark_jobs.io import parquet
 from spark_jobs.io.filesystem import FileIO, is_glob, is_unreachable, resolve
 from spark_jobs.resources import is_out_of_memory
 from spark_jobs.table.schema import STORED_TZ, check_timestamp_units, spark_type, spark_type_name
+
+if TYPE_CHECKING:
+    import pyarrow.json as pajson
 
 __all__ = ["SOURCE_FORMATS", "cast_to_table", "read_source", "spark_schema", "spark_type", "spark_type_name",
            "SourceListing", "list_source", "require_source", "partition_schema", "parquet_source_schema", "read_source_files",
@@ -500,6 +501,8 @@ def _read_json(data: list[bytes], uri: str) -> pa.Table:
     column string, columns sorted by name. Nested values, integers beyond a long, a column
     mixing kinds, and records pyarrow cannot parse but Spark's Jackson might (single quotes,
     ``INF``, an array of records on a line) are left to Spark."""
+    import pyarrow.json as pajson  # here: a Parquet batch (the usual one) needs neither reader
+
     body = b"\n".join(d.rstrip(b"\n") for d in data if d.strip())
     if not body.strip():
         return pa.table({})
@@ -530,7 +533,9 @@ def _read_json(data: list[bytes], uri: str) -> pa.Table:
     return pa.table({n: cols[n] for n in sorted(cols)})
 
 
-def _json_block(body: bytes) -> pajson.ReadOptions:
+def _json_block(body: bytes) -> "pajson.ReadOptions":
+    import pyarrow.json as pajson
+
     # one block for the batch: a record longer than pyarrow's 1 MiB default block would fail
     return pajson.ReadOptions(block_size=max(1 << 20, min(len(body) + 1, 1 << 30)))
 
@@ -573,6 +578,10 @@ def _read_csv(data: list[bytes], uri: str) -> pa.Table:
     boolean when every value is ``true``/``false``; an empty field (quoted or not) is null.
     Other columns (doubles, dates, timestamps, decimals, mixtures), quoted line breaks,
     backslash escapes and repeated or empty header names are left to Spark."""
+    import csv
+
+    import pyarrow.csv as pacsv  # here: a Parquet batch (the usual one) needs neither reader
+
     if len(data) != 1:
         raise EngineUnsupportedError(f"source {uri} holds several CSV files: {_USE_SPARK}")
     body = data[0]

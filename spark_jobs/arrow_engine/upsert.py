@@ -55,7 +55,6 @@ from spark_jobs.table.ordering import older
 from spark_jobs.table.reader import read_slice
 from spark_jobs.table.schema import evolve, refuse_kind_changes, text_fixed_columns
 from spark_jobs.table.schema import carried_columns, check_batch_columns, refuse_missing_columns
-from spark_jobs.table.shadow import SAMPLES
 from spark_jobs.table.view import FileSystemView
 from spark_jobs.text import plural
 
@@ -324,6 +323,8 @@ def _shadow(table: Any, cfg: TableConfig, view: FileSystemView, num_buckets: int
     """The tee (``--shadow-index``; the rules: ``rules.tee_row``, ``rules.tee_kind``): the table's
     tagging compared with ``shadow_index``'s per key of the batch, the shadow's answer read by a key
     scan of the snapshot (a hash join in-process). Nothing written changes."""
+    from spark_jobs.table.shadow import SAMPLES  # here: only a tee needs the shadow module
+
     keys = tagged.column(KEY).combine_chunks()
     if cfg.index_type == INDEX_BUCKET:  # the index's answer: hash % N in the row's partition, for every key
         fids = pc.utf8_lpad(pa.array(bucket_ids(keys, num_buckets)).cast(pa.string()), 8, "0")

@@ -87,18 +87,8 @@ def read_data_file(table: Table, rel: str, columns: Sequence[str] | None = None,
         raise missing_file_error(table.abs(rel)) from e
     with f, table_file(table.abs(rel)):  # a damaged file is named (exit 1), never read as other values
         if not is_reference(rel):
-            if not threads:  # the file's own reader, in this thread (it skips a column the file lacks)
-                return parquet.open_file(f).read(columns=cols, use_threads=False)
-            try:
-                return parquet.read_table(f, columns=cols)
-            except pa.ArrowInvalid:
-                if cols is None:
-                    raise
-                # a partial log (format.md §5.1) holds only some columns: read those it has
-                f.seek(0)
-                have = set(parquet.open_file(f).schema_arrow.names)
-                f.seek(0)
-                return parquet.read_table(f, columns=[c for c in cols if c in have])
+            # a column the file lacks is skipped: a partial log (format.md §5.1) holds only some
+            return parquet.read_table(f, columns=cols, use_threads=threads)
         pf = parquet.open_file(f)
         stored = pf.schema_arrow.names
         assert table.config is not None and table.config.reference is not None, f"{rel}: not a reference table"

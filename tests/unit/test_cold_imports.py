@@ -4,7 +4,9 @@ pyspark, and give the table the in-process API and the oracle give.
 
 Each CLI run here is a new interpreter started the way the console script starts it
 (``main()`` with no argv: the process is the program), with no Java reachable; the wrapper
-fails the run when pandas or pyspark is in ``sys.modules`` at the end.
+fails the run when pandas, pyspark or airflow (or, for the upsert into an existing table, a
+module made lazy for it: :data:`LAZY`) is in ``sys.modules`` where the program ends -- when
+``main`` returns, or in ``os._exit``, by which the program ends itself after its work.
 """
 
 from __future__ import annotations
@@ -22,16 +24,46 @@ from spark_jobs.table.reader import read_arrow
 from tests.oracle import reduce_batches, rows_by_identity
 from tests.unit.test_arrow_engine import B1, B2, _no_java_env, _upsert_args, _utc, _write
 
-#: the console script's call (``sys.exit(main())``), then: nothing of pandas or pyspark loaded
-AS_THE_PROGRAM = ("import sys; from airflow_provider_bucketindex.cli import main; rc = main(); "
-                  "loaded = [m for m in ('pandas', 'pyspark') if m in sys.modules]; "
-                  "assert not loaded, f'the CLI imported {loaded}'; sys.exit(rc)")
-#: ``python -m spark_jobs.cli``, the table layer's own entry point, checked the same way
-AS_THE_MODULE = ("import runpy, sys; sys.argv[0] = 'bucketindex'\n"
-                 "try:\n    runpy.run_module('spark_jobs.cli', run_name='__main__')\n"
-                 "except SystemExit as e:\n    rc = e.code\n"
-                 "loaded = [m for m in ('pandas', 'pyspark') if m in sys.modules]\n"
-                 "assert not loaded, f'the CLI imported {loaded}'; sys.exit(rc)")
+#: modules a cold Arrow run of the program must not load: pandas and pyspark (issue 38), Airflow
+#: (the provider's side), and what the Arrow upsert of a Parquet batch was made to load lazily
+#: (session 44): ``pyarrow.dataset`` (``pq.read_table`` built a dataset for one file: 15-40 ms),
+#: the CSV and JSON readers (only a CSV or JSON batch needs them) and the tee's module
+NOT_LOADED = ("pandas", "pyspark", "airflow")
+LAZY = ("pyarrow.dataset", "pyarrow.csv", "pyarrow.json", "csv", "spark_jobs.table.shadow")
+
+#: checked where the program ends: when ``main`` returns, and in ``os._exit``, by which the
+#: program ends itself after its work (``spark_jobs.cli._end_process``); prints ``ended-by``
+_CHECK = ("import os, sys\n"
+          "NOT_LOADED = {modules!r}\n"
+          "def check(how):\n"
+          "    loaded = [m for m in NOT_LOADED if m in sys.modules]\n"
+          "    print(f'ended-by {{how}}', file=sys.stderr)\n"
+          "    assert not loaded, f'the CLI imported {{loaded}}'\n"
+          "real_exit = os._exit\n"
+          "def fast_exit(code):\n"
+          "    try:\n        check('os._exit')\n"
+          "    except AssertionError as e:\n        print(e, file=sys.stderr); sys.stderr.flush(); real_exit(97)\n"
+          "    sys.stderr.flush(); real_exit(code)\n"
+          "os._exit = fast_exit\n")
+
+
+def as_the_program(modules: tuple[str, ...] = NOT_LOADED) -> str:
+    """The console script's call (``sys.exit(main())``), then: none of ``modules`` loaded."""
+    return (_CHECK.format(modules=modules)
+            + "from airflow_provider_bucketindex.cli import main\nrc = main()\ncheck('return')\nsys.exit(rc)\n")
+
+
+def as_the_module(modules: tuple[str, ...] = NOT_LOADED) -> str:
+    """``python -m spark_jobs.cli``, the table layer's own entry point, checked the same way."""
+    return (_CHECK.format(modules=modules)
+            + "import runpy; sys.argv[0] = 'bucketindex'\n"
+              "try:\n    runpy.run_module('spark_jobs.cli', run_name='__main__')\n"
+              "except SystemExit as e:\n    rc = e.code\n"
+              "check('return'); sys.exit(rc)\n")
+
+
+AS_THE_PROGRAM = as_the_program()
+AS_THE_MODULE = as_the_module()
 
 
 def _cold(*args: str, program: str = AS_THE_PROGRAM) -> subprocess.CompletedProcess:  # type: ignore[type-arg]
@@ -39,6 +71,7 @@ def _cold(*args: str, program: str = AS_THE_PROGRAM) -> subprocess.CompletedProc
                        env=_no_java_env())
     assert "the CLI imported" not in p.stderr, p.stderr[-2000:]
     assert p.returncode == 0, p.stderr[-3000:]
+    assert "ended-by " in p.stderr, p.stderr[-2000:]  # the check ran, whichever way the program ended
     return p
 
 
@@ -122,3 +155,82 @@ def test_help_and_usage_errors_load_no_pyarrow(argv: list[str], status: int, sho
     assert shown in (p.stdout if status == 0 else p.stderr), (p.stdout[-2000:], p.stderr[-2000:])
     if status == 2:
         assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("table_type", ["copy_on_write", "merge_on_read"])
+def test_cold_arrow_upsert_into_an_existing_table_loads_only_what_it_needs(tmp_path: Path, table_type: str) -> None:
+    """The cold upsert of a Parquet batch into an existing table (issue 38's 0.4 s case): besides
+    pandas, pyspark and Airflow, none of the modules made lazy for it is loaded (:data:`LAZY`),
+    the program ends itself once its output is written (``ended-by os._exit``), and the table
+    holds what the in-process API and the oracle say. On the code before, ``pyarrow.dataset``
+    (each merge's base file read), ``csv``, ``pyarrow.csv`` and ``pyarrow.json`` (the source
+    module) and the tee's module were loaded, and the process went through the interpreter's
+    teardown."""
+    uri = str(tmp_path / "t")
+    args = ["--record-key", "id", "--precombine-field", "ts", "--partition-field", "region",
+            "--delete-field", "is_deleted", "--table-type", table_type, "--target-file-rows", "50"]
+    _cold("upsert", uri, _write(tmp_path / "b1.parquet", B1), *args)
+    # the second batch updates stored keys (their file groups are read and merged, or get a log),
+    # inserts new ones and deletes some: without the options the table fixed, as a later run gives it
+    p = _cold("upsert", uri, _write(tmp_path / "b2.parquet", B2), "--delete-field", "is_deleted",
+              program=as_the_program(NOT_LOADED + LAZY))
+    assert "ended-by os._exit" in p.stderr, p.stderr[-2000:]
+    result = json.loads(p.stdout.strip().splitlines()[-1])
+    assert result["engine"] == "arrow" and result["noop"] is False
+    assert result["counts"]["updated"] > 0 and result["counts"]["inserted"] > 0 and result["counts"]["deleted"] > 0
+    expected = _utc(reduce_batches([B1, B2]))
+    assert _utc(rows_by_identity(read_arrow(uri).to_pylist())) == expected
+    assert run_validate(uri)["ok"]
+
+
+def test_a_program_that_calls_main_returns_and_keeps_its_interpreter() -> None:
+    """Only the program itself ends its process early: ``main(argv)`` called by a user's program
+    (or a test) returns its status, and the caller's code after it runs."""
+    code = ("import os, sys\nfrom spark_jobs.cli import main\n"
+            "os._exit = lambda code: (print('os._exit called', file=sys.stderr), sys.exit(98))\n"
+            "rc = main(['rollback', '/nonexistent-table é'])\n"
+            "print(f'returned {rc}')\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=_no_java_env())
+    assert p.returncode == 0 and "os._exit called" not in p.stderr, p.stderr[-2000:]
+    assert p.stdout.strip() == "returned 2", (p.stdout, p.stderr[-2000:])  # no table there: bad input
+
+
+#: command lines of every verb, as users give them (options in any order, values with spaces and %)
+ARGVS = [
+    ["upsert", "t a/b%c", "b.parquet", "--record-key", "id,region", "--precombine-field", "ts", "--index", "bucket",
+     "--num-buckets", "8", "--engine", "arrow", "--storage-option", "region=eu-west-1", "--schema-evolution", "all"],
+    ["-v", "read", "t", "--as-of", "2026-11-25T09:24:00", "--limit", "5", "--memory-budget", "1g"],
+    ["show", "t", "--json"],
+    ["validate", "t", "--master", "local[2]"],
+    ["shadow-compare", "t", "--against", "bucket", "--since", "20261125092400000", "--sample-fraction", "0.5"],
+    ["rollback", "t", "20261125092400000", "--force"],
+    ["compact", "t", "--schedule-only", "--only", "index", "--min-deltas", "3"],
+    ["clean", "t", "--retain-hours", "1.5", "--dry-run"],
+    ["alter", "t", "--add-column", "discount:decimal(10,2)", "--widen-column", "qty:bigint"],
+    ["rehash", "t", "--num-buckets", "32"],
+    ["bootstrap", "t", "src dir", "--record-key", "id", "--mode", "reference"],
+    ["mirror", "t", "--enable", "delta"],
+]
+
+
+@pytest.mark.parametrize("argv", ARGVS, ids=[a[0] if a[0] != "-v" else a[1] for a in ARGVS])
+def test_the_parser_of_one_verb_parses_as_the_full_parser(argv: list[str]) -> None:
+    """A run builds the arguments of its own verb only (``build_parser(verbs=...)``: argparse
+    formats every argument as it is added, 15-25 ms of a cold run for all twelve verbs); what it
+    parses, and the verb's help, are the full parser's."""
+    from spark_jobs.cli import build_parser, verb_of
+
+    verb = verb_of(argv)
+    one = build_parser(verbs=(verb,))
+    full = build_parser()
+    assert vars(one.parse_args(argv)) == vars(full.parse_args(argv))
+
+    def sub(parser: object, name: str) -> object:
+        action = next(a for a in parser._actions if a.dest == "verb")  # type: ignore[attr-defined]
+        return action.choices[name]
+
+    assert sub(one, verb).format_help() == sub(full, verb).format_help()
+    assert one.format_help() == full.format_help()  # every verb still listed, with its help
+    others = [name for name in ("upsert", "read", "compact") if name != verb]
+    for name in others:  # the other verbs' arguments were not built: only -h
+        assert [a.dest for a in sub(one, name)._actions] == ["help"]  # type: ignore[attr-defined]
