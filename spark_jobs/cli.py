@@ -209,6 +209,18 @@ def build_parser(extra_verbs: dict[str, str] | None = None, *,
                     help="delta: also write a Delta Lake log (_delta_log/) with every commit, so Delta readers "
                          "(deltalake, Spark, Trino, ...) read the table; fixed at table creation (turn it on "
                          "later with `bucketindex mirror TABLE --enable delta`)")
+    up.add_argument("--auto-compact", choices=("on", "off"),
+                    help="merge-on-read: after the commit, compact the file groups this upsert touched that are "
+                         "due (the rule of `compact`: 4 logs, or logs of a fifth of the base's bytes), through a "
+                         "scheduled compaction plan as `compact` runs it; a failure is logged and leaves the "
+                         "upsert committed. Given when the upsert creates the table, it is the table's setting "
+                         "(table.json); given later, it decides for this run. Default: the table's setting, off "
+                         "when it has none. Runs on the arrow engine only; on spark schedule `compact`")
+    up.add_argument("--auto-compact-max-groups", type=int, metavar="N",
+                    help="at most N file groups per automatic compaction (default 4)")
+    up.add_argument("--auto-compact-max-bytes", metavar="SIZE",
+                    help="at most SIZE of bases and logs per automatic compaction, e.g. 512m (default 512m); "
+                         "a larger group is left to `compact`")
     _add_spark_options(up)
     _add_engine_options(up)
 

@@ -58,6 +58,11 @@ class UpsertWithIndexOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
     :param schema_evolution: what the batch may change of the table's schema
         (``--schema-evolution``): ``none`` (default), ``add-columns``, ``widen``, ``all`` or a
         comma list; format.md "Schema evolution".
+    :param auto_compact: ``"on"`` or ``"off"`` (``--auto-compact``): after an in-task (arrow)
+        commit, compact the merge-on-read file groups the batch touched that are due, through a
+        scheduled compaction plan (format.md §5.2); default the table's setting (recorded by
+        the upsert that created it with the flag; off when absent). A batch submitted to Spark leaves
+        compaction to ``AsyncIndexCompactionOperator``.
     :param batch_id: the batch's id; a batch id that is already committed makes the upsert
         a no-op (templated). Default ``<dag_id>/<run_id>/<task_id>``: the same for every
         try of the task, so a retry never applies the batch twice.
@@ -149,6 +154,7 @@ class UpsertWithIndexOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
         memory_budget: str | None = None,
         partial_update: bool = False,
         schema_evolution: str | None = None,
+        auto_compact: str | None = None,
         **kwargs: Any,
     ) -> None:
         self.default_outlets(kwargs)
@@ -169,6 +175,7 @@ class UpsertWithIndexOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
         self.memory_budget = memory_budget
         self.partial_update = bool(partial_update)
         self.schema_evolution = schema_evolution
+        self.auto_compact = auto_compact
 
     def _table_options(self, table_exists: bool) -> dict[str, Any]:
         """index, num_buckets, table_type and source_format: the task's, else the connection's
@@ -227,6 +234,7 @@ class UpsertWithIndexOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
             memory_budget=memory_budget,
             partial_update=self.partial_update,
             schema_evolution=text(self.schema_evolution),
+            auto_compact=text(self.auto_compact),
         )
 
     @storage_scoped

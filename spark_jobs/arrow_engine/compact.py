@@ -42,6 +42,8 @@ log = logging.getLogger("bucketindex.compact")
 WORKERS = 2
 #: what a compaction run through the Python API records as its engine choice
 API_CHOICE = EngineChoice(ARROW, "spark_jobs.arrow_engine.compact.run_compact")
+#: what an upsert's automatic compaction records as its engine choice (it runs where the upsert ran)
+AUTO_CHOICE = EngineChoice(ARROW, "an upsert's automatic compaction runs in the upsert's process")
 #: an index rebuild scans the snapshot's keys in this process: the only engine that runs it
 REBUILD_CHOICE = EngineChoice(ARROW, "an index rebuild runs in-process")
 

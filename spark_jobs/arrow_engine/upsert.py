@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from spark_jobs.arrow_engine.compact import AUTO_CHOICE, write_plan
 from spark_jobs.arrow_engine.keys import bucket_ids, file_group_slots, partition_dirs, record_keys
 from spark_jobs.arrow_engine.source import cast_to_table, read_source, spark_schema
 from spark_jobs.exceptions import BadInputError, EngineUnsupportedError
@@ -69,7 +70,8 @@ THREADS = max(2, min(8, 2 * (os.cpu_count() or 1)))
 def run_upsert(opts: UpsertOptions, *, choice: Any = None, announce: bool = True) -> dict[str, Any]:
     """Upsert one batch in-process (:func:`spark_jobs.table.action.upsert.run`; ``announce=False``:
     the caller has logged the engine choice)."""
-    return action.run(ArrowUpsertEngine(), opts, choice=choice, announce=announce)
+    return action.run(ArrowUpsertEngine(), opts, choice=choice, announce=announce,
+                      compact=lambda table, plan: (write_plan, AUTO_CHOICE))
 
 
 class ArrowUpsertEngine:

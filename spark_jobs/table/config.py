@@ -131,6 +131,11 @@ class TableConfig:
     #: projections written beside each commit (``["delta"]``: a Delta Lake log, format.md
     #: "Delta Lake projection"); absent when empty, so older tables' ``table.json`` is unchanged
     mirrors: list[str] = field(default_factory=list)
+    #: merge-on-read: each upsert compacts the due file groups it touched after its commit
+    #: (format.md §5.2). Recorded by the upsert that creates the table with ``--auto-compact
+    #: on|off``; absent (None) -- every older table -- means off, so their upserts keep their
+    #: latency; ``upsert --auto-compact on|off`` on a later upsert decides for that run
+    auto_compact: bool | None = None
 
     def __post_init__(self) -> None:
         if not self.record_key_fields or any(not f for f in self.record_key_fields):
@@ -154,6 +159,10 @@ class TableConfig:
         for m in self.mirrors:
             if m not in MIRRORS:
                 raise BadInputError(f"unknown mirror {m!r}; expected one of {', '.join(MIRRORS)}")
+        if self.auto_compact is not None and not isinstance(self.auto_compact, bool):
+            raise BadInputError(f"auto_compact must be true or false, got {self.auto_compact!r}")
+        if self.auto_compact and not self.merge_on_read:
+            raise BadInputError("auto_compact is for merge-on-read tables: a copy-on-write table has no logs")
         if len(self.partition_fields) > 1:
             raise BadInputError("format v1 supports at most one partition field")
         if self.format_version not in SUPPORTED_FORMAT_VERSIONS:
@@ -183,6 +192,8 @@ class TableConfig:
             del raw["reference"]
         if not raw["mirrors"]:  # tables without a projection keep the bytes they always had
             del raw["mirrors"]
+        if raw["auto_compact"] is None:  # copy-on-write and older tables keep their bytes too
+            del raw["auto_compact"]
         return json.dumps(raw, indent=2, sort_keys=True).encode()
 
     @classmethod

@@ -49,6 +49,7 @@ POINTS = (
     "after_rollback_before_mirror",  # a rollback decided and cleaned up, its Delta log version not yet written
     "schedule_after_plan",  # a table service planned, its requested instant not yet written
     "schedule_after_requested",  # the plan written as a requested instant, its instant not yet reported
+    "auto_compact_before_commit",  # an upsert's automatic compaction wrote its new bases, not committed
     "clean_after_plan",  # a clean's plan is on the timeline, nothing deleted
     "clean_after_delete",  # a clean deleted half of its files, not completed
     "checkpoint_before_write",  # a checkpoint's batch list written, the checkpoint not

@@ -26,7 +26,7 @@ from typing import Any
 from spark_jobs.io.filesystem import FileIO
 from spark_jobs.table.layout import TableLayout
 
-__all__ = ["Heartbeat", "is_alive", "owner_info", "INTERVAL_S", "TIMEOUT_S", "default_timeout_s"]
+__all__ = ["Heartbeat", "is_alive", "owner_alive", "owner_info", "INTERVAL_S", "TIMEOUT_S", "default_timeout_s"]
 
 INTERVAL_S = 5.0
 #: default expiry; per call ``timeout_s``, or the environment variable below, overrides it
@@ -94,6 +94,15 @@ def _process_gone(info: dict[str, Any]) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
     except (OSError, IndexError):  # no /proc (macOS), or it just went away
         return False
+
+
+def owner_alive(owner: dict[str, Any] | None, timeout_s: float | None = None) -> bool:
+    """Whether the process named by ``owner`` (:func:`owner_info`, e.g. a plan's ``scheduled_by``)
+    may still be at work: not known to have exited, and named less than ``timeout_s`` ago."""
+    if not owner:
+        return False
+    timeout = default_timeout_s() if timeout_s is None else timeout_s
+    return not _process_gone(owner) and time.time() - float(owner.get("at", 0)) < timeout
 
 
 def is_alive(

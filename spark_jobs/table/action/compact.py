@@ -24,9 +24,9 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Collection, Iterable, Sequence
 
-from spark_jobs.exceptions import BadInputError, WriterAliveError
+from spark_jobs.exceptions import BadInputError, ConflictError, WriterAliveError
 from spark_jobs.index.record_index import IndexFile, index_file_error, is_sealed_base
 from spark_jobs.table.action.options import (
     POSITIONAL,
@@ -45,15 +45,18 @@ from spark_jobs.table.config import INDEX_RECORD
 from spark_jobs.table.table import Table, is_writer_alive, pending_plans
 from spark_jobs.table.timeline import Action, State, check_instant
 from spark_jobs.table.view import FileSlice, FileSystemView, is_index_delta
+from spark_jobs.table.faults import maybe_crash
+from spark_jobs.table.heartbeat import owner_alive
 from spark_jobs.text import plural
 
 if TYPE_CHECKING:
     from spark_jobs.table.action.engine import EngineChoice
     from spark_jobs.table.action.transaction import Transaction
 
-__all__ = ["CompactOptions", "CompactionPolicy", "plan_compaction", "schedule_compaction", "compaction_metadata", "compactable",
+__all__ = ["StalePlanError", "CompactOptions", "CompactionPolicy", "plan_compaction", "schedule_compaction", "compaction_metadata", "compactable",
            "DEFAULT_INDEX_BASE_CAP", "check_plan", "plan_index_base_cap", "execute_plan", "run", "Write", "Pick",
-           "REBUILD_OPERATION", "is_rebuild", "plan_index_rebuild", "run_rebuild"]
+           "REBUILD_OPERATION", "is_rebuild", "plan_index_rebuild", "run_rebuild", "AutoCompaction", "auto_compact",
+           "is_auto", "AUTO_TRIGGER", "DEFAULT_AUTO_MAX_GROUPS", "DEFAULT_AUTO_MAX_BYTES"]
 
 log = logging.getLogger("bucketindex.compact")
 
@@ -166,8 +169,13 @@ class CompactionPolicy:
     index_base_cap: int = DEFAULT_INDEX_BASE_CAP
     data: bool = True
     index: bool = True
+    #: at most this many bytes (bases and logs) of file groups per plan, most log bytes first; a
+    #: group larger than this alone is left to a compaction without the bound (None: no bound)
+    max_bytes: int | None = None
 
     def __post_init__(self) -> None:
+        if self.max_bytes is not None and self.max_bytes < 1:
+            raise BadInputError(f"the compaction's byte bound must be at least 1 byte, got {self.max_bytes}")
         if self.min_logs < 1:
             raise BadInputError(f"--min-logs must be at least 1, got {self.min_logs}")
         if self.log_ratio <= 0:
@@ -200,11 +208,13 @@ def compactable(table: "Table", policy: CompactionPolicy) -> tuple[bool, bool]:
 
 
 def plan_compaction(table: "Table", view: FileSystemView, policy: CompactionPolicy,
-                    *, heartbeat_timeout_s: float | None = None) -> dict[str, Any] | None:
+                    *, heartbeat_timeout_s: float | None = None,
+                    groups: Collection[tuple[str, str]] | None = None) -> dict[str, Any] | None:
     """The plan of a compaction on ``view``, or None when nothing is due.
 
     File groups and index buckets in another pending compaction plan are left out: two
-    plans never fold the same files. BadInputError when the table has nothing of the kinds
+    plans never fold the same files. ``groups``: only these (partition, file id) may be
+    planned (an automatic compaction's: the groups its upsert touched; None: any). BadInputError when the table has nothing of the kinds
     asked for (a copy-on-write table has no logs; only the record index has deltas).
     """
     assert table.config is not None
@@ -214,16 +224,16 @@ def plan_compaction(table: "Table", view: FileSystemView, policy: CompactionPoli
         raise BadInputError(f"{table.uri} is a {table.config.table_type} table with the {table.config.index_type} "
                             f"index: it has no {kinds} to compact")
     pending = pending_plans(table, Action.COMPACTION)
-    groups = _due_file_groups(view, policy, pending) if data else []
+    due = _due_file_groups(view, policy, pending, only=groups) if data else []
     buckets = _due_index_buckets(table, view, policy, pending, heartbeat_timeout_s) if index else []
-    if not groups and not buckets:
+    if not due and not buckets:
         return None
     return {
         "operation": "compaction",
         "snapshot_seq": view.seq,
         "policy": asdict(policy),
         "index_base_cap": policy.index_base_cap,
-        "file_groups": groups,
+        "file_groups": due,
         "index_buckets": buckets,
     }
 
@@ -249,10 +259,25 @@ def schedule_compaction(table: "Table", policy: CompactionPolicy, *,
 
 
 def _due_file_groups(view: FileSystemView, policy: CompactionPolicy,
-                     pending: list[tuple[Any, dict[str, Any]]]) -> list[dict[str, Any]]:
+                     pending: list[tuple[Any, dict[str, Any]]],
+                     only: Collection[tuple[str, str]] | None = None) -> list[dict[str, Any]]:
     busy = {(g["partition"], g["file_id"]) for _, plan in pending for g in plan.get("file_groups", [])}
-    due = [s for s in view.slices() if policy.due(s) and (s.partition, s.file_id) not in busy]
+    wanted = None if only is None else set(only)
+    due = [s for s in view.slices() if policy.due(s) and (s.partition, s.file_id) not in busy
+           and (wanted is None or (s.partition, s.file_id) in wanted)]
     due.sort(key=lambda s: (-(s.total_size - s.size), s.partition, s.file_id))
+    if policy.max_bytes is not None:
+        kept, total = [], 0
+        for s in due:  # most log bytes first; one too large alone waits for an unbounded compaction
+            if policy.max_groups is not None and len(kept) >= policy.max_groups:
+                break
+            if total + s.total_size <= policy.max_bytes:
+                kept.append(s)
+                total += s.total_size
+            elif not kept:
+                log.info("file group %s/%s (%d bytes) is due but past the bound of %d bytes per plan: left "
+                         "for `bucketindex compact`", s.partition, s.file_id, s.total_size, policy.max_bytes)
+        due = kept
     if policy.max_groups is not None:
         due = due[: policy.max_groups]
     return [{"partition": s.partition, "file_id": s.file_id, "base": s.path, "logs": [lf.path for lf in s.logs],
@@ -380,6 +405,15 @@ Write = Callable[["Table", "Transaction"], tuple[list[dict[str, Any]], list[dict
 Pick = Callable[["Table", dict[str, Any]], tuple[Write, "EngineChoice | None"]]
 
 
+class StalePlanError(BadInputError):
+    """A compaction plan whose files changed since it was planned (:func:`check_plan`): it can
+    never run. ``instant``: the plan, which an automatic compaction cancels (its plans race)."""
+
+    def __init__(self, message: str, *, instant: str) -> None:
+        super().__init__(message)
+        self.instant = instant
+
+
 def check_plan(txn: "Transaction") -> None:
     """A plan only folds what is still there: each planned group's base is still its base, and
     each planned index bucket still starts with exactly the files the plan folds (a rehash
@@ -389,14 +423,15 @@ def check_plan(txn: "Transaction") -> None:
     for g in plan.get("file_groups", []):
         s = view.file_groups.get((g["partition"], g["file_id"]))
         if s is None or s.path != g["base"]:
-            raise BadInputError(f"compaction {txn.ts}: file group {g['partition']}/{g['file_id']} changed "
-                                f"since it was planned; cancel it (`bucketindex rollback {txn.ts}`) and schedule again")
+            raise StalePlanError(f"compaction {txn.ts}: file group {g['partition']}/{g['file_id']} changed "
+                                 f"since it was planned; cancel it (`bucketindex rollback {txn.ts}`) and schedule "
+                                 f"again", instant=txn.ts)
     for b in plan.get("index_buckets", []):
         # its sealed bases, then exactly the files it folds (open base, oldest deltas)
         below = [*b.get("sealed", []), *b["files"]]
         if view.index_files.get(int(b["bucket"]), [])[: len(below)] != below:
-            raise BadInputError(f"compaction {txn.ts}: index bucket {b['bucket']} changed since it was planned; "
-                                f"cancel it (`bucketindex rollback {txn.ts}`) and schedule again")
+            raise StalePlanError(f"compaction {txn.ts}: index bucket {b['bucket']} changed since it was planned; "
+                                 f"cancel it (`bucketindex rollback {txn.ts}`) and schedule again", instant=txn.ts)
 
 
 def plan_index_base_cap(plan: dict[str, Any]) -> int:
@@ -491,6 +526,126 @@ def run(uri: str, pick: Pick, *, policy: CompactionPolicy | None = None, schedul
     if engine:
         out["engine"] = engine
     return out
+
+
+# -- automatic compaction: an upsert's post-commit step ------------------------------------
+
+#: an automatic compaction's bounds per upsert (``upsert --auto-compact-max-groups``,
+#: ``--auto-compact-max-bytes``): what it may add to an upsert's latency. Measured by
+#: benchmarks/auto_compact.py (docs/benchmarks.md, "Automatic compaction"): folding all three
+#: groups (up to 100k rows each, 9 columns) of a 200k-row table took 0.9-1.8 s at load 10 on
+#: 2 cores, so 4 groups stay around 2-3 s; an upsert touching up to 16 groups a batch keeps
+#: up with the 4-log rule. 512 MiB of bases and logs bounds the memory of one plan
+DEFAULT_AUTO_MAX_GROUPS = 4
+DEFAULT_AUTO_MAX_BYTES = 512 * 1024 * 1024
+#: the plan's ``trigger`` of an automatic compaction (an explicit one has none): the next
+#: upsert resumes such a plan left by a crash; ``bucketindex compact`` resumes every plan
+AUTO_TRIGGER = "auto"
+
+
+@dataclass(frozen=True)
+class AutoCompaction:
+    """What an upsert compacts after its commit: the file groups it touched that the policy's
+    ``due`` rule (:meth:`CompactionPolicy.due`, the defaults of ``bucketindex compact``) says
+    are due, at most ``max_groups`` of them and ``max_bytes`` of their bases and logs."""
+
+    max_groups: int = DEFAULT_AUTO_MAX_GROUPS
+    max_bytes: int = DEFAULT_AUTO_MAX_BYTES
+
+    def __post_init__(self) -> None:
+        if self.max_groups < 1:
+            raise BadInputError(f"--auto-compact-max-groups must be at least 1, got {self.max_groups}")
+        if self.max_bytes < 1:
+            raise BadInputError(f"--auto-compact-max-bytes must be at least 1 byte, got {self.max_bytes}")
+
+    @property
+    def policy(self) -> CompactionPolicy:
+        """Data logs only: index deltas slow no read, and ``compact`` folds them nightly."""
+        return CompactionPolicy(max_groups=self.max_groups, max_bytes=self.max_bytes, index=False)
+
+
+def is_auto(plan: dict[str, Any]) -> bool:
+    """Whether a compaction plan was scheduled by an upsert's automatic compaction."""
+    return plan.get("trigger") == AUTO_TRIGGER
+
+
+def auto_compact(table: "Table", *, touched: Iterable[tuple[str, str]], pick: Pick, settings: AutoCompaction,
+                 after: str, heartbeat_timeout_s: float | None = None) -> dict[str, Any]:
+    """An upsert's post-commit step: compact the due file groups among ``touched`` through the
+    protocol of ``bucketindex compact`` -- a scheduled ``compaction`` plan (``trigger: auto``,
+    ``after``: the upsert's instant), then its execution and commit point -- so a crash in the
+    middle leaves a plan that the next upsert's automatic compaction (one waiting plan per
+    upsert, resumed first) or ``bucketindex compact`` finishes, and a racing writer's plan
+    never folds the same group (scheduling skips groups held by a pending plan; two plans
+    that raced to name one group conflict at the commit point, and the later is cancelled).
+
+    Never raises: the upsert has committed, and nothing here may fail or undo it. An error
+    is logged as a warning and returned under ``error``; the plan it may leave is resumed
+    later. Returns ``{"instant", "file_groups", "logs", "resumed", "total_ms"}`` (``instant``
+    None: nothing due)."""
+    started = time.perf_counter()
+    out: dict[str, Any] = {"instant": None, "file_groups": 0, "logs": 0, "resumed": []}
+    try:
+        def work(txn: "Transaction") -> Written:
+            write, choice = pick(table, txn.plan)
+            written = execute_plan(table, txn, write, choice)
+            maybe_crash("auto_compact_before_commit")
+            return written
+
+        # a plan an earlier upsert's automatic compaction left (killed, or its scheduler died)
+        # holds its groups back from every new plan: finish it first, one per upsert
+        # (not one its scheduler is about to execute: two attempts at one plan are correct, but
+        # the loser's work is wasted)
+        def waiting(plan: dict[str, Any]) -> bool:
+            return is_auto(plan) and not owner_alive(plan.get("scheduled_by"), heartbeat_timeout_s)
+
+        resumed = _cancelling_stale(table, lambda: execute_waiting(
+            table, Action.COMPACTION, work, heartbeat_timeout_s=heartbeat_timeout_s, select=waiting, limit=1))
+        out["resumed"] = [d.instant for d in resumed or []]
+        policy = settings.policy
+        plan = plan_compaction(table, table.view(), policy, heartbeat_timeout_s=heartbeat_timeout_s,
+                               groups=set(touched))
+        if plan is None:
+            return out
+        inst = schedule(table, Action.COMPACTION, {**plan, "trigger": AUTO_TRIGGER, "after": after})
+        out.update(instant=inst.timestamp, file_groups=len(plan["file_groups"]),
+                   logs=sum(len(g["logs"]) for g in plan["file_groups"]))
+        log.info("automatic compaction %s after %s: %s (%s)", inst.timestamp, after,
+                 plural(out["file_groups"], "file group"), plural(out["logs"], "log"))
+        done = _cancelling_stale(table, lambda: [execute(table, inst.timestamp, Action.COMPACTION, work,
+                                                         heartbeat_timeout_s=heartbeat_timeout_s)])
+        if done is None:
+            out.update(instant=None, cancelled=inst.timestamp)
+        else:
+            out["noop"] = done[0].noop
+    except ConflictError as e:  # a concurrent compaction of the same group committed first: it is folded
+        log.info("automatic compaction after %s gave way to a concurrent compaction (%s)", after, e)
+        out["conflict"] = str(e)
+    except Exception as e:  # noqa: BLE001 - post-commit: the upsert stands; the plan waits for the next run
+        log.warning("automatic compaction after %s did not complete (%s: %s); the upsert is committed, and the "
+                    "next upsert or `bucketindex compact %s` finishes or replaces its plan", after,
+                    type(e).__name__, e, table.display_uri)
+        out["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        out["total_ms"] = int((time.perf_counter() - started) * 1000)
+    return out
+
+
+def _cancelling_stale(table: "Table", step: Callable[[], list[Any]]) -> list[Any] | None:
+    """``step()``; None when it met an automatic plan another writer's compaction made stale
+    (two writers planned one group before either plan was on the timeline, and the other
+    committed first): that plan can never run, so it is cancelled here rather than left to
+    hold its groups back from every later plan."""
+    try:
+        return step()
+    except StalePlanError as e:
+        inst = table.timeline.reload().find(e.instant)
+        if inst is None or inst.is_completed or not is_auto(table.timeline.read_plan(inst)):
+            raise
+        log.info("automatic compaction %s: a concurrent compaction folded its groups first; cancelling it",
+                 e.instant)
+        rollback(table, e.instant, force=True)
+        return None
 
 
 # -- rebuilding the record index from the data ----------------------------------------------

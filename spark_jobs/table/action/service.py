@@ -120,13 +120,17 @@ def _cancel_if_rehashed(table: "Table", inst: Instant) -> str | None:
 
 def execute_waiting(table: "Table", action: str, run: Callable[[Transaction], Written], *,
                     heartbeat_timeout_s: float | None = None,
-                    select: Callable[[dict[str, Any]], bool] | None = None) -> list[Executed]:
+                    select: Callable[[dict[str, Any]], bool] | None = None,
+                    limit: int | None = None) -> list[Executed]:
     """Execute, oldest first, the scheduled ``action`` plans no live process is executing: a
     plan whose scheduler died before reporting it, or whose executor crashed. They hold their
     files back from every new plan until they run, so a service runs them before planning.
-    ``select(plan)``: only the plans this caller can execute (default: every one)."""
-    out = []
+    ``select(plan)``: only the plans this caller can execute (default: every one); ``limit``:
+    at most this many (an upsert's automatic compaction resumes one, to bound its latency)."""
+    out: list[Executed] = []
     for inst, plan in pending_plans(table, action):
+        if limit is not None and len(out) >= limit:
+            break
         if select is not None and not select(plan):
             continue
         if inst.state == State.INFLIGHT and is_writer_alive(table, inst, heartbeat_timeout_s):

@@ -71,6 +71,14 @@ from spark_jobs.table.action.options import (
     check_max_retries,
     option,
 )
+from spark_jobs.table.action.compact import (
+    DEFAULT_AUTO_MAX_BYTES,
+    DEFAULT_AUTO_MAX_GROUPS,
+    AutoCompaction,
+    Pick,
+    auto_compact,
+)
+from spark_jobs.table.action.engine import parse_size
 from spark_jobs.table.action.transaction import Transaction
 from spark_jobs.table.commit import EngineInfo, FileGroupChange, IndexFileChange, LogChange, ReadSet, Written
 from spark_jobs.table.config import (
@@ -80,6 +88,7 @@ from spark_jobs.table.config import (
     INDEX_GLOBAL_SIMPLE,
     INDEX_RECORD,
     INDEX_TYPES,
+    MERGE_ON_READ,
     MIRRORS,
     TABLE_TYPES,
     TableConfig,
@@ -146,6 +155,8 @@ def not_a_delete_flag(delete_field: str, value: Any) -> BadInputError:
                          f"(true/false, t/f, yes/no, y/n, 1/0)")
 
 
+#: ``--auto-compact``'s values
+AUTO_COMPACT_CHOICES = ("on", "off")
 #: how ``--source-format`` reads a batch (the engines' own lists, ``jobs.source`` and ``arrow_engine.source``)
 SOURCE_FORMATS = ("parquet", "json", "csv")
 
@@ -200,6 +211,15 @@ class UpsertOptions(VerbOptions):
     #: ``--mirror delta``: a projection written beside each commit, fixed at creation
     #: (``bucketindex mirror --enable`` turns it on later; ``spark_jobs.table.delta``)
     mirror: str | None = option("--mirror", default=None)
+    #: ``--auto-compact on|off``: after the commit, compact the due file groups the upsert touched
+    #: (merge-on-read, Arrow engine; :func:`spark_jobs.table.action.compact.auto_compact`). None:
+    #: the table's setting (``table.json``'s ``auto_compact``, recorded when the upsert that
+    #: creates the table gives the flag; absent: off); given later, it decides for this run only
+    auto_compact: str | None = option("--auto-compact", default=None)
+    #: its bounds per upsert (None: ``compact.DEFAULT_AUTO_MAX_GROUPS`` / ``DEFAULT_AUTO_MAX_BYTES``)
+    auto_compact_max_groups: int | None = option("--auto-compact-max-groups", default=None)
+    #: a size: ``512m``, ``2g``, bytes
+    auto_compact_max_bytes: str | None = option("--auto-compact-max-bytes", default=None)
     #: set by the driver, not by users: columns added to the table by a concurrent commit after
     #: the batch was first validated. Validated again on the new schema, the batch may lack them;
     #: its rows hold null there, as rows written before the column existed read it
@@ -228,6 +248,35 @@ class UpsertOptions(VerbOptions):
         check_heartbeat_timeout(self.heartbeat_timeout_s)
         check_engine(self.engine, self.memory_budget)
         parse_schema_evolution(self.schema_evolution)  # a bad value: one line, exit 2, before anything runs
+        check_choice("--auto-compact", self.auto_compact, AUTO_COMPACT_CHOICES)
+        if self.auto_compact == "off" and (self.auto_compact_max_groups is not None
+                                           or self.auto_compact_max_bytes is not None):
+            raise BadInputError("--auto-compact-max-groups and --auto-compact-max-bytes bound the automatic "
+                                "compaction that --auto-compact off turns off: give one or the other")
+        self.auto_compaction  # noqa: B018 - the bounds' own checks, once
+
+    @property
+    def auto_compaction(self) -> AutoCompaction:
+        """The bounds of this upsert's automatic compaction (the defaults for values not given)."""
+        max_bytes = DEFAULT_AUTO_MAX_BYTES
+        if self.auto_compact_max_bytes is not None:
+            try:
+                max_bytes = parse_size(str(self.auto_compact_max_bytes))
+            except BadInputError:
+                raise BadInputError(f"--auto-compact-max-bytes takes a size like 512m or 2g, got "
+                                    f"{self.auto_compact_max_bytes!r}") from None
+        return AutoCompaction(
+            max_groups=DEFAULT_AUTO_MAX_GROUPS if self.auto_compact_max_groups is None else self.auto_compact_max_groups,
+            max_bytes=max_bytes)
+
+    def auto_compacts(self, cfg: TableConfig) -> bool:
+        """Whether this upsert compacts after its commit on a table with ``cfg``: ``--auto-compact``
+        when given, else the table's setting (merge-on-read only)."""
+        if not cfg.merge_on_read:
+            return False
+        if self.auto_compact is not None:
+            return self.auto_compact == "on"
+        return bool(cfg.auto_compact)
 
     @property
     def evolution_modes(self) -> frozenset[str]:
@@ -364,6 +413,10 @@ def resolve_config(opts: UpsertOptions, table: "Table") -> tuple[TableConfig, Fi
             existing.target_file_rows if existing else TableConfig.target_file_rows),
         table_type=opts.table_type or (existing.table_type if existing else TableConfig.table_type),
         mirrors=[opts.mirror] if opts.mirror else [],
+        # recorded by a new merge-on-read table created with --auto-compact on|off (absent: off)
+        auto_compact=None if opts.auto_compact is None or (
+            opts.table_type or (existing.table_type if existing else TableConfig.table_type)) != MERGE_ON_READ
+        else opts.auto_compact == "on",
     )
     view = None
     if existing is not None:
@@ -380,6 +433,9 @@ def resolve_config(opts: UpsertOptions, table: "Table") -> tuple[TableConfig, Fi
             )
         cfg = existing
     check_shadow_index(cfg.index_type, opts.shadow_index)
+    if opts.auto_compact == "on" and not cfg.merge_on_read:
+        raise BadInputError(f"--auto-compact on compacts a merge-on-read table's logs; {opts.table} is "
+                            f"{cfg.table_type} and writes none")
     return cfg, view
 
 
@@ -532,12 +588,17 @@ def needs_read_files(index_type: str) -> bool:
 
 
 def run(engine: UpsertEngine, opts: UpsertOptions, *, choice: "EngineChoice | None" = None,
-        announce: bool = True) -> dict[str, Any]:
+        announce: bool = True, compact: Pick | None = None) -> dict[str, Any]:
     """Upsert one batch with ``engine``; returns the instant, counts and timings.
 
     ``choice`` is recorded in the commit and, with ``announce``, logged with the first phase;
     a caller that has logged the choice itself (a bootstrap's rewrite, an Airflow task) passes
     ``announce=False`` so the choice is logged once.
+
+    ``compact``: the engine's :data:`~spark_jobs.table.action.compact.Pick` that folds an
+    automatic compaction's plan after the commit, when the upsert auto-compacts
+    (:meth:`UpsertOptions.auto_compacts`); None (the Spark engine) leaves compaction to
+    ``bucketindex compact``. The result then holds ``auto_compaction`` (its summary).
 
     Raises BadInputError on bad input (nothing written), ConflictError when concurrent
     commits kept conflicting, InstantRolledBackError when a forced rollback aborted it.
@@ -567,14 +628,14 @@ def run(engine: UpsertEngine, opts: UpsertOptions, *, choice: "EngineChoice | No
             return _noop_result(table, done, batch_id)
     batches = [engine.prepare(opts, cfg, view, phases)]  # one more per re-validation (check_schema)
     try:
-        return _commit(engine, opts, table, cfg, view, batches, batch_id, phases, started, choice)
+        return _commit(engine, opts, table, cfg, view, batches, batch_id, phases, started, choice, compact)
     finally:
         engine.release(batches[-1])
 
 
 def _commit(engine: UpsertEngine, opts: UpsertOptions, table: "Table", cfg: TableConfig,
             view: FileSystemView | None, batches: list[PreparedBatch], batch_id: str, phases: Phases,
-            started: float, choice: "EngineChoice | None") -> dict[str, Any]:
+            started: float, choice: "EngineChoice | None", compact: Pick | None = None) -> dict[str, Any]:
     if table.config is None:
         cfg = table.create(cfg)
         log.info("created table %s (%s index, %s)", redact_uri(opts.table), cfg.index_type,
@@ -647,11 +708,23 @@ def _commit(engine: UpsertEngine, opts: UpsertOptions, table: "Table", cfg: Tabl
              counts["deleted"], f" after {plural(len(retries), 'conflict')}" if retries else "")
     # the stored total stops at the commit point; the caller's total includes committing
     total = int((time.perf_counter() - started) * 1000)
-    return {"instant": ts, "batch_id": batch_id, "noop": False, "counts": counts, "ignored": metadata["ignored"],
-            "retries": len(retries),
-            "engine": engine.name, "timings_ms": {**metadata["timings_ms"], **phases.timings, "total_ms": total},
-            "session_start_ms": engine.session_start_ms(),
-            **({"shadow": metadata["shadow"]} if "shadow" in metadata else {})}
+    out = {"instant": ts, "batch_id": batch_id, "noop": False, "counts": counts, "ignored": metadata["ignored"],
+           "retries": len(retries),
+           "engine": engine.name, "timings_ms": {**metadata["timings_ms"], **phases.timings, "total_ms": total},
+           "session_start_ms": engine.session_start_ms(),
+           **({"shadow": metadata["shadow"]} if "shadow" in metadata else {})}
+    cfg = table.config or cfg
+    if opts.auto_compacts(cfg):
+        if compact is None:
+            log.info("automatic compaction runs on the arrow engine; on %s, schedule it with `bucketindex compact`",
+                     engine.name)
+        else:  # post-commit: never fails or undoes the commit (auto_compact logs what went wrong)
+            touched = {(g["partition"], g["file_id"]) for g in metadata.get("file_groups", [])}
+            out["auto_compaction"] = auto_compact(table, touched=touched, pick=compact,
+                                                  settings=opts.auto_compaction, after=ts,
+                                                  heartbeat_timeout_s=opts.heartbeat_timeout_s)
+            out["timings_ms"]["auto_compact_ms"] = out["auto_compaction"]["total_ms"]
+    return out
 
 
 def _beside(base: Written, report: Written) -> Written:
