@@ -14,6 +14,7 @@ change it), or use a running Spark Connect server (``--remote sc://HOST:PORT``, 
 from __future__ import annotations
 
 import argparse
+import atexit
 import errno
 import json
 import logging
@@ -969,15 +970,16 @@ def _end_process(status: int) -> None:
     compute function wrappers, numpy's), the garbage collector's passes over them, Arrow's
     thread pools and allocator -- took 0.1 s of CPU, a quarter of a cold 200-row upsert's goal
     (issue 38), and does nothing a finished program needs: its files are written and closed,
-    its commit is done. What the teardown would still do is done here (logging's handlers
-    flushed, standard output and error flushed). Not skipped, so the interpreter ends as usual:
+    its commit is done. What the teardown would still do is done here: the ``atexit`` functions
+    (logging's handlers flushed, temporary folders a verb registered removed) and standard output
+    and error flushed. Not skipped, so the interpreter ends as usual:
     when Spark was loaded (a JVM or a Connect client releases itself in its ``atexit`` hooks), when
     another Python thread is still running (it would be waited for), under a tracer or coverage
     (their data is written at exit), or when flushing the output fails (the usual path reports it)."""
     if "pyspark" in sys.modules or "coverage" in sys.modules or sys.gettrace() is not None \
             or threading.active_count() > 1:
         return
-    logging.shutdown()
+    atexit._run_exitfuncs()  # what the program registered still runs (logging's shutdown among them)
     try:
         sys.stdout.flush()
         sys.stderr.flush()
