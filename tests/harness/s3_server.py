@@ -2,7 +2,8 @@
 
 moto's server (``moto[server]``, a test and bench dependency, never a runtime one) speaks
 S3 with conditional puts (``If-None-Match: *`` -> 412); this wraps its WSGI app in a
-counter so that a test or a benchmark can read how many LIST/GET/HEAD/PUT/DELETE requests a
+counter (which also makes each write atomic, as S3's are: see ``CountingApp.write_lock``) so
+that a test or a benchmark can read how many LIST/GET/HEAD/PUT/DELETE requests a
 verb made -- every client counted, pyarrow's and boto3's, in every process (CLI
 subprocesses, Spark's Python workers), because they all talk to this one server.
 
@@ -62,6 +63,11 @@ class CountingApp:
     def __init__(self, app: Callable[..., Iterable[bytes]]) -> None:
         self.app = app
         self.lock = threading.Lock()
+        #: one writing request at a time: moto checks a conditional put's precondition and then
+        #: stores the object without a lock, so two racing ``If-None-Match: *`` puts of one key
+        #: could both succeed (seen: two winners of one slot in test_fileio_contract's race at
+        #: load 5), where S3 answers the second with 412. Reads still run concurrently.
+        self.write_lock = threading.Lock()
         self.counts: Counter[str] = Counter()
         self.log: list[tuple[str, str, str]] = []
 
@@ -84,6 +90,9 @@ class CountingApp:
             with self.lock:
                 self.counts[kind] += 1
                 self.log.append((method, path, query))
+        if method in ("PUT", "POST", "DELETE"):
+            with self.write_lock:
+                return list(self.app(environ, start_response))  # the response produced inside the lock
         return self.app(environ, start_response)
 
 
