@@ -483,3 +483,267 @@ def test_sealed_base_is_told_by_name_and_metadata(fs) -> None:
         assert f.sealed and f.num_entries == 1
     with IndexFile(io, _write(io, f"{root}/base_2_x.arrow", {"k": ("p", "f")})) as f:
         assert not f.sealed
+
+
+# --------------------------------------------------------------------------------------
+# index file layouts: 2 stores the location table once (footer), 1 (older files) still reads
+
+
+def _write_layout_1(path: str, entries: IndexEntries, *, block_rows: int = 65_536) -> None:
+    """An index file as releases before layout 2 wrote it: location table and block index in
+    the schema metadata (which Arrow IPC stores twice), no ``layout`` in bucketindex.meta."""
+    import json
+
+    import pyarrow.ipc as ipc
+
+    order = np.lexsort((entries.fp_lo, entries.fp_hi))
+    hi, lo, loc = entries.fp_hi[order], entries.fp_lo[order], entries.loc[order].astype(np.int16)
+    schema = pa.schema(
+        [("fp_hi", pa.uint64()), ("fp_lo", pa.uint64()), ("loc", pa.int16())],
+        metadata={
+            b"bucketindex.locations": json.dumps(entries.locations, separators=(",", ":")).encode(),
+            b"bucketindex.block_first_hi": json.dumps([str(v) for v in hi[::block_rows].tolist()]).encode(),
+            b"bucketindex.meta": json.dumps({"entries": int(hi.size)}).encode(),
+        },
+    )
+    with pa.OSFile(path, "wb") as sink, ipc.new_file(sink, schema) as w:
+        for s in range(0, max(hi.size, 1), block_rows):
+            sl = slice(s, s + block_rows)
+            w.write_batch(pa.record_batch([pa.array(hi[sl]), pa.array(lo[sl]), pa.array(loc[sl])], schema=schema))
+
+
+def test_layout_2_stores_the_location_table_once_in_the_footer(fs) -> None:
+    import json
+
+    import pyarrow.ipc as ipc
+
+    io, root = fs
+    mapping = {f"key-{i}": (f"p={i % 3}", f"file-{i % 5}-{'x' * 30}") for i in range(300)}
+    p = _write(io, f"{root}/base.arrow", mapping, block_rows=64)
+    raw = open(p, "rb").read()
+    for loc in set(mapping.values()):  # each location once in the file: the table is stored once
+        assert raw.count(json.dumps(list(loc), separators=(",", ":")).encode()) == 1
+    with ipc.open_file(pa.memory_map(p)) as r:
+        schema_md, footer_md = r.schema.metadata, r.metadata
+    assert json.loads(schema_md[b"bucketindex.meta"])["layout"] == 2
+    assert b"bucketindex.block_first_hi" not in schema_md
+    with pytest.raises(ValueError):  # what a layout-1 reader does with it: fails, does not read []
+        json.loads(schema_md[b"bucketindex.locations"])
+    assert sorted(map(tuple, json.loads(footer_md[b"bucketindex.locations"]))) == sorted(set(mapping.values()))
+    assert len(json.loads(footer_md[b"bucketindex.block_first_hi"])) == 5  # 300 entries, blocks of 64
+
+
+def test_layout_1_files_still_read_and_answer_like_layout_2(fs) -> None:
+    from spark_jobs.index.record_index import index_file_problem
+
+    io, root = fs
+    keys = _uuids(500, seed=11)
+    mapping = {k: (None if i % 7 == 0 else (f"p={i % 4}", f"f{i % 13}")) for i, k in enumerate(keys)}
+    entries = IndexEntries.from_keys(keys, [mapping[k] for k in keys])
+    old = f"{root}/old.arrow"
+    _write_layout_1(old, entries, block_rows=50)
+    new = _write(io, f"{root}/new.arrow", mapping, block_rows=50)
+    assert open(old, "rb").read().count(b'["p=0","f12"]') == 2  # the old layout: stored twice
+    assert index_file_problem(io, old) is None
+    with IndexFile(io, old) as f, IndexFile(io, new) as g:
+        assert f.metadata.get("layout") is None and g.metadata["layout"] == 2
+        assert f.block_first_hi.tolist() == g.block_first_hi.tolist() and f.num_blocks == g.num_blocks == 10
+        assert sorted(f.locations) == sorted(g.locations)
+    queries = keys[::3] + ["absent-1", "absent-2"]
+    live = {k: v for k, v in mapping.items() if v is not None}
+    _check_all_modes(io, [old], queries, live)
+    _check_all_modes(io, [new], queries, live)
+    # a bucket holding both layouts: newest wins across them
+    delta = _write(io, f"{root}/delta.arrow", {keys[1]: None, keys[0]: ("p=9", "back")})
+    want = {k: live[k] for k in keys[2:3] if k in live} | {keys[0]: ("p=9", "back")}  # keys[1] deleted
+    _check_all_modes(io, [old, delta], keys[:3], want)
+    got = merge_entries(io, [old, delta])
+    assert len(got) == len(live) - (keys[1] in live) + (keys[0] not in live)
+
+
+def test_an_unknown_layout_is_refused_naming_the_file(fs) -> None:
+    import json
+
+    import pyarrow.ipc as ipc
+
+    from spark_jobs.exceptions import IndexCorruptError
+
+    io, root = fs
+    p = f"{root}/future.arrow"
+    schema = pa.schema([("fp_hi", pa.uint64()), ("fp_lo", pa.uint64()), ("loc", pa.int8())],
+                       metadata={b"bucketindex.meta": json.dumps({"entries": 0, "layout": 3}).encode()})
+    with pa.OSFile(p, "wb") as sink, ipc.new_file(sink, schema) as w:
+        w.write_batch(pa.record_batch([pa.array([], pa.uint64()), pa.array([], pa.uint64()),
+                                       pa.array([], pa.int8())], schema=schema))
+    with pytest.raises(IndexCorruptError, match="layout 3") as e:
+        lookup(io, [p], ["k"])
+    assert p in str(e.value)
+
+
+# --------------------------------------------------------------------------------------
+# the open-file cache: repeated lookups reuse open files, never a stale one
+
+
+@pytest.fixture
+def cache():
+    from spark_jobs.index import record_index as ri
+
+    ri.clear_cache()
+    ri.set_cache_limits()
+    yield ri
+    ri.set_cache_limits()
+    ri.clear_cache()
+
+
+def _age(path: str, seconds: float = 60.0, *, mtime_ns: int | None = None) -> int:
+    """Set ``path``'s mtime ``seconds`` into the past (files younger than 2 s are not cached)."""
+    import os
+    import time
+
+    ns = mtime_ns if mtime_ns is not None else time.time_ns() - int(seconds * 1e9)
+    os.utime(path, ns=(ns, ns))
+    return ns
+
+
+def test_repeated_lookups_are_served_from_the_cache(fs, cache) -> None:
+    io, root = fs
+    mapping = {f"k{i}": (f"p={i % 3}", f"f{i % 4}") for i in range(400)}
+    base = _write(io, f"{root}/base.arrow", mapping, block_rows=32)
+    _age(base)
+    first = lookup(io, [base], list(mapping) + ["nope"])
+    assert cache.cache_info()["files"] == 1 and cache.cache_info()["misses"] == 1
+    again = lookup(io, [base], list(mapping) + ["nope"])
+    assert cache.cache_info()["hits"] == 1
+    assert _targets(again) == _targets(first) == [mapping[k] for k in mapping] + [None]
+    _check_all_modes(io, [base], list(mapping)[::7] + ["x"], mapping)
+
+
+def test_a_file_younger_than_two_seconds_is_not_cached(fs, cache) -> None:
+    io, root = fs
+    p = _write(io, f"{root}/fresh.arrow", {"a": ("p", "f")})
+    assert lookup(io, [p], ["a"]).target(0) == ("p", "f")
+    assert cache.cache_info()["files"] == 0
+
+
+def _same_size_mappings() -> tuple[dict, dict]:
+    keys = [f"k{i}" for i in range(200)]
+    a = {k: ("p=0", "aaaa") for k in keys}
+    b = {k: ("p=0", "bbbb") for k in keys[:150]}
+    b.update({f"n{i}": ("p=0", "bbbb") for i in range(50)})  # 50 keys gone, 50 new: same entry count
+    return a, b
+
+
+def test_a_file_rewritten_in_place_is_not_served_from_the_cache(fs, cache) -> None:
+    io, root = fs
+    a, b = _same_size_mappings()
+    p = _write(io, f"{root}/bucket.arrow", a)
+    _age(p)
+    size = io.size(p)
+    assert lookup(io, [p], ["k0", "k199", "n0"]).found.tolist() == [True, True, False]
+    assert cache.cache_info()["files"] == 1
+    with open(p, "r+b") as f:  # the same inode, the same size: only the mtime tells
+        f.write(open(_write(io, f"{root}/b.arrow", b), "rb").read())
+    assert io.size(p) == size
+    res = lookup(io, [p], ["k0", "k199", "n0"])
+    assert _targets(res) == [("p=0", "bbbb"), None, ("p=0", "bbbb")]
+    _age(p, 30)  # settled again, at another mtime than the cached entry's: opened anew, then cached
+    misses = cache.cache_info()["misses"]
+    assert _targets(lookup(io, [p], ["k0", "k199", "n0"])) == [("p=0", "bbbb"), None, ("p=0", "bbbb")]
+    assert cache.cache_info()["misses"] == misses + 1 and cache.cache_info()["files"] == 1
+
+
+def test_a_file_replaced_with_the_same_size_and_mtime_is_not_served_from_the_cache(fs, cache) -> None:
+    import os
+
+    io, root = fs
+    a, b = _same_size_mappings()
+    p = _write(io, f"{root}/bucket.arrow", a)
+    ns = _age(p)
+    assert lookup(io, [p], ["k0", "n0"]).found.tolist() == [True, False]
+    other = _write(io, f"{root}/b.tmp", b)
+    _age(other, mtime_ns=ns)  # the same size and mtime: only the inode tells
+    os.replace(other, p)
+    assert _targets(lookup(io, [p], ["k0", "k199", "n0"])) == [("p=0", "bbbb"), None, ("p=0", "bbbb")]
+
+
+def test_a_compacted_bucket_reads_its_new_base_and_a_deleted_file_is_missing(fs, cache) -> None:
+    import os
+
+    from spark_jobs.exceptions import IndexCorruptError
+
+    io, root = fs
+    base = _write(io, f"{root}/base.arrow", {f"k{i}": ("p", "old") for i in range(100)})
+    delta = _write(io, f"{root}/delta.arrow", {"k1": None, "k2": ("p", "new"), "k200": ("p", "new")})
+    for p in (base, delta):
+        _age(p)
+    queries = ["k0", "k1", "k2", "k200"]
+    want = [("p", "old"), None, ("p", "new"), ("p", "new")]
+    assert _targets(lookup(io, [base, delta], queries)) == want
+    new_base = f"{root}/base_2.arrow"
+    write_index_file(io, new_base, compact_entries(io, [base, delta]))
+    _age(new_base)
+    assert _targets(lookup(io, [new_base], queries)) == want
+    os.remove(base)  # a clean removed the folded file: still cached, but gone
+    with pytest.raises(IndexCorruptError, match="missing"):
+        lookup(io, [base, delta], queries)
+    assert _targets(lookup(io, [new_base], queries)) == want
+
+
+def test_the_cache_is_bounded_and_holds_no_file_descriptors(fs, cache) -> None:
+    import os
+
+    io, root = fs
+    paths = []
+    for i in range(6):
+        p = _write(io, f"{root}/b{i}.arrow", {f"k{i}-{j}": ("p", f"f{j % 3}") for j in range(100)})
+        _age(p)
+        paths.append(p)
+    fds = len(os.listdir("/proc/self/fd"))
+    for p in paths:
+        lookup(io, [p], ["x"])
+    assert cache.cache_info()["files"] == 6
+    assert len(os.listdir("/proc/self/fd")) == fds  # the mapping outlives the closed file
+    cache.set_cache_limits(max_files=4)
+    assert cache.cache_info()["files"] == 4
+    for p in paths:
+        lookup(io, [p], ["x"])
+    assert cache.cache_info()["files"] == 4
+    one = io.size(paths[0])
+    cache.set_cache_limits(max_bytes=2 * one)
+    assert cache.cache_info()["files"] == 2 and cache.cache_info()["bytes"] == 2 * one
+    cache.set_cache_limits(max_files=0)
+    assert cache.cache_info()["files"] == 0
+    assert lookup(io, [paths[3]], ["k3-5"]).target(0) == ("p", "f2")
+    assert cache.cache_info()["files"] == 0  # off: nothing kept
+
+
+def test_lookups_on_threads_survive_evictions(fs, cache) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    io, root = fs
+    maps, paths = [], []
+    for i in range(8):
+        m = {f"k{i}-{j}": (f"p={i}", f"f{j % 5}") for j in range(300)}
+        p = _write(io, f"{root}/b{i}.arrow", m, block_rows=16)
+        _age(p)
+        maps.append(m)
+        paths.append(p)
+    cache.set_cache_limits(max_files=3)  # every round evicts files other threads are searching
+
+    def one(n: int) -> bool:
+        i = n % 8
+        qs = list(maps[i])[n % 7::5] + ["absent"]
+        return _targets(lookup(io, [paths[i]], qs)) == [maps[i].get(q) for q in qs]
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        assert all(pool.map(one, range(200)))
+
+
+def test_a_generic_fileio_is_never_cached(fs, cache) -> None:
+    io, root = fs
+    p = _write(io, f"{root}/base.arrow", {"a": ("p", "f")})
+    _age(p)
+    generic = FileIO(pafs.LocalFileSystem())
+    assert generic.identity(p) is None
+    assert lookup(generic, [p], ["a"]).target(0) == ("p", "f")
+    assert cache.cache_info()["files"] == 0
