@@ -14,9 +14,11 @@ File format (see docs/format.md): an uncompressed Arrow IPC file, sorted by
     fp_lo  uint64   low 64 bits
     loc    int8/16/32  index into the file's location table; -1 is a tombstone
 
-The location table ``[[partition, file_id], ...]`` and the first ``fp_hi`` of every block
-live in the file's footer metadata, once (layout 2; layout 1 files, written before, keep them
-in the schema metadata, which Arrow IPC writes twice: at the start and in the footer).
+The location table ``[[partition, file_id], ...]`` and the first ``fp_hi`` of every block live
+in the file's schema metadata (layout 1, which Arrow IPC stores twice: at the start and in the
+footer) or in the footer's metadata, once (layout 2). This release reads both and writes
+layout 1 unless asked (``write_index_file(layout=2)``): releases before it refuse layout 2, so
+it is written only once every reader of a deployment reads it (format.md §6, two-step rollout).
 
 Why Arrow IPC and not Parquet: the file is memory-mapped, so opening costs a footer read and
 a lookup touches only the pages binary search visits; and fixed-width fingerprints plus a
@@ -87,6 +89,7 @@ __all__ = [
     "index_file_problem",
     "index_file_error",
     "INDEX_FILE_LAYOUT",
+    "INDEX_FILE_LAYOUTS",
     "CACHE_MAX_FILES",
     "CACHE_MAX_BYTES",
     "set_cache_limits",
@@ -104,11 +107,17 @@ LOOKUP_MODES = ("auto", "seek", "scan")
 _META_LOCATIONS = b"bucketindex.locations"
 _META_BLOCKS = b"bucketindex.block_first_hi"
 _META_EXTRA = b"bucketindex.meta"
-#: the index file layout this release writes (``"layout"`` in ``bucketindex.meta``; absent: 1).
-#: 1: location table and block index in the schema metadata (stored twice by Arrow IPC);
-#: 2: both in the file footer's metadata, once (format.md §6)
-INDEX_FILE_LAYOUT = 2
-_LAYOUTS_READ = (1, 2)
+#: the index file layout this release writes by default (``"layout"`` in ``bucketindex.meta``;
+#: absent: 1). 1: location table and block index in the schema metadata (stored twice by Arrow
+#: IPC); 2: both in the file footer's metadata, once (format.md §6). Layout 1 because releases
+#: before this one read only it and refuse a layout-2 file as damaged: a deployment mixing
+#: versions (an upgraded writer, an older reader) must keep reading what is written. Layout 2
+#: is written only when asked (``write_index_file(layout=2)``: tests, benchmarks), until a table
+#: opts in once every reader reads it.
+INDEX_FILE_LAYOUT = 1
+#: the layouts this release reads (and can be asked to write)
+INDEX_FILE_LAYOUTS = (1, 2)
+_LAYOUTS_READ = INDEX_FILE_LAYOUTS
 #: the schema metadata's ``bucketindex.locations`` in a layout-2 file: not JSON, so that a release
 #: reading only layout 1 fails on it (the file is "damaged" to it) rather than reading an empty
 #: location table -- its compaction would turn the entries into tombstones
@@ -214,8 +223,16 @@ def write_index_file(
     *,
     metadata: dict | None = None,
     block_rows: int = BLOCK_ROWS,
+    layout: int = INDEX_FILE_LAYOUT,
 ) -> int:
-    """Write ``entries`` (unique fingerprints) sorted as one index file; returns its size in bytes."""
+    """Write ``entries`` (unique fingerprints) sorted as one index file; returns its size in bytes.
+
+    ``layout``: the index file layout (format.md §6). 1, the default, is what every release
+    reads; 2 stores the location table once (~0.07 bytes an entry less at RFC-08's size) but
+    releases before this one refuse it, so no product path asks for it yet."""
+    if layout not in INDEX_FILE_LAYOUTS:
+        raise ValueError(f"index file layout {layout!r}: this release writes layouts "
+                         f"{', '.join(map(str, INDEX_FILE_LAYOUTS))}")
     order = np.lexsort((entries.fp_lo, entries.fp_hi))
     hi, lo = entries.fp_hi[order], entries.fp_lo[order]
     if hi.size > 1:
@@ -229,20 +246,20 @@ def write_index_file(
     loc = loc_ids.astype(np.int64) - (1 if has_tomb else 0)  # tombstone stays -1
     pa_type, np_type = _loc_type(len(locations))
     loc = loc.astype(np_type)
-    schema = pa.schema(
-        [("fp_hi", pa.uint64()), ("fp_lo", pa.uint64()), ("loc", pa_type)],
-        metadata={
-            _META_LOCATIONS: _LAYOUT_2_STUB,
-            _META_EXTRA: json.dumps({**(metadata or {}), "entries": int(hi.size),
-                                     "layout": INDEX_FILE_LAYOUT}).encode(),
-        },
-    )
-    # The location table (~65 bytes a location) and the block index go in the footer, once: in
-    # the schema metadata Arrow IPC would write them twice (stream header and footer).
-    footer = {
+    tables = {
         _META_LOCATIONS: json.dumps(locations, separators=(",", ":")).encode(),
         _META_BLOCKS: json.dumps([str(v) for v in hi[::block_rows].tolist()]).encode(),
     }
+    extra = json.dumps({**(metadata or {}), "entries": int(hi.size), "layout": layout}).encode()
+    if layout == 1:
+        # The tables in the schema metadata (which Arrow IPC writes twice: stream header and
+        # footer); releases before layout 2 ignore the "layout" member of bucketindex.meta.
+        schema_md, footer = {**tables, _META_EXTRA: extra}, None
+    else:
+        # The location table (~65 bytes a location) and the block index in the footer, once;
+        # the schema's bucketindex.locations is a non-JSON stub a layout-1 reader fails on.
+        schema_md, footer = {_META_LOCATIONS: _LAYOUT_2_STUB, _META_EXTRA: extra}, tables
+    schema = pa.schema([("fp_hi", pa.uint64()), ("fp_lo", pa.uint64()), ("loc", pa_type)], metadata=schema_md)
     with io.open_output_stream(path) as sink, ipc.new_file(sink, schema, metadata=footer) as writer:
         for start in range(0, max(hi.size, 1), block_rows):
             sl = slice(start, start + block_rows)
