@@ -48,6 +48,12 @@ use it as a process tagging batch after batch would; ``--cache-mb`` sets its map
 e.g. 1,000 buckets of 18 MB against the default 1 GiB). The cold case empties it first (a
 cached mapping would keep its pages resident through the eviction).
 
+**Index file layout** (format.md §6): ``--index-layout`` 1 (default: what the product writes)
+or 2 (the location table once, in the footer; written only when asked) for every file the run
+writes -- the bases it builds and the compaction's deltas and base. A workdir holds one layout:
+building more buckets into an index of the other layout is refused (exit status 2); the result
+reports the layouts of the files it measured (``index_layouts``).
+
 **Checks.** Every lookup's result is compared in full: every hit found at its expected
 location, every miss absent; the compacted base against an oracle of the deltas. A failed
 check raises (exit status 1). Progress goes to stdout; the last line is one JSON object.
@@ -80,6 +86,8 @@ from spark_jobs.arrow_engine.keys import bucket_ids, by_bucket  # noqa: E402
 from spark_jobs.index.hashing import BUCKET_HASH_SEED, fingerprints  # noqa: E402
 from spark_jobs.index.record_index import (  # noqa: E402
     CACHE_MAX_BYTES,
+    INDEX_FILE_LAYOUT,
+    INDEX_FILE_LAYOUTS,
     TOMBSTONE,
     IndexEntries,
     IndexFile,
@@ -229,6 +237,14 @@ class Index:
     def built(self) -> list[int]:
         return [b for b in range(self.buckets) if os.path.exists(self.path(b))]
 
+    def layouts(self, buckets: list[int]) -> list[int]:
+        """The index file layouts (format.md §6) of these buckets' files, read from the files."""
+        found = set()
+        for b in buckets:
+            with IndexFile(self.io, self.path(b)) as f:
+                found.add(int(f.metadata.get("layout", 1)))
+        return sorted(found)
+
     def stats(self) -> dict[int, dict]:
         """Per built bucket: entries and bytes (from the build log; a bucket missing from it --
         renamed into place just before an interruption -- read from its file)."""
@@ -279,6 +295,12 @@ def build(index: Index, args: argparse.Namespace) -> dict:
     missing = [b for b in range(index.buckets) if not os.path.exists(index.path(b))]
     skipped = index.buckets - len(missing)
     todo = missing if args.max_buckets is None else missing[:args.max_buckets]
+    if todo and skipped:  # one layout per index: a mixed one would measure neither
+        have = index.layouts(index.built()[:1])
+        if have != [args.index_layout]:
+            sys.stderr.write(f"index_scale: {index.root} holds index files of layout {have[0]}; "
+                             f"asked to build layout {args.index_layout} (use another --workdir)\n")
+            raise SystemExit(2)
     log(f"build: {index.buckets:,} buckets x ~{args.entries_per_bucket:,} keys = {index.n:,} keys; "
         f"{skipped:,} buckets already built (skipped), {len(todo):,} to build now")
     if not todo:
@@ -323,7 +345,7 @@ def build(index: Index, args: argparse.Namespace) -> dict:
             entries = IndexEntries(hi, lo, loc, index.locations)
             final = index.path(b)
             index.io.mkdirs(index.layout.index_bucket_dir(b))
-            size = write_index_file(index.io, final + ".tmp", entries,
+            size = write_index_file(index.io, final + ".tmp", entries, layout=args.index_layout,
                                     metadata={"instant": BASE_INSTANT, "bucket": b, "sealed": False})
             os.replace(final + ".tmp", final)
             with open(log_path, "a") as f:
@@ -556,7 +578,7 @@ def measure_compaction(index: Index, b: int, args, rng: np.random.Generator, scr
                                len(index.locations) + rng.integers(0, len(dlocs), n_new)])
         loc = np.where(glob >= 0, glob, TOMBSTONE).astype(np.int32)
         p = os.path.join(scratch, f"delta_{d + 2:014d}.arrow")
-        write_index_file(io, p, IndexEntries(hi, lo, loc, all_locs))
+        write_index_file(io, p, IndexEntries(hi, lo, loc, all_locs), layout=args.index_layout)
         paths.append(p)
         for h, l_, g in zip(hi.tolist(), lo.tolist(), glob.tolist()):
             state[(h, l_)] = g
@@ -567,7 +589,8 @@ def measure_compaction(index: Index, b: int, args, rng: np.random.Generator, scr
     merged = compact_entries(io, paths)
     t1 = time.perf_counter()
     out = os.path.join(scratch, "base_compacted.arrow")
-    size = write_index_file(io, out, merged, metadata={"instant": "compacted", "bucket": b, "sealed": False})
+    size = write_index_file(io, out, merged, metadata={"instant": "compacted", "bucket": b, "sealed": False},
+                            layout=args.index_layout)
     t2 = time.perf_counter()
     peak = status_kb("VmHWM") * 1024
     # oracle: untouched base keys keep their location; touched keys have their newest state
@@ -638,6 +661,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--pass-memory-mb", type=int, default=1024, help="key ids held per routing pass")
     ap.add_argument("--cache-mb", type=int, default=CACHE_MAX_BYTES >> 20,
                     help="bound of record_index's open-file cache, MB of mapped files (0: no cache)")
+    ap.add_argument("--index-layout", type=int, choices=INDEX_FILE_LAYOUTS, default=INDEX_FILE_LAYOUT,
+                    help="index file layout written (format.md §6; default: what the product writes)")
     ap.add_argument("--max-buckets", type=int, default=None, help="build at most this many more buckets")
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--build-only", action="store_true")
@@ -676,8 +701,9 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2)
     entries = sum(r["entries"] for r in stats.values())
     size = sum(r["bytes"] for r in stats.values())
-    log(f"index: {len(built):,} of {index.buckets:,} buckets built, {entries:,} entries, {size:,} bytes = "
-        f"{size / entries:.3f} bytes/entry")
+    layouts = index.layouts(built)
+    log(f"index: {len(built):,} of {index.buckets:,} buckets built (index file layout "
+        f"{', '.join(map(str, layouts))}), {entries:,} entries, {size:,} bytes = {size / entries:.3f} bytes/entry")
     rng = np.random.default_rng(args.seed + 1)
     set_cache_limits(max_bytes=args.cache_mb << 20)
     load0 = os.getloadavg()
@@ -719,6 +745,8 @@ def main(argv: list[str] | None = None) -> None:
         "grouping": grouping,
         "open_ms_per_bucket": open_ms,
         "cache_mb": args.cache_mb,
+        "index_layout": args.index_layout,
+        "index_layouts": layouts,
         "cache": cache,
         "compaction": comp,
         "build": build_info,
