@@ -38,8 +38,21 @@ skipped, so an interrupted build resumes where it stopped (``--build-only`` to b
 * **one bucket's compaction**: the first built bucket's base plus 3 deltas of 1% of its
   entries each (60% updates to new locations, 20% tombstones, 20% new keys), folded with
   ``compact_entries`` and written with ``write_index_file`` -- time and peak RSS;
-* the tag phase's grouping as ``ArrowEngine._tag`` does it (one ``filter`` per bucket over the
-  whole batch) at the largest batch, beside the sort-based grouping used here.
+* the tag phase's grouping at the largest batch: ``arrow_engine.keys.by_bucket`` (one sort,
+  what ``ArrowEngine._tag`` uses since session 44) beside one ``filter`` of the whole batch per
+  bucket (what it did before).
+
+**The open-file cache** (``record_index``'s, kept between lookups of one process): warm runs
+use it as a process tagging batch after batch would; ``--cache-mb`` sets its mapped-bytes bound
+(0: no cache, every lookup opens its files -- the regime of an index far larger than the bound,
+e.g. 1,000 buckets of 18 MB against the default 1 GiB). The cold case empties it first (a
+cached mapping would keep its pages resident through the eviction).
+
+**Index file layout** (format.md §6): ``--index-layout`` 1 (default: what the product writes)
+or 2 (the location table once, in the footer; written only when asked) for every file the run
+writes -- the bases it builds and the compaction's deltas and base. A workdir holds one layout:
+building more buckets into an index of the other layout is refused (exit status 2); the result
+reports the layouts of the files it measured (``index_layouts``).
 
 **Checks.** Every lookup's result is compared in full: every hit found at its expected
 location, every miss absent; the compacted base against an oracle of the deltas. A failed
@@ -69,14 +82,20 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from spark_jobs.arrow_engine.keys import bucket_ids  # noqa: E402
+from spark_jobs.arrow_engine.keys import bucket_ids, by_bucket  # noqa: E402
 from spark_jobs.index.hashing import BUCKET_HASH_SEED, fingerprints  # noqa: E402
 from spark_jobs.index.record_index import (  # noqa: E402
+    CACHE_MAX_BYTES,
+    INDEX_FILE_LAYOUT,
+    INDEX_FILE_LAYOUTS,
     TOMBSTONE,
     IndexEntries,
     IndexFile,
+    cache_info,
+    clear_cache,
     compact_entries,
     lookup,
+    set_cache_limits,
     write_index_file,
 )
 from spark_jobs.io.filesystem import resolve  # noqa: E402
@@ -218,6 +237,14 @@ class Index:
     def built(self) -> list[int]:
         return [b for b in range(self.buckets) if os.path.exists(self.path(b))]
 
+    def layouts(self, buckets: list[int]) -> list[int]:
+        """The index file layouts (format.md §6) of these buckets' files, read from the files."""
+        found = set()
+        for b in buckets:
+            with IndexFile(self.io, self.path(b)) as f:
+                found.add(int(f.metadata.get("layout", 1)))
+        return sorted(found)
+
     def stats(self) -> dict[int, dict]:
         """Per built bucket: entries and bytes (from the build log; a bucket missing from it --
         renamed into place just before an interruption -- read from its file)."""
@@ -268,6 +295,12 @@ def build(index: Index, args: argparse.Namespace) -> dict:
     missing = [b for b in range(index.buckets) if not os.path.exists(index.path(b))]
     skipped = index.buckets - len(missing)
     todo = missing if args.max_buckets is None else missing[:args.max_buckets]
+    if todo and skipped:  # one layout per index: a mixed one would measure neither
+        have = index.layouts(index.built()[:1])
+        if have != [args.index_layout]:
+            sys.stderr.write(f"index_scale: {index.root} holds index files of layout {have[0]}; "
+                             f"asked to build layout {args.index_layout} (use another --workdir)\n")
+            raise SystemExit(2)
     log(f"build: {index.buckets:,} buckets x ~{args.entries_per_bucket:,} keys = {index.n:,} keys; "
         f"{skipped:,} buckets already built (skipped), {len(todo):,} to build now")
     if not todo:
@@ -312,7 +345,7 @@ def build(index: Index, args: argparse.Namespace) -> dict:
             entries = IndexEntries(hi, lo, loc, index.locations)
             final = index.path(b)
             index.io.mkdirs(index.layout.index_bucket_dir(b))
-            size = write_index_file(index.io, final + ".tmp", entries,
+            size = write_index_file(index.io, final + ".tmp", entries, layout=args.index_layout,
                                     metadata={"instant": BASE_INSTANT, "bucket": b, "sealed": False})
             os.replace(final + ".tmp", final)
             with open(log_path, "a") as f:
@@ -349,7 +382,10 @@ def reset_peak() -> bool:
 
 
 def evict(paths: list[str], how: str) -> str:
-    """Take the index files' pages out of the page cache; returns how it was done."""
+    """Take the index files' pages out of the page cache; returns how it was done. The open-file
+    cache is emptied first: pages mapped by a cached file are not evicted."""
+    clear_cache()
+    gc.collect()
     if how == "drop_caches":
         os.sync()
         try:
@@ -542,7 +578,7 @@ def measure_compaction(index: Index, b: int, args, rng: np.random.Generator, scr
                                len(index.locations) + rng.integers(0, len(dlocs), n_new)])
         loc = np.where(glob >= 0, glob, TOMBSTONE).astype(np.int32)
         p = os.path.join(scratch, f"delta_{d + 2:014d}.arrow")
-        write_index_file(io, p, IndexEntries(hi, lo, loc, all_locs))
+        write_index_file(io, p, IndexEntries(hi, lo, loc, all_locs), layout=args.index_layout)
         paths.append(p)
         for h, l_, g in zip(hi.tolist(), lo.tolist(), glob.tolist()):
             state[(h, l_)] = g
@@ -553,7 +589,8 @@ def measure_compaction(index: Index, b: int, args, rng: np.random.Generator, scr
     merged = compact_entries(io, paths)
     t1 = time.perf_counter()
     out = os.path.join(scratch, "base_compacted.arrow")
-    size = write_index_file(io, out, merged, metadata={"instant": "compacted", "bucket": b, "sealed": False})
+    size = write_index_file(io, out, merged, metadata={"instant": "compacted", "bucket": b, "sealed": False},
+                            layout=args.index_layout)
     t2 = time.perf_counter()
     peak = status_kb("VmHWM") * 1024
     # oracle: untouched base keys keep their location; touched keys have their newest state
@@ -594,18 +631,14 @@ def open_cost_ms(index: Index, built: list[int]) -> float:
 
 
 def engine_grouping_ms(keys: pa.Array, buckets: int) -> dict:
-    """The batch grouped by bucket as ``ArrowEngine._tag`` does it (one filter over the whole
-    batch per bucket) and by one sort, as here: the former is keys x buckets work."""
+    """The batch grouped by bucket as ``ArrowEngine._tag`` did before session 44 (one filter over
+    the whole batch per bucket: keys x buckets work) and as it does now (``by_bucket``: one
+    sort); the two groupings are checked equal."""
     b = bucket_ids(keys, buckets)
     t0 = time.perf_counter()
     by = {int(u): keys.filter(pa.array(b == u)) for u in np.unique(b)}
     t1 = time.perf_counter()
-    order = np.argsort(b, kind="stable")
-    sb = b[order]
-    uniq, starts = np.unique(sb, return_index=True)
-    grouped = keys.take(pa.array(order))
-    ends = np.append(starts[1:], sb.size)
-    by2 = {int(u): grouped.slice(s, e - s) for u, s, e in zip(uniq.tolist(), starts.tolist(), ends.tolist())}
+    by2 = dict(by_bucket(keys, b))
     t2 = time.perf_counter()
     assert by.keys() == by2.keys() and all(by[u].equals(by2[u]) for u in by)
     return {"keys": len(keys), "filter_per_bucket_ms": round((t1 - t0) * 1000, 1), "sort_ms": round((t2 - t1) * 1000, 1)}
@@ -626,6 +659,10 @@ def main(argv: list[str] | None = None) -> None:
                     help="how the cold case empties the page cache: the index files' pages only "
                          "(posix_fadvise DONTNEED), or every cached page of the machine")
     ap.add_argument("--pass-memory-mb", type=int, default=1024, help="key ids held per routing pass")
+    ap.add_argument("--cache-mb", type=int, default=CACHE_MAX_BYTES >> 20,
+                    help="bound of record_index's open-file cache, MB of mapped files (0: no cache)")
+    ap.add_argument("--index-layout", type=int, choices=INDEX_FILE_LAYOUTS, default=INDEX_FILE_LAYOUT,
+                    help="index file layout written (format.md §6; default: what the product writes)")
     ap.add_argument("--max-buckets", type=int, default=None, help="build at most this many more buckets")
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--build-only", action="store_true")
@@ -641,6 +678,8 @@ def main(argv: list[str] | None = None) -> None:
                                 sorted({int(s) for s in args.no_mmap_lookups.split(",") if s.strip()}))
     except ValueError:
         ap.error("--lookups and --no-mmap-lookups are comma-separated integers")
+    if args.cache_mb < 0:
+        ap.error("--cache-mb must be 0 or more")
     if any(k <= 0 for k in args.lookups):
         ap.error("--lookups sizes must be positive")
     if args.buckets * args.entries_per_bucket >= MISS_OFFSET:
@@ -662,9 +701,11 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2)
     entries = sum(r["entries"] for r in stats.values())
     size = sum(r["bytes"] for r in stats.values())
-    log(f"index: {len(built):,} of {index.buckets:,} buckets built, {entries:,} entries, {size:,} bytes = "
-        f"{size / entries:.3f} bytes/entry")
+    layouts = index.layouts(built)
+    log(f"index: {len(built):,} of {index.buckets:,} buckets built (index file layout "
+        f"{', '.join(map(str, layouts))}), {entries:,} entries, {size:,} bytes = {size / entries:.3f} bytes/entry")
     rng = np.random.default_rng(args.seed + 1)
+    set_cache_limits(max_bytes=args.cache_mb << 20)
     load0 = os.getloadavg()
     rows, batches = measure_lookups(index, built, args, rng)
     nomap = measure_no_mmap(index, built, batches, args)
@@ -674,6 +715,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{grouping['filter_per_bucket_ms']:,.0f} ms, one sort {grouping['sort_ms']:,.0f} ms")
     open_ms = open_cost_ms(index, built)
     log(f"opening one bucket's index file (warm): {open_ms:.3f} ms")
+    cache = cache_info()
     comp = measure_compaction(index, built[0], args, rng, os.path.join(workdir, "compaction_scratch"))
     load1 = os.getloadavg()
     by = {(r["keys"], r["kind"]): r for r in rows}
@@ -702,6 +744,10 @@ def main(argv: list[str] | None = None) -> None:
         "no_mmap": nomap,
         "grouping": grouping,
         "open_ms_per_bucket": open_ms,
+        "cache_mb": args.cache_mb,
+        "index_layout": args.index_layout,
+        "index_layouts": layouts,
+        "cache": cache,
         "compaction": comp,
         "build": build_info,
         "checked": all(r["checked"] for r in rows + nomap) and comp["checked"],

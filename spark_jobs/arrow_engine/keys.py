@@ -25,7 +25,7 @@ from spark_jobs.index.hashing import BUCKET_HASH_SEED, canonical_key
 from spark_jobs.table.action.upsert import FILE_GROUP_SALT
 from spark_jobs.table.layout import partition_path
 
-__all__ = ["bucket_ids", "file_group_slots", "key_text", "partition_dirs", "record_keys"]
+__all__ = ["bucket_ids", "by_bucket", "file_group_slots", "key_text", "partition_dirs", "record_keys"]
 
 #: the second argument of the slot hash ``xxhash64(key, FILE_GROUP_SALT)`` (the action's rule)
 _SALT = FILE_GROUP_SALT.encode("utf-8")
@@ -162,6 +162,26 @@ def bucket_ids(keys: pa.Array, num_buckets: int) -> np.ndarray:
     if num_buckets <= 0:
         raise ValueError(f"num_buckets must be positive, got {num_buckets}")
     return np.mod(_hashes(keys, _key_hash), np.int64(num_buckets))
+
+
+def by_bucket(keys: pa.Array, buckets: np.ndarray) -> list[tuple[int, pa.Array]]:
+    """``keys`` grouped by their bucket (``buckets[i]`` is key i's): (bucket, its keys) in
+    ascending bucket order, each bucket's keys in batch order.
+
+    One stable sort and one ``take``, then zero-copy slices: a ``filter`` of the whole batch per
+    bucket is keys x buckets work (2.7 s for 1M keys over 524 buckets, against 0.5 s sorted;
+    docs/benchmarks.md, "Index at RFC-08's size")."""
+    buckets = np.asarray(buckets)
+    if buckets.shape != (len(keys),):
+        raise ValueError(f"buckets must hold one bucket per key: {buckets.shape} for {len(keys)} keys")
+    if buckets.size == 0:
+        return []
+    order = np.argsort(buckets, kind="stable")  # stable: a bucket's keys keep their batch order
+    ordered = buckets[order]
+    uniq, starts = np.unique(ordered, return_index=True)
+    ends = np.append(starts[1:], ordered.size)
+    grouped = keys.take(pa.array(order))
+    return [(u, grouped.slice(s, e - s)) for u, s, e in zip(uniq.tolist(), starts.tolist(), ends.tolist())]
 
 
 def file_group_slots(keys: pa.Array, sizes: np.ndarray) -> np.ndarray:

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_jobs.arrow_engine.compact import AUTO_CHOICE, write_plan
-from spark_jobs.arrow_engine.keys import bucket_ids, file_group_slots, partition_dirs, record_keys
+from spark_jobs.arrow_engine.keys import bucket_ids, by_bucket, file_group_slots, partition_dirs, record_keys
 from spark_jobs.arrow_engine.source import cast_to_table, read_source, spark_schema
 from spark_jobs.exceptions import BadInputError, EngineUnsupportedError
 from spark_jobs.kernels import tasks
@@ -226,11 +226,11 @@ class ArrowUpsertEngine:
         read_files: list[dict[str, Any]] = []
         if action.needs_read_files(cfg.index_type) and reads.num_rows:
             rb = bucket_ids(reads.column("key").combine_chunks(), a.num_buckets)
-            by_bucket = reads.select(["key"]).append_column("bucket", pa.array(rb.astype(np.int32)))
+            read_keys = reads.select(["key"]).append_column("bucket", pa.array(rb.astype(np.int32)))
             read_files = [r for w in _parallel(
                 lambda _, g: tasks.write_index_reads((pa.scalar(g[0][0], pa.int32()),), g[1], table_uri=table.uri,
                                                      instant=a.instant, snapshot_seq=a.planned_seq),
-                _groups(by_bucket, ["bucket"])) for r in w.to_pylist()]
+                _groups(read_keys, ["bucket"])) for r in w.to_pylist()]
         counts = {k: sum(int(f[k] or 0) for f in files) for k in ("inserted", "updated", "deleted")}
         counts["moved"] = sum(s["moved"] for s in stats.values())
         return action.attempt_written(
@@ -245,15 +245,14 @@ class ArrowUpsertEngine:
             files = {b: list(f) for b, f in view.index_files.items() if f}
             found: list[pa.Table] = []
             if files:
-                buckets = bucket_ids(keys, num_buckets)
-                wanted = [(int(b),) for b in np.unique(buckets) if int(b) in files]
-                by_bucket = {b: pa.table({KEY: keys.filter(pa.array(buckets == b))}) for (b,) in wanted}
+                grouped = {b: pa.table({KEY: k}) for b, k in by_bucket(keys, bucket_ids(keys, num_buckets))
+                           if b in files}
 
-                def look(_: int, b: tuple[int]) -> pa.Table:
-                    return tasks.lookup_bucket((pa.scalar(b[0], pa.int32()),), by_bucket[b[0]],
+                def look(_: int, b: int) -> pa.Table:
+                    return tasks.lookup_bucket((pa.scalar(b, pa.int32()),), grouped[b],
                                                table_uri=table.uri, files=files)
 
-                found = _parallel(look, wanted)
+                found = _parallel(look, list(grouped))
         else:  # global_simple: every live key of the snapshot
             found = [_scan_keys(table, view, part=OLD_PART, fid=OLD_FID)]
         hits = [t for t in found if t.num_rows]

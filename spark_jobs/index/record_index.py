@@ -14,11 +14,15 @@ File format (see docs/format.md): an uncompressed Arrow IPC file, sorted by
     fp_lo  uint64   low 64 bits
     loc    int8/16/32  index into the file's location table; -1 is a tombstone
 
-The location table ``[[partition, file_id], ...]`` and the first ``fp_hi`` of every block
-live in the schema metadata. Why Arrow IPC and not Parquet: the file is memory-mapped, so
-opening costs a footer read and a lookup touches only the pages binary search visits; and
-fixed-width fingerprints plus a small location ordinal cost 17-20 bytes per entry, less
-than a zstd Parquet file of the raw UUID keys (~21 bytes). Measured in docs/benchmarks.md.
+The location table ``[[partition, file_id], ...]`` and the first ``fp_hi`` of every block live
+in the file's schema metadata (layout 1, which Arrow IPC stores twice: at the start and in the
+footer) or in the footer's metadata, once (layout 2). This release reads both and writes
+layout 1 unless asked (``write_index_file(layout=2)``): releases before it refuse layout 2, so
+it is written only once every reader of a deployment reads it (format.md §6, two-step rollout).
+
+Why Arrow IPC and not Parquet: the file is memory-mapped, so opening costs a footer read and
+a lookup touches only the pages binary search visits; and fixed-width fingerprints plus a
+small location ordinal cost 17-20 bytes per entry, less than a zstd Parquet file of the raw UUID keys (~21 bytes). Measured in docs/benchmarks.md.
 
 Two lookup strategies, as RFC-08 proposes:
 
@@ -33,12 +37,28 @@ hash table -- so ``auto`` always seeks there. Where the storage cannot memory-ma
 seek issues range reads per touched block while scan reads the whole file in one request;
 ``auto`` scans there when the batch touches at least :data:`SCAN_BLOCK_FRACTION` of the
 bucket's blocks (the bytes read are then about the same, the request count is not).
+
+**Open files are cached per process** (:func:`lookup` only). An upsert's tag phase calls
+:func:`lookup` once per bucket, and a process that tags batch after batch (a Python API user,
+a reused Spark worker, the Arrow engine's threads) would otherwise map every file, parse its
+footer and decode its block index again each time: measured ~15 ms a bucket at RFC-08's size
+(docs/benchmarks.md). Index files are immutable once written, so a memory-mapped file is kept
+open, keyed by its path and :meth:`FileIO.identity` (device, inode, size, mtime -- a file
+rewritten or replaced is opened anew; one modified in the last seconds is not cached, since
+its mtime could not yet tell a rewrite in the same clock tick). Bounded: at most
+:data:`CACHE_MAX_FILES` files and :data:`CACHE_MAX_BYTES` bytes of mapped files (resident pages
+of a mapping count in the process's RSS, so the byte bound bounds what the cache can keep
+resident), least recently used first out; :func:`set_cache_limits` changes the bounds (0 turns
+caching off), :func:`clear_cache` empties it. Files without a memory map (HDFS, object stores)
+are not cached: there is no cheap identity to key them by.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import threading
+from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, Sequence
@@ -68,6 +88,13 @@ __all__ = [
     "is_sealed_base",
     "index_file_problem",
     "index_file_error",
+    "INDEX_FILE_LAYOUT",
+    "INDEX_FILE_LAYOUTS",
+    "CACHE_MAX_FILES",
+    "CACHE_MAX_BYTES",
+    "set_cache_limits",
+    "clear_cache",
+    "cache_info",
 ]
 
 BLOCK_ROWS = 65_536
@@ -80,6 +107,21 @@ LOOKUP_MODES = ("auto", "seek", "scan")
 _META_LOCATIONS = b"bucketindex.locations"
 _META_BLOCKS = b"bucketindex.block_first_hi"
 _META_EXTRA = b"bucketindex.meta"
+#: the index file layout this release writes by default (``"layout"`` in ``bucketindex.meta``;
+#: absent: 1). 1: location table and block index in the schema metadata (stored twice by Arrow
+#: IPC); 2: both in the file footer's metadata, once (format.md §6). Layout 1 because releases
+#: before this one read only it and refuse a layout-2 file as damaged: a deployment mixing
+#: versions (an upgraded writer, an older reader) must keep reading what is written. Layout 2
+#: is written only when asked (``write_index_file(layout=2)``: tests, benchmarks), until a table
+#: opts in once every reader reads it.
+INDEX_FILE_LAYOUT = 1
+#: the layouts this release reads (and can be asked to write)
+INDEX_FILE_LAYOUTS = (1, 2)
+_LAYOUTS_READ = INDEX_FILE_LAYOUTS
+#: the schema metadata's ``bucketindex.locations`` in a layout-2 file: not JSON, so that a release
+#: reading only layout 1 fails on it (the file is "damaged" to it) rather than reading an empty
+#: location table -- its compaction would turn the entries into tombstones
+_LAYOUT_2_STUB = b"in the file footer (index file layout 2)"
 #: the end of a sealed base's name before its extension: ``base_<instant>_<attempt>_sealed.arrow``
 SEALED_SUFFIX = "_sealed"
 
@@ -181,8 +223,16 @@ def write_index_file(
     *,
     metadata: dict | None = None,
     block_rows: int = BLOCK_ROWS,
+    layout: int = INDEX_FILE_LAYOUT,
 ) -> int:
-    """Write ``entries`` (unique fingerprints) sorted as one index file; returns its size in bytes."""
+    """Write ``entries`` (unique fingerprints) sorted as one index file; returns its size in bytes.
+
+    ``layout``: the index file layout (format.md §6). 1, the default, is what every release
+    reads; 2 stores the location table once (~0.07 bytes an entry less at RFC-08's size) but
+    releases before this one refuse it, so no product path asks for it yet."""
+    if layout not in INDEX_FILE_LAYOUTS:
+        raise ValueError(f"index file layout {layout!r}: this release writes layouts "
+                         f"{', '.join(map(str, INDEX_FILE_LAYOUTS))}")
     order = np.lexsort((entries.fp_lo, entries.fp_hi))
     hi, lo = entries.fp_hi[order], entries.fp_lo[order]
     if hi.size > 1:
@@ -196,15 +246,21 @@ def write_index_file(
     loc = loc_ids.astype(np.int64) - (1 if has_tomb else 0)  # tombstone stays -1
     pa_type, np_type = _loc_type(len(locations))
     loc = loc.astype(np_type)
-    schema = pa.schema(
-        [("fp_hi", pa.uint64()), ("fp_lo", pa.uint64()), ("loc", pa_type)],
-        metadata={
-            _META_LOCATIONS: json.dumps(locations, separators=(",", ":")).encode(),
-            _META_BLOCKS: json.dumps([str(v) for v in hi[::block_rows].tolist()]).encode(),
-            _META_EXTRA: json.dumps({**(metadata or {}), "entries": int(hi.size)}).encode(),
-        },
-    )
-    with io.open_output_stream(path) as sink, ipc.new_file(sink, schema) as writer:
+    tables = {
+        _META_LOCATIONS: json.dumps(locations, separators=(",", ":")).encode(),
+        _META_BLOCKS: json.dumps([str(v) for v in hi[::block_rows].tolist()]).encode(),
+    }
+    extra = json.dumps({**(metadata or {}), "entries": int(hi.size), "layout": layout}).encode()
+    if layout == 1:
+        # The tables in the schema metadata (which Arrow IPC writes twice: stream header and
+        # footer); releases before layout 2 ignore the "layout" member of bucketindex.meta.
+        schema_md, footer = {**tables, _META_EXTRA: extra}, None
+    else:
+        # The location table (~65 bytes a location) and the block index in the footer, once;
+        # the schema's bucketindex.locations is a non-JSON stub a layout-1 reader fails on.
+        schema_md, footer = {_META_LOCATIONS: _LAYOUT_2_STUB, _META_EXTRA: extra}, tables
+    schema = pa.schema([("fp_hi", pa.uint64()), ("fp_lo", pa.uint64()), ("loc", pa_type)], metadata=schema_md)
+    with io.open_output_stream(path) as sink, ipc.new_file(sink, schema, metadata=footer) as writer:
         for start in range(0, max(hi.size, 1), block_rows):
             sl = slice(start, start + block_rows)
             writer.write_batch(
@@ -214,30 +270,67 @@ def write_index_file(
 
 
 class IndexFile:
-    """An open index file: memory-mapped where the filesystem allows, blocks read on demand."""
+    """An open index file: memory-mapped where the filesystem allows, blocks read on demand.
 
-    def __init__(self, io: FileIO, path: str) -> None:
-        """Open ``path``: IndexCorruptError (naming it) when it is missing or not an index file."""
+    Memory-mapped, the whole file is held as one zero-copy buffer and the file itself (its
+    descriptor) is closed at once: the mapping lives as long as the buffer or a view of it, so
+    an open file kept in the cache holds no descriptor, and dropping it while another thread
+    still searches its blocks is safe."""
+
+    def __init__(self, io: FileIO, path: str, *, lazy_locations: bool = False) -> None:
+        """Open ``path``: IndexCorruptError (naming it) when it is missing or not an index file.
+
+        ``lazy_locations``: decode the location table on first use (a lookup that finds no key
+        never needs it) instead of now; a damaged table then fails there, as IndexCorruptError."""
         self.path = path
         self._io = io
         with _readable(io, path):
-            self._source = io.memory_map(path)
-        self.memory_mapped = isinstance(self._source, pa.MemoryMappedFile)
+            source = io.memory_map(path)
+        self.memory_mapped = isinstance(source, pa.MemoryMappedFile)
         try:
             with _readable(io, path):
+                if self.memory_mapped:
+                    whole = source.read_buffer()
+                    source.close()
+                    self._source: pa.NativeFile = pa.BufferReader(whole)
+                    self.nbytes = whole.size
+                else:
+                    self._source = source
+                    self.nbytes = source.size()
                 self._reader = ipc.open_file(self._source)
                 md = self._reader.schema.metadata or {}
                 names = self._reader.schema.names
                 if names != ["fp_hi", "fp_lo", "loc"]:
                     raise ValueError(f"columns {names}, not fp_hi, fp_lo, loc")
-                self.locations: list[tuple[str, str]] = [tuple(x) for x in json.loads(md.get(_META_LOCATIONS, b"[]"))]
-                self.block_first_hi = np.array([int(x) for x in json.loads(md.get(_META_BLOCKS, b"[]"))],
-                                               dtype=np.uint64)
                 self.metadata: dict = json.loads(md.get(_META_EXTRA, b"{}"))
+                layout = self.metadata.get("layout", 1)
+                if layout not in _LAYOUTS_READ:
+                    raise ValueError(f"index file layout {layout!r}, this release reads layouts "
+                                     f"{', '.join(map(str, _LAYOUTS_READ))} (written by a newer release?)")
+                tables = md if layout == 1 else (self._reader.metadata or {})
+                self._locations_json: bytes = tables.get(_META_LOCATIONS, b"[]")
+                self._locations: list[tuple[str, str]] | None = None
+                if not lazy_locations:
+                    self._locations = self._decode_locations()
+                self.block_first_hi = np.array([int(x) for x in json.loads(tables.get(_META_BLOCKS, b"[]"))],
+                                               dtype=np.uint64)
                 self.num_blocks = self._reader.num_record_batches
+                #: the decoded blocks of a memory-mapped file (zero-copy views), kept
+                self._blocks: list[tuple[np.ndarray, np.ndarray, np.ndarray] | None] = [None] * self.num_blocks
         except BaseException:
-            self._source.close()
+            source.close()
             raise
+
+    def _decode_locations(self) -> list[tuple[str, str]]:
+        return [tuple(x) for x in json.loads(self._locations_json)]  # type: ignore[misc]
+
+    @property
+    def locations(self) -> list[tuple[str, str]]:
+        """The location table: ``loc`` values index it."""
+        if self._locations is None:  # two threads may both decode: the same list, either wins
+            with _readable(self._io, self.path):
+                self._locations = self._decode_locations()
+        return self._locations
 
     def __enter__(self) -> "IndexFile":
         return self
@@ -249,9 +342,15 @@ class IndexFile:
         self._source.close()
 
     def block(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        got = self._blocks[i]
+        if got is not None:
+            return got
         with _readable(self._io, self.path):
             b = self._reader.get_batch(i)
-        return tuple(c.to_numpy(zero_copy_only=True) for c in b.columns)  # type: ignore[return-value]
+        got = tuple(c.to_numpy(zero_copy_only=True) for c in b.columns)  # type: ignore[assignment]
+        if self.memory_mapped:  # views of the mapping: free to keep (copies read from a store are not)
+            self._blocks[i] = got
+        return got  # type: ignore[return-value]
 
     def read_all(self) -> pa.Table:
         with _readable(self._io, self.path):
@@ -278,6 +377,97 @@ class IndexFile:
     def sealed(self) -> bool:
         """A base compaction wrote past the bucket's cap: later compactions leave it as it is."""
         return bool(self.metadata.get("sealed", False))
+
+
+#: default bounds of the open-file cache (:func:`set_cache_limits`): 1,024 files and 1 GiB of
+#: mapped files -- at RFC-08's size (18 MB a bucket) about 55 buckets stay mapped
+CACHE_MAX_FILES = 1024
+CACHE_MAX_BYTES = 1 << 30
+
+
+class _OpenFiles:
+    """Memory-mapped index files kept open between lookups: path -> (identity, file, bytes),
+    least recently used first. Thread-safe (the Arrow engine looks buckets up on threads)."""
+
+    def __init__(self, max_files: int, max_bytes: int) -> None:
+        self.max_files = max_files
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._files: OrderedDict[str, tuple[tuple, IndexFile, int]] = OrderedDict()
+        self._bytes = 0
+        self.hits = self.misses = 0
+
+    def open(self, io: FileIO, path: str) -> tuple[IndexFile, bool]:
+        """``path`` opened, and whether the cache holds it (then the caller must not close it)."""
+        if self.max_files <= 0 or self.max_bytes <= 0:
+            return IndexFile(io, path, lazy_locations=True), False
+        with _readable(io, path):
+            ident = io.identity(path)
+        if ident is None:
+            return IndexFile(io, path, lazy_locations=True), False
+        with self._lock:
+            got = self._files.get(path)
+            if got is not None and got[0] == ident:
+                self._files.move_to_end(path)
+                self.hits += 1
+                return got[1], True
+            self.misses += 1
+        f = IndexFile(io, path, lazy_locations=True)
+        if not f.memory_mapped or f.nbytes > self.max_bytes:
+            return f, False
+        try:
+            with _readable(io, path):
+                if io.identity(path) != ident:  # replaced while it was opened: which one is this?
+                    return f, False
+        except BaseException:
+            f.close()
+            raise
+        with self._lock:
+            old = self._files.pop(path, None)
+            if old is not None:
+                self._bytes -= old[2]
+            self._files[path] = (ident, f, f.nbytes)
+            self._bytes += f.nbytes
+            # dropped, not closed: a lookup on another thread may still be searching it
+            while self._files and (len(self._files) > self.max_files or self._bytes > self.max_bytes):
+                _, (_, _, n) = self._files.popitem(last=False)
+                self._bytes -= n
+        return f, True
+
+    def clear(self) -> None:
+        with self._lock:
+            self._files.clear()
+            self._bytes = 0
+            self.hits = self.misses = 0
+
+    def info(self) -> dict[str, int]:
+        with self._lock:
+            return {"files": len(self._files), "bytes": self._bytes, "hits": self.hits, "misses": self.misses,
+                    "max_files": self.max_files, "max_bytes": self.max_bytes}
+
+
+_OPEN_FILES = _OpenFiles(CACHE_MAX_FILES, CACHE_MAX_BYTES)
+
+
+def set_cache_limits(*, max_files: int = CACHE_MAX_FILES, max_bytes: int = CACHE_MAX_BYTES) -> None:
+    """Bound the process's cache of open index files (0 for either: no caching; a bound not
+    given is its default again); files beyond the new bounds are dropped now."""
+    with _OPEN_FILES._lock:
+        _OPEN_FILES.max_files, _OPEN_FILES.max_bytes = max_files, max_bytes
+        while _OPEN_FILES._files and (len(_OPEN_FILES._files) > max(max_files, 0)
+                                      or _OPEN_FILES._bytes > max(max_bytes, 0)):
+            _, (_, _, n) = _OPEN_FILES._files.popitem(last=False)
+            _OPEN_FILES._bytes -= n
+
+
+def clear_cache() -> None:
+    """Drop every cached open index file (and the hit counts): the next lookups open files anew."""
+    _OPEN_FILES.clear()
+
+
+def cache_info() -> dict[str, int]:
+    """The cache's files, mapped bytes, hits and misses since the last :func:`clear_cache`, and bounds."""
+    return _OPEN_FILES.info()
 
 
 def index_file_problem(io: FileIO, path: str) -> str | None:
@@ -344,36 +534,47 @@ class LookupResult:
 
 
 def _seek(f: IndexFile, hi: np.ndarray, lo: np.ndarray, out: np.ndarray) -> None:
-    """Search sorted needles ``hi``/``lo``; set out[i] = file loc (>= -1) where found."""
+    """Search sorted needles ``hi``/``lo``; set out[i] = file loc (>= -1) where found.
+
+    Per touched block only the binary search and the gathers of the candidates run (a batch of
+    ~100 keys touches every block of a 1M-entry file, and at 1,000 buckets that per-block work
+    is most of a lookup); the comparisons run once over all needles."""
     if f.num_blocks == 0 or hi.size == 0:
         return
     blk = np.searchsorted(f.block_first_hi, hi, side="right") - 1
-    # a needle below the first block's first key can only be absent
-    starts = np.searchsorted(blk, np.arange(f.num_blocks), side="left")
-    ends = np.append(starts[1:], hi.size)
-    for b in range(f.num_blocks):
-        s, e = int(starts[b]), int(ends[b])
-        if s == e:
-            continue
+    # needles below the first block's first key (blk -1) can only be absent: they stay -2
+    bounds = np.searchsorted(blk, np.arange(f.num_blocks + 1), side="left")
+    pos = np.zeros(hi.size, dtype=np.int64)  # insertion point in the needle's block
+    size = np.zeros(hi.size, dtype=np.int64)  # that block's length (0: not searched)
+    c_hi = np.zeros(hi.size, dtype=np.uint64)
+    c_lo = np.zeros(hi.size, dtype=np.uint64)
+    c_loc = np.full(hi.size, -2, dtype=np.int64)
+    for b in np.nonzero(bounds[1:] > bounds[:-1])[0].tolist():
+        s, e = int(bounds[b]), int(bounds[b + 1])
         bhi, blo, bloc = f.block(b)
-        nh, nl = hi[s:e], lo[s:e]
-        pos = np.searchsorted(bhi, nh, side="left")
-        pos_c = np.minimum(pos, bhi.size - 1)
-        hit = (pos < bhi.size) & (bhi[pos_c] == nh)
-        exact = hit & (blo[pos_c] == nl)
-        out[s:e][exact] = bloc[pos_c[exact]]
-        # fp_hi equal but fp_lo differs: several entries share fp_hi (2^-64 per pair); walk them
-        for j in np.nonzero(hit & ~exact)[0].tolist():
-            p = int(pos[j])
-            while p < bhi.size and bhi[p] == nh[j]:
-                if blo[p] == nl[j]:
-                    out[s + j] = bloc[p]
-                    break
-                p += 1
-            else:
-                if pos[j] == 0:  # the run of equal fp_hi may start in earlier blocks
-                    out[s + j] = _walk_back(f, b, nh[j], nl[j])
-    # needles whose hi is below the first block key stay unresolved (-2): absent
+        if bhi.size == 0:
+            continue
+        p = np.searchsorted(bhi, hi[s:e], side="left")
+        pos[s:e] = p
+        size[s:e] = bhi.size
+        p = np.minimum(p, bhi.size - 1)
+        c_hi[s:e], c_lo[s:e], c_loc[s:e] = bhi[p], blo[p], bloc[p]
+    hit = (pos < size) & (c_hi == hi)
+    exact = hit & (c_lo == lo)
+    out[exact] = c_loc[exact]
+    # fp_hi equal but fp_lo differs: several entries share fp_hi (2^-64 per pair); walk them
+    for j in np.nonzero(hit & ~exact)[0].tolist():
+        b = int(blk[j])
+        bhi, blo, bloc = f.block(b)
+        p = int(pos[j])
+        while p < bhi.size and bhi[p] == hi[j]:
+            if blo[p] == lo[j]:
+                out[j] = bloc[p]
+                break
+            p += 1
+        else:
+            if pos[j] == 0:  # the run of equal fp_hi may start in earlier blocks
+                out[j] = _walk_back(f, b, hi[j], lo[j])
 
 
 def _walk_back(f: IndexFile, b: int, h: np.uint64, l: np.uint64) -> int:
@@ -447,17 +648,22 @@ def lookup(
 ) -> LookupResult:
     """Look up keys (or their fingerprints) in one bucket's index files, ``paths`` oldest first.
 
-    Newest file wins per key; a tombstone makes the key absent. The bucket's files are
-    opened anew on every call; nothing decoded is cached between calls.
+    Newest file wins per key; a tombstone makes the key absent. Memory-mapped files are
+    kept open between calls (the module's open-file cache, bounded); only the locations of
+    the entries found are resolved, so ``locations`` holds those, not the files' whole tables.
     """
     hi, lo = fp if fp is not None else fingerprints(keys or [])
     n = hi.size
     order = np.argsort(hi)
     shi, slo = hi[order], lo[order]
     files: list[IndexFile] = []
+    owned: list[IndexFile] = []  # opened for this call only (not cached): closed at the end
     try:
         for p in paths:  # opened inside the try: a damaged file closes the ones opened before it
-            files.append(IndexFile(io, p))
+            f, cached = _OPEN_FILES.open(io, p)
+            files.append(f)
+            if not cached:
+                owned.append(f)
         mapped = all(f.memory_mapped for f in files)
         touched = 0.0
         if mode == "auto" and not mapped:
@@ -478,13 +684,17 @@ def lookup(
                 continue
             file_locs = np.asarray(out[seen], dtype=np.int64)
             live = file_locs >= 0
-            if live.any():
-                remap = np.array([loc_ids.setdefault(l, len(loc_ids)) for l in f.locations], dtype=np.int64)
-                file_locs[live] = remap[file_locs[live]]
+            if live.any():  # the file's ordinals found -> this result's location ids
+                used, inverse = np.unique(file_locs[live], return_inverse=True)
+                with _readable(io, f.path):  # an ordinal past the table: a damaged file
+                    table = f.locations
+                    glob = np.array([loc_ids.setdefault(table[u], len(loc_ids)) for u in used.tolist()],
+                                    dtype=np.int64)
+                file_locs[live] = glob[inverse.reshape(-1)]
             resolved[pending[seen]] = file_locs
         locations = list(loc_ids)
     finally:
-        for f in files:
+        for f in owned:
             f.close()
     result = np.empty(n, dtype=np.int64)
     result[order] = np.where(resolved < 0, -1, resolved)

@@ -141,6 +141,13 @@ class FileIO:
         """A zero-copy view of the file where the storage allows it, else a random-access file."""
         return self.fs.open_input_file(path)
 
+    def identity(self, path: str) -> tuple[int, ...] | None:
+        """What tells this version of the file at ``path`` from any other, cheaply: for caches of
+        decoded immutable files (the record index's open files). None where it is not cheap --
+        an object store would answer with a HEAD request per file -- and nothing is cached
+        there. FileNotFoundError when the file is not there."""
+        return None
+
     # -- writing ---------------------------------------------------------------------
     def mkdirs(self, path: str) -> None:
         self._guard(path)
@@ -230,6 +237,11 @@ def _unlink_quietly(path: str) -> None:
         pass
 
 
+#: how old a local file's mtime must be before :meth:`LocalFileIO.identity` vouches for it (2 s:
+#: far above the kernel's timestamp tick, and index files are read long after they are written)
+SETTLE_NS = 2_000_000_000
+
+
 class LocalFileIO(FileIO):
     scheme = "file"
 
@@ -266,6 +278,17 @@ class LocalFileIO(FileIO):
 
     def memory_map(self, path: str) -> pa.NativeFile:
         return pa.memory_map(path, "r")
+
+    def identity(self, path: str) -> tuple[int, ...] | None:
+        """Device, inode, size and modification time (ns): one ``stat``. A file replaced (a new
+        inode), truncated or rewritten (size, mtime) has another identity -- once its mtime is
+        :data:`SETTLE_NS` old: the kernel stamps mtimes from a clock that ticks every few ms, so
+        a file rewritten in place, at the same size, in the tick it was written keeps its mtime.
+        Before that, None (not cacheable yet)."""
+        st = os.stat(path)
+        if time.time_ns() - st.st_mtime_ns < SETTLE_NS:
+            return None
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
     def create_exclusive(self, path: str, data: bytes) -> None:
         tmp = self._tmp_name(path)

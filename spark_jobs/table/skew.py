@@ -133,7 +133,7 @@ def _record_index_sizes(table: "Table", view: "FileSystemView", n: int) -> dict[
     sizes = np.zeros(width, dtype=np.int64)
     for b, files in view.index_files.items():
         for rel in files:
-            with IndexFile(table.io, table.abs(rel)) as f:  # the footer only: schema metadata
+            with IndexFile(table.io, table.abs(rel), lazy_locations=True) as f:  # the footer only
                 sizes[b] += f.num_entries
     stats = size_stats(sizes)
     load = int(sizes.sum())

@@ -21,6 +21,7 @@ import xxhash
 
 from spark_jobs.arrow_engine.keys import (
     bucket_ids,
+    by_bucket,
     file_group_slots,
     key_text,
     partition_dirs,
@@ -330,3 +331,22 @@ def test_a_bigint_key_sent_as_a_5001_digit_string_upserts_on_the_arrow_engine(tm
     assert p.stderr.strip().splitlines() == [
         "bucketindex: error: column 'id': 1 value(s) of type string cannot be cast to the table's bigint"]
     assert digest() == before
+
+
+@pytest.mark.parametrize("n,buckets", [(1, 7), (500, 1), (2_000, 13), (5_000, 300)])
+def test_by_bucket_groups_as_one_filter_per_bucket_did(n, buckets):
+    """The tag phase's grouping (one sort) gives what a filter of the batch per bucket gave:
+    the same buckets in ascending order, each with its keys in batch order."""
+    keys = pa.array([f"key-{(i * 7919) % (n * 3)}" if i % 11 else None for i in range(n)], pa.string())
+    b = bucket_ids(pa.array([f"key-{i}" for i in range(n)]), buckets)
+    got = by_bucket(keys, b)
+    want = [(int(u), keys.filter(pa.array(b == u))) for u in np.unique(b)]
+    assert [u for u, _ in got] == [u for u, _ in want] == sorted({int(x) for x in b})
+    assert all(g.equals(w) for (_, g), (_, w) in zip(got, want))
+    assert sum(len(g) for _, g in got) == n
+
+
+def test_by_bucket_of_nothing_and_of_mismatched_input():
+    assert by_bucket(pa.array([], pa.string()), np.empty(0, np.int64)) == []
+    with pytest.raises(ValueError, match="one bucket per key"):
+        by_bucket(pa.array(["a", "b"]), np.array([0]))

@@ -79,6 +79,7 @@ def test_result_reports_every_measurement_checked(built):
     assert comp["checked"] and comp["bucket"] == 0 and comp["deltas"] == 3
     assert comp["base_entries"] > 0 and comp["entries_after"] > 0 and comp["total_ms"] > 0
     assert not (workdir / "compaction_scratch").exists()  # the scratch files are removed
+    assert res["index_layout"] == 1 and res["index_layouts"] == [1]  # the default: what every release reads
 
 
 def test_routing_is_the_products(built):
@@ -135,10 +136,38 @@ def test_correctness_check_catches_a_wrong_index(built, tmp_path):
     assert "AssertionError: hit 1,000 cold:" in r.stderr and "hits not found" in r.stderr
 
 
+def test_index_layout_2_is_built_and_measured_when_asked(built, tmp_path):
+    """``--index-layout 2`` writes every file in layout 2 (the location table once): the same
+    entries, checked the same way, in fewer bytes -- bases and the compacted base alike."""
+    _, res1 = built
+    workdir = tmp_path / "idx2"
+    r = run(workdir, *TINY, "--lookups", "100,1000", "--runs", "1", "--index-layout", "2")
+    assert r.returncode == 0, r.stderr
+    res2 = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res2["checked"] is True and res2["index_layout"] == 2 and res2["index_layouts"] == [2]
+    assert res2["entries"] == res1["entries"] == 6000
+    assert res2["index_bytes"] < res1["index_bytes"]
+    c1, c2 = res1["compaction"], res2["compaction"]
+    assert c2["entries_after"] == c1["entries_after"] and c2["bytes_after"] < c1["bytes_after"]
+
+
+def test_building_into_an_index_of_the_other_layout_is_refused(built, tmp_path):
+    src, _ = built
+    workdir = tmp_path / "idx"
+    shutil.copytree(src, workdir)
+    bucket_file(workdir, 1).unlink()
+    before = digests(workdir)
+    r = run(workdir, *TINY, "--build-only", "--index-layout", "2")
+    assert r.returncode == 2
+    assert "holds index files of layout 1; asked to build layout 2" in r.stderr
+    assert digests(workdir) == before
+
+
 @pytest.mark.parametrize("args, message", [
     (["--buckets", "0", "--entries-per-bucket", "2000"], "--buckets must be positive"),
     (["--lookups", "10,x"], "comma-separated integers"),
     ([*TINY, "--seed", "9"], "built with other parameters: seed 8 (asked 9)"),
+    ([*TINY, "--index-layout", "3"], "--index-layout: invalid choice: 3"),
 ])
 def test_bad_input_exits_2_and_leaves_the_index(built, tmp_path, args, message):
     src, _ = built
