@@ -12,6 +12,10 @@ for it; and the three tiers.
   first case stays. ``.ci/run`` runs it after the default run;
 * the release tier (``pytest -m slow``, :data:`EXTENDED`): the extended crash matrix -- more
   crash points and index or table types of scenarios the two other tiers run.
+
+Every tier runs in pytest-xdist workers (``addopts``); :func:`pytest_xdist_make_scheduler` keeps
+the tests that share a per-process resource in one worker, and :func:`pytest_configure` draws one
+seed per run for what tests draw at collection.
 """
 
 import os
