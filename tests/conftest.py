@@ -452,6 +452,14 @@ def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def
             # stays there unless CI_TIER names the test itself
             if item.get_closest_marker("slow") is None and (kept is None or key == item.nodeid):
                 item.add_marker(pytest.mark.ci)
+    # a test of the shared Spark session outside the Spark worker's paths would start a second
+    # JVM in the other worker (two JVMs on 2 cores): name its file in _SHARED
+    # (the Connect server is a JVM of its own either way: the Airflow worker starts one for its DAG)
+    strays = [item.nodeid for item in items if "spark" in getattr(item, "fixturenames", ())
+              and _xdist_scope(item.nodeid) != "spark"]
+    if strays:
+        raise pytest.UsageError(f"tests/conftest.py: these tests use the Spark session but _SHARED's 'spark' group "
+                                f"does not name their files: {strays}")
     # a renamed test, file or parameter must not fall out of every tier unnoticed
     files = {item.nodeid.split("::")[0] for item in items}
     stale = [n for n in [*EXTENDED, *CI_TIER, *SPARK_PATHS] if n.split("::")[0] in files and n not in seen]
