@@ -22,6 +22,7 @@ from spark_jobs.index.record_index import TOMBSTONE, IndexFile
 from spark_jobs.jobs.compact import run_compact
 from spark_jobs.table.action.compact import CompactionPolicy
 from spark_jobs.table.action.upsert import UpsertOptions
+from spark_jobs.table.commit import parse
 from spark_jobs.table.reader import read_arrow
 from spark_jobs.table.table import Table
 from spark_jobs.table.view import is_index_delta
@@ -146,9 +147,10 @@ def test_killed_index_compaction_leaves_the_snapshot_and_resumes(spark, spark_cl
     assert t.timeline.pending() == [] and not t.marked_files(planned)
     assert rows_by_identity(read_arrow(uri).to_pylist()) == reduce_batches(batches)
     assert run_validate(uri)["ok"]
-    # the crashed attempt's base is gone: every index file on disk was added by a completed action
-    added = {f["path"] for i in t.timeline.completed()
-             for f in (t.timeline.read_metadata(i).get("index") or {}).get("added", [])}
+    # the crashed attempt's base is gone: every index file on disk was written by a completed action
+    # (added index files, and the upserts' ``read`` files of the conflict check, which their
+    # commits name too: CommitMetadata.referenced_files)
+    added = {f for i in t.timeline.completed() for f in parse(t.timeline.read_metadata(i)).referenced_files()}
     on_disk = {str(q.relative_to(Path(t.root))) for q in Path(t.root).rglob("*.arrow")}
     assert on_disk <= added
 
