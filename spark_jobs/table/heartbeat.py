@@ -114,7 +114,6 @@ def is_alive(
     owner: dict[str, Any] | None = None,
 ) -> bool:
     """Whether the writer of pending ``instant`` may still be working; ``owner`` is its plan's owner."""
-    timeout = default_timeout_s() if timeout_s is None else timeout_s
     try:
         info = json.loads(io.read_bytes(layout.heartbeat_file(instant)))
     except FileNotFoundError:
@@ -125,6 +124,4 @@ def is_alive(
         if not owner:  # no heartbeat and no owner: a pre-owner plan or a foreign tool
             return False
         info = owner
-    if _process_gone(info):
-        return False
-    return time.time() - float(info.get("at", 0)) < timeout
+    return owner_alive(info, timeout_s)
