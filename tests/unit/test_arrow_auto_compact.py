@@ -36,6 +36,7 @@ from spark_jobs.table.action.compact import DEFAULT_MIN_LOGS, CompactionPolicy, 
 from spark_jobs.table.action.upsert import UpsertOptions
 from spark_jobs.table.reader import read_arrow
 from tests.oracle import reduce_batches, rows_by_identity
+from tests.unit.test_arrow_compact import _on_disk_unreferenced  # data and index files no completed action added
 
 pytestmark = pytest.mark.unit
 
@@ -107,20 +108,6 @@ def _is_automatic(meta: dict) -> bool:
     """A completed compaction an upsert ran (its plan's ``trigger`` is gone once archived; the
     engine choice it records says so)."""
     return meta.get("engine") == {"name": AUTO_CHOICE.engine, "reason": AUTO_CHOICE.reason}
-
-
-def _on_disk_unreferenced(uri: str) -> set[str]:
-    """Data files on disk that no completed action added."""
-    t = Table.load(uri)
-    added: set[str] = set()
-    for inst in t.timeline.completed():
-        meta = t.timeline.read_metadata(inst)
-        for fg in meta.get("file_groups", []):
-            added |= {fg.get("path"), (fg.get("log") or {}).get("path")}
-    root = Path(t.root)
-    on_disk = {str(p.relative_to(root)) for p in root.rglob("*.parquet")
-               if ".bucketindex" not in p.relative_to(root).parts[:1]}
-    return on_disk - added
 
 
 def _env(**extra: str) -> dict[str, str]:
