@@ -614,7 +614,7 @@ def _local_spark() -> Any:
     """A local Spark session for a verb that runs (or falls back to) Spark from Python."""
     from spark_jobs.jobs.session import get_spark
 
-    return get_spark("local[*]", ui=False)
+    return get_spark("local[*]", ui=False, datasource=False)
 
 
 def _frame_module(obj: Any) -> str:

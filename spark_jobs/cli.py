@@ -429,7 +429,7 @@ def _spark(args: argparse.Namespace, submitted: bool):  # type: ignore[no-untype
     from spark_jobs.jobs.session import get_spark  # lazy: only Spark verbs start a JVM
 
     if submitted:
-        return get_spark(None)
+        return get_spark(None, datasource=False)
     remote = args.remote = args.remote or (None if args.master else os.environ.get("SPARK_REMOTE"))
     if remote:  # Spark Connect: no JVM here, nothing to keep off the terminal
         if args.master or getattr(args, "driver_memory", None):
@@ -441,7 +441,7 @@ def _spark(args: argparse.Namespace, submitted: bool):  # type: ignore[no-untype
         return spark
     memory = getattr(args, "driver_memory", None)
     if args.verbose:
-        return get_spark(args.master or "local[*]", driver_memory=memory, ui=False)
+        return get_spark(args.master or "local[*]", driver_memory=memory, ui=False, datasource=False)
     # The JVM writes its start-up chatter and log4j output to stderr; send it to a log file
     # so the terminal shows our progress lines and, on bad input, exactly one error line.
     # Where: spark_jobs.home (deleted when the run succeeds, kept when it fails, see main).
@@ -452,7 +452,7 @@ def _spark(args: argparse.Namespace, submitted: bool):  # type: ignore[no-untype
     saved = os.dup(2)
     try:
         os.dup2(fd, 2)  # inherited by the JVM that get_spark launches
-        spark = get_spark(args.master or "local[*]", driver_memory=memory, ui=False)
+        spark = get_spark(args.master or "local[*]", driver_memory=memory, ui=False, datasource=False)
     finally:
         os.dup2(saved, 2)
         os.close(saved)

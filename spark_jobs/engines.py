@@ -187,7 +187,7 @@ def upsert(opts: UpsertOptions, *, spark: Callable[[], Any] | None = None,
         from spark_jobs.jobs.session import get_spark
 
         def spark() -> Any:  # the Python API outside spark-submit: a local session
-            return get_spark("local[*]", ui=False)
+            return get_spark("local[*]", ui=False, datasource=False)
 
     from spark_jobs.jobs.upsert import run_upsert as run_spark
 
@@ -240,7 +240,7 @@ def _once(spark: Callable[[], Any] | None) -> Callable[[], Any]:
             else:
                 from spark_jobs.jobs.session import get_spark
 
-                made.append(get_spark("local[*]", ui=False))
+                made.append(get_spark("local[*]", ui=False, datasource=False))
         return made[0]
 
     get.made = made  # type: ignore[attr-defined]

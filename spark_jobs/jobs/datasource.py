@@ -1,7 +1,7 @@
 """``spark.read.format("bucketindex")``: a snapshot through Spark 4's Python Data Source API.
 
     from spark_jobs.jobs.datasource import register
-    register(spark)                      # once per session (``get_spark`` does it for its own)
+    register(spark)                      # once per session (``get_spark()`` does it unless told not to)
     spark.read.format("bucketindex").option("as_of", "2026-11-25T09:24:00").load(uri)
     spark.sql(f"CREATE TEMPORARY VIEW orders USING bucketindex OPTIONS (path '{uri}')")
 

@@ -29,7 +29,7 @@ _START_MS: int | None = None
 
 
 def get_spark(master: str | None = None, app_name: str = "bucketindex", *, driver_memory: str | None = None,
-              ui: bool = True, remote: str | None = None) -> SparkSession:
+              ui: bool = True, remote: str | None = None, datasource: bool = True) -> SparkSession:
     """Get (or create) the session.
 
     ``master=None`` means the job runs under ``spark-submit``, whose ``--master``, ``--name``
@@ -39,6 +39,12 @@ def get_spark(master: str | None = None, app_name: str = "bucketindex", *, drive
     before anybody opens it). ``remote="sc://host:port"`` opens a Spark Connect session
     instead (no JVM here; the server has its own memory and UI; see
     :mod:`spark_jobs.jobs.connect`).
+
+    ``datasource`` registers ``format("bucketindex")`` (:func:`spark_jobs.jobs.datasource.register`)
+    for the caller's queries. The verbs' own sessions pass ``False``: no job reads through it, and
+    the first Python data source a JVM registers makes Spark start a Python process that imports
+    every top-level module named ``pyspark_*`` on the path (``pyspark.sql.worker.lookup_data_sources``),
+    3-5 s of every cold ``spark-submit`` on a 2-core machine.
     """
     global _START_MS
     if remote:
@@ -68,7 +74,8 @@ def get_spark(master: str | None = None, app_name: str = "bucketindex", *, drive
     if remote_env is not None:
         os.environ["SPARK_REMOTE"] = remote_env
     spark.sparkContext.setLogLevel(os.environ.get("BUCKETINDEX_SPARK_LOG_LEVEL", "WARN"))
-    register_datasource(spark)  # spark.read.format("bucketindex") and `USING bucketindex` in every session
+    if datasource:  # spark.read.format("bucketindex") and `USING bucketindex` for the caller's queries
+        register_datasource(spark)
     _START_MS = int((time.perf_counter() - t0) * 1000)
     log.info("Spark session started in %d ms (master %s, driver memory %s)", _START_MS,
              spark.conf.get("spark.master", master or "?"), spark.conf.get("spark.driver.memory", "default"))
