@@ -9,9 +9,11 @@ for it; and the three tiers.
 * the CI tier (``pytest -m ci``, :data:`CI_TIER`): the rest of ``tests/spark`` (Spark twins of
   Arrow tests, the extended Spark matrix), the standalone cluster, Spark Connect, the end-to-end
   DAGs that run spark-submit, the Spark verb chains on S3, and more cases of Arrow scenarios whose
-  first case stays. ``.ci/run`` runs it after the default run;
+  first case stays;
 * the release tier (``pytest -m slow``, :data:`EXTENDED`): the extended crash matrix -- more
   crash points and index or table types of scenarios the two other tiers run.
+
+``.ci/run`` runs the default run, then the CI and release tiers together (``-m "ci or slow"``).
 
 Every tier runs in pytest-xdist workers (``addopts``); :func:`pytest_xdist_make_scheduler` keeps
 the tests that share a per-process resource in one worker, and :func:`pytest_configure` draws one
@@ -402,20 +404,27 @@ def _tier_key(nodeid: str, table: dict[str, str]) -> str | None:
     return next((k for k in table if k.endswith("/") and path.startswith(k)), None)
 
 
-#: Tests that share a per-process resource run in one pytest-xdist worker (``-n 2``): the local
-#: Spark session (a JVM per worker would put two JVMs on 2 cores) and the private Airflow whose
-#: SQLite DB each process migrates once. Every other test is scheduled on its own.
+#: Tests that share a per-process resource run in one pytest-xdist worker: the local Spark
+#: session (a JVM per worker would put two JVMs on 2 cores) and the private Airflow whose SQLite DB
+#: each process migrates once -- with the tests that start a JVM of their own and need that DB or
+#: the one Connect server (the standalone cluster runs the ingest DAG; tests/connect and the
+#: Connect DAG share the server, so it starts once). Every other test is scheduled on its own.
 _SHARED = (
-    ("spark", ("tests/spark/", "tests/connect/", "tests/cluster/", "tests/s3/test_verbs_spark_s3.py")),
-    ("airflow", ("tests/airflow/",)),
+    ("spark", ("tests/spark/", "tests/s3/test_verbs_spark_s3.py")),
+    ("airflow", ("tests/airflow/", "tests/cluster/", "tests/connect/")),
 )
+
+#: The release tier's tests of the local Spark session (:data:`EXTENDED`) run in a worker and a
+#: session of their own: ``.ci/run`` runs them beside the CI tier (``-m "ci or slow" -n 3``), where
+#: the Spark worker is the critical path and the others would sit idle behind it.
+_SPARK_RELEASE = "spark-release"
 
 
 def _xdist_scope(nodeid: str) -> str:
     """The unit pytest-xdist hands a worker: a shared group's name, else the test itself."""
     for group, prefixes in _SHARED:
         if nodeid.startswith(prefixes):
-            return group
+            return _SPARK_RELEASE if group == "spark" and nodeid in EXTENDED else group
     return nodeid
 
 
@@ -452,11 +461,12 @@ def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def
             # stays there unless CI_TIER names the test itself
             if item.get_closest_marker("slow") is None and (kept is None or key == item.nodeid):
                 item.add_marker(pytest.mark.ci)
-    # a test of the shared Spark session outside the Spark worker's paths would start a second
-    # JVM in the other worker (two JVMs on 2 cores): name its file in _SHARED
-    # (the Connect server is a JVM of its own either way: the Airflow worker starts one for its DAG)
+    # a test of the shared Spark session outside the Spark workers' paths would start one more
+    # JVM in another worker: name its file in _SHARED (tests/connect's ``spark`` is a session of
+    # the one Connect server, a JVM of its own either way)
     strays = [item.nodeid for item in items if "spark" in getattr(item, "fixturenames", ())
-              and _xdist_scope(item.nodeid) != "spark"]
+              and _xdist_scope(item.nodeid) not in ("spark", _SPARK_RELEASE)
+              and not item.nodeid.startswith("tests/connect/")]
     if strays:
         raise pytest.UsageError(f"tests/conftest.py: these tests use the Spark session but _SHARED's 'spark' group "
                                 f"does not name their files: {strays}")
