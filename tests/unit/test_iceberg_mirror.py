@@ -326,6 +326,17 @@ def test_enable_on_an_existing_table_writes_the_history(tmp_path, capsys):
     _upsert(uri, tmp_path, "b2", [_row(7, "a/b", 2)])
     check_every_snapshot(uri)
     assert delta.versions_present(Table.load(uri)) == [0, 1, 2, 3, 4], "the Delta log is written beside it"
+    # a SQL catalog (sqlite) registers the projection's metadata and reads it as StaticTable does
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    catalog = SqlCatalog("lake", uri=f"sqlite:///{tmp_path / 'catalog.db'}", warehouse=f"file://{tmp_path / 'wh'}")
+    catalog.create_namespace("analytics")
+    registered = catalog.register_table(("analytics", "t"), iceberg.metadata_uri(Table.load(uri), 4))
+    names = ["id", "region", "ts", "amount"]
+    assert registered.current_snapshot().snapshot_id == 4
+    assert _rows(catalog.load_table("analytics.t").scan().to_arrow(), names) == _rows(read_arrow(uri), names)
+    assert _rows(registered.scan(snapshot_id=2).to_arrow(), names) == \
+        _rows(read_arrow(uri, as_of=Table.load(uri).timeline.entry(2)["instant"]), names)
     _cli("mirror", uri, "--enable", "iceberg")  # again: nothing committed
     assert Table.load(uri).timeline.last_seq == 4
     capsys.readouterr()
