@@ -108,7 +108,8 @@ if TYPE_CHECKING:
     from spark_jobs.table.delta import RepairReport
     from spark_jobs.table.table import Table
 
-__all__ = ["MIRROR_ICEBERG", "METADATA_DIR", "VERSION_HINT", "enabled", "check_supported", "mirror_commit",
+__all__ = ["MIRROR_ICEBERG", "METADATA_DIR", "VERSION_HINT", "enabled", "check_supported", "check_files",
+           "mirror_commit",
            "repair", "verify_and_repair", "versions_present", "metadata_file", "metadata_uri", "location",
            "iceberg_arrow_schema"]
 
@@ -267,6 +268,34 @@ def _name_mapping(fresh: Any, schema: pa.Schema) -> str:
         internal[f] = 2_100_000_010 + n
     extra = [MappedField(field_id=i, names=[name]) for name, i in internal.items()]
     return NameMapping([*fresh.name_mapping.root, *extra]).model_dump_json()
+
+
+def check_file(table: "Table", rel: str, footer: "pq.FileMetaData", schema: pa.Schema) -> None:
+    """BadInputError, one line, when data file ``rel`` stores a published column in a type
+    pyiceberg will not read -- a reference file (§5.3) keeps the types its writer chose, e.g.
+    a timestamp zoned ``America/New_York`` that the table reads as UTC, and pyiceberg refuses
+    the file's Arrow schema. Files the table writes hold the table's own types."""
+    stored = footer.schema.to_arrow_schema()
+    for f in _public(schema):
+        if f.name in stored.names:
+            why = _unsupported(stored.field(f.name).type)
+            if why:
+                raise BadInputError(f"the Iceberg projection cannot list {table.abs(rel)} of {table.display_uri}: it "
+                                    f"stores column {f.name!r} as {stored.field(f.name).type} ({why}), which "
+                                    f"Iceberg readers would refuse; keep the Delta projection for this table")
+
+
+def check_files(table: "Table", view: FileSystemView) -> None:
+    """:func:`check_file` for every reference file of ``view`` (the only files whose types the
+    table did not choose): one footer read each, before the projection is turned on."""
+    from spark_jobs.table.delta import _footer
+
+    assert view.schema is not None
+    for s in view.slices():
+        if is_reference(s.path):
+            footer = _footer(table, s.path)
+            if footer is not None:
+                check_file(table, s.path, footer, view.schema)
 
 
 def _iceberg_schema(schema: pa.Schema) -> Any:
@@ -595,6 +624,10 @@ def _data_file(table: "Table", md: Any, io: Any, s: FileSlice) -> Any:
     footer = _footer(table, s.path)
     stats: dict[str, Any] = {"record_count": s.num_rows}
     if footer is not None:
+        if is_reference(s.path):
+            from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+            check_file(table, s.path, footer, schema_to_pyarrow(schema, include_field_ids=False))
         stats = _footer_statistics(footer, schema, md.properties)
     partition = Record(*_partition_record(table, md, s, footer))
     return DataFile.from_args(content=DataFileContent.DATA, file_path=_file_uri(table, s.path),

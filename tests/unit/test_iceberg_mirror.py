@@ -497,3 +497,41 @@ def test_a_second_writer_of_a_version_finds_it_and_leaves_no_file(tmp_path):
     with pytest.raises(TableCorruptError, match="version 2 .* is not what sequence entry 2 projects to"):
         iceberg.mirror_commit(table, 2)
     assert (md / "v2.metadata.json").read_bytes() == (md / "v1.metadata.json").read_bytes()
+
+
+def test_a_reference_bootstrap_reads_back(tmp_path, capsys):
+    """A reference bootstrap's files lie outside the root and lack their Hive path column: each
+    is listed by its absolute URI with the partition value of its Hive directory, which Iceberg
+    readers project for an identity partition field the file does not hold. A referenced file
+    that stores a column in a type pyiceberg refuses (a timestamp zoned America/New_York, read
+    by the table as UTC) makes the projection refuse in one line."""
+    import pyarrow.dataset as ds
+
+    from tests.unit.test_bootstrap_arrow import SCHEMA, dataset_rows
+
+    for zone in ("UTC", "America/New_York"):
+        root = tmp_path / f"dataset-{zone.replace('/', '_')}"
+        schema = pa.schema([f if f.name != "at" else pa.field("at", pa.timestamp("us", tz=zone)) for f in SCHEMA])
+        for name, rows in zip(("a", "b"), dataset_rows()):
+            ds.write_dataset(pa.Table.from_pylist(rows, schema=schema), root, format="parquet", partitioning=["region"],
+                             partitioning_flavor="hive", basename_template=f"{name}-{{i}}.parquet",
+                             existing_data_behavior="overwrite_or_ignore")
+        uri = str(tmp_path / f"table-{zone.replace('/', '_')}")
+        assert main(["bootstrap", uri, str(root), "--record-key", "id", "--partition-field", "region",
+                     "--precombine-field", "ts", "--mode", "reference", "--engine", "arrow"]) == 0
+        table = Table.load(uri)
+        assert any(s.path.startswith("..") for s in table.view().slices()), "some files are referenced in place"
+        capsys.readouterr()
+        if zone != "UTC":
+            assert main(["mirror", uri, "--enable", "iceberg"]) == 2
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and "America/New_York" in err[0] and "'at'" in err[0], err
+            assert Table.load(uri).timeline.last_seq == 1 and not os.path.exists(os.path.join(uri, "metadata"))
+            continue
+        _cli("mirror", uri, "--enable", "iceberg")
+        st = StaticTable.from_metadata(uri)
+        want = read_arrow(uri)
+        names = [c for c in want.column_names if not c.startswith("_bi_")]
+        assert _rows(st.scan().to_arrow(), names) == _rows(want, names)
+        paths = {f.file.file_path for f in st.scan().plan_files()}
+        assert any(str(root) in p for p in paths) and all(p.startswith("file:///") for p in paths)

@@ -78,6 +78,7 @@ def enable_mirror(table_uri: str, mirror: str, *, max_retries: int = 3,
 
         iceberg.require()
         iceberg.check_supported(table, view.schema)
+        iceberg.check_files(table, view)
     instant = None
     if mirror not in delta.mirrors(table, view.properties):
         index_type = table.config.index_type
