@@ -32,7 +32,7 @@ from spark_jobs.cli import main
 from spark_jobs.exceptions import BadInputError
 from spark_jobs.table import Table, delta, iceberg
 from spark_jobs.table.reader import read_arrow
-from spark_jobs.table.timeline import completion_floors, instant_to_iso
+from spark_jobs.table.timeline import completion_floors, instant_to_iso, resolve_as_of
 from spark_jobs.table.view import FileSystemView
 from tests.harness.delta_reads import read_optimized, read_view
 from tests.harness.delta_reads import sorted_rows as _rows
@@ -92,14 +92,16 @@ def check_every_snapshot(uri: str, *, second_reader: bool = True) -> int:
     latest = StaticTable.from_metadata(uri)  # the directory: version-hint.text names the latest
     assert latest.metadata_location.endswith(f"v{last}.metadata.json")
     floors = completion_floors(tl)
-    # one snapshot per entry: id = Iceberg sequence number = commit sequence number, the time
-    # the entry's completion floor (what `read --as-of <time>` resolves with)
-    snaps = latest.snapshots()
-    assert [s.snapshot_id for s in snaps] == list(range(1, last + 1))
-    assert [s.sequence_number for s in snaps] == list(range(1, last + 1))
-    assert [s.summary["bucketindex.instant"] for s in snaps] == [tl.entry(v)["instant"] for v in range(1, last + 1)]
-    assert [s.timestamp_ms for s in snaps] == [iceberg._instant_ms(f) for f in floors]
     kept = table.retained_from()
+    first = kept["earliest_retained_seq"] if kept is not None else 1
+    # one snapshot per retained entry (a clean expires the ones whose files it deleted): id =
+    # Iceberg sequence number = commit sequence number, the time the entry's completion floor
+    # (what `read --as-of <time>` resolves with)
+    snaps = latest.snapshots()
+    assert [s.snapshot_id for s in snaps] == list(range(first, last + 1))
+    assert [s.sequence_number for s in snaps] == list(range(first, last + 1))
+    assert [s.summary["bucketindex.instant"] for s in snaps] == [tl.entry(v)["instant"] for v in range(first, last + 1)]
+    assert [s.timestamp_ms for s in snaps] == [iceberg._instant_ms(f) for f in floors[first - 1:]]
     compared = 0
     for v in range(last + 1):
         st = StaticTable.from_metadata(iceberg.metadata_uri(table, v))
@@ -111,20 +113,29 @@ def check_every_snapshot(uri: str, *, second_reader: bool = True) -> int:
         if kept is not None and v < kept["earliest_retained_seq"]:
             with pytest.raises(BadInputError, match="older than the retained window"):
                 read_arrow(uri, as_of=entry["instant"])
+            assert latest.snapshot_by_id(v) is None  # expired with the clean
             continue
         view = FileSystemView.at_seq(tl, v)
         names = [f.name for f in view.schema if not f.name.startswith("_bi_")]
         want = read_optimized(table, view) if table.config.merge_on_read else read_view(table, view)
         got = st.scan().to_arrow()
         assert got.column_names == names, v  # the published schema: no _bi_* column, in order
+        assert int(st.current_snapshot().summary["total-records"]) == want.num_rows, v  # pyiceberg's own counts
         assert _rows(got, names) == _rows(want, names), f"version {v} ({entry['action']})"
         # time travel in the latest metadata: by snapshot id, and by time as `read --as-of <time>`
         assert _rows(latest.scan(snapshot_id=v).to_arrow(), names) == _rows(want, names), v
-        t_ms = iceberg._instant_ms(floors[v - 1])
-        assert latest.snapshot_as_of_timestamp(t_ms).snapshot_id == v
+        # `read --as-of <time>` and Iceberg's snapshot_as_of_timestamp pick the same snapshot: the
+        # last whose completion floor is at or before the time (racing writers can complete two
+        # entries in one millisecond: both then pick the later one)
+        at_time = resolve_as_of(tl, instant_to_iso(floors[v - 1])).seq
+        assert at_time >= v and latest.snapshot_as_of_timestamp(iceberg._instant_ms(floors[v - 1])).snapshot_id == at_time
         if not table.config.merge_on_read:
-            assert _rows(read_arrow(uri, as_of=instant_to_iso(floors[v - 1])), names) == _rows(got, names), v
-            assert _rows(read_arrow(uri, as_of=entry["instant"]), names) == _rows(got, names), v
+            by_time = latest.scan(snapshot_id=at_time).to_arrow()
+            assert _rows(read_arrow(uri, as_of=instant_to_iso(floors[v - 1])), names) == _rows(by_time, names), v
+            # by instant: with racing writers an instant may name a later entry's snapshot (§4.1)
+            at_instant = resolve_as_of(tl, entry["instant"]).seq
+            assert _rows(read_arrow(uri, as_of=entry["instant"]), names) == \
+                _rows(latest.scan(snapshot_id=at_instant).to_arrow(), names), v
         if second_reader:
             assert _rows(_polars(latest, v), names) == _rows(want, names), f"polars, version {v}"
         compared += 1
