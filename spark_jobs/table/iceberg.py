@@ -469,6 +469,7 @@ def mirror_commit(table: "Table", seq: int) -> list[int]:
     and the hint. Returns the versions written."""
     if seq < 1:
         return []
+    require()  # a table created with --mirror iceberg where pyiceberg is missing: the hook's warning says so
     if not table.io.exists(metadata_file(table, seq - 1)):
         return repair(table, upto=seq)
     tl = table.timeline

@@ -552,3 +552,21 @@ def test_a_reference_bootstrap_reads_back(tmp_path, capsys):
         assert _rows(st.scan().to_arrow(), names) == _rows(want, names)
         paths = {f.file.file_path for f in st.scan().plan_files()}
         assert any(str(root) in p for p in paths) and all(p.startswith("file:///") for p in paths)
+
+
+def test_the_python_api_turns_it_on_and_repairs_both(tmp_path):
+    """``spark_jobs.Table.mirror``: ``enable="iceberg"`` reports the versions written; ``repair``
+    on a table with both projections reports the Delta log's and, under ``projections``, each."""
+    import spark_jobs
+
+    uri = str(tmp_path / "t")
+    _upsert(uri, tmp_path, "b0", [_row(i, REGIONS[i % 7], 0) for i in range(7)], "--mirror", "delta")
+    t = spark_jobs.Table(uri)
+    m = t.mirror(enable="iceberg")
+    assert m.version == 2 and m.written == (0, 1, 2)
+    (Path(uri, "metadata") / "v1.metadata.json").write_bytes(b"")
+    r = t.mirror(repair=True)
+    assert r.version == 2 and r.rewritten == ()  # the Delta log's report first: sound
+    assert r.details["projections"]["iceberg"]["rewritten"] == [1]
+    assert r.details["projections"]["delta"]["rewritten"] == []
+    check_every_snapshot(uri, second_reader=False)
