@@ -46,7 +46,17 @@ and commits by updating its database, not the file system, so two processes woul
 version ``n`` and readers of the directory could not tell which is the table; a catalog that
 creates ``v<n>`` exclusively gives the one publication point §3.2 gives the timeline, costs no
 database per commit, and leaves nothing to register. (Registering the table in a user's catalog
-is issue 39's optional part, not done here.)
+is issue 39's optional part, not done here; a SQL catalog's ``register_table`` of a version's
+metadata reads it, tested.)
+
+**Bounded cost.** The producer merges manifests with pyiceberg's ``_ManifestMergeManager`` once
+a snapshot would name :data:`MANIFEST_MIN_MERGE_COUNT` (each commit adds one, and each commit
+reads them all to find the removed files' entries); removed files are named by path and
+pyiceberg finds their live entries (refusing the commit if one is not live); manifests are read
+once per process (:data:`_AVRO_CACHE`); a clean's snapshot expires (``ExpireSnapshots``,
+metadata only) the snapshots whose files that clean deleted, so the metadata -- which
+pyiceberg deep-copies on every access inside a transaction -- stays the size of the retention
+window. Measured in format.md §12 "Cost".
 
 **Publication.** Manifests and the manifest list are written first under names unique to the
 attempt (pyiceberg's commit uuid), and are invisible until the metadata file naming them
@@ -91,6 +101,7 @@ import datetime as _dt
 import logging
 import posixpath
 import re
+import threading
 import uuid
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -313,6 +324,7 @@ def _iceberg_schema(schema: pa.Schema) -> Any:
 #: merge), and a repair reads a version's manifests again for the next one; bounded in bytes.
 _AVRO_CACHE: "dict[str, bytes]" = {}
 _AVRO_CACHE_BYTES = 32 * 1024 * 1024
+_AVRO_LOCK = threading.Lock()
 
 
 def _file_io(table: "Table") -> Any:
@@ -347,9 +359,10 @@ def _file_io(table: "Table") -> Any:
                 inp = super().new_input(location)
                 with inp.open() as f:
                     data = f.read()
-                while _AVRO_CACHE and sum(map(len, _AVRO_CACHE.values())) + len(data) > _AVRO_CACHE_BYTES:
-                    _AVRO_CACHE.pop(next(iter(_AVRO_CACHE)))
-                _AVRO_CACHE[location] = data
+                with _AVRO_LOCK:  # pyiceberg reads manifests from a thread pool
+                    while _AVRO_CACHE and sum(map(len, _AVRO_CACHE.values())) + len(data) > _AVRO_CACHE_BYTES:
+                        _AVRO_CACHE.pop(next(iter(_AVRO_CACHE)))
+                    _AVRO_CACHE[location] = data
             return _Cached(location, data)
 
     io = _TableFileIO()
