@@ -1,17 +1,19 @@
-"""The added cost per commit of the Delta Lake projection (issue 26): milliseconds and object-store requests.
+"""The added cost per commit of a projection (Delta Lake, issue 26; Iceberg, issue 39): milliseconds and object-store requests.
 
 For local disk and the counting S3 server (moto on loopback, :mod:`tests.harness.s3_server`),
 a table (``--table-type``, record index, partitioned, keys and partition values with spaces, ``/``,
 ``%``, ``+``, non-ASCII) is created and grown by ``--commits`` upserts of ``--rows`` rows through
 the in-process CLI (``--engine arrow``). Each upsert runs with the projection *off*; then the
-post-commit hook's own work -- :func:`spark_jobs.table.delta.mirror_commit` of that sequence
-entry, with the projection turned on in the handle -- is timed (and, on S3, its requests counted)
-on its own, so the figures are exactly what ``--mirror delta`` adds to a commit, apart from the
+post-commit hook's own work -- ``mirror_commit`` of that sequence entry
+(:mod:`spark_jobs.table.delta` or, with ``--projection iceberg``, :mod:`spark_jobs.table.iceberg`),
+with the projection turned on in the handle -- is timed (and, on S3, its requests counted) on its
+own, so the figures are exactly what ``--mirror delta|iceberg`` adds to a commit, apart from the
 noise of the upsert around it. Version 0 and the first version (a repair from nothing) are
-reported apart. The median upsert time is printed beside it for scale.
+reported apart. On local disk the files the projection wrote per commit are counted (a
+listing of its directory before and after). The median upsert time is printed beside it for scale.
 
     python benchmarks/delta_mirror.py [--commits 20] [--rows 200] [--table-type copy_on_write]
-        [--stores local,s3]
+        [--stores local,s3] [--projection delta|iceberg]
 
 The last line is one JSON object.
 """
@@ -45,11 +47,15 @@ def batch(n: int, ts: int) -> pa.Table:
                                  for i in range(n)])
 
 
-def run(store: str, *, commits: int, rows: int, table_type: str, server: Any) -> dict[str, Any]:
+def run(store: str, *, commits: int, rows: int, table_type: str, server: Any,
+        projection: str = "delta") -> dict[str, Any]:
     from spark_jobs.cli import main
     from spark_jobs.io.filesystem import resolve
-    from spark_jobs.table import delta
+    from spark_jobs.table.projection import module
     from spark_jobs.table.table import Table
+
+    writer = module(projection)
+    subdir = "_delta_log" if projection == "delta" else "metadata"
 
     tmp = tempfile.mkdtemp(prefix="delta-mirror-")
     if store == "s3":
@@ -59,7 +65,7 @@ def run(store: str, *, commits: int, rows: int, table_type: str, server: Any) ->
     else:
         root = tmp
     uri = f"{root}/t"
-    upsert_ms, mirror_ms, reqs = [], [], []
+    upsert_ms, mirror_ms, reqs, files = [], [], [], []
     first: dict[str, Any] = {}
     for n in range(commits):
         src = f"{root}/src/b{n}.parquet"
@@ -75,13 +81,18 @@ def run(store: str, *, commits: int, rows: int, table_type: str, server: Any) ->
         upsert_ms.append((time.perf_counter() - t0) * 1000)
         table = Table.load(uri)
         assert table.config is not None
-        table.config = dataclasses.replace(table.config, mirrors=["delta"])  # the hook's view of the table
+        table.config = dataclasses.replace(table.config, mirrors=[projection])  # the hook's view of the table
         seq = table.timeline.last_seq
         if server is not None:
             server.reset_counts()
+        listed = set(os.listdir(os.path.join(uri, subdir))) if store == "local" and n else set()
+        if projection == "iceberg":  # cold, as in a CLI process (one commit each): no manifest read before
+            writer._AVRO_CACHE.clear()
         t0 = time.perf_counter()
-        written = delta.mirror_commit(table, seq)
+        written = writer.mirror_commit(table, seq)
         ms = (time.perf_counter() - t0) * 1000
+        if store == "local" and n:
+            files.append(len(set(os.listdir(os.path.join(uri, subdir))) - listed))
         counts = server.counts() if server is not None else {}
         if n == 0:
             first = {"versions": written, "ms": round(ms, 1), "requests": counts}
@@ -90,15 +101,17 @@ def run(store: str, *, commits: int, rows: int, table_type: str, server: Any) ->
         mirror_ms.append(ms)
         reqs.append(counts)
     per_kind = {k: statistics.median([r.get(k, 0) for r in reqs]) for k in KINDS} if server is not None else None
-    out = {"store": store, "table_type": table_type, "commits": commits, "rows": rows,
+    out = {"store": store, "projection": projection, "table_type": table_type, "commits": commits, "rows": rows,
            "upsert_ms_median": round(statistics.median(upsert_ms[1:]), 1),
            "mirror_ms_median": round(statistics.median(mirror_ms), 1),
            "mirror_ms_p90": round(sorted(mirror_ms)[int(len(mirror_ms) * 0.9) - 1], 1),
            "first_repair": first}
+    if files:
+        out["files_written_median"] = statistics.median(files)
     if per_kind is not None:
         out["mirror_requests_median"] = per_kind
         out["mirror_requests_total_median"] = statistics.median([sum(r.values()) for r in reqs])
-    print(f"{store:5s} {table_type}: upsert {out['upsert_ms_median']} ms (median), mirror +{out['mirror_ms_median']} ms "
+    print(f"{store:5s} {projection} {table_type}: upsert {out['upsert_ms_median']} ms (median), mirror +{out['mirror_ms_median']} ms "
           f"(p90 {out['mirror_ms_p90']})" + (f", requests {per_kind}" if per_kind else ""), flush=True)
     return out
 
@@ -109,6 +122,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rows", type=int, default=200)
     ap.add_argument("--table-type", default="copy_on_write", choices=("copy_on_write", "merge_on_read"))
     ap.add_argument("--stores", default="local,s3")
+    ap.add_argument("--projection", default="delta", choices=("delta", "iceberg"))
     args = ap.parse_args(argv)
     import logging
 
@@ -126,11 +140,12 @@ def main(argv: list[str] | None = None) -> None:
     try:
         for store in stores:
             results.append(run(store, commits=args.commits, rows=args.rows, table_type=args.table_type,
-                               server=server if store == "s3" else None))
+                               server=server if store == "s3" else None, projection=args.projection))
     finally:
         if server is not None:
             server.stop()
-    emit_result({"benchmark": "delta_mirror", "results": results})
+    emit_result({"benchmark": "delta_mirror" if args.projection == "delta" else "iceberg_mirror",
+                 "results": results})
 
 
 if __name__ == "__main__":

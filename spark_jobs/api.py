@@ -219,8 +219,8 @@ class RollbackResult:
 
 @dataclass(frozen=True, kw_only=True)
 class MirrorResult:
-    """``mirror``: the Delta log's latest version and the versions written (and, on repair,
-    rewritten)."""
+    """``mirror``: the projection's latest version (Delta log or Iceberg metadata) and the
+    versions written (and, on repair, rewritten)."""
 
     version: int
     written: tuple[int, ...]
@@ -511,26 +511,35 @@ class Table:
         return RollbackResult(rolled_back=tuple(done))
 
     def mirror(self, options: MirrorOptions | None = None, /, **kwargs: Any) -> MirrorResult:
-        """``bucketindex mirror`` (:class:`MirrorOptions`): turn the Delta projection on
-        (``enable="delta"``) or check and repair every version (``repair=True``)."""
-        from spark_jobs.table import delta
+        """``bucketindex mirror`` (:class:`MirrorOptions`): turn a projection on
+        (``enable="delta"`` or ``"iceberg"``) or check and repair every version of each
+        projection the table has (``repair=True``; with both, the result is the Delta log's and
+        ``details["projections"]`` holds each one's report)."""
+        from spark_jobs.table import delta, projection
+        from spark_jobs.table.config import MIRRORS
 
         opts = self._options(MirrorOptions, options, kwargs)
         with _storage(self.storage_options):
             if opts.enable is not None:
                 from spark_jobs.table.action.mirror import enable_mirror
 
-                before = set(delta.versions_present(self._core()))
+                writer = projection.module(opts.enable)
+                before = set(writer.versions_present(self._core()))
                 r = enable_mirror(self.uri, opts.enable)
-                written = sorted(set(delta.versions_present(self._core())) - before)
+                written = sorted(set(writer.versions_present(self._core())) - before)
                 return MirrorResult(version=int(r["version"]), written=tuple(written), details=_frozen(r))
             core = self._core()
-            if not delta.enabled(core):
-                raise BadInputError(f"the table {self.uri} has no Delta projection; turn it on with "
-                                    f"mirror(enable='delta')")
-            report = delta.verify_and_repair(core)
+            enabled = [m for m in MIRRORS if m in delta.mirrors(core)]
+            if not enabled:
+                raise BadInputError(f"the table {self.uri} has no projection; turn one on with "
+                                    f"mirror(enable='delta') or mirror(enable='iceberg')")
+            reports = {m: projection.module(m).verify_and_repair(core) for m in enabled}
+        report = reports[enabled[0]]
+        details = report.as_dict()
+        if len(reports) > 1:
+            details["projections"] = {m: r.as_dict() for m, r in reports.items()}
         return MirrorResult(version=report.version, written=tuple(report.written),
-                            rewritten=tuple(report.rewritten), details=_frozen(report.as_dict()))
+                            rewritten=tuple(report.rewritten), details=_frozen(details))
 
 
 # -- the timeline, typed ----------------------------------------------------------------------

@@ -34,7 +34,7 @@ from spark_jobs.exceptions import (
 )
 from spark_jobs.redaction import redact_uri
 from spark_jobs.text import plural
-from spark_jobs.vocabulary import AS_OF_FORMS, INDEX_TYPES, TABLE_TYPES  # not the core: --help loads no pyarrow
+from spark_jobs.vocabulary import AS_OF_FORMS, INDEX_TYPES, MIRRORS, TABLE_TYPES  # not the core: --help loads no pyarrow
 
 if TYPE_CHECKING:
     from spark_jobs.table.action.compact import CompactOptions
@@ -206,10 +206,12 @@ def build_parser(extra_verbs: dict[str, str] | None = None, *,
                          "nullable); widen (a column widens to the batch's type: tinyint->smallint->int->bigint, "
                          "float->double, decimal precision up at the same scale, date->timestamp_ntz); all (both). "
                          "Never narrows, changes a kind or drops a column; older snapshots keep their schema")
-    up.add_argument("--mirror", choices=("delta",),
+    up.add_argument("--mirror", choices=MIRRORS,
                     help="delta: also write a Delta Lake log (_delta_log/) with every commit, so Delta readers "
-                         "(deltalake, Spark, Trino, ...) read the table; fixed at table creation (turn it on "
-                         "later with `bucketindex mirror TABLE --enable delta`)")
+                         "(deltalake, Spark, Trino, ...) read the table; iceberg: also write Iceberg metadata "
+                         "(metadata/, needs pyiceberg), so Iceberg readers (pyiceberg, DuckDB, Trino, Spark, ...) "
+                         "read it; fixed at table creation (turn one on later with `bucketindex mirror TABLE "
+                         "--enable delta|iceberg`)")
     up.add_argument("--auto-compact", choices=("on", "off"),
                     help="merge-on-read: after the commit, compact the file groups this upsert touched that are "
                          "due (the rule of `compact`: 4 logs, or logs of a fifth of the base's bytes), through a "
@@ -383,22 +385,24 @@ def build_parser(extra_verbs: dict[str, str] | None = None, *,
     bs.add_argument("--target-file-rows", type=int, help="rewrite mode: rows per data file")
     bs.add_argument("--heartbeat-timeout", type=float,
                     help="seconds without a heartbeat before a pending write counts as abandoned (default 60)")
-    bs.add_argument("--mirror", choices=("delta",),
-                    help="also write a Delta Lake log beside each commit, from the bootstrap on (or turn it on "
-                         "later with `bucketindex mirror TABLE --enable delta`)")
+    bs.add_argument("--mirror", choices=MIRRORS,
+                    help="also write a Delta Lake log (delta) or Iceberg metadata (iceberg) beside each commit, "
+                         "from the bootstrap on (or turn it on later with `bucketindex mirror TABLE --enable ...`)")
     _add_engine_options(bs)  # auto: arrow when the dataset, decoded, fits the budget
     _add_spark_options(bs)
-    mi = sub.add_parser("mirror", help="the Delta Lake projection of each commit: turn it on, or write "
-                                       "versions a crash left out",
+    mi = sub.add_parser("mirror", help="the Delta Lake or Iceberg projection of each commit: turn it on, or "
+                                       "write versions a crash left out",
                         description="A table with the Delta projection gets _delta_log/<seq>.json after every "
-                                    "commit (Delta version = commit sequence number; merge-on-read tables show "
-                                    "the read-optimized view). --enable delta turns it on and writes every version "
-                                    "so far; --repair compares every version with what the timeline projects and "
-                                    "writes the missing ones, rewrites the damaged or outdated ones and the "
-                                    "checkpoints built from them.")
+                                    "commit (Delta version = commit sequence number); one with the Iceberg "
+                                    "projection gets metadata/v<seq>.metadata.json (snapshot id = commit "
+                                    "sequence number); merge-on-read tables show the read-optimized view. "
+                                    "--enable delta|iceberg turns one on and writes every version so far; "
+                                    "--repair compares every version of each projection the table has with what "
+                                    "the timeline projects and writes the missing ones, rewrites the damaged or "
+                                    "outdated ones (and Delta checkpoints built from them).")
     mi.add_argument("table", help="the table's directory or URI")
     mig = mi.add_mutually_exclusive_group(required=True)
-    mig.add_argument("--enable", choices=("delta",), help="turn the projection on (writes every version so far)")
+    mig.add_argument("--enable", choices=MIRRORS, help="turn the projection on (writes every version so far)")
     mig.add_argument("--repair", action="store_true",
                      help="check every version against the timeline: write missing ones, rewrite damaged ones")
     for verb in (up, rd, sh, va, sc, rb, co, cl, al, rh, bs, mi):
@@ -799,8 +803,9 @@ def cmd_rehash(args: argparse.Namespace, submitted: bool) -> int:
 
 
 def cmd_mirror(args: argparse.Namespace, submitted: bool) -> int:
-    from spark_jobs.table import delta
+    from spark_jobs.table import delta, projection
     from spark_jobs.table.action.mirror import MirrorOptions
+    from spark_jobs.table.config import MIRRORS
     from spark_jobs.table.table import Table
 
     opts = MirrorOptions.from_args(args)
@@ -808,24 +813,33 @@ def cmd_mirror(args: argparse.Namespace, submitted: bool) -> int:
         from spark_jobs.table.action.mirror import enable_mirror
 
         # the commit's own post-commit hook writes the history, before enable_mirror's repair
-        # (which then finds nothing to write): count what is in the log now and was not before
-        before = set(delta.versions_present(Table.open(opts.table)))
+        # (which then finds nothing to write): count what is there now and was not before
+        writer = projection.module(opts.enable)
+        before = set(writer.versions_present(Table.open(opts.table)))
         result = enable_mirror(opts.table, opts.enable)
-        result["written"] = sorted(set(delta.versions_present(Table.open(opts.table))) - before)
+        result["written"] = sorted(set(writer.versions_present(Table.open(opts.table))) - before)
     else:
         table = Table.load(opts.table)
-        if not delta.enabled(table):
-            raise BadInputError(f"the table {opts.table} has no Delta projection; turn it on with "
-                                f"`bucketindex mirror {opts.table} --enable delta`")
-        report = delta.verify_and_repair(table)
-        print(json.dumps(report.as_dict(), sort_keys=True))
-        print(f"Delta log at version {report.version}: every version checked; "
-              f"{plural(len(report.written), 'missing version')} written, "
-              f"{plural(len(report.rewritten), 'damaged or outdated version')} rewritten, "
-              f"{plural(len(report.checkpoints), 'checkpoint')} rewritten")
+        enabled = [m for m in MIRRORS if m in delta.mirrors(table)]
+        if not enabled:
+            raise BadInputError(f"the table {opts.table} has no projection; turn one on with "
+                                f"`bucketindex mirror {opts.table} --enable delta` (or iceberg)")
+        for m in enabled:  # Delta first: a table with only a Delta log prints what it always did
+            report = projection.module(m).verify_and_repair(table)
+            print(json.dumps(report.as_dict(), sort_keys=True))
+            if m == "delta":
+                print(f"Delta log at version {report.version}: every version checked; "
+                      f"{plural(len(report.written), 'missing version')} written, "
+                      f"{plural(len(report.rewritten), 'damaged or outdated version')} rewritten, "
+                      f"{plural(len(report.checkpoints), 'checkpoint')} rewritten")
+            else:
+                print(f"Iceberg metadata at version {report.version}: every version checked; "
+                      f"{plural(len(report.written), 'missing version')} written, "
+                      f"{plural(len(report.rewritten), 'damaged or outdated version')} rewritten")
         return 0
     print(json.dumps(result, sort_keys=True))
-    print(f"Delta log at version {result['version']}: {plural(len(result['written']), 'version')} written")
+    print(f"{projection.NAMES[opts.enable]} at version {result['version']}: "
+          f"{plural(len(result['written']), 'version')} written")
     return 0
 
 

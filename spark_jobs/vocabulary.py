@@ -22,3 +22,9 @@ INSTANT_FORM = "17 digits yyyyMMddHHmmssSSS, UTC, as `bucketindex show` lists th
 TIME_FORMS = ("2026-11-25T09:24:00, 2026-11-25 09:24, 2026-11-25T09:24:00+01:00, 2026-11-25T08:24:00Z, "
               "or a date 2026-11-25, its midnight; a time without a zone is UTC")
 AS_OF_FORMS = f"an instant ({INSTANT_FORM}) or an ISO-8601 time ({TIME_FORMS})"
+
+#: the projections a table may ask for, written with each commit: a Delta Lake log
+#: (``_delta_log/``, format.md §11) and Iceberg metadata (``metadata/``, §12)
+MIRROR_DELTA = "delta"
+MIRROR_ICEBERG = "iceberg"
+MIRRORS = (MIRROR_DELTA, MIRROR_ICEBERG)

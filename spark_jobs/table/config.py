@@ -22,6 +22,7 @@ from spark_jobs.vocabulary import (  # the index and table types, defined where 
     INDEX_RECORD,
     INDEX_TYPES,
     MERGE_ON_READ,
+    MIRRORS,  # projections of each commit a table may ask for (spark_jobs.table.delta, .iceberg)
     TABLE_TYPES,
 )
 
@@ -60,8 +61,6 @@ DEFAULT_TARGET_FILE_ROWS = 100_000
 DEFAULT_CHECKPOINT_INTERVAL = 10
 #: a day of hourly upserts stays readable with ``read --as-of``
 DEFAULT_CLEAN_RETAIN_COMMITS = 24
-#: projections of each commit a table may ask for (``spark_jobs.table.delta``)
-MIRRORS = ("delta",)
 
 
 #: the longest field name: a partition directory ``<field>=<value>`` keeps at least a

@@ -60,14 +60,13 @@ from spark_jobs.table.config import MIRRORS
 from spark_jobs.table.layout import is_reference
 from spark_jobs.table.timeline import Action
 from spark_jobs.table.view import FileSlice, FileSystemView
-from spark_jobs.table.faults import maybe_crash
 
 if TYPE_CHECKING:
     from spark_jobs.table.table import Table
 
 __all__ = ["MIRROR_DELTA", "MIRRORS", "DELTA_LOG", "CHECKPOINT_INTERVAL", "mirror_commit", "repair",
            "verify_and_repair", "RepairReport", "partition_columns",
-           "after_commit", "mirrors", "enabled", "delta_schema", "versions_present", "version_actions",
+           "mirrors", "enabled", "delta_schema", "versions_present", "version_actions",
            "reader_uri", "reader_storage_options"]
 
 log = logging.getLogger("bucketindex.delta")
@@ -118,28 +117,7 @@ def versions_present(table: "Table") -> list[int]:
     return sorted(int(m.group(1)) for m in map(_VERSION_NAME.match, table.io.list_names(log_dir(table))) if m)
 
 
-# -- the hook ------------------------------------------------------------------------------
-
-def after_commit(table: "Table", seq: int, *, properties: dict[str, Any],
-                 fault_point: str = "after_commit_before_mirror") -> None:
-    """The post-commit hook (``Transaction.commit``, and a rollback's decision): mirror entry
-    ``seq`` if the table asks (``properties``: the snapshot's after entry ``seq``, so asking
-    costs no request).
-
-    Runs after the commit point, so it must never fail the commit: anything it raises is
-    logged as a warning, and the gap is filled by the next writer or ``mirror --repair``.
-    ``fault_point`` names the crash point before the write: a rollback has its own, since a
-    writer's repair runs one before the writer's own commit."""
-    if not enabled(table, properties):
-        return
-    maybe_crash(fault_point)
-    try:
-        mirror_commit(table, seq)
-    except Exception as e:  # noqa: BLE001 - the commit is done; the projection is derived
-        log.warning("the Delta log of %s was not written for sequence %d (%s); the next commit or "
-                    "`bucketindex mirror %s --repair` writes it", table.display_uri, seq, redact_uri(str(e)),
-                    table.display_uri, exc_info=True)
-
+# -- one version after a commit (the hook: spark_jobs.table.projection.after_commit) -------------
 
 def mirror_commit(table: "Table", seq: int) -> list[int]:
     """Write Delta version ``seq`` for the completed entry ``seq``; if version ``seq - 1`` is

@@ -45,7 +45,7 @@ POINTS = (
     "after_conflict_check",  # checked every concurrent commit, sequence slot not yet claimed
     "rollback_after_delete",  # a rollback decided and deleted some files
     "after_complete",  # committed, markers not yet cleaned
-    "after_commit_before_mirror",  # committed (and cleaned up), the Delta log version not yet written
+    "after_commit_before_mirror",  # committed (and cleaned up), the projections (Delta, Iceberg) not yet written
     "after_rollback_before_mirror",  # a rollback decided and cleaned up, its Delta log version not yet written
     "schedule_after_plan",  # a table service planned, its requested instant not yet written
     "schedule_after_requested",  # the plan written as a requested instant, its instant not yet reported

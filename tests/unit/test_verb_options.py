@@ -122,7 +122,7 @@ def test_options_at_their_default_are_left_out_and_a_given_one_is_kept():
     (lambda: AlterOptions(table="t", add_columns=["x"]), "--add-column"),
     (lambda: AlterOptions(table="t", max_retries=-2), "--max-retries must be 0 or more"),
     (lambda: RehashOptions(table="t", num_buckets=0), "--num-buckets must be at least 1"),
-    (lambda: MirrorOptions(table="t"), "one of --enable delta and --repair"),
+    (lambda: MirrorOptions(table="t"), r"one of --enable delta\|iceberg and --repair"),
     (lambda: BootstrapOptions(table="t", source="s", record_key=["id"], num_buckets=0),
      "--num-buckets must be at least 1, got 0"),
     (lambda: BootstrapOptions(table="t", source="s", record_key=["id"], heartbeat_timeout_s=-1.0),

@@ -1,4 +1,4 @@
-"""``bucketindex mirror TABLE --enable delta``: turn a projection on as a timeline action.
+"""``bucketindex mirror TABLE --enable delta|iceberg``: turn a projection on as a timeline action.
 
 A projection is a property of the snapshot, like its schema: it is set by one ``commit``
 instant with ``operation: "set_properties"`` whose metadata records ``properties: {"mirrors":
@@ -9,7 +9,8 @@ is on the timeline (its post-commit hook reads the properties after its own entr
 change survives archival in checkpoints (``FileSystemView.to_state``). ``table.json`` stays
 immutable (format.md §3.1): it only holds what creation fixed (``--mirror delta``).
 
-The commit's own post-commit hook writes every Delta version so far (the gap from version 0),
+The commit's own post-commit hook (:mod:`spark_jobs.table.projection`) writes every version of
+the projection so far (the gap from version 0: a Delta log, §11, or Iceberg metadata, §12),
 so enabling costs one sequence entry plus the history's projection. Enabling twice, or
 concurrently, is harmless: the second entry records the same list. No JVM, no ``pyspark``.
 """
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spark_jobs.exceptions import BadInputError
-from spark_jobs.table import delta
+from spark_jobs.table import delta, projection
 from spark_jobs.table.action.options import POSITIONAL, SWITCH, VerbOptions, check_choice, option
 from spark_jobs.table.action.transaction import Transaction
 from spark_jobs.table.commit import NO_ROWS_CHANGED, Written
@@ -41,7 +42,7 @@ class MirrorOptions(VerbOptions):
     VERB = "mirror"
 
     table: str = option(form=POSITIONAL)
-    #: the projection to turn on (``delta``)
+    #: the projection to turn on (``delta`` or ``iceberg``)
     enable: str | None = option("--enable", default=None)
     #: check every version against the timeline, write missing ones, rewrite damaged ones
     repair: bool = option("--repair", form=SWITCH, default=False)
@@ -49,7 +50,7 @@ class MirrorOptions(VerbOptions):
     def __post_init__(self) -> None:
         check_choice("--enable", self.enable, MIRRORS)
         if (self.enable is None) == (not self.repair):
-            raise BadInputError("mirror takes one of --enable delta and --repair")
+            raise BadInputError("mirror takes one of --enable delta|iceberg and --repair")
 
 #: the ``operation`` of the commit that sets table properties
 OPERATION = "set_properties"
@@ -61,8 +62,8 @@ def enable_mirror(table_uri: str, mirror: str, *, max_retries: int = 3,
     far; nothing is committed when the table already asks for it (then only missing versions
     are written, as ``--repair`` does).
 
-    Bad input (an unknown projection, no table) raises BadInputError before anything is
-    written."""
+    Bad input (an unknown projection, no table, a schema the projection cannot hold exactly,
+    pyiceberg missing for ``iceberg``) raises BadInputError before anything is written."""
     from spark_jobs.table.table import Table
 
     if mirror not in MIRRORS:
@@ -72,6 +73,12 @@ def enable_mirror(table_uri: str, mirror: str, *, max_retries: int = 3,
     if table.config is None or view is None or view.schema is None:
         raise BadInputError(f"no table at {table_uri}: a projection is turned on for an existing table "
                             f"(create one with `bucketindex upsert ... --mirror {mirror}`)")
+    if mirror == "iceberg":
+        from spark_jobs.table import iceberg
+
+        iceberg.require()
+        iceberg.check_supported(table, view.schema)
+        iceberg.check_files(table, view)
     instant = None
     if mirror not in delta.mirrors(table, view.properties):
         index_type = table.config.index_type
@@ -86,5 +93,6 @@ def enable_mirror(table_uri: str, mirror: str, *, max_retries: int = 3,
         txn.run(attempt, max_retries=max_retries, what="mirror --enable")
         instant = txn.ts
         log.info("committed %s: the %s projection is on", instant, mirror)
-    written = delta.repair(table)  # the hook wrote the history; this fills what a failed hook left
+    # the hook wrote the history; this fills what a failed hook left
+    written = projection.module(mirror).repair(table)
     return {"enabled": mirror, "instant": instant, "written": written, "version": table.timeline.last_seq}

@@ -18,7 +18,7 @@ from spark_jobs.exceptions import BadInputError, WriterAliveError
 from spark_jobs.table.action.options import POSITIONAL, SWITCH, VerbOptions, check_heartbeat_timeout, option
 from spark_jobs.table.commit import CommitMetadata
 from spark_jobs.table.commit import parse as parse_commit
-from spark_jobs.table.delta import after_commit
+from spark_jobs.table.projection import after_commit
 from spark_jobs.table.timeline import Action, Instant, SequenceTakenError, State, check_instant
 from spark_jobs.table.faults import maybe_crash
 from spark_jobs.table.table import is_writer_alive

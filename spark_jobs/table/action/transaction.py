@@ -37,7 +37,7 @@ from spark_jobs.table.action.conflict import Conflict, WriteSet, find_conflict
 from spark_jobs.table.action.rollback import referenced_files, rollback
 from spark_jobs.table.commit import CommitMetadata, Written
 from spark_jobs.table.commit import parse as parse_commit
-from spark_jobs.table.delta import after_commit
+from spark_jobs.table.projection import after_commit
 from spark_jobs.table.heartbeat import Heartbeat, owner_info
 from spark_jobs.table.timeline import Action, Instant, InstantConflictError, SequenceTakenError, State
 from spark_jobs.table.view import FileSystemView
@@ -244,7 +244,7 @@ class Transaction:
         self._stop_heartbeat()
         maybe_checkpoint(self.table)
         properties.update(parse_commit(metadata).properties or {})
-        # the Delta projection, if the table asks; never fails the commit
+        # the projections the table asks for (Delta, Iceberg); never fails the commit
         after_commit(self.table, done.seq, properties=properties)
         return done
 
