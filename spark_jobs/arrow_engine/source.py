@@ -894,6 +894,9 @@ def cast_to_table(batch: pa.Table, schema: pa.Schema) -> pa.Table:
         col = batch.column(field.name)
         src_type = spark_type(col.type, name=field.name)
         dst_type = spark_type(field.type, name=field.name)
+        if col.type.equals(field.type) and src_type.equals(col.type) and dst_type.equals(src_type):
+            cols.append(col)  # nothing to cast: the column as read, not a copy (the batch is held once)
+            continue
         arr = _to_spark(col, src_type)
         try:
             out, bad = _try_cast(arr, dst_type)

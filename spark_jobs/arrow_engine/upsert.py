@@ -141,9 +141,11 @@ class ArrowUpsertEngine:
         ident = [{PART: parts, KEY: keys}[c] for c in rules.identity_columns(cfg)]
         identity = ident[0] if len(ident) == 1 else pc.binary_join_element_wise(*ident, "\x00")
         keep = rules.dedupe_winners(identity, pre, order_cols, any(_has_map(c.type) for c in order_cols))
+        del identity, order_cols, pre
         frame = cast.append_column(KEY, keys).select(data_schema.names)
         frame = frame.append_column(DEL, pa.array(deletes)).append_column(PART, parts)
-        frame = frame.take(pa.array(keep))
+        if len(keep) < frame.num_rows:  # a batch without duplicates is kept as read: no copy of it
+            frame = frame.take(pa.array(keep))
         frame = _renamed_partitions(frame, rules.legacy_aliases(cfg, view))
         n = frame.num_rows
         upserts = int(n - np.count_nonzero(frame.column(DEL).to_numpy(zero_copy_only=False)))
@@ -159,7 +161,7 @@ class ArrowUpsertEngine:
     def write(self, attempt: Attempt) -> Written:
         a = attempt
         cfg, view, table = a.cfg, a.view, a.table
-        batch: pa.Table = a.batch.frame.combine_chunks()
+        batch: pa.Table = a.batch.frame  # held by the action for a retry: never copied whole here
         keys = batch.column(KEY).combine_chunks()
         if cfg.index_type == INDEX_BUCKET:
             old_part = old_fid = pa.nulls(batch.num_rows, pa.string())
@@ -192,7 +194,10 @@ class ArrowUpsertEngine:
             carried=a.batch.carried,
         )
         task = tasks.append_log if cfg.merge_on_read else tasks.merge_file_group
-        groups = _groups(actions, [TPART, TFID])
+        del tagged, batch, keys, old_part, old_fid
+        routed = _Consumed(actions)  # the routed copy is freed column by column as it is sorted
+        del actions
+        groups = _groups(routed, [TPART, TFID])
 
         def merge(i: int, group: tuple[tuple[str, str], pa.Table]) -> pa.Table:
             (part, fid), rows = group
@@ -200,29 +205,38 @@ class ArrowUpsertEngine:
             return task((pa.scalar(part, pa.string()), pa.scalar(fid, pa.string())), rows, ctx=own)
 
         outputs = _parallel(merge, groups)
+        del groups  # the sorted batch: written
         merged = pa.concat_tables(outputs) if outputs else tasks._merge_schema().empty_table()
+        del outputs
         is_file = pc.equal(merged.column("kind"), "file")
         files = merged.filter(is_file).to_pylist()
+        # rows decided without writing (the action's rule: action.read_set): the merges' and the routing's
+        reads = pa.concat_tables([merged.filter(pc.equal(merged.column("kind"), action.READ))
+                                  .select(["key", "part", "fid"]), decided])
+        entries = merged.filter(pc.equal(merged.column("kind"), "index")).select(["key", "part", "fid", "tomb"]) \
+            if cfg.index_type == INDEX_RECORD else None
+        del merged, is_file
         logs = sum(1 for f in files if f["path"] and f["log"])
         a.phases.done("write", plural(sum(1 for f in files if f['path'] and not f['log']), "data file")
                       + (f", {plural(logs, 'log')}" if cfg.merge_on_read else ""))
         index_added: list[dict[str, Any]] = []
-        if cfg.index_type == INDEX_RECORD:
-            entries = merged.filter(pc.equal(merged.column("kind"), "index")).select(["key", "part", "fid", "tomb"])
+        if entries is not None:
             buckets = bucket_ids(entries.column("key").combine_chunks(), a.num_buckets)
             entries = entries.append_column("bucket", pa.array(buckets.astype(np.int32)))
+            del buckets
 
             def delta(group: tuple[tuple[int], pa.Table]) -> pa.Table:
                 (bucket,), rows = group
                 return tasks.write_index_delta((pa.scalar(bucket, pa.int32()),), rows, table_uri=table.uri,
                                                instant=a.instant, snapshot_seq=a.planned_seq)
 
-            written = _parallel(lambda _, g: delta(g), _groups(entries, ["bucket"]))
+            consumed = _Consumed(entries)
+            del entries
+            by_bucket_groups = _groups(consumed, ["bucket"])
+            written = _parallel(lambda _, g: delta(g), by_bucket_groups)
+            del by_bucket_groups
             index_added = [r for w in written for r in w.to_pylist()]
             a.phases.done("index", plural(len(index_added), "index delta"))
-        # rows decided without writing (the action's rule: action.read_set): the merges' and the routing's
-        reads = pa.concat_tables([merged.filter(pc.equal(merged.column("kind"), action.READ))
-                                  .select(["key", "part", "fid"]), decided])
         read_files: list[dict[str, Any]] = []
         if action.needs_read_files(cfg.index_type) and reads.num_rows:
             rb = bucket_ids(reads.column("key").combine_chunks(), a.num_buckets)
@@ -552,12 +566,37 @@ def _new_file_groups(cfg: TableConfig, view: FileSystemView, rows: pa.Table,
     return pa.array(tfid.tolist(), pa.string())
 
 
-def _groups(t: pa.Table, by: list[str]) -> list[tuple[tuple, pa.Table]]:
-    """``t`` split by the values of ``by``, in sorted order of those values (a deterministic plan)."""
-    n = t.num_rows
-    if n == 0:
-        return []
-    s = t.take(pc.sort_indices(t, sort_keys=[(c, "ascending") for c in by]))
+class _Consumed:
+    """A table handed to :func:`_groups` to be consumed: its columns are released one by one as
+    their sorted copies are made, so sorting holds the table once plus one column, not twice
+    (the caller drops its own reference before the groups are used)."""
+
+    def __init__(self, t: pa.Table) -> None:
+        self.t: pa.Table | None = t
+
+
+def _groups(t: "pa.Table | _Consumed", by: list[str]) -> list[tuple[tuple, pa.Table]]:
+    """``t`` split by the values of ``by``, in sorted order of those values (a deterministic plan).
+    A :class:`_Consumed` table is released column by column while it is sorted."""
+    if isinstance(t, _Consumed):
+        assert t.t is not None
+        src, t.t = t.t, None
+        n = src.num_rows
+        if n == 0:
+            return []
+        order = pc.sort_indices(src, sort_keys=[(c, "ascending") for c in by])
+        schema = src.schema
+        cols = list(src.columns)
+        del src
+        for i in range(len(cols)):  # each column's sorted copy replaces it: one column extra at a time
+            cols[i] = cols[i].take(order)
+        s = pa.Table.from_arrays(cols, schema=schema)
+        del cols, order
+    else:
+        n = t.num_rows
+        if n == 0:
+            return []
+        s = t.take(pc.sort_indices(t, sort_keys=[(c, "ascending") for c in by]))
     starts = np.zeros(n, dtype=bool)
     starts[0] = True
     for c in by:  # a group starts where any key column differs from the row before (null equals null)
