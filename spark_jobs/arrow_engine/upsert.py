@@ -59,25 +59,96 @@ from spark_jobs.table.schema import carried_columns, check_batch_columns, refuse
 from spark_jobs.table.view import FileSystemView
 from spark_jobs.text import plural
 
-__all__ = ["ArrowUpsertEngine", "run_upsert"]
+__all__ = ["ArrowUpsertEngine", "run_upsert", "needed_bytes", "table_bytes", "BATCH_HOLD", "PROCESS_BYTES"]
 
 log = logging.getLogger("bucketindex.upsert")
 
 #: threads for file-group merges, index lookups and index deltas (I/O bound: reads, writes, markers)
 THREADS = max(2, min(8, 2 * (os.cpu_count() or 1)))
 
+# -- how much the upsert holds (issue 38, item 5) --------------------------------------------
+# The budget is the process's peak RSS: what ``--memory-budget`` says to set "below the memory
+# this process may use". Measured with benchmarks/memory_bounds.py (cold CLI, ``--engine
+# arrow``, RSS of the process polled every 100 ms; 9-column rows with UUID keys, 97 MiB of Arrow
+# per 1M rows; record index, copy-on-write; 2 cores, load 2-7), after the batch was made to be
+# held fewer times (no cast or dedupe copy when nothing changes, sorted copies made column by
+# column):
+#
+#   load of 1M rows into a new table      829 MiB peak  = 97 MiB + 7.5 x 97 MiB decoded
+#   1M rows (half updates) into 1M rows   884 MiB       = 97 MiB + 8.1 x 97 MiB
+#   load of 3M rows                      1977 MiB       = 97 MiB + 6.5 x 291 MiB
+#
+# (before: 1134, 1087 and 3131 MiB, against estimates of 400, 564 and 1198 MiB: the estimate then
+# was source bytes x 6 + file groups + an index bucket, and a 10M-row load peaked at 10.9 GB
+# against a 2.6 GiB estimate). Where the peak is: the write phase, holding the batch as read
+# (kept for a retry), its routed copy being sorted, and the merges' outputs; the Arrow pool's own
+# peak is ~5x the decoded batch, the rest is the allocator's retained pages and numpy/Python.
+#: bytes held at the peak per byte of the decoded batch (Arrow's ``nbytes``): the measured 6.5-8.1, rounded up
+BATCH_HOLD = 8
+#: the process before any data: interpreter, pyarrow, numpy, the engine (a cold 10-row upsert
+#: peaks at 97 MiB; 138-141 MB with a table's index and logs), rounded up
+PROCESS_BYTES = 160 << 20
+
+
+def needed_bytes(*, batch_bytes: int, table_bytes: int) -> int:
+    """The process's peak, planned: :data:`PROCESS_BYTES` + :data:`BATCH_HOLD` x the decoded
+    batch + ``table_bytes`` (:func:`table_bytes`: what the upsert reads of the table beside the
+    batch). An upper bound of the measured peaks (see above), so a run within its budget stays
+    within it; ``auto`` sizes with the batch's estimated decoded size, the engine checks again
+    with its exact size once it has read it."""
+    return PROCESS_BYTES + BATCH_HOLD * max(0, batch_bytes) + max(0, table_bytes)
+
+
+#: in-memory bytes per live key a global_simple tag holds (key text, partition, file id)
+KEY_BYTES = 96
+#: in-memory bytes per record-index entry a lookup holds (fingerprints, location codes)
+INDEX_ENTRY_BYTES = 64
+
+
+def table_bytes(*, index_type: str, view: FileSystemView | None, num_buckets: int) -> int:
+    """What the upsert holds of the table beside the batch, at worst: the largest file groups it
+    may merge at once (one per thread, decoded: ``IN_MEMORY_EXPANSION``), and one index bucket
+    (``record``) or every key of the snapshot (``global_simple``)."""
+    from spark_jobs.table.action.engine import IN_MEMORY_EXPANSION
+    from spark_jobs.table.config import INDEX_GLOBAL_SIMPLE
+
+    if view is None:
+        return 0
+    largest = sorted((s.total_size for s in view.file_groups.values()), reverse=True)[:THREADS]
+    groups = sum(largest) * IN_MEMORY_EXPANSION
+    if index_type == INDEX_GLOBAL_SIMPLE:
+        return groups + view.num_rows * KEY_BYTES
+    if index_type == INDEX_RECORD:
+        return groups + view.num_rows // max(1, num_buckets) * INDEX_ENTRY_BYTES
+    return groups
+
 
 def run_upsert(opts: UpsertOptions, *, choice: Any = None, announce: bool = True) -> dict[str, Any]:
     """Upsert one batch in-process (:func:`spark_jobs.table.action.upsert.run`; ``announce=False``:
-    the caller has logged the engine choice)."""
-    return action.run(ArrowUpsertEngine(), opts, choice=choice, announce=announce,
-                      compact=lambda table, plan: (write_plan, AUTO_CHOICE))
+    the caller has logged the engine choice). A ``choice`` with a budget holds the run to it
+    (:class:`ArrowUpsertEngine`)."""
+    return action.run(ArrowUpsertEngine(budget=getattr(choice, "budget", None)), opts, choice=choice,
+                      announce=announce, compact=lambda table, plan: (write_plan, AUTO_CHOICE))
 
 
 class ArrowUpsertEngine:
-    """The upsert's phases on Arrow tables in this process."""
+    """The upsert's phases on Arrow tables in this process.
+
+    ``budget``: bytes the run is held to (:attr:`EngineChoice.budget`). The whole batch is held in
+    memory -- deduplication, the routing of new keys to file groups and the one atomic commit are
+    decided over all of it -- so a batch whose planned peak (:func:`needed_bytes`, with the exact
+    decoded size read) is over the budget is never attempted: it is refused right after the read,
+    before anything is written, with :class:`EngineUnsupportedError` -- ``--engine auto`` then
+    runs it on Spark (one log line says why), ``--engine arrow`` with a budget fails with one line
+    (exit 2). Streaming the batch in budget-sized slices would need a second pass for dedupe
+    and routing and several writes per file group; Spark is the engine built for that, and a
+    scheduled task that runs out of memory half-way helps nobody.
+    """
 
     name = "arrow"
+
+    def __init__(self, *, budget: int | None = None) -> None:
+        self.budget = budget
 
     def session_start_ms(self) -> int | None:
         return None
@@ -93,6 +164,8 @@ class ArrowUpsertEngine:
         table_schema = view.schema if view is not None else None
         raw = opts.source_df if opts.source_df is not None else read_source(
             opts.source, opts.source_format, table_schema=table_schema)
+        if self.budget is not None and opts.source_df is None:
+            self._check_budget(raw, cfg, view)
         cols = raw.column_names
         delete_type = _spark_simple_name(raw.schema.field(opts.delete_field).type) \
             if opts.delete_field in cols else None
@@ -156,6 +229,21 @@ class ArrowUpsertEngine:
                                   partial_update=opts.partial_update)
         return PreparedBatch(frame=frame, n=n, upserts=upserts, data_schema=data_schema, rows=raw.num_rows,
                              carried=carried, base_schema=table_schema)
+
+    def _check_budget(self, raw: pa.Table, cfg: TableConfig, view: FileSystemView | None) -> None:
+        """Refuse (EngineUnsupportedError, nothing written) a batch whose planned peak with its
+        exact decoded size is over :attr:`budget`: the estimate ``auto`` chose by was made from the
+        source's footers, which a column of repeated values (dictionary pages) under-states."""
+        from spark_jobs.table.action.engine import BUDGET_SETTING, human_size
+
+        assert self.budget is not None
+        num_buckets = (view.num_buckets if view is not None else None) or cfg.num_buckets
+        need = needed_bytes(batch_bytes=raw.nbytes,
+                            table_bytes=table_bytes(index_type=cfg.index_type, view=view, num_buckets=num_buckets))
+        if need > self.budget:
+            raise EngineUnsupportedError(
+                f"the batch decodes to {human_size(raw.nbytes)} in memory, about {human_size(need)} at the arrow "
+                f"engine's peak, over the {human_size(self.budget)} budget ({BUDGET_SETTING})")
 
     # -- tag, route, write, index ----------------------------------------------------
     def write(self, attempt: Attempt) -> Written:
