@@ -113,29 +113,32 @@ def precheck_upsert(opts: UpsertOptions) -> None:
 def upsert_footprint(opts: UpsertOptions) -> int:
     """Bytes the Arrow engine's process would hold at its peak for this upsert
     (:func:`spark_jobs.arrow_engine.upsert.needed_bytes`, calibrated on measured peaks): the
-    process, the batch as decoded (estimated from the source's Parquet footers:
-    :func:`spark_jobs.arrow_engine.source.decoded_bytes`) times what the engine holds of it at
+    process, the batch's rows and its decoded bytes (from the source's Parquet footers:
+    :func:`spark_jobs.arrow_engine.source.batch_size`) times what the engine holds of them at
     once, and the largest file groups it may merge at once and an index bucket it may read, or
     every key of the table for ``global_simple``: an upper bound, so a batch ``auto`` runs
     in-process fits. The engine checks again with the exact decoded size once it has read the
     batch (a source whose footers under-state it: ``auto`` then runs Spark)."""
-    from spark_jobs.arrow_engine.source import decoded_bytes
+    from spark_jobs.arrow_engine.source import TEXT_ROW_BYTES, batch_size
     from spark_jobs.arrow_engine.upsert import needed_bytes, table_bytes
     from spark_jobs.io.filesystem import resolve
     from spark_jobs.table.table import Table
 
-    io, path = resolve(opts.source)
-    try:
-        on_disk = io.total_size(path)
-    except (OSError, ValueError):
-        on_disk = 0
-    batch = decoded_bytes(opts.source, opts.source_format, fallback=on_disk * IN_MEMORY_EXPANSION)
+    sized = batch_size(opts.source, opts.source_format)
+    if sized is None:  # not sizeable from its footers: its bytes on disk, decoded as planned elsewhere
+        io, path = resolve(opts.source)
+        try:
+            on_disk = io.total_size(path)
+        except (OSError, ValueError):
+            on_disk = 0
+        sized = (on_disk // TEXT_ROW_BYTES, on_disk * IN_MEMORY_EXPANSION)
+    rows, batch = sized
     table = Table.open(opts.table)
     if table.config is None:
-        return needed_bytes(batch_bytes=batch, table_bytes=0)
+        return needed_bytes(rows=rows, batch_bytes=batch, table_bytes=0)
     view = table.view()
-    return needed_bytes(batch_bytes=batch, table_bytes=table_bytes(index_type=table.config.index_type, view=view,
-                                                                   num_buckets=table.num_buckets(view)))
+    return needed_bytes(rows=rows, batch_bytes=batch, table_bytes=table_bytes(
+        index_type=table.config.index_type, view=view, num_buckets=table.num_buckets(view)))
 
 
 def upsert(opts: UpsertOptions, *, spark: Callable[[], Any] | None = None,

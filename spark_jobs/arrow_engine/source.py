@@ -112,31 +112,37 @@ ARROW_PER_PARQUET_BYTE = 1.5
 SIZED_FILES = 64
 
 
-def decoded_bytes(uri: str, fmt: str, *, fallback: int) -> int:
-    """About how many bytes the batch at ``uri`` takes once read into Arrow, before reading it:
-    for Parquet, the footers' uncompressed sizes (:data:`ARROW_PER_PARQUET_BYTE`; at most
-    :data:`SIZED_FILES` footers, the rest scaled by file bytes); JSON and CSV, their text's
-    bytes. ``fallback`` (the caller's own rule) for what cannot be sized so (a glob, a Hive
-    layout, an unreadable footer): the engine refuses or fails on those itself."""
+#: bytes of JSON or CSV text per row, assumed when sizing such a source before reading it
+TEXT_ROW_BYTES = 32
+
+
+def batch_size(uri: str, fmt: str) -> tuple[int, int] | None:
+    """About how many rows the batch at ``uri`` holds and how many bytes it takes once read
+    into Arrow, before reading it: for Parquet, the footers' row counts and uncompressed sizes
+    (:data:`ARROW_PER_PARQUET_BYTE`; at most :data:`SIZED_FILES` footers, the rest scaled by file
+    bytes); JSON and CSV, their text's bytes (a row per :data:`TEXT_ROW_BYTES`). None for what
+    cannot be sized so (a glob, a Hive layout, an unreadable footer): the caller's own rule
+    applies, and the engine refuses or fails on those itself."""
     try:
         io, path = resolve(uri)
         if is_glob(path):
-            return fallback
+            return None
         files = _source_files(io, path, uri, fmt)
         total = sum(f.size or 0 for f in files)
         if fmt != "parquet":
-            return total
+            return total // TEXT_ROW_BYTES, total
         sample = files[:SIZED_FILES]
-        sized = 0
+        rows = sized = 0
         for f in sample:
             with io.fs.open_input_file(f.path) as fh:
                 md = pq.ParquetFile(fh).metadata
+                rows += md.num_rows
                 sized += sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups))
         sample_bytes = sum(f.size or 0 for f in sample)
         scale = total / sample_bytes if sample_bytes else 1.0
-        return int(sized * scale * ARROW_PER_PARQUET_BYTE)
+        return int(rows * scale), int(sized * scale * ARROW_PER_PARQUET_BYTE)
     except (OSError, ValueError, pa.ArrowException, BadInputError):
-        return fallback
+        return None
 
 
 def read_source(uri: str, fmt: str, *, table_schema: pa.Schema | None) -> pa.Table:

@@ -59,7 +59,8 @@ from spark_jobs.table.schema import carried_columns, check_batch_columns, refuse
 from spark_jobs.table.view import FileSystemView
 from spark_jobs.text import plural
 
-__all__ = ["ArrowUpsertEngine", "run_upsert", "needed_bytes", "table_bytes", "BATCH_HOLD", "PROCESS_BYTES"]
+__all__ = ["ArrowUpsertEngine", "run_upsert", "needed_bytes", "table_bytes", "BATCH_HOLD", "ROW_BYTES",
+           "PROCESS_BYTES"]
 
 log = logging.getLogger("bucketindex.upsert")
 
@@ -68,35 +69,41 @@ THREADS = max(2, min(8, 2 * (os.cpu_count() or 1)))
 
 # -- how much the upsert holds (issue 38, item 5) --------------------------------------------
 # The budget is the process's peak RSS: what ``--memory-budget`` says to set "below the memory
-# this process may use". Measured with benchmarks/memory_bounds.py (cold CLI, ``--engine
-# arrow``, RSS of the process polled every 100 ms; 9-column rows with UUID keys, 97 MiB of Arrow
-# per 1M rows; record index, copy-on-write; 2 cores, load 2-7), after the batch was made to be
+# this process may use". Measured (cold CLI, ``--engine arrow``, record index, copy-on-write, a
+# new table unless noted; the kernel's high-water mark ``/usr/bin/time -f %M``, or RSS polled
+# every 100 ms by benchmarks/memory_bounds.py; 2 cores, load 2-8), after the batch was made to be
 # held fewer times (no cast or dedupe copy when nothing changes, sorted copies made column by
 # column):
 #
-#   load of 1M rows into a new table      829 MiB peak  = 97 MiB + 7.5 x 97 MiB decoded
-#   1M rows (half updates) into 1M rows   884 MiB       = 97 MiB + 8.1 x 97 MiB
-#   load of 3M rows                      1977 MiB       = 97 MiB + 6.5 x 291 MiB
+#   rows  data                                  decoded   peak RSS
+#   200k  narrow: 5 columns, 13-byte keys        9.7 MiB   278 MiB
+#   1M    narrow                                48.8 MiB   676 MiB
+#   200k  benchmark rows: 9 columns, UUIDs      19.5 MiB   332 MiB
+#   1M    benchmark rows                        97.0 MiB   829 MiB (polled); 884 MiB into a 1M table
+#   3M    benchmark rows                         291 MiB  1977 MiB (polled); 1790 MiB into a 3M table
 #
-# (before: 1134, 1087 and 3131 MiB, against estimates of 400, 564 and 1198 MiB: the estimate then
-# was source bytes x 6 + file groups + an index bucket, and a 10M-row load peaked at 10.9 GB
-# against a 2.6 GiB estimate). Where the peak is: the write phase, holding the batch as read
-# (kept for a retry), its routed copy being sorted, and the merges' outputs; the Arrow pool's own
-# peak is ~5x the decoded batch, the rest is the allocator's retained pages and numpy/Python.
-#: bytes held at the peak per byte of the decoded batch (Arrow's ``nbytes``): the measured 6.5-8.1, rounded up
-BATCH_HOLD = 8
-#: the process before any data: interpreter, pyarrow, numpy, the engine (a cold 10-row upsert
-#: peaks at 97 MiB; 138-141 MB with a table's index and logs), rounded up
-PROCESS_BYTES = 160 << 20
+# Fitted: ~180-210 MiB fixed + ~390 B a row (the columns the engine adds: record key, partition,
+# tags, target file groups, ops, index entries, sort orders, dedupe's hash table) + ~2.5 x the
+# decoded batch (as read, kept for a retry; its routed copy, sorted; the merges' output). Before
+# those changes the same 1M / 3M loads peaked at 1134 / 3131 MiB against estimates of 400 / 1198
+# MiB (source bytes x 6 + file groups + an index bucket), and a 10M-row load at 10.9 GB against
+# 2.6 GiB. The constants below round the fit up (8-25 % above every measured peak).
+#: the process before and beside the data: interpreter, pyarrow, numpy, the engine's threads and
+#: the allocator's arenas (the fit's intercept; a cold 10-row upsert peaks at 97 MiB)
+PROCESS_BYTES = 224 << 20
+#: bytes held at the peak per row of the batch, whatever its width (the columns the engine adds)
+ROW_BYTES = 448
+#: bytes held at the peak per byte of the decoded batch (Arrow's ``nbytes``)
+BATCH_HOLD = 3
 
 
-def needed_bytes(*, batch_bytes: int, table_bytes: int) -> int:
-    """The process's peak, planned: :data:`PROCESS_BYTES` + :data:`BATCH_HOLD` x the decoded
-    batch + ``table_bytes`` (:func:`table_bytes`: what the upsert reads of the table beside the
-    batch). An upper bound of the measured peaks (see above), so a run within its budget stays
-    within it; ``auto`` sizes with the batch's estimated decoded size, the engine checks again
-    with its exact size once it has read it."""
-    return PROCESS_BYTES + BATCH_HOLD * max(0, batch_bytes) + max(0, table_bytes)
+def needed_bytes(*, rows: int, batch_bytes: int, table_bytes: int) -> int:
+    """The process's peak, planned: :data:`PROCESS_BYTES` + :data:`ROW_BYTES` a row +
+    :data:`BATCH_HOLD` x the decoded batch + ``table_bytes`` (:func:`table_bytes`: what the upsert
+    reads of the table beside the batch). An upper bound of the measured peaks (above), so a run
+    within its budget stays within it; ``auto`` sizes with the batch's estimated size, the engine
+    checks again with its exact size once it has read it."""
+    return PROCESS_BYTES + ROW_BYTES * max(0, rows) + BATCH_HOLD * max(0, batch_bytes) + max(0, table_bytes)
 
 
 #: in-memory bytes per live key a global_simple tag holds (key text, partition, file id)
@@ -238,12 +245,12 @@ class ArrowUpsertEngine:
 
         assert self.budget is not None
         num_buckets = (view.num_buckets if view is not None else None) or cfg.num_buckets
-        need = needed_bytes(batch_bytes=raw.nbytes,
+        need = needed_bytes(rows=raw.num_rows, batch_bytes=raw.nbytes,
                             table_bytes=table_bytes(index_type=cfg.index_type, view=view, num_buckets=num_buckets))
         if need > self.budget:
             raise EngineUnsupportedError(
-                f"the batch decodes to {human_size(raw.nbytes)} in memory, about {human_size(need)} at the arrow "
-                f"engine's peak, over the {human_size(self.budget)} budget ({BUDGET_SETTING})")
+                f"the batch ({plural(raw.num_rows, 'row')}) decodes to {human_size(raw.nbytes)} in memory, about {human_size(need)} at the arrow "
+                f"engine's peak, over the {human_size(self.budget)} budget that {BUDGET_SETTING} sets")
 
     # -- tag, route, write, index ----------------------------------------------------
     def write(self, attempt: Attempt) -> Written:
