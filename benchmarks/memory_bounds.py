@@ -11,8 +11,8 @@ under a given ``--memory-budget`` (the decision only: Spark is not started).
         [--budgets 256m,1g] [--index record]
 
 Each upsert runs as ``python -m spark_jobs.cli upsert ... --engine arrow`` (no budget: the
-engine is not sized, so it runs whatever the estimate) with its tree's RSS polled every 100 ms
-(``compare_peers.PeakRss``). Rows: ``compare_peers.make_rows`` (9 columns, UUID keys). The last
+engine is not sized, so it runs whatever the estimate), its peak the kernel's high-water mark of
+its RSS (``ru_maxrss`` of the child: what ``/usr/bin/time -f %M`` prints). Rows: ``compare_peers.make_rows`` (9 columns, UUID keys). The last
 line is one JSON object.
 """
 
@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -33,11 +34,12 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from compare_peers import make_rows, run_cold, uuid4_strings  # noqa: E402
+from compare_peers import make_rows, uuid4_strings  # noqa: E402
 from machine_info import cpu_model, mem_total_gb  # noqa: E402
 from results import emit_result  # noqa: E402
 
 MIB = 1 << 20
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def log(msg: str) -> None:
@@ -73,20 +75,38 @@ def estimate(table: Path, source: Path, index: str, budget: str | None) -> dict:
             "auto_picks": choose_engine(requested="auto", needed_bytes=needed, budget=b, announce=False).engine}
 
 
-def upsert(table: Path, source: Path, index: str, logs: Path, name: str) -> dict:
-    cmd = [sys.executable, "-m", "spark_jobs.cli", "upsert", str(table), str(source), "--record-key", "id",
-           "--precombine-field", "ts", "--index", index, "--engine", "arrow"]
-    rec = run_cold(cmd, logs, name, timeout=3600)
-    if rec["rc"] != 0:
-        raise SystemExit(f"{name} failed: {rec.get('error')}")
-    return {"time_s": rec["time_s"], "peak_rss_mib": round(rec["peak_mem_mb"] * 1e6 / MIB, 1),
-            "timings_ms": (rec.get("result") or {}).get("timings_ms")}
+#: runs the CLI and prints the kernel's high-water mark of its RSS (``ru_maxrss``, KiB): exact,
+#: where polling every 100 ms misses short peaks
+_PEAK = ("import json, resource, subprocess, sys; p = subprocess.run(sys.argv[1:]); "
+         "print(json.dumps({'rc': p.returncode, 'maxrss_kib': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}))")
+
+
+def upsert(table: Path, source: Path, index: str, table_type: str) -> dict:
+    cmd = [sys.executable, "-c", _PEAK, sys.executable, "-m", "spark_jobs.cli", "upsert", str(table), str(source),
+           "--record-key", "id", "--precombine-field", "ts", "--index", index, "--table-type", table_type,
+           "--engine", "arrow"]
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    wall = time.perf_counter() - t0
+    lines = p.stdout.strip().splitlines()
+    peak = json.loads(lines[-1])
+    if peak["rc"] != 0:
+        raise SystemExit(f"upsert of {source} failed: {p.stderr[-2000:]}")
+    result = json.loads(lines[-2])
+    return {"time_s": round(wall, 2), "peak_rss_mib": round(peak["maxrss_kib"] / 1024, 1),
+            "timings_ms": result.get("timings_ms")}
+
+
+def _commit() -> str:
+    p = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    return p.stdout.strip()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="1000000,3000000")
-    ap.add_argument("--budgets", default="256m,1g,4g")
+    ap.add_argument("--budgets", default="default,256m,1g,4g")
+    ap.add_argument("--table-type", default="copy_on_write")
     ap.add_argument("--index", default="record")
     ap.add_argument("--workdir")
     ap.add_argument("--json-out")
@@ -96,20 +116,25 @@ def main() -> None:
     runs = []
     for n in [int(s) for s in args.sizes.split(",")]:
         load, batch = generate(work, n)
-        table = work / f"t_{args.index}_{n}"
+        table = work / f"t_{args.index}_{args.table_type}_{n}"
         shutil.rmtree(table, ignore_errors=True)
         for step, src in (("load", load), ("batch", batch)):
-            run = {"rows": n, "step": step, "source_mib": round(src.stat().st_size / MIB, 1),
-                   "decoded_mib": round(pq.read_metadata(src).to_dict()["row_groups"][0]["total_byte_size"]
-                                        * 0 + sum(pq.ParquetFile(src).metadata.row_group(i).total_byte_size
-                                                  for i in range(pq.ParquetFile(src).num_row_groups)) / MIB, 1)}
-            run["auto"] = {b: estimate(table, src, args.index, b) for b in args.budgets.split(",")}
+            md = pq.read_metadata(src)
+            run = {"rows": n, "step": step, "table_type": args.table_type,
+                   "source_mib": round(src.stat().st_size / MIB, 1),
+                   "footer_uncompressed_mib": round(sum(md.row_group(i).total_byte_size
+                                                        for i in range(md.num_row_groups)) / MIB, 1),
+                   "arrow_mib": round(pq.read_table(src).nbytes / MIB, 1)}
+            run["auto"] = {b: estimate(table, src, args.index, None if b == "default" else b)
+                           for b in args.budgets.split(",")}
             run["estimate_mib"] = next(iter(run["auto"].values()))["estimate_mib"]
-            run.update(upsert(table, src, args.index, work / "logs", f"{step}_{n}"))
+            run.update(upsert(table, src, args.index, args.table_type))
+            run["peak_over_estimate"] = round(run["peak_rss_mib"] / run["estimate_mib"], 2)
+            run["loadavg"] = round(os.getloadavg()[0], 1)
             runs.append(run)
             log(json.dumps(run))
     load_avg = os.getloadavg()
-    emit_result({"benchmark": "memory_bounds", "index": args.index, "runs": runs,
+    emit_result({"benchmark": "memory_bounds", "index": args.index, "runs": runs, "commit": _commit(),
                  "env": {"cpu": cpu_model(), "mem_gb": mem_total_gb(), "cores": os.cpu_count(),
                          "loadavg_end": load_avg[0]}}, args.json_out)
 
