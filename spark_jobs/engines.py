@@ -33,7 +33,6 @@ from spark_jobs.table.action.engine import (
     needs_sizing,
 )
 from spark_jobs.table.action.upsert import UpsertOptions
-from spark_jobs.table.config import INDEX_GLOBAL_SIMPLE, INDEX_RECORD
 
 if TYPE_CHECKING:
     from spark_jobs.io.filesystem import FileIO
@@ -49,10 +48,6 @@ __all__ = ["run", "ReadResult", "upsert", "upsert_footprint", "precheck_upsert",
 
 log = logging.getLogger("bucketindex.engine")
 
-#: in-memory bytes per live key a global_simple tag holds (key text, partition, file id)
-KEY_BYTES = 96
-#: in-memory bytes per record-index entry a lookup holds (fingerprints, location codes)
-INDEX_ENTRY_BYTES = 64
 
 
 #: ``decide(needed)``: a caller's own engine choice, given the verb's sizing ``needed()`` (bytes
@@ -116,35 +111,34 @@ def precheck_upsert(opts: UpsertOptions) -> None:
 
 
 def upsert_footprint(opts: UpsertOptions) -> int:
-    """Bytes the Arrow engine would hold at its peak for this upsert: the batch, plus the largest
-    file groups it may rewrite at once (one per merge thread) and an index bucket it may read,
-    or every key of the table for ``global_simple``: an upper bound, so a batch ``auto`` runs
-    in-process fits."""
+    """Bytes the Arrow engine's process would hold at its peak for this upsert
+    (:func:`spark_jobs.arrow_engine.upsert.needed_bytes`, calibrated on measured peaks): the
+    process, the batch's rows and its decoded bytes (from the source's Parquet footers:
+    :func:`spark_jobs.arrow_engine.source.batch_size`) times what the engine holds of them at
+    once, and the largest file groups it may merge at once and an index bucket it may read, or
+    every key of the table for ``global_simple``: an upper bound, so a batch ``auto`` runs
+    in-process fits. The engine checks again with the exact decoded size once it has read the
+    batch (a source whose footers under-state it: ``auto`` then runs Spark)."""
+    from spark_jobs.arrow_engine.source import TEXT_ROW_BYTES, batch_size
+    from spark_jobs.arrow_engine.upsert import needed_bytes, table_bytes
     from spark_jobs.io.filesystem import resolve
     from spark_jobs.table.table import Table
 
-    io, path = resolve(opts.source)
-    try:
-        batch = io.total_size(path) * IN_MEMORY_EXPANSION
-    except (OSError, ValueError):
-        batch = 0
+    sized = batch_size(opts.source, opts.source_format)
+    if sized is None:  # not sizeable from its footers: its bytes on disk, decoded as planned elsewhere
+        io, path = resolve(opts.source)
+        try:
+            on_disk = io.total_size(path)
+        except (OSError, ValueError):
+            on_disk = 0
+        sized = (on_disk // TEXT_ROW_BYTES, on_disk * IN_MEMORY_EXPANSION)
+    rows, batch = sized
     table = Table.open(opts.table)
     if table.config is None:
-        return batch
+        return needed_bytes(rows=rows, batch_bytes=batch, table_bytes=0)
     view = table.view()
-    from spark_jobs.arrow_engine.upsert import THREADS
-
-    # the engine merges up to THREADS file groups at once: the largest ones, at worst
-    largest = sorted((s.total_size for s in view.file_groups.values()), reverse=True)[:THREADS]
-    groups = sum(largest) * IN_MEMORY_EXPANSION
-    cfg = table.config
-    if cfg.index_type == INDEX_GLOBAL_SIMPLE:
-        tag = view.num_rows * KEY_BYTES
-    elif cfg.index_type == INDEX_RECORD:
-        tag = view.num_rows // max(1, table.num_buckets(view)) * INDEX_ENTRY_BYTES
-    else:
-        tag = 0
-    return batch + groups + tag
+    return needed_bytes(rows=rows, batch_bytes=batch, table_bytes=table_bytes(
+        index_type=table.config.index_type, view=view, num_buckets=table.num_buckets(view)))
 
 
 def upsert(opts: UpsertOptions, *, spark: Callable[[], Any] | None = None,

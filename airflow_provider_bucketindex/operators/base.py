@@ -334,7 +334,8 @@ class BucketIndexEngineMixin:
             # announce=False: the line below is the choice's one log line
             auto = choose_engine(requested=AUTO, needed_bytes=int(needed_bytes()), budget=limit, announce=False)
             where = "in the Airflow task" if auto.engine == ARROW else "submitted to Spark"
-            choice = EngineChoice(auto.engine, f"engine='auto': {auto.reason}; {where}")
+            # the budget goes with the choice: the in-task engine checks the batch's exact size against it
+            choice = EngineChoice(auto.engine, f"engine='auto': {auto.reason}; {where}", budget=auto.budget)
         self.log.info("%s: engine %s (%s)", verb, choice.engine, choice.reason)
         return requested, choice
 

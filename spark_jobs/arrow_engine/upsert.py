@@ -59,25 +59,117 @@ from spark_jobs.table.schema import carried_columns, check_batch_columns, refuse
 from spark_jobs.table.view import FileSystemView
 from spark_jobs.text import plural
 
-__all__ = ["ArrowUpsertEngine", "run_upsert"]
+__all__ = ["ArrowUpsertEngine", "run_upsert", "needed_bytes", "table_bytes", "BATCH_HOLD", "ROW_BYTES",
+           "PROCESS_BYTES"]
 
 log = logging.getLogger("bucketindex.upsert")
 
 #: threads for file-group merges, index lookups and index deltas (I/O bound: reads, writes, markers)
 THREADS = max(2, min(8, 2 * (os.cpu_count() or 1)))
 
+# -- how much the upsert holds (issue 38, item 5) --------------------------------------------
+# The budget is the process's peak RSS: what ``--memory-budget`` says to set "below the memory
+# this process may use". Measured (cold CLI, ``--engine arrow``, record index, copy-on-write, a
+# new table unless noted; the kernel's high-water mark ``/usr/bin/time -f %M``, or RSS polled
+# every 100 ms by benchmarks/memory_bounds.py; 2 cores, load 2-8), after the batch was made to be
+# held fewer times (no cast or dedupe copy when nothing changes, sorted copies made column by
+# column):
+#
+#   rows  data                                  decoded   peak RSS
+#   200k  narrow: 5 columns, 13-byte keys        9.7 MiB   278 MiB
+#   1M    narrow                                48.8 MiB   676 MiB
+#   200k  benchmark rows: 9 columns, UUIDs      19.5 MiB   332 MiB
+#   1M    benchmark rows                        97.0 MiB   829 MiB (polled); 884 MiB into a 1M table
+#   3M    benchmark rows                         291 MiB  1977 MiB (polled); 1790 MiB into a 3M table
+#
+# Fitted: ~180-210 MiB fixed + ~390 B a row (the columns the engine adds: record key, partition,
+# tags, target file groups, ops, index entries, sort orders, dedupe's hash table) + ~2.5 x the
+# decoded batch (as read, kept for a retry; its routed copy, sorted; the merges' output). Before
+# those changes the same 1M / 3M loads peaked at 1134 / 3131 MiB against estimates of 400 / 1198
+# MiB (source bytes x 6 + file groups + an index bucket), and a 10M-row load at 10.9 GB against
+# 2.6 GiB. The constants below round the fit up (8-25 % above every measured peak).
+#: the process before and beside the data: interpreter, pyarrow, numpy, the engine's threads and
+#: the allocator's arenas (the fit's intercept; a cold 10-row upsert peaks at 97 MiB)
+PROCESS_BYTES = 224 << 20
+#: bytes held at the peak per row of the batch, whatever its width (the columns the engine adds)
+ROW_BYTES = 448
+#: bytes held at the peak per byte of the decoded batch (Arrow's ``nbytes``)
+BATCH_HOLD = 3
+
+
+def needed_bytes(*, rows: int, batch_bytes: int, table_bytes: int) -> int:
+    """The process's peak, planned: :data:`PROCESS_BYTES` + :data:`ROW_BYTES` a row +
+    :data:`BATCH_HOLD` x the decoded batch + ``table_bytes`` (:func:`table_bytes`: what the upsert
+    reads of the table beside the batch). An upper bound of the measured peaks (above), so a run
+    within its budget stays within it; ``auto`` sizes with the batch's estimated size, the engine
+    checks again with its exact size once it has read it."""
+    return PROCESS_BYTES + ROW_BYTES * max(0, rows) + BATCH_HOLD * max(0, batch_bytes) + max(0, table_bytes)
+
+
+#: in-memory bytes per live key a global_simple tag holds (key text, partition, file id)
+KEY_BYTES = 96
+#: in-memory bytes per record-index entry a lookup holds (fingerprints, location codes)
+INDEX_ENTRY_BYTES = 64
+#: bytes held per byte of a file group merged (its Parquet file's size): the base decoded, the
+#: merged result, the writer's buffers, and the allocator's per-thread heaps (mimalloc keeps what
+#: a merge thread freed). Measured: a 10k-row batch of updates into a 4.5M-row copy-on-write
+#: table (45 groups of 6.7 MiB, 4 merged at once; 16 buckets) peaked at 460-491 MiB, ~250 MiB of
+#: it for the merges and the mapped index: 8.9 x the 4 groups' bytes (planned at 6 x, without the
+#: mapped index: a 410 MiB estimate; now 599 MiB)
+GROUP_HOLD = 10
+#: bytes of record-index file per entry (sizing.md section 3: 17.9-19.3 after compaction)
+INDEX_FILE_BYTES = 19
+
+
+def table_bytes(*, index_type: str, view: FileSystemView | None, num_buckets: int) -> int:
+    """What the upsert holds of the table beside the batch, at worst: the largest file groups it
+    may merge at once (one per thread, :data:`GROUP_HOLD` x their bytes), and for ``record`` one
+    bucket's entries looked up plus the index files the lookups map -- every touched bucket's
+    file stays mapped in the process's open-file cache, up to its bound
+    (``record_index.CACHE_MAX_BYTES``), and their pages count in the process's RSS -- or for
+    ``global_simple`` every key of the snapshot."""
+    from spark_jobs.table.config import INDEX_GLOBAL_SIMPLE
+
+    if view is None:
+        return 0
+    largest = sorted((s.total_size for s in view.file_groups.values()), reverse=True)[:THREADS]
+    groups = sum(largest) * GROUP_HOLD
+    if index_type == INDEX_GLOBAL_SIMPLE:
+        return groups + view.num_rows * KEY_BYTES
+    if index_type == INDEX_RECORD:
+        from spark_jobs.index.record_index import CACHE_MAX_BYTES
+
+        mapped = min(view.num_rows * INDEX_FILE_BYTES, CACHE_MAX_BYTES)
+        return groups + mapped + view.num_rows // max(1, num_buckets) * INDEX_ENTRY_BYTES
+    return groups
+
 
 def run_upsert(opts: UpsertOptions, *, choice: Any = None, announce: bool = True) -> dict[str, Any]:
     """Upsert one batch in-process (:func:`spark_jobs.table.action.upsert.run`; ``announce=False``:
-    the caller has logged the engine choice)."""
-    return action.run(ArrowUpsertEngine(), opts, choice=choice, announce=announce,
-                      compact=lambda table, plan: (write_plan, AUTO_CHOICE))
+    the caller has logged the engine choice). A ``choice`` with a budget holds the run to it
+    (:class:`ArrowUpsertEngine`)."""
+    return action.run(ArrowUpsertEngine(budget=getattr(choice, "budget", None)), opts, choice=choice,
+                      announce=announce, compact=lambda table, plan: (write_plan, AUTO_CHOICE))
 
 
 class ArrowUpsertEngine:
-    """The upsert's phases on Arrow tables in this process."""
+    """The upsert's phases on Arrow tables in this process.
+
+    ``budget``: bytes the run is held to (:attr:`EngineChoice.budget`). The whole batch is held in
+    memory -- deduplication, the routing of new keys to file groups and the one atomic commit are
+    decided over all of it -- so a batch whose planned peak (:func:`needed_bytes`, with the exact
+    decoded size read) is over the budget is never attempted: it is refused right after the read,
+    before anything is written, with :class:`EngineUnsupportedError` -- ``--engine auto`` then
+    runs it on Spark (one log line says why), ``--engine arrow`` with a budget fails with one line
+    (exit 2). Streaming the batch in budget-sized slices would need a second pass for dedupe
+    and routing and several writes per file group; Spark is the engine built for that, and a
+    scheduled task that runs out of memory half-way helps nobody.
+    """
 
     name = "arrow"
+
+    def __init__(self, *, budget: int | None = None) -> None:
+        self.budget = budget
 
     def session_start_ms(self) -> int | None:
         return None
@@ -93,6 +185,8 @@ class ArrowUpsertEngine:
         table_schema = view.schema if view is not None else None
         raw = opts.source_df if opts.source_df is not None else read_source(
             opts.source, opts.source_format, table_schema=table_schema)
+        if self.budget is not None and opts.source_df is None:
+            self._check_budget(raw, cfg, view)
         cols = raw.column_names
         delete_type = _spark_simple_name(raw.schema.field(opts.delete_field).type) \
             if opts.delete_field in cols else None
@@ -141,9 +235,11 @@ class ArrowUpsertEngine:
         ident = [{PART: parts, KEY: keys}[c] for c in rules.identity_columns(cfg)]
         identity = ident[0] if len(ident) == 1 else pc.binary_join_element_wise(*ident, "\x00")
         keep = rules.dedupe_winners(identity, pre, order_cols, any(_has_map(c.type) for c in order_cols))
+        del identity, order_cols, pre
         frame = cast.append_column(KEY, keys).select(data_schema.names)
         frame = frame.append_column(DEL, pa.array(deletes)).append_column(PART, parts)
-        frame = frame.take(pa.array(keep))
+        if len(keep) < frame.num_rows:  # a batch without duplicates is kept as read: no copy of it
+            frame = frame.take(pa.array(keep))
         frame = _renamed_partitions(frame, rules.legacy_aliases(cfg, view))
         n = frame.num_rows
         upserts = int(n - np.count_nonzero(frame.column(DEL).to_numpy(zero_copy_only=False)))
@@ -155,11 +251,26 @@ class ArrowUpsertEngine:
         return PreparedBatch(frame=frame, n=n, upserts=upserts, data_schema=data_schema, rows=raw.num_rows,
                              carried=carried, base_schema=table_schema)
 
+    def _check_budget(self, raw: pa.Table, cfg: TableConfig, view: FileSystemView | None) -> None:
+        """Refuse (EngineUnsupportedError, nothing written) a batch whose planned peak with its
+        exact decoded size is over :attr:`budget`: the estimate ``auto`` chose by was made from the
+        source's footers, which a column of repeated values (dictionary pages) under-states."""
+        from spark_jobs.table.action.engine import BUDGET_SETTING, human_size
+
+        assert self.budget is not None
+        num_buckets = (view.num_buckets if view is not None else None) or cfg.num_buckets
+        need = needed_bytes(rows=raw.num_rows, batch_bytes=raw.nbytes,
+                            table_bytes=table_bytes(index_type=cfg.index_type, view=view, num_buckets=num_buckets))
+        if need > self.budget:
+            raise EngineUnsupportedError(
+                f"the batch ({plural(raw.num_rows, 'row')}) decodes to {human_size(raw.nbytes)} in memory, about {human_size(need)} at the arrow "
+                f"engine's peak, over the {human_size(self.budget)} budget that {BUDGET_SETTING} sets")
+
     # -- tag, route, write, index ----------------------------------------------------
     def write(self, attempt: Attempt) -> Written:
         a = attempt
         cfg, view, table = a.cfg, a.view, a.table
-        batch: pa.Table = a.batch.frame.combine_chunks()
+        batch: pa.Table = a.batch.frame  # held by the action for a retry: never copied whole here
         keys = batch.column(KEY).combine_chunks()
         if cfg.index_type == INDEX_BUCKET:
             old_part = old_fid = pa.nulls(batch.num_rows, pa.string())
@@ -192,7 +303,10 @@ class ArrowUpsertEngine:
             carried=a.batch.carried,
         )
         task = tasks.append_log if cfg.merge_on_read else tasks.merge_file_group
-        groups = _groups(actions, [TPART, TFID])
+        del tagged, batch, keys, old_part, old_fid
+        routed = _Consumed(actions)  # the routed copy is freed column by column as it is sorted
+        del actions
+        groups = _groups(routed, [TPART, TFID])
 
         def merge(i: int, group: tuple[tuple[str, str], pa.Table]) -> pa.Table:
             (part, fid), rows = group
@@ -200,29 +314,38 @@ class ArrowUpsertEngine:
             return task((pa.scalar(part, pa.string()), pa.scalar(fid, pa.string())), rows, ctx=own)
 
         outputs = _parallel(merge, groups)
+        del groups  # the sorted batch: written
         merged = pa.concat_tables(outputs) if outputs else tasks._merge_schema().empty_table()
+        del outputs
         is_file = pc.equal(merged.column("kind"), "file")
         files = merged.filter(is_file).to_pylist()
+        # rows decided without writing (the action's rule: action.read_set): the merges' and the routing's
+        reads = pa.concat_tables([merged.filter(pc.equal(merged.column("kind"), action.READ))
+                                  .select(["key", "part", "fid"]), decided])
+        entries = merged.filter(pc.equal(merged.column("kind"), "index")).select(["key", "part", "fid", "tomb"]) \
+            if cfg.index_type == INDEX_RECORD else None
+        del merged, is_file
         logs = sum(1 for f in files if f["path"] and f["log"])
         a.phases.done("write", plural(sum(1 for f in files if f['path'] and not f['log']), "data file")
                       + (f", {plural(logs, 'log')}" if cfg.merge_on_read else ""))
         index_added: list[dict[str, Any]] = []
-        if cfg.index_type == INDEX_RECORD:
-            entries = merged.filter(pc.equal(merged.column("kind"), "index")).select(["key", "part", "fid", "tomb"])
+        if entries is not None:
             buckets = bucket_ids(entries.column("key").combine_chunks(), a.num_buckets)
             entries = entries.append_column("bucket", pa.array(buckets.astype(np.int32)))
+            del buckets
 
             def delta(group: tuple[tuple[int], pa.Table]) -> pa.Table:
                 (bucket,), rows = group
                 return tasks.write_index_delta((pa.scalar(bucket, pa.int32()),), rows, table_uri=table.uri,
                                                instant=a.instant, snapshot_seq=a.planned_seq)
 
-            written = _parallel(lambda _, g: delta(g), _groups(entries, ["bucket"]))
+            consumed = _Consumed(entries)
+            del entries
+            by_bucket_groups = _groups(consumed, ["bucket"])
+            written = _parallel(lambda _, g: delta(g), by_bucket_groups)
+            del by_bucket_groups
             index_added = [r for w in written for r in w.to_pylist()]
             a.phases.done("index", plural(len(index_added), "index delta"))
-        # rows decided without writing (the action's rule: action.read_set): the merges' and the routing's
-        reads = pa.concat_tables([merged.filter(pc.equal(merged.column("kind"), action.READ))
-                                  .select(["key", "part", "fid"]), decided])
         read_files: list[dict[str, Any]] = []
         if action.needs_read_files(cfg.index_type) and reads.num_rows:
             rb = bucket_ids(reads.column("key").combine_chunks(), a.num_buckets)
@@ -552,12 +675,37 @@ def _new_file_groups(cfg: TableConfig, view: FileSystemView, rows: pa.Table,
     return pa.array(tfid.tolist(), pa.string())
 
 
-def _groups(t: pa.Table, by: list[str]) -> list[tuple[tuple, pa.Table]]:
-    """``t`` split by the values of ``by``, in sorted order of those values (a deterministic plan)."""
-    n = t.num_rows
-    if n == 0:
-        return []
-    s = t.take(pc.sort_indices(t, sort_keys=[(c, "ascending") for c in by]))
+class _Consumed:
+    """A table handed to :func:`_groups` to be consumed: its columns are released one by one as
+    their sorted copies are made, so sorting holds the table once plus one column, not twice
+    (the caller drops its own reference before the groups are used)."""
+
+    def __init__(self, t: pa.Table) -> None:
+        self.t: pa.Table | None = t
+
+
+def _groups(t: "pa.Table | _Consumed", by: list[str]) -> list[tuple[tuple, pa.Table]]:
+    """``t`` split by the values of ``by``, in sorted order of those values (a deterministic plan).
+    A :class:`_Consumed` table is released column by column while it is sorted."""
+    if isinstance(t, _Consumed):
+        assert t.t is not None
+        src, t.t = t.t, None
+        n = src.num_rows
+        if n == 0:
+            return []
+        order = pc.sort_indices(src, sort_keys=[(c, "ascending") for c in by])
+        schema = src.schema
+        cols = list(src.columns)
+        del src
+        for i in range(len(cols)):  # each column's sorted copy replaces it: one column extra at a time
+            cols[i] = cols[i].take(order)
+        s = pa.Table.from_arrays(cols, schema=schema)
+        del cols, order
+    else:
+        n = t.num_rows
+        if n == 0:
+            return []
+        s = t.take(pc.sort_indices(t, sort_keys=[(c, "ascending") for c in by]))
     starts = np.zeros(n, dtype=bool)
     starts[0] = True
     for c in by:  # a group starts where any key column differs from the row before (null equals null)

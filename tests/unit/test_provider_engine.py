@@ -17,6 +17,8 @@ import sys
 import threading
 import time
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_bucketindex.demo import sample_data, sandbox
@@ -169,6 +171,27 @@ def test_a_batch_over_the_memory_budget_is_submitted_with_engine_spark(ops, tmp_
     assert cmd == op.spark_submit_command("ingest/scheduled__2024-01-01T00:00:00+00:00/upsert")
     assert cmd[-2:] == ["--engine", "spark"], "the job must not decide again"
     assert not os.path.exists(table), "nothing was attempted in the task"
+
+
+def test_a_batch_whose_footers_understate_it_is_submitted_after_the_task_read_it(ops, tmp_path, submitted):  # type: ignore[no-untyped-def]
+    """auto sizes the batch from its footers (a few hundred KB of one repeated 2,000-character
+    value: fits 400 MiB) and runs it in the task; the engine, having read 116 MiB, finds it over
+    the budget the choice carried and hands it to Spark before writing anything."""
+    from airflow.sdk.exceptions import AirflowException
+
+    source = tmp_path / "landing" / "wide.parquet"
+    source.parent.mkdir(parents=True)
+    note = pa.DictionaryArray.from_arrays(pa.array([0] * 60_000, pa.int32()), pa.array(["x" * 2000]))
+    pq.write_table(pa.table({"id": [f"r{i:07d}" for i in range(60_000)], "ts": list(range(60_000)),
+                             "is_deleted": [False] * 60_000, "note": note}),
+                   source, compression="zstd", store_schema=False)
+    table = str(tmp_path / "t")
+    op = _upsert(ops, table, str(source), memory_budget="400m")
+    with pytest.raises(AirflowException, match="no commit"):  # the recorder ran nothing
+        op.execute({"ti": FakeTI()})
+    (cmd,) = submitted
+    assert cmd[-2:] == ["--engine", "spark"], "the job must not decide again"
+    assert not os.path.exists(table), "nothing was written in the task"
 
 
 @pytest.mark.parametrize("task_engine,conn_extra,expected", [

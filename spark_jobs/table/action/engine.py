@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from spark_jobs.exceptions import BadInputError
 
 __all__ = ["ENGINES", "AUTO", "SPARK", "ARROW", "EngineChoice", "memory_budget", "choose_engine",
-           "IN_MEMORY_EXPANSION", "parse_size", "budget_given", "needs_sizing", "BUDGET_SETTING"]
+           "IN_MEMORY_EXPANSION", "parse_size", "human_size", "budget_given", "needs_sizing", "BUDGET_SETTING"]
 
 log = logging.getLogger("bucketindex.engine")
 
@@ -86,9 +86,20 @@ def needs_sizing(requested: str | None, *, spark_requested: str | None, override
 class EngineChoice:
     engine: str  # spark | arrow
     reason: str
+    #: bytes an Arrow run is held to (the budget it was chosen within: ``auto``, or ``--engine
+    #: arrow`` with a budget the user set); None: not held to one (``--engine arrow`` alone, the
+    #: user's call). The in-process upsert checks its exact figures against it once it has read
+    #: the batch, and refuses before writing when they are over (``auto`` then runs Spark).
+    #: Not recorded in the commit (:meth:`as_metadata`)
+    budget: int | None = None
 
     def as_metadata(self) -> dict[str, str]:
         return {"name": self.engine, "reason": self.reason}
+
+
+def human_size(n: float) -> str:
+    """``n`` bytes as the engine's messages write sizes (``258 MiB``)."""
+    return _human(n)
 
 
 def _human(n: float) -> str:
@@ -133,7 +144,8 @@ def choose_engine(*, requested: str | None, needed_bytes: int, spark_requested: 
                                 f"{_human(budget)} budget set by {BUDGET_SETTING}: raise the budget, or use "
                                 f"--engine auto or spark")
         choice = EngineChoice(ARROW, "--engine arrow" + (f", about {_human(needed_bytes)} in memory, within the "
-                                                         f"{_human(budget)} budget" if budget_set else ""))
+                                                         f"{_human(budget)} budget" if budget_set else ""),
+                              budget=budget if budget_set else None)
     elif spark_requested:
         choice = EngineChoice(SPARK, f"{spark_requested} given")
     elif unsupported:
@@ -143,6 +155,6 @@ def choose_engine(*, requested: str | None, needed_bytes: int, spark_requested: 
                                      f"{_human(budget)} budget")
     else:
         choice = EngineChoice(ARROW, f"needs about {_human(needed_bytes)} in memory, within the "
-                                     f"{_human(budget)} budget")
+                                     f"{_human(budget)} budget", budget=budget)
     log.log(logging.INFO if announce else logging.DEBUG, "engine: %s (%s)", choice.engine, choice.reason)
     return choice
