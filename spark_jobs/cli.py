@@ -218,7 +218,7 @@ def build_parser(extra_verbs: dict[str, str] | None = None, *,
                          "scheduled compaction plan as `compact` runs it; a failure is logged and leaves the "
                          "upsert committed. Given when the upsert creates the table, it is the table's setting "
                          "(table.json); given later, it decides for this run. Default: the table's setting, off "
-                         "when it has none. Runs on the arrow engine only; on spark schedule `compact`")
+                         "when it has none. Runs on the engine the upsert ran on")
     up.add_argument("--auto-compact-max-groups", type=int, metavar="N",
                     help="at most N file groups per automatic compaction (default 4)")
     up.add_argument("--auto-compact-max-bytes", metavar="SIZE",

@@ -339,6 +339,8 @@ SPARK_PATHS: dict[str, str] = {
         "the Spark bootstrap, rewrite mode (the upsert job), equal to Arrow's",
     "tests/spark/test_compact_engines.py::test_spark_and_arrow_compaction_give_the_same_table":
         "the Spark compaction (jobs/compact.py) equal to Arrow's",
+    "tests/spark/test_auto_compact_spark.py::test_spark_upserts_compact_automatically_as_arrow_upserts_do":
+        "a Spark upsert's automatic compaction (jobs/compact.py auto_pick), the same layout as Arrow's",
     "tests/spark/test_validate.py::test_engines_give_the_same_report[bucket-merge_on_read]":
         "the Spark validate (jobs/validate.py) giving Arrow's report",
     "tests/spark/test_shadow_compare_engines.py::test_both_engines_report_the_same_on_damaged_tables"

@@ -58,11 +58,10 @@ class UpsertWithIndexOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
     :param schema_evolution: what the batch may change of the table's schema
         (``--schema-evolution``): ``none`` (default), ``add-columns``, ``widen``, ``all`` or a
         comma list; format.md "Schema evolution".
-    :param auto_compact: ``"on"`` or ``"off"`` (``--auto-compact``): after an in-task (arrow)
-        commit, compact the merge-on-read file groups the batch touched that are due, through a
+    :param auto_compact: ``"on"`` or ``"off"`` (``--auto-compact``): after the commit (in the
+        task or in the submitted Spark job), compact the merge-on-read file groups the batch touched that are due, through a
         scheduled compaction plan (format.md §5.2); default the table's setting (recorded by
-        the upsert that created it with the flag; off when absent). A batch submitted to Spark leaves
-        compaction to ``AsyncIndexCompactionOperator``.
+        the upsert that created it with the flag; off when absent).
     :param batch_id: the batch's id; a batch id that is already committed makes the upsert
         a no-op (templated). Default ``<dag_id>/<run_id>/<task_id>``: the same for every
         try of the task, so a retry never applies the batch twice.

@@ -30,6 +30,16 @@ log = logging.getLogger("bucketindex.compact")
 
 #: what a compaction run through the Python API records as its engine choice
 API_CHOICE = EngineChoice(SPARK, "spark_jobs.jobs.compact.run_compact")
+#: what an upsert's automatic compaction records as its engine choice (it runs where the upsert ran)
+AUTO_CHOICE = EngineChoice(SPARK, "an upsert's automatic compaction runs in the upsert's Spark session")
+
+
+def auto_pick(spark: SparkSession) -> action.Pick:
+    """The :data:`~spark_jobs.table.action.compact.Pick` of a Spark upsert's automatic compaction
+    (:func:`spark_jobs.table.action.compact.auto_compact`): the upsert's own session writes the
+    due groups' new bases, as ``bucketindex compact --engine spark`` does, so a table compacts
+    the same way whichever engine ``auto`` chose for its upserts."""
+    return lambda table, plan: ((lambda t, txn: _execute(spark, t, txn)), AUTO_CHOICE)
 
 
 def run_compact(spark: SparkSession | Callable[[], SparkSession] | None, uri: str, *,

@@ -43,6 +43,7 @@ from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
 from spark_jobs.exceptions import BadInputError
 from spark_jobs.kernels import tasks
+from spark_jobs.jobs.compact import auto_pick
 from spark_jobs.jobs.keys import aliased_partition_expr, bucket_expr, file_id_for_bucket_expr, key_expr, partition_expr
 from spark_jobs.jobs.read import keys_with_location, read_slices
 from spark_jobs.jobs.session import default_parallelism, job_conf, session_start_ms
@@ -219,7 +220,7 @@ def run_upsert(spark: SparkSession, opts: UpsertOptions, *, choice: Any = None) 
     Raises BadInputError on bad input (nothing written), ConflictError when concurrent
     commits kept conflicting, InstantRolledBackError when a forced rollback aborted it.
     """
-    return action.run(SparkUpsertEngine(spark), opts, choice=choice)
+    return action.run(SparkUpsertEngine(spark), opts, choice=choice, compact=auto_pick(spark))
 
 
 class SparkUpsertEngine:

@@ -212,7 +212,7 @@ class UpsertOptions(VerbOptions):
     #: (``bucketindex mirror --enable`` turns it on later; ``spark_jobs.table.delta``)
     mirror: str | None = option("--mirror", default=None)
     #: ``--auto-compact on|off``: after the commit, compact the due file groups the upsert touched
-    #: (merge-on-read, Arrow engine; :func:`spark_jobs.table.action.compact.auto_compact`). None:
+    #: (merge-on-read, either engine; :func:`spark_jobs.table.action.compact.auto_compact`). None:
     #: the table's setting (``table.json``'s ``auto_compact``, recorded when the upsert that
     #: creates the table gives the flag; absent: off); given later, it decides for this run only
     auto_compact: str | None = option("--auto-compact", default=None)
@@ -597,8 +597,9 @@ def run(engine: UpsertEngine, opts: UpsertOptions, *, choice: "EngineChoice | No
 
     ``compact``: the engine's :data:`~spark_jobs.table.action.compact.Pick` that folds an
     automatic compaction's plan after the commit, when the upsert auto-compacts
-    (:meth:`UpsertOptions.auto_compacts`); None (the Spark engine) leaves compaction to
-    ``bucketindex compact``. The result then holds ``auto_compaction`` (its summary).
+    (:meth:`UpsertOptions.auto_compacts`): each engine passes its own (the upsert's process or
+    Spark session writes the new bases); None leaves compaction to ``bucketindex compact``.
+    The result then holds ``auto_compaction`` (its summary).
 
     Raises BadInputError on bad input (nothing written), ConflictError when concurrent
     commits kept conflicting, InstantRolledBackError when a forced rollback aborted it.
@@ -716,8 +717,7 @@ def _commit(engine: UpsertEngine, opts: UpsertOptions, table: "Table", cfg: Tabl
     cfg = table.config or cfg
     if opts.auto_compacts(cfg):
         if compact is None:
-            log.info("automatic compaction runs on the arrow engine; on %s, schedule it with `bucketindex compact`",
-                     engine.name)
+            log.info("this %s upsert does not compact automatically; schedule `bucketindex compact`", engine.name)
         else:  # post-commit: never fails or undoes the commit (auto_compact logs what went wrong)
             touched = {(g["partition"], g["file_id"]) for g in metadata.get("file_groups", [])}
             out["auto_compaction"] = auto_compact(table, touched=touched, pick=compact,
