@@ -36,7 +36,7 @@ def test_spark_upserts_compact_automatically_as_arrow_upserts_do(spark, tmp_path
     seed = _seed_rows()
     rnd = random.Random(3811)
     # a few hot keys: their groups fall due within the run
-    batches = [seed] + [_batch(rnd, b, keys=range(0, 30), size=10) for b in range(1, 7)]
+    batches = [seed] + [_batch(rnd, b, keys=range(0, 12), size=8) for b in range(1, 5)]
     uris = {"spark": str(tmp_path / "spark"), "arrow": str(tmp_path / "arrow")}
     runs = {"spark": lambda o: spark_upsert(spark, o), "arrow": arrow_upsert}
     automatic = {"spark": 0, "arrow": 0}
