@@ -84,6 +84,16 @@ def get_provider_info() -> dict[str, Any]:
                 "python-modules": ["airflow_provider_bucketindex.triggers.table_state"],
             }
         ],
+        # a table's Asset identity: bucketindex:<storage location>, one Asset per table whatever
+        # its spelling (s3a:// and s3://, a trailing /, storage options in the query)
+        "asset-uris": [
+            {
+                "schemes": ["bucketindex"],
+                "handler": "airflow_provider_bucketindex.assets.sanitize_uri",
+                "factory": "airflow_provider_bucketindex.assets.create_asset",
+                "to_openlineage_converter": "airflow_provider_bucketindex.assets.convert_asset_to_openlineage",
+            }
+        ],
         "connection-types": [
             {
                 "hook-class-name": _HOOK,

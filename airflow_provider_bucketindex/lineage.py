@@ -1,7 +1,9 @@
 """A bucketindex table as an Airflow Asset and as an OpenLineage dataset.
 
-* :func:`table_asset` -- the table as an ``Asset`` (``file:///abs/path`` for a local path,
-  the URI itself otherwise), so a DAG can be scheduled on "table X was updated"::
+* :func:`table_asset` -- the table as an ``Asset`` of the registered ``bucketindex`` scheme
+  (``bucketindex:s3://lake/events``, ``bucketindex:file:///abs/path``: one Asset per table,
+  whatever the spelling; :mod:`airflow_provider_bucketindex.assets`), so a DAG can be scheduled
+  on "table X was updated"::
 
       with DAG(..., schedule=[table_asset("s3://lake/events")]): ...
 
@@ -12,7 +14,8 @@
   as the event's extra, and Airflow queues every DAG scheduled on that Asset.
 
 * :func:`openlineage_dataset` -- ``(namespace, name)`` after the OpenLineage naming spec
-  (``file`` + absolute path; ``s3://bucket`` + key; ``hdfs://host:port`` + path).
+  (``file`` + absolute path; ``s3://bucket`` + key; ``hdfs://host:port`` + path), the same
+  naming the ``bucketindex`` scheme's OpenLineage converter gives a table's Asset.
 
 Imports no Airflow at module level beyond the Task SDK's asset definitions.
 """
@@ -20,11 +23,10 @@ Imports no Airflow at module level beyond the Task SDK's asset definitions.
 from __future__ import annotations
 
 import os
-from urllib.parse import urlsplit
 
 from airflow.sdk import Asset, AssetAlias
 
-from spark_jobs.io.storage import redact_uri
+from airflow_provider_bucketindex import assets
 
 __all__ = ["TABLE_UPDATES", "TABLE_UPDATES_ALIAS", "openlineage_dataset", "table_asset", "table_asset_uri"]
 
@@ -34,33 +36,23 @@ TABLE_UPDATES = AssetAlias(name=TABLE_UPDATES_ALIAS)
 
 
 def table_asset_uri(table_uri: str) -> str:
-    """The Asset URI of a table: ``file://`` + absolute path for a local path, else the URI
-    (trailing ``/`` dropped, so ``s3://b/t/`` and ``s3://b/t`` are one Asset), credentials in its
-    query redacted: an Asset's URI is stored in the metadata DB and shown in the UI."""
-    uri = redact_uri(str(table_uri).strip())
-    if "://" not in uri:
-        return "file://" + os.path.abspath(uri)
-    if uri.startswith("file://"):
-        path = uri[len("file://"):]
-        return "file://" + (os.path.abspath(path) if path.startswith("/") else path)
-    return uri.rstrip("/") or uri
+    """The Asset URI of a table: ``bucketindex:`` + its normalised location
+    (:func:`airflow_provider_bucketindex.assets.asset_uri`: ``s3a://b/t`` and ``s3://b/t/`` are one
+    Asset, storage options and user parts are not part of it, a relative path is refused)."""
+    return assets.asset_uri(table_uri)
 
 
 def table_asset(table_uri: str) -> Asset:
     """The table as an Airflow Asset (schedule a DAG on it, or list it as a task's outlet)."""
-    return Asset(uri=table_asset_uri(table_uri))
+    return assets.create_asset(table_uri=table_uri)
 
 
 def openlineage_dataset(uri: str) -> tuple[str, str]:
-    """``(namespace, name)`` of a path or URI, after the OpenLineage dataset naming spec."""
+    """``(namespace, name)`` of a path or URI a task read or wrote, after the OpenLineage dataset
+    naming spec (:func:`airflow_provider_bucketindex.assets.openlineage_dataset`). A relative path
+    is the worker's: the task that used it resolves it (a source may hold glob characters: a
+    plain path is named as it is, not as a URI)."""
     uri = str(uri).strip()
-    if "://" not in uri:
-        return "file", os.path.abspath(uri)
-    parts = urlsplit(uri)
-    if parts.scheme == "file":
-        return "file", parts.path
-    path = parts.path.rstrip("/")
-    if parts.scheme in ("s3", "s3a", "s3n", "gs", "gcs", "wasbs", "abfss"):
-        scheme = {"s3a": "s3", "s3n": "s3", "gcs": "gs"}.get(parts.scheme, parts.scheme)
-        return f"{scheme}://{parts.netloc.rpartition('@')[2]}", path.lstrip("/")  # no user part: lineage is stored
-    return redact_uri(f"{parts.scheme}://{parts.netloc}"), path or "/"
+    if "://" not in uri and not uri.lower().startswith(("file:", assets.SCHEME + ":")):
+        return "file", os.path.normpath(os.path.abspath(uri))
+    return assets.openlineage_dataset(uri)

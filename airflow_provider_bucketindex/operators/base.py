@@ -3,6 +3,7 @@ and the OpenLineage parent-job properties the Spark provider's ``SparkSubmitOper
 
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
@@ -93,12 +94,17 @@ class BucketIndexTableMixin:
         counts): through the alias outlet, and on an outlet that *is* this table's Asset."""
         from airflow.sdk import Asset, AssetAlias
 
-        from airflow_provider_bucketindex.lineage import table_asset, table_asset_uri
+        from airflow_provider_bucketindex.lineage import table_asset
 
         events = context.get("outlet_events")
         if events is None:
             return
-        asset, uri = table_asset(table_uri), table_asset_uri(table_uri)
+        if "://" not in table_uri and not os.path.isabs(table_uri):
+            # a relative table is where this task wrote it: its Asset is that absolute path (a DAG
+            # file's table_asset() of a relative path is refused: the DAG processor cannot know it)
+            table_uri = os.path.abspath(table_uri)
+        asset = table_asset(table_uri)
+        uri = asset.uri
         for outlet in self.outlets or []:
             if isinstance(outlet, AssetAlias):
                 events[outlet].add(asset, extra=dict(extra))

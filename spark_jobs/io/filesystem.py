@@ -34,7 +34,7 @@ import pyarrow.fs as pafs
 
 from spark_jobs.exceptions import BadInputError, PathEscapeError, StorageUnavailableError, UnsupportedStorageError
 from spark_jobs.io import storage
-from spark_jobs.io.storage import StorageConfig, split_uri_options
+from spark_jobs.io.storage import SCHEME_ALIASES, StorageConfig, split_uri_options
 
 __all__ = ["FileIO", "InstantExistsError", "PathEscapeError", "is_inside", "resolve", "refuse_uncommittable",
            "normalise_uri", "scheme_of", "clear_cache", "is_unreachable", "GLOB_CHARS", "is_glob", "split_query"]
@@ -651,8 +651,6 @@ _UNSUPPORTED = {
     "other": "tables on {scheme}:// are not supported: its store has no create-if-absent this release can use",
 }
 
-#: URI schemes that name the same store as another (Hadoop's S3 connectors' schemes)
-SCHEME_ALIASES = {"s3a": "s3", "s3n": "s3", "gcs": "gs", "abfss": "abfs", "az": "abfs"}
 
 _cache: dict[tuple[str, StorageConfig], FileIO] = {}
 _cache_lock = threading.Lock()

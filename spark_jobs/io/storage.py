@@ -45,6 +45,7 @@ from spark_jobs.redaction import REDACTED, SECRET_ALIASES, SECRET_OPTIONS, redac
 
 __all__ = [
     "OPTIONS_ENV",
+    "SCHEME_ALIASES",
     "KNOWN_OPTIONS",
     "SECRET_OPTIONS",
     "StorageConfig",
@@ -67,6 +68,11 @@ __all__ = [
 #: the environment variable through which a parent process (an Airflow operator) hands its
 #: storage options to a child (spark-submit, the CLI): a JSON object, kept off command lines
 OPTIONS_ENV = "BUCKETINDEX_STORAGE_OPTIONS"
+
+#: URI schemes that name the same store as another (Hadoop's S3 connectors' schemes). Here, not in
+#: :mod:`spark_jobs.io.filesystem` (which uses it): the Airflow provider's Asset identity uses it
+#: too, and must not import pyarrow to get it
+SCHEME_ALIASES = {"s3a": "s3", "s3n": "s3", "gcs": "gs", "abfss": "abfs", "az": "abfs"}
 
 #: canonical option -> what it sets
 KNOWN_OPTIONS: dict[str, str] = {

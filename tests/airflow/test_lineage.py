@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import uuid
+from urllib.parse import quote
 
 import pytest
 
@@ -52,9 +53,14 @@ def _committed(table_uri: str, batch_id: str) -> str:
     return inst.timestamp
 
 
-def test_upsert_asset_event_triggers_the_table_updated_dag(tmp_path, airflow_db, monkeypatch):  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("spelling", ["{table}", "file://{quoted}/"], ids=["same-spelling", "file-uri-quoted-trailing-slash"])
+def test_upsert_asset_event_triggers_the_table_updated_dag(tmp_path, airflow_db, monkeypatch, spelling):  # type: ignore[no-untyped-def]
     """The upsert's Asset event (through its default alias outlet) carries instant and batch id
-    and queues the example DAG scheduled on the table's Asset, which then reads that event."""
+    and queues the example DAG scheduled on the table's Asset, which then reads that event. The
+    producer may spell the table otherwise than the consumer's ``table_asset`` (a percent-encoded
+    ``file://`` URI with a trailing ``/`` against a plain path with a space): the ``bucketindex``
+    scheme makes them one Asset (before it, ``file:///.../my%20events`` and ``file:///.../my events``
+    were two)."""
     from airflow.models.asset import AssetDagRunQueue, AssetEvent, AssetModel
     from airflow.utils.session import create_session
     from sqlalchemy import select
@@ -62,19 +68,23 @@ def test_upsert_asset_event_triggers_the_table_updated_dag(tmp_path, airflow_db,
     from airflow_provider_bucketindex.demo import sandbox
     from airflow_provider_bucketindex.lineage import TABLE_UPDATES_ALIAS, table_asset_uri
 
-    table = str(tmp_path / "events")
+    table = str(tmp_path / "my events")
     monkeypatch.setenv("BUCKETINDEX_TABLE_URI", table)  # the example consumer's Asset, read at parse
     instant = _committed(table, "batch-7")
     sandbox.unpause("bucketindex_table_updated")  # paused DAGs are not queued
     producer = sandbox.load_dag("bucketindex_test_asset_producer")
     assert [o.name for o in producer.get_task("upsert").outlets] == [TABLE_UPDATES_ALIAS]
 
-    run = sandbox.run_dag(producer, conf={"table_uri": table, "batch_id": "batch-7"})
+    producer_table = spelling.format(table=table, quoted=quote(table))
+    run = sandbox.run_dag(producer, conf={"table_uri": producer_table, "batch_id": "batch-7"})
 
     assert run.state == "success", run
     extra = {"instant": instant, "batch_id": "batch-7", "inserted": 7, "updated": 2, "deleted": 1}
     with create_session() as session:
         asset = session.scalars(select(AssetModel).where(AssetModel.uri == table_asset_uri(table))).one()
+        assert asset.uri == asset.name == "bucketindex:file://" + quote(table)
+        assert not session.scalars(select(AssetModel).where(AssetModel.uri.contains(str(tmp_path)),
+                                                            AssetModel.id != asset.id)).all(), "one Asset"
         events = session.scalars(select(AssetEvent).where(AssetEvent.asset_id == asset.id)).all()
         assert [e.extra for e in events] == [extra]
         assert events[0].source_dag_id == producer.dag_id and events[0].source_task_id == "upsert"

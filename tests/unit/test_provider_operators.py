@@ -402,10 +402,11 @@ def test_rollback_reports_the_table_it_changed(ops, tmp_path):  # type: ignore[n
 def test_table_asset_uris(ops):  # type: ignore[no-untyped-def]
     from airflow_provider_bucketindex.lineage import TABLE_UPDATES, table_asset, table_asset_uri
 
-    assert table_asset_uri("/lake/events") == "file:///lake/events"
-    assert table_asset_uri("file:///lake/events") == "file:///lake/events"
-    assert table_asset_uri("s3://b/lake/events/") == "s3://b/lake/events"
-    assert table_asset("/lake/events").uri == "file:///lake/events"
+    # the registered bucketindex scheme (tests/unit/test_provider_assets.py has its rules)
+    assert table_asset_uri("/lake/events") == "bucketindex:file:///lake/events"
+    assert table_asset_uri("file:///lake/events") == "bucketindex:file:///lake/events"
+    assert table_asset_uri("s3://b/lake/events/") == table_asset_uri("s3a://b/lake/events") == "bucketindex:s3://b/lake/events"
+    assert table_asset("/lake/events").uri == "bucketindex:file:///lake/events"
     up = ops.UpsertWithIndexOperator(task_id="u", table_uri="/t", source_uri="/s", record_key="id",
                                      outlets=[table_asset("/t")])
     assert up.outlets == [table_asset("/t"), TABLE_UPDATES]  # the user's own outlet is kept
