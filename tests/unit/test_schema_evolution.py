@@ -282,6 +282,7 @@ class _AlterDuringPrepare(ArrowUpsertEngine):
     table (run here, so the interleaving is certain)."""
 
     def __init__(self, uri: str, alter: list[str], then: Any = None) -> None:
+        super().__init__()  # the engine's own state (its memory budget: none, as the CLI without one)
         self.uri, self.alter, self.then, self.prepared = uri, alter, then, 0
 
     def prepare(self, *a: Any, **kw: Any) -> Any:
