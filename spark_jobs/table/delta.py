@@ -64,7 +64,7 @@ from spark_jobs.table.view import FileSlice, FileSystemView
 if TYPE_CHECKING:
     from spark_jobs.table.table import Table
 
-__all__ = ["MIRROR_DELTA", "MIRRORS", "DELTA_LOG", "CHECKPOINT_INTERVAL", "mirror_commit", "repair",
+__all__ = ["MIRROR_DELTA", "MIRRORS", "DELTA_LOG", "CHECKPOINT_INTERVAL", "mirror_commit", "repair", "gap",
            "verify_and_repair", "RepairReport", "partition_columns",
            "mirrors", "enabled", "delta_schema", "versions_present", "version_actions",
            "reader_uri", "reader_storage_options"]
@@ -147,17 +147,10 @@ def repair(table: "Table", *, upto: int | None = None) -> list[int]:
     Versions are computed replaying the timeline from the last present one (archived entries
     included), so the cost follows the gap, not the history -- except on the first run, which
     writes every version from 0."""
-    tl = table.timeline.reload()
-    last = tl.last_seq if upto is None else min(upto, tl.last_seq)
-    present = set(versions_present(table))
-    start = 0
-    while start in present:  # the first missing version: everything before it is there
-        start += 1
-    if start > last:
+    found = gap(table, present=set(versions_present(table)), upto=upto)
+    if found is None:
         return []
-    first = _first_schema(table, last)
-    if first is None:  # nothing with a schema committed yet: version 0 waits for it
-        return []
+    tl, present, start, last, first = found
     written: list[int] = []
     for v, acts in _projected(table, tl, first=first, start=start, last=last):
         if v not in present:
@@ -165,6 +158,24 @@ def repair(table: "Table", *, upto: int | None = None) -> list[int]:
                 written.append(v)
             _maybe_checkpoint(table, v)
     return written
+
+
+def gap(table: "Table", *, present: set[int], upto: int | None) -> tuple[Any, set[int], int, int, pa.Schema] | None:
+    """What a projection's repair writes, given the versions ``present``: ``(timeline, present,
+    first missing version, last version to write, version 0's schema)``, or None when nothing is
+    missing up to ``upto`` (default: the current sequence) or nothing with a schema is committed
+    yet (version 0 waits for it). Shared by the Delta and Iceberg projections."""
+    tl = table.timeline.reload()
+    last = tl.last_seq if upto is None else min(upto, tl.last_seq)
+    start = 0
+    while start in present:  # the first missing version: everything before it is there
+        start += 1
+    if start > last:
+        return None
+    first = _first_schema(table, last)
+    if first is None:
+        return None
+    return tl, present, start, last, first
 
 
 def _projected(table: "Table", tl: Any, *, first: pa.Schema, start: int,

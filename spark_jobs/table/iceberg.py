@@ -498,19 +498,12 @@ def mirror_commit(table: "Table", seq: int) -> list[int]:
 def repair(table: "Table", *, upto: int | None = None) -> list[int]:
     """Write every missing version up to ``upto`` (default: the current sequence), each from
     the one before; idempotent. Returns the versions written."""
-    from spark_jobs.table.delta import _first_schema
+    from spark_jobs.table.delta import gap
 
-    tl = table.timeline.reload()
-    last = tl.last_seq if upto is None else min(upto, tl.last_seq)
-    present = set(versions_present(table))
-    start = 0
-    while start in present:
-        start += 1
-    if start > last:
+    found = gap(table, present=set(versions_present(table)), upto=upto)
+    if found is None:
         return []
-    first = _first_schema(table, last)
-    if first is None:  # nothing with a schema committed yet: version 0 waits for it
-        return []
+    tl, present, start, last, first = found
     written: list[int] = []
     for v, prev, cur in _views(table, tl, start=start, last=last):
         if v in present:
