@@ -27,8 +27,9 @@ def test_rows_and_keys_in_batch_agree_between_the_engines(spark, tmp_path: Path)
     counts = {}
     for name, run in (("arrow", run_arrow), ("spark", lambda o: run_spark(spark, o))):
         uri = str(tmp_path / name)
+        # copy-on-write: every stale row is counted (tests/unit/test_cli_newcomer.py)
         run(UpsertOptions(table=uri, source=b1, record_key=["id"], precombine_field="ts", partition_field="region",
-                          delete_field="is_deleted", batch_id="b1"))
+                          delete_field="is_deleted", batch_id="b1", table_type="copy_on_write"))
         out = run(UpsertOptions(table=uri, source=b2, delete_field="is_deleted", batch_id="b2"))
         assert out["counts"]["rows_in_batch"] == 5 and out["counts"]["keys_in_batch"] == 4, (name, out["counts"])
         assert out["ignored"] == {"stale_upserts": 1, "stale_or_absent_deletes": 0}, (name, out)  # Zoë's stale row

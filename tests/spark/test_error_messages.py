@@ -38,7 +38,8 @@ def made(spark, tmp_path_factory) -> Path:
     uri = str(d / "table")
     for i, rows in enumerate([ROWS, [{"id": "k1", "region": "eu", "ts": 2}]]):
         run_upsert(spark, UpsertOptions(table=uri, source=write_batch(d / f"b{i}.parquet", rows), record_key=["id"],
-                                        precombine_field="ts", partition_field="region", num_buckets=2))
+                                        precombine_field="ts", partition_field="region", num_buckets=2,
+                                        table_type="copy_on_write"))  # the second rewrites the group
     write_batch(d / "src.parquet", [{"id": "k9", "region": "eu", "ts": 3}])
     return d
 
