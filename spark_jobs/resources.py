@@ -86,6 +86,9 @@ _DISK = re.compile(r"No space left on device")
 #: the words of a thread this process could not start: its stack is memory it could not map
 #: (an address-space limit) or a process limit -- a resource of the machine, never the input's
 _NO_THREAD = "can't start new thread"
+#: Arrow's thread pool could not start a thread (pthread_create: EAGAIN under an address-space
+#: or thread limit); pyarrow raises it as an ArrowException whose text says so
+_NO_ARROW_THREAD = "Failed to launch worker thread"
 
 
 def is_out_of_memory(error: BaseException) -> bool:
@@ -100,6 +103,8 @@ def is_out_of_memory(error: BaseException) -> bool:
         if isinstance(e, MemoryError) or (isinstance(e, OSError) and e.errno == errno.ENOMEM):
             return True
         if isinstance(e, RuntimeError) and _NO_THREAD in str(e):
+            return True
+        if _NO_ARROW_THREAD in str(e):
             return True
         e = e.__cause__ or e.__context__
     return False

@@ -59,7 +59,8 @@ def test_spark_jobs_per_upsert_and_validate(spark, tmp_path, index):
     uri = str(tmp_path / "t")
     b1, b2 = _rows(0, 600, 1), _rows(500, 700, 2)
     run_upsert(spark, UpsertOptions(table=uri, source=write_batch(tmp_path / "b1.parquet", b1), record_key=["id"],
-                                    precombine_field="ts", index=index, target_file_rows=200))
+                                    precombine_field="ts", index=index, target_file_rows=200,
+                                    table_type="copy_on_write"))  # the budgets are copy-on-write upserts'
     result, jobs = _jobs(spark, f"upsert-{index}", lambda: run_upsert(
         spark, UpsertOptions(table=uri, source=write_batch(tmp_path / "b2.parquet", b2), record_key=["id"])))
     assert result["counts"]["updated"] == 100 and result["counts"]["inserted"] == 100

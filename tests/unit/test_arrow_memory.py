@@ -94,6 +94,12 @@ def test_a_thread_that_cannot_start_is_out_of_memory_not_a_traceback():
     except RuntimeError as e:
         line = describe_resource_failure(e)
     assert line is not None and line.startswith("out of memory") and "--memory-budget" in line, line
+    # Arrow's own thread pool, under the same limit (seen reading a source under RLIMIT_AS at load ~14)
+    import pyarrow as pa
+
+    arrow = pa.ArrowException("Unknown error: Failed to launch worker thread: Resource temporarily unavailable")
+    line = describe_resource_failure(arrow)
+    assert line is not None and line.startswith("out of memory"), line
 
 
 def _batch(d: Path, name: str, rows: int) -> str:
