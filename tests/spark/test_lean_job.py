@@ -88,7 +88,8 @@ def test_cold_cli_merge_of_an_unpartitioned_table_runs_in_several_tasks(spark, t
     base = tmp_path / "base.parquet"
     pq.write_table(_wide_rows(rng, ids, 1), base)
     uri = str(tmp_path / "t")
-    run_upsert(spark, UpsertOptions(table=uri, source=str(base), record_key=["id"], precombine_field="ts"))
+    run_upsert(spark, UpsertOptions(table=uri, source=str(base), record_key=["id"], precombine_field="ts",
+                                    table_type="copy_on_write"))  # a merge that rewrites the groups
     view = Table.load(uri).view()
     assert len(view.file_groups) >= 2, "an unpartitioned table is capped into several file groups"
     # 2,000 updates spread over the whole table, plus 500 inserts
