@@ -393,10 +393,26 @@ def _assign_new_file_groups(spark: SparkSession, cfg: TableConfig, view: FileSys
     ranges = plan_new_file_groups(cfg, view, counts, batch_id=batch_id)
     if not ranges:
         return rows.withColumn(TPART, F.col(PART)).withColumn(TFID, F.lit(None).cast("string")), 0
+    # a hash independent of the index bucket (salted), so file groups do not follow buckets
+    hashed = F.xxhash64(F.col(KEY), F.lit(FILE_GROUP_SALT))
+    if len(ranges) <= INLINE_PLAN_RANGES:
+        # the plan as two CASE expressions: no DataFrame of it, so no aggregate and no broadcasts
+        # (each a Spark job of its own, ~1 s of a cold session); a row whose slot no range holds is
+        # dropped, as by the joins below
+        sizes = {p: n for p, _, _, _, n in ranges}
+        slot = None
+        for p, n in sizes.items():
+            slot = (F.when if slot is None else slot.when)(F.col(PART) == F.lit(p), F.pmod(hashed, F.lit(n)))
+        target = None
+        for p, fid, lo, hi, _ in ranges:
+            hit = (F.col(PART) == F.lit(p)) & (F.col("_bi_slot") >= F.lit(lo)) & (F.col("_bi_slot") < F.lit(hi))
+            target = (F.when if target is None else target.when)(hit, F.lit(fid))
+        routed = (rows.withColumn("_bi_slot", slot).withColumn(TFID, target).filter(F.col(TFID).isNotNull())
+                  .drop("_bi_slot").withColumn(TPART, F.col(PART)))
+        return routed, len(ranges)
     plan = spark.createDataFrame(ranges, f"_bi_ppart string, {TFID} string, _bi_lo long, _bi_hi long, _bi_n long")
     sizes = F.broadcast(plan.select(F.col("_bi_ppart").alias(PART), "_bi_n").distinct())
-    # a hash independent of the index bucket (salted), so file groups do not follow buckets
-    slot = F.pmod(F.xxhash64(F.col(KEY), F.lit(FILE_GROUP_SALT)), F.col("_bi_n"))
+    slot = F.pmod(hashed, F.col("_bi_n"))
     rn = rows.join(sizes, PART).withColumn("_bi_slot", slot).drop("_bi_n")
     routed = (
         rn.join(F.broadcast(plan), (F.col(PART) == F.col("_bi_ppart")) & (F.col("_bi_slot") >= F.col("_bi_lo"))
@@ -449,11 +465,18 @@ class _SparkOps:
 _OPS = _SparkOps()
 
 
+#: a tag count of this engine's besides ``rules.TAG_STATS``: deletes of keys the snapshot lacks
+#: (``rules.absent_delete``), so the write knows without a query of its own whether the routing
+#: decided rows without writing
+ABSENT_DELETES = "_absent_deletes"
+
+
 def _tag_stats(tagged: DataFrame) -> dict[str, dict[str, int]]:
-    """Per partition, the rules' tag counts (``rules.TAG_STATS``), in one Spark job."""
+    """Per partition, the rules' tag counts (``rules.TAG_STATS``) and :data:`ABSENT_DELETES`, in one Spark job."""
+    counted = (*rules.TAG_STATS, (ABSENT_DELETES, rules.absent_delete))
     rows = tagged.groupBy(PART).agg(
-        *[F.sum(_OPS.is_true(rule(_OPS)).cast("long")).alias(name) for name, rule in rules.TAG_STATS]).collect()
-    return {r[PART]: {name: r[name] for name, _ in rules.TAG_STATS} for r in rows}
+        *[F.sum(_OPS.is_true(rule(_OPS)).cast("long")).alias(name) for name, rule in counted]).collect()
+    return {r[PART]: {name: int(r[name] or 0) for name, _ in counted} for r in rows}
 
 
 def _route(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystemView, num_buckets: int,
@@ -543,6 +566,10 @@ def _fetch_moved(spark: SparkSession, table: Table, view: FileSystemView, tagged
 KEY_BYTES = 48
 #: global_simple broadcasts the table's keys up to this size (Spark's autoBroadcastJoinThreshold default)
 BROADCAST_KEYS_BYTES = 10 * 1024 * 1024
+#: record index: batch keys per lookup task at least (a task looks up several buckets' keys below it)
+LOOKUP_TASK_KEYS = 25_000
+#: a plan for entering rows of at most this many ranges is routed by expressions, not joins
+INLINE_PLAN_RANGES = 64
 #: merge-on-read: batch rows per log-writing task (a task writes the logs of many file groups)
 LOG_TASK_ROWS = 250_000
 
@@ -556,9 +583,12 @@ def _write(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystem
     # Each persist below happens inside the settings its plan needs: a cached plan keeps the
     # shuffle partitions it was planned with, and every later stage over it runs that many tasks
     if cfg.index_type == INDEX_RECORD:
-        # one lookup task per index bucket the batch touches, not coalesced: a task's work is
-        # the bucket's index files, not the few keys the shuffle carries
-        tag_conf = {"spark.sql.shuffle.partitions": max(cores, min(len(view.index_files), 200)),
+        # a lookup task per index bucket the batch touches, not coalesced (a task's work is the
+        # bucket's index files, not the few keys the shuffle carries) -- up to one per
+        # LOOKUP_TASK_KEYS keys: a task that starts a Python worker's UDF costs ~0.1-1 s by itself,
+        # and a 200-row batch over 16 buckets paid 16 of them for 200 lookups
+        lookup_tasks = min(len(view.index_files), 200, -(-n // LOOKUP_TASK_KEYS))
+        tag_conf = {"spark.sql.shuffle.partitions": max(cores, lookup_tasks),
                     "spark.sql.adaptive.coalescePartitions.enabled": "false"}
     else:  # global_simple joins the batch with every key of the table (the bucket index: no shuffle)
         tag_conf = {"spark.sql.shuffle.partitions": shuffle_partitions(view.num_rows * KEY_BYTES, cores)}
@@ -568,7 +598,8 @@ def _write(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystem
         if cfg.index_type != INDEX_BUCKET and not view.file_groups and not cfg.partition_fields:
             # an empty unpartitioned table: nothing to find, every upsert enters the one partition
             # (counted while the batch was deduplicated), so no query is needed
-            stats = {"": {"found": 0, "moved": 0, "entering": upserts}}
+            # (and every delete is of an absent key)
+            stats = {"": {"found": 0, "moved": 0, "entering": upserts, ABSENT_DELETES: n - upserts}}
         elif cfg.index_type != INDEX_BUCKET:  # the bucket index routes by hash: nothing to count
             stats = _tag_stats(tagged)  # the stats job runs the lookups
     found = sum(s["found"] for s in stats.values())
@@ -609,6 +640,11 @@ def _write(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystem
     merge_tasks = groups
     if cfg.merge_on_read and cfg.index_type != INDEX_BUCKET:
         merge_tasks = (groups - len(view.file_groups)) + -(-n // LOG_TASK_ROWS)
+    # the merges' rows decided without writing, counted while they run: most batches have none,
+    # and knowing it spares the query that would look for them (below)
+    merge_reads = Observation("bucketindex_merge_reads")
+    merged = merged.observe(merge_reads, F.coalesce(F.sum((F.col("kind") == F.lit(action.READ)).cast("long")),
+                                                    F.lit(0)).alias("reads"))
     with job_conf(spark, **{"spark.sql.shuffle.partitions": max(cores, min(merge_tasks, 2000)),
                             "spark.sql.adaptive.coalescePartitions.enabled": "false"}):
         merged = merged.persist(StorageLevel.MEMORY_AND_DISK)
@@ -633,7 +669,14 @@ def _write(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystem
         reads = reads.unionByName(decided)
     read_files: list[dict[str, Any]] = []
     read_groups: list[tuple[str | None, str | None]] = []
-    if reads.isEmpty():  # the common case: one cheap job over the persisted frames, no shuffle
+    # the routing's decided rows: absent deletes (counted with the tag stats) and, with a precombine
+    # field and movers, stale moves (not counted: looked for)
+    routed_reads = decided is not None and (
+        sum(s.get(ABSENT_DELETES, 0) for s in stats.values()) > 0
+        or (cfg.index_type != INDEX_BUCKET and bool(cfg.precombine_field) and rules.any_moved(stats)))
+    if not routed_reads and not int(merge_reads.get.get("reads") or 0):
+        pass  # the common case: nothing decided without writing, and no query to find it out
+    elif reads.isEmpty():
         pass
     elif action.needs_read_files(cfg.index_type):
         with job_conf(spark, **{"spark.sql.shuffle.partitions": max(cores, min(num_buckets, 200))}):

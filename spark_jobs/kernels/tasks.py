@@ -159,17 +159,18 @@ def lookup_bucket(key: tuple, keys: pa.Table, *, table_uri: str, files: dict[int
     if not rels or keys.num_rows == 0:
         return empty
     t = _table(table_uri)
-    key_list = keys.column(KEY).to_pylist()
-    res = lookup(t.io, [t.abs(r) for r in rels], key_list)
-    hit = np.nonzero(res.found)[0]
-    if hit.size == 0:
+    column = keys.column(KEY)
+    res = lookup(t.io, [t.abs(r) for r in rels], column.to_pylist())  # the hashing needs Python strings
+    hit = pa.array(np.nonzero(res.found)[0])
+    if len(hit) == 0:
         return empty
-    locs = [res.locations[i] for i in res.loc[hit].tolist()]
+    # the hits' keys and locations by index (Arrow takes), not a Python loop per hit
+    at = pa.array(res.loc[hit.to_numpy()])
     return pa.table(
         {
-            KEY: pa.array([key_list[i] for i in hit.tolist()], pa.string()),
-            "_bi_old_part": pa.array([p for p, _ in locs], pa.string()),
-            "_bi_old_fid": pa.array([f for _, f in locs], pa.string()),
+            KEY: column.take(hit).cast(pa.string()),
+            "_bi_old_part": pa.array([p for p, _ in res.locations], pa.string()).take(at),
+            "_bi_old_fid": pa.array([f for _, f in res.locations], pa.string()).take(at),
         }
     )
 
