@@ -91,6 +91,11 @@ def test_scale_runs_end_to_end_reports_every_step_and_resumes_without_redoing_on
         assert steps[name]["oracle_ok"] is True, steps[name]
         assert steps[name]["oracle"]["columns_differing"] == []
     assert steps["read_duckdb_after_1"]["read_s"] > 0 and steps["validate"]["validate_ok"] is True
+    # one batch of logs leaves nothing due under the default policy: recorded as no compaction (the
+    # "after compact" reads then read the uncompacted table), with no engine chosen
+    assert steps["compact"]["compacted"] is False and "engine" not in steps["compact"]
+    # CPU seconds beside every in-process step's wall time (a loaded machine inflates the wall time)
+    assert batch["cpu_s"] > 0 and steps["read_arrow_after_1"]["cpu_s"] > 0
     assert "| 2k | bucketindex_merge_on_read_record_uuid_flat |" in r.stdout  # the summary table
     lines = (work / "results.jsonl").read_text().splitlines()
     assert len(lines) == len(steps)
