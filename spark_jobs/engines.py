@@ -472,6 +472,29 @@ def bootstrap(opts: "BootstrapOptions", *, spark: Callable[[], Any] | None = Non
     return run("bootstrap", opts, spark=spark, spark_requested=spark_requested, decide=decide)
 
 
+def bootstrap_footprint(prepared: Any) -> int:
+    """Bytes the in-process bootstrap would hold at its peak. A rewrite bootstrap is one upsert of
+    the whole dataset, so it is sized as :func:`upsert_footprint` sizes a batch (the calibrated
+    :func:`spark_jobs.arrow_engine.upsert.needed_bytes` of the footers' rows and decoded bytes),
+    and never below the listing's rule (:func:`spark_jobs.table.action.bootstrap.footprint`).
+    Measured (docs/benchmarks.md "Scale", 10M rows): the listing's rule said 2,680 MiB for a
+    rewrite that peaked at 7,083 MiB, above the 6,026 MiB budget; this estimate says 8,575 MiB,
+    so ``auto`` hands it to Spark. A reference bootstrap keeps the listing's rule."""
+    from spark_jobs.table.action import bootstrap as action
+
+    planned = action.footprint(prepared.source, expansion=IN_MEMORY_EXPANSION)
+    if prepared.mode != action.MODE_REWRITE:
+        return planned
+    from spark_jobs.arrow_engine.source import batch_size
+    from spark_jobs.arrow_engine.upsert import needed_bytes
+
+    sized = batch_size(prepared.opts.source, "parquet")
+    if sized is None:  # a Hive layout or a glob: the footers are not read here
+        return planned
+    rows, decoded = sized
+    return max(planned, needed_bytes(rows=rows, batch_bytes=decoded, table_bytes=0))
+
+
 def _bootstrap(opts: "BootstrapOptions", spark: Callable[[], Any], spark_requested: str | None,
                decide: Decide | None = None) -> Any:
     """Bootstrap a table on the engine ``opts.engine`` asks for (default auto): the dataset is
@@ -488,7 +511,7 @@ def _bootstrap(opts: "BootstrapOptions", spark: Callable[[], Any], spark_request
         prepared = action.prepare(opts)
         if prepared.noop is not None:
             return prepared.noop
-        choice = decide(lambda: action.footprint(prepared.source, expansion=IN_MEMORY_EXPANSION))
+        choice = decide(lambda: bootstrap_footprint(prepared))
         if choice.engine != ARROW:
             return SubmitToSpark(choice)
         from spark_jobs.arrow_engine.bootstrap import run_bootstrap as run_in_process
@@ -503,7 +526,7 @@ def _bootstrap(opts: "BootstrapOptions", spark: Callable[[], Any], spark_request
     if prepared.noop is not None:
         return prepared.noop
     sized = needs_sizing(requested, spark_requested=spark_requested, override=opts.memory_budget)
-    needed = action.footprint(prepared.source, expansion=IN_MEMORY_EXPANSION) if sized else 0
+    needed = bootstrap_footprint(prepared) if sized else 0
     choice = choose_engine(requested=requested, needed_bytes=needed, spark_requested=spark_requested,
                            budget=budget, budget_set=budget_given(opts.memory_budget))
     if choice.engine == ARROW:

@@ -184,6 +184,37 @@ def test_auto_runs_spark_when_the_dataset_would_not_fit_and_says_why(tmp_path, c
     assert res["engine"]["name"] == "arrow" and "within the" in res["engine"]["reason"]
 
 
+def test_a_rewrite_bootstrap_is_sized_as_the_upsert_of_its_rows(tmp_path, caplog):
+    """The listing's rule (compressed bytes x 6) under-stated a 10M-row rewrite 2.6x (docs/benchmarks.md
+    "Scale", 10M): a rewrite is one upsert of every row, sized by the upsert's calibrated rule."""
+    from spark_jobs.arrow_engine.source import batch_size
+    from spark_jobs.arrow_engine.upsert import needed_bytes
+    from spark_jobs.engines import IN_MEMORY_EXPANSION, bootstrap_footprint
+    from spark_jobs.table.action import bootstrap as action
+
+    root = tmp_path / "flat"
+    rows = write_dataset(root, flat=True)
+    opts = BootstrapOptions(table=str(tmp_path / "t"), source=str(root), record_key=["id"], precombine_field="ts",
+                            index="bucket")  # the bucket index bootstraps by rewrite
+    prepared = action.prepare(opts)
+    assert prepared.mode == action.MODE_REWRITE
+    n, decoded = batch_size(str(root), "parquet")
+    assert n == len(rows)
+    listing = action.footprint(prepared.source, expansion=IN_MEMORY_EXPANSION)
+    upsert_rule = needed_bytes(rows=n, batch_bytes=decoded, table_bytes=0)
+    assert upsert_rule > listing and bootstrap_footprint(prepared) == upsert_rule
+    # the decision uses it: a budget between the two rules sends the rewrite to Spark
+    budget = f"{(listing + upsert_rule) // 2 // 1024}k"
+    with caplog.at_level(logging.INFO, logger="bucketindex.engine"), pytest.raises(_SparkStarted):
+        bootstrap(BootstrapOptions(**{**opts.__dict__, "memory_budget": budget}), spark=_no_spark)
+    assert not os.path.exists(opts.table)
+    # a reference bootstrap keeps the listing's rule
+    ref = action.prepare(BootstrapOptions(table=str(tmp_path / "r"), source=str(root), record_key=["id"],
+                                          precombine_field="ts"))
+    assert ref.mode == action.MODE_REFERENCE and bootstrap_footprint(ref) == action.footprint(
+        ref.source, expansion=IN_MEMORY_EXPANSION)
+
+
 def test_auto_falls_back_to_spark_when_arrow_cannot_run_it(tmp_path, caplog):
     root = tmp_path / "dataset"
     root.mkdir()
