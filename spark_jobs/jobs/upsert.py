@@ -674,9 +674,9 @@ def _write(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystem
     routed_reads = decided is not None and (
         sum(s.get(ABSENT_DELETES, 0) for s in stats.values()) > 0
         or (cfg.index_type != INDEX_BUCKET and bool(cfg.precombine_field) and rules.any_moved(stats)))
-    if not routed_reads and not int(merge_reads.get.get("reads") or 0):
-        pass  # the common case: nothing decided without writing, and no query to find it out
-    elif reads.isEmpty():
+    # the common case: nothing decided without writing, and no query to find it out
+    may_read = routed_reads or int(merge_reads.get.get("reads") or 0) > 0
+    if not may_read or reads.isEmpty():
         pass
     elif action.needs_read_files(cfg.index_type):
         with job_conf(spark, **{"spark.sql.shuffle.partitions": max(cores, min(num_buckets, 200))}):

@@ -147,10 +147,11 @@ def repair(table: "Table", *, upto: int | None = None) -> list[int]:
     Versions are computed replaying the timeline from the last present one (archived entries
     included), so the cost follows the gap, not the history -- except on the first run, which
     writes every version from 0."""
-    found = gap(table, present=set(versions_present(table)), upto=upto)
+    present = set(versions_present(table))
+    found = gap(table, present=present, upto=upto)
     if found is None:
         return []
-    tl, present, start, last, first = found
+    tl, start, last, first = found
     written: list[int] = []
     for v, acts in _projected(table, tl, first=first, start=start, last=last):
         if v not in present:
@@ -160,9 +161,9 @@ def repair(table: "Table", *, upto: int | None = None) -> list[int]:
     return written
 
 
-def gap(table: "Table", *, present: set[int], upto: int | None) -> tuple[Any, set[int], int, int, pa.Schema] | None:
-    """What a projection's repair writes, given the versions ``present``: ``(timeline, present,
-    first missing version, last version to write, version 0's schema)``, or None when nothing is
+def gap(table: "Table", *, present: set[int], upto: int | None) -> tuple[Any, int, int, pa.Schema] | None:
+    """What a projection's repair writes, given the versions ``present``: ``(timeline, first
+    missing version, last version to write, version 0's schema)``, or None when nothing is
     missing up to ``upto`` (default: the current sequence) or nothing with a schema is committed
     yet (version 0 waits for it). Shared by the Delta and Iceberg projections."""
     tl = table.timeline.reload()
@@ -175,7 +176,7 @@ def gap(table: "Table", *, present: set[int], upto: int | None) -> tuple[Any, se
     first = _first_schema(table, last)
     if first is None:
         return None
-    return tl, present, start, last, first
+    return tl, start, last, first
 
 
 def _projected(table: "Table", tl: Any, *, first: pa.Schema, start: int,

@@ -500,10 +500,11 @@ def repair(table: "Table", *, upto: int | None = None) -> list[int]:
     the one before; idempotent. Returns the versions written."""
     from spark_jobs.table.delta import gap
 
-    found = gap(table, present=set(versions_present(table)), upto=upto)
+    present = set(versions_present(table))
+    found = gap(table, present=present, upto=upto)
     if found is None:
         return []
-    tl, present, start, last, first = found
+    tl, start, last, first = found
     written: list[int] = []
     for v, prev, cur in _views(table, tl, start=start, last=last):
         if v in present:
