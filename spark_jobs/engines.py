@@ -485,13 +485,17 @@ def bootstrap_footprint(prepared: Any) -> int:
     planned = action.footprint(prepared.source, expansion=IN_MEMORY_EXPANSION)
     if prepared.mode != action.MODE_REWRITE:
         return planned
-    from spark_jobs.arrow_engine.source import batch_size
-    from spark_jobs.arrow_engine.upsert import needed_bytes
+    import pyarrow as pa
 
-    sized = batch_size(prepared.opts.source, "parquet")
-    if sized is None:  # a Hive layout or a glob: the footers are not read here
+    from spark_jobs.arrow_engine.source import parquet_size
+    from spark_jobs.arrow_engine.upsert import needed_bytes
+    from spark_jobs.io.filesystem import resolve
+
+    source = prepared.source  # listed once, by prepare: a Hive layout's files too
+    try:
+        rows, decoded = parquet_size(resolve(source.uri)[0], [(f.path, f.size) for f in source.files])
+    except (OSError, ValueError, pa.ArrowException):  # an unreadable footer: the scan refuses it
         return planned
-    rows, decoded = sized
     return max(planned, needed_bytes(rows=rows, batch_bytes=decoded, table_bytes=0))
 
 

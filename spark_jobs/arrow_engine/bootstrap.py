@@ -10,8 +10,9 @@ defines raises :class:`EngineUnsupportedError` before anything is written, so ``
 auto`` runs Spark. Rewrite mode is the in-process upsert of the dataset's rows.
 
 Memory: the dataset is held decoded (rewrite mode) or its key columns (reference mode);
-``auto`` sizes the dataset (:func:`~spark_jobs.table.action.bootstrap.footprint`) and runs
-Spark when it would not fit the budget.
+``auto`` sizes the dataset (:func:`spark_jobs.engines.bootstrap_footprint`) and runs Spark
+when it would not fit the budget; a rewrite checks the rows it read against the budget again
+(their exact decoded size, which footers can under-state) before it writes anything.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_jobs.arrow_engine.keys import bucket_ids, partition_dirs, record_keys
-from spark_jobs.arrow_engine.upsert import THREADS, ArrowUpsertEngine
+from spark_jobs.arrow_engine.upsert import THREADS, ArrowUpsertEngine, refuse_over_budget
 from spark_jobs.kernels import tasks
 from spark_jobs.table.action import bootstrap as action
 from spark_jobs.table.action import upsert as upsert_action
@@ -137,7 +138,11 @@ class ArrowBootstrapEngine:
                              paths=[f.path for f in source.files], values=[f.values for f in source.files],
                              schema=source.schema, path_columns=source.path_columns,
                              batch_rows=tasks.READ_BATCH_ROWS)
-        return pa.Table.from_batches(list(batches), schema=stored_schema(source.schema))
+        frame = pa.Table.from_batches(list(batches), schema=stored_schema(source.schema))
+        budget = getattr(self.choice, "budget", None)
+        if budget is not None:  # a rewrite holds every row: checked with their exact size, before anything is written
+            refuse_over_budget(frame, what="the dataset", budget=budget, table_bytes=0)
+        return frame
 
     def count_identities(self, frame: pa.Table, *, record_key: list[str], identity_field: str | None
                          ) -> tuple[int, int, int, list[str]]:

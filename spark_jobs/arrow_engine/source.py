@@ -128,21 +128,30 @@ def batch_size(uri: str, fmt: str) -> tuple[int, int] | None:
         if is_glob(path):
             return None
         files = _source_files(io, path, uri, fmt)
-        total = sum(f.size or 0 for f in files)
         if fmt != "parquet":
+            total = sum(f.size or 0 for f in files)
             return total // TEXT_ROW_BYTES, total
-        sample = files[:SIZED_FILES]
-        rows = sized = 0
-        for f in sample:
-            with io.fs.open_input_file(f.path) as fh:
-                md = pq.ParquetFile(fh).metadata
-                rows += md.num_rows
-                sized += sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups))
-        sample_bytes = sum(f.size or 0 for f in sample)
-        scale = total / sample_bytes if sample_bytes else 1.0
-        return int(rows * scale), int(sized * scale * ARROW_PER_PARQUET_BYTE)
+        return parquet_size(io, [(f.path, f.size or 0) for f in files])
     except (OSError, ValueError, pa.ArrowException, BadInputError):
         return None
+
+
+def parquet_size(io: FileIO, files: list[tuple[str, int]]) -> tuple[int, int]:
+    """About how many rows the Parquet ``files`` (path on ``io``, size in bytes) hold and how
+    many bytes they take once read into Arrow, from their footers: at most :data:`SIZED_FILES`
+    footers read, the rest scaled by file bytes. :func:`batch_size`'s rule, for callers that
+    listed the files already (a bootstrap's dataset, a Hive layout included)."""
+    total = sum(size for _, size in files)
+    sample = files[:SIZED_FILES]
+    rows = sized = 0
+    for path, _ in sample:
+        with io.fs.open_input_file(path) as fh:
+            md = pq.ParquetFile(fh).metadata
+            rows += md.num_rows
+            sized += sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups))
+    sample_bytes = sum(size for _, size in sample)
+    scale = total / sample_bytes if sample_bytes else 1.0
+    return int(rows * scale), int(sized * scale * ARROW_PER_PARQUET_BYTE)
 
 
 def read_source(uri: str, fmt: str, *, table_schema: pa.Schema | None) -> pa.Table:

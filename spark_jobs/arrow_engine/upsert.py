@@ -152,6 +152,21 @@ def run_upsert(opts: UpsertOptions, *, choice: Any = None, announce: bool = True
                       announce=announce, compact=lambda table, plan: (write_plan, AUTO_CHOICE))
 
 
+def refuse_over_budget(raw: pa.Table, *, what: str, budget: int, table_bytes: int) -> None:
+    """Raise :class:`EngineUnsupportedError` (``auto`` then runs Spark; nothing is written yet)
+    when ``raw``, read whole, puts the run's planned peak (:func:`needed_bytes`, its exact
+    decoded size) over ``budget``: the estimate the engine was chosen by came from footers,
+    which a column of repeated values (dictionary pages) under-states."""
+    from spark_jobs.table.action.engine import BUDGET_SETTING, human_size
+
+    need = needed_bytes(rows=raw.num_rows, batch_bytes=raw.nbytes, table_bytes=table_bytes)
+    if need > budget:
+        raise EngineUnsupportedError(
+            f"{what} ({plural(raw.num_rows, 'row')}) decodes to {human_size(raw.nbytes)} in memory, about "
+            f"{human_size(need)} at the arrow engine's peak, over the {human_size(budget)} budget that "
+            f"{BUDGET_SETTING} sets")
+
+
 class ArrowUpsertEngine:
     """The upsert's phases on Arrow tables in this process.
 
@@ -255,16 +270,10 @@ class ArrowUpsertEngine:
         """Refuse (EngineUnsupportedError, nothing written) a batch whose planned peak with its
         exact decoded size is over :attr:`budget`: the estimate ``auto`` chose by was made from the
         source's footers, which a column of repeated values (dictionary pages) under-states."""
-        from spark_jobs.table.action.engine import BUDGET_SETTING, human_size
-
         assert self.budget is not None
         num_buckets = (view.num_buckets if view is not None else None) or cfg.num_buckets
-        need = needed_bytes(rows=raw.num_rows, batch_bytes=raw.nbytes,
-                            table_bytes=table_bytes(index_type=cfg.index_type, view=view, num_buckets=num_buckets))
-        if need > self.budget:
-            raise EngineUnsupportedError(
-                f"the batch ({plural(raw.num_rows, 'row')}) decodes to {human_size(raw.nbytes)} in memory, about {human_size(need)} at the arrow "
-                f"engine's peak, over the {human_size(self.budget)} budget that {BUDGET_SETTING} sets")
+        refuse_over_budget(raw, what="the batch", budget=self.budget,
+                           table_bytes=table_bytes(index_type=cfg.index_type, view=view, num_buckets=num_buckets))
 
     # -- tag, route, write, index ----------------------------------------------------
     def write(self, attempt: Attempt) -> Written:

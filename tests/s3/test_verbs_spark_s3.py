@@ -146,7 +146,7 @@ def test_merge_on_read_chain(spark, bucket, capsys):  # noqa: F811
     src1 = _upload_flat(f"{bucket}/landing/b1", BATCH1)
     src2 = _upload_hive(f"{bucket}/landing/b2", BATCH2)
     _upload_flat(f"{bucket}/landing/b3", BATCH3)
-    mor = [*UPSERT, "--table-type", "merge_on_read"]
+    mor = [*UPSERT, "--table-type", "merge_on_read", "--auto-compact", "off"]  # compacted below, when asked
     assert _run("upsert", table, src1, *mor, "--batch-id", "b1", *SPARK) == 0
     assert _run("upsert", table, src2, *mor, "--batch-id", "b2", *SPARK) == 0
     assert _run("upsert", table, f"{bucket}/landing/b3", *mor, "--batch-id", "b3", *SPARK) == 0

@@ -120,7 +120,10 @@ def test_arrow_writer_racing_a_spark_writer_matches_the_oracle(tmp_path):
     assert t.timeline.reload().pending() == []
     assert not os.path.exists(t.layout.markers) or not os.listdir(t.layout.markers)
     on_disk = {str(p.relative_to(t.root)) for p in Path(t.root).rglob("*.parquet")}
-    referenced = {fg["path"] for _, m in commits.values() for fg in m["file_groups"] if fg["path"]}
+    referenced = set()  # bases and logs of every completed action (the default table compacts after upserts)
+    for inst in t.timeline.completed():
+        for fg in t.timeline.read_metadata(inst).get("file_groups", []):
+            referenced |= {fg.get("path"), (fg.get("log") or {}).get("path")}
     assert on_disk <= referenced, "the losers' first attempts left no file"
     report = arrow_validate(uri)
     assert report["ok"], report["problems"]

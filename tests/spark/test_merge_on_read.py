@@ -43,6 +43,9 @@ EVERY_GROUP = CompactionPolicy(min_logs=1)
 
 
 def _options(uri, src, i, index="record", **kw):  # type: ignore[no-untyped-def]
+    """Automatic compaction off: each test here compacts when it says, and checks the logs
+    between (automatic compaction: tests/spark/test_auto_compact_spark.py)."""
+    kw.setdefault("auto_compact", "off")
     return UpsertOptions(
         table=uri, source=src, record_key=["id"], precombine_field="ts", partition_field="region", index=index,
         num_buckets=4, delete_field="is_deleted", batch_id=f"b{i}", target_file_rows=60,

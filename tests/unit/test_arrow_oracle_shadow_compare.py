@@ -28,10 +28,12 @@ def _rows(keys, ts, deleted=()):  # type: ignore[no-untyped-def]
 
 
 def _upsert(uri, src, index):  # type: ignore[no-untyped-def]
-    """An upsert on the Arrow engine, in this process."""
+    """An upsert on the Arrow engine, in this process. Copy-on-write: the faults these tests
+    plant go into base files, where such a table holds every row, and ``--since`` counts the
+    upsert's own commit only (merge-on-read shadow comparison: tests/unit/test_arrow_shadow_compare.py)."""
     run_upsert(UpsertOptions(table=uri, source=src, record_key=["id"], precombine_field="ts",
                              partition_field="region", index=index, num_buckets=2 if index == "bucket" else 4,
-                             delete_field="del"))
+                             delete_field="del", table_type="copy_on_write"))
 
 
 def make_tables(base: Path) -> dict[str, str]:

@@ -24,11 +24,14 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 import pytest
 
 from spark_jobs.arrow_engine.validate import run_validate
 from spark_jobs.cli import main
 from spark_jobs.engines import bootstrap
+from spark_jobs.exceptions import EngineUnsupportedError
+from spark_jobs.io.filesystem import resolve
 from spark_jobs.table.action.bootstrap import BootstrapOptions
 from spark_jobs.table.reader import read_arrow
 from spark_jobs.table.table import Table
@@ -213,6 +216,59 @@ def test_a_rewrite_bootstrap_is_sized_as_the_upsert_of_its_rows(tmp_path, caplog
                                           precombine_field="ts"))
     assert ref.mode == action.MODE_REFERENCE and bootstrap_footprint(ref) == action.footprint(
         ref.source, expansion=IN_MEMORY_EXPANSION)
+
+
+def test_a_hive_dataset_is_sized_from_its_footers_listed_once(tmp_path, monkeypatch):
+    """A Hive layout is sized as a flat one is, from the files ``prepare`` listed: no second
+    listing of the source (the rule once fell back to the listing's for any Hive layout)."""
+    from spark_jobs.arrow_engine import source as source_module
+    from spark_jobs.arrow_engine.upsert import needed_bytes
+    from spark_jobs.engines import IN_MEMORY_EXPANSION, bootstrap_footprint
+    from spark_jobs.table.action import bootstrap as action
+
+    root = tmp_path / "hive"
+    rows = write_dataset(root)
+    prepared = action.prepare(BootstrapOptions(table=str(tmp_path / "t"), source=str(root), record_key=["id"],
+                                               precombine_field="ts", index="bucket"))
+    assert prepared.mode == action.MODE_REWRITE and prepared.source.path_columns == ["region"]
+    monkeypatch.setattr(source_module, "_source_files", lambda *a: pytest.fail("the source was listed again"))
+    n, decoded = source_module.parquet_size(resolve(str(root))[0], [(f.path, f.size) for f in prepared.source.files])
+    assert n == len(rows)
+    assert bootstrap_footprint(prepared) == needed_bytes(rows=n, batch_bytes=decoded, table_bytes=0) > \
+        action.footprint(prepared.source, expansion=IN_MEMORY_EXPANSION)
+
+
+def test_a_rewrite_whose_rows_decode_over_the_budget_goes_to_spark_before_writing(tmp_path, caplog):
+    """Footers count a dictionary-encoded value once: a dataset of one long repeated value looks
+    small until it is read. The rewrite checks the rows it read against the budget ``auto``
+    chose by and hands the work to Spark before anything is written."""
+    from spark_jobs.arrow_engine.upsert import needed_bytes
+    from spark_jobs.engines import bootstrap_footprint
+    from spark_jobs.table.action import bootstrap as action
+
+    root = tmp_path / "repeated"
+    n = 20_000
+    for part in ("eu west", "東京 +%"):
+        (root / f"region={part}").mkdir(parents=True)
+        note = pa.DictionaryArray.from_arrays(pa.array([0] * n, pa.int32()), pa.array(["x" * 2000]))
+        pq.write_table(pa.table({"id": [f"{part}/{i}" for i in range(n)], "ts": list(range(n)), "note": note}),
+                       root / f"region={part}" / "part-0.parquet", compression="zstd", store_schema=False)
+    opts = BootstrapOptions(table=str(tmp_path / "t"), source=str(root), record_key=["id"], precombine_field="ts",
+                            partition_field="region", index="bucket")
+    estimated = bootstrap_footprint(action.prepare(opts))
+    exact = needed_bytes(rows=2 * n, batch_bytes=ds.dataset(root, partitioning="hive").to_table().nbytes,
+                         table_bytes=0)
+    assert exact - estimated > 100 * 2**20  # 80 MB of text the footers do not show, held more than once
+    budget = f"{(estimated + exact) // 2 // 1024}k"
+    with caplog.at_level(logging.INFO, logger="bucketindex.engine"), pytest.raises(_SparkStarted):
+        bootstrap(BootstrapOptions(**{**opts.__dict__, "memory_budget": budget}), spark=_no_spark)
+    assert any("engine: spark (the arrow engine cannot run this bootstrap (the dataset (40000 rows) decodes to"
+               in m for m in caplog.messages), caplog.messages
+    assert not os.path.exists(opts.table)
+    # --engine arrow with that budget: one line naming the budget, nothing written
+    with pytest.raises(EngineUnsupportedError, match="over the .* budget"):
+        bootstrap(BootstrapOptions(**{**opts.__dict__, "memory_budget": budget, "engine": "arrow"}), spark=_no_spark)
+    assert not os.path.exists(opts.table)
 
 
 def test_auto_falls_back_to_spark_when_arrow_cannot_run_it(tmp_path, caplog):
