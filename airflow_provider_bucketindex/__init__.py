@@ -155,8 +155,9 @@ def get_provider_info() -> dict[str, Any]:
                     "table-type": {
                         "label": "Default table type",
                         "description": (
-                            "copy_on_write or merge_on_read (upserts append logs, compaction folds them); "
-                            "used when an upsert creates a table"
+                            "copy_on_write or merge_on_read (upserts append logs and fold the due ones); "
+                            "used when an upsert creates a table; unset: merge_on_read (copy_on_write with a "
+                            "mirror)"
                         ),
                         "schema": {"type": ["string", "null"], "enum": ["copy_on_write", "merge_on_read", None]},
                     },

@@ -171,7 +171,8 @@ def build_parser(extra_verbs: dict[str, str] | None = None, *,
                          "bucket 8); an existing table's count in force must match (change it with `rehash`)")
     up.add_argument("--table-type", choices=TABLE_TYPES,
                     help="copy_on_write rewrites touched file groups; merge_on_read appends a log to them "
-                         "(fixed at table creation; default copy_on_write)")
+                         "(fixed at table creation; default merge_on_read, with automatic compaction; copy_on_write "
+                         "when --mirror is given, whose projection is exact only for copy_on_write)")
     up.add_argument("--source-format", default="parquet", choices=("parquet", "json", "csv"),
                     help="how SOURCE is read (default parquet); a JSON or CSV batch's values are cast to the "
                          "table's column types")
@@ -217,8 +218,9 @@ def build_parser(extra_verbs: dict[str, str] | None = None, *,
                          "due (the rule of `compact`: 4 logs, or logs of a fifth of the base's bytes), through a "
                          "scheduled compaction plan as `compact` runs it; a failure is logged and leaves the "
                          "upsert committed. Given when the upsert creates the table, it is the table's setting "
-                         "(table.json); given later, it decides for this run. Default: the table's setting, off "
-                         "when it has none. Runs on the engine the upsert ran on")
+                         "(table.json); given later, it decides for this run. Default: the table's setting -- on "
+                         "for a merge-on-read table created since merge-on-read became the default, off for "
+                         "older tables. Runs on the engine the upsert ran on")
     up.add_argument("--auto-compact-max-groups", type=int, metavar="N",
                     help="at most N file groups per automatic compaction (default 4)")
     up.add_argument("--auto-compact-max-bytes", metavar="SIZE",
@@ -380,7 +382,9 @@ def build_parser(extra_verbs: dict[str, str] | None = None, *,
                          "index only; the default for it); rewrite: every row is written into the table's layout "
                          "(the default, and the only mode, for the bucket and global_simple indexes)")
     bs.add_argument("--num-buckets", type=int, help="index buckets (record) or buckets per partition (bucket)")
-    bs.add_argument("--table-type", choices=TABLE_TYPES, help="default copy_on_write")
+    bs.add_argument("--table-type", choices=TABLE_TYPES,
+                    help="default merge_on_read with automatic compaction (copy_on_write with --mirror), "
+                         "as for upsert")
     bs.add_argument("--batch-id", help="idempotence key (default: derived from SOURCE, so a rerun is a no-op)")
     bs.add_argument("--target-file-rows", type=int, help="rewrite mode: rows per data file")
     bs.add_argument("--heartbeat-timeout", type=float,

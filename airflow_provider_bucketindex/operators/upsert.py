@@ -49,8 +49,9 @@ class UpsertWithIndexOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
     :param partition_field: partition the table by this field (templated).
     :param index: ``record``, ``bucket`` or ``global_simple`` (templated).
     :param num_buckets: index bucket count (templated).
-    :param table_type: ``copy_on_write`` or ``merge_on_read`` (upserts append logs that
-        ``bucketindex compact`` folds later), fixed when the table is created (templated).
+    :param table_type: ``copy_on_write`` or ``merge_on_read`` (upserts append logs, and fold
+        the due ones after their commit unless the table was created with ``--auto-compact off``),
+        fixed when the table is created; None: merge_on_read, copy_on_write with a mirror (templated).
     :param source_format: ``parquet``, ``json`` or ``csv`` (templated).
     :param delete_field: rows whose field is true delete their key (templated).
     :param partial_update: the batch may lack table columns: updated rows keep their stored

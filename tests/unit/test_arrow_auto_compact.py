@@ -7,8 +7,9 @@ the due file groups it touched after its commit, through a scheduled compaction 
   written, not committed) has committed its batch, the table reads as the oracle, and the
   next upsert or ``compact`` finishes the plan;
 * two racing writer processes, both compacting, end equal to the oracle with nothing pending;
-* the opt-out (a table created without the setting, ``--auto-compact off``) keeps today's
-  behaviour: logs accumulate, no compaction instant is written.
+* the opt-out (``--auto-compact off``, or an older table without the setting) keeps the
+  behaviour before automatic compaction: logs accumulate, no compaction instant is written.
+  (A new merge-on-read table compacts by default: tests/unit/test_default_table_type.py.)
 """
 
 from __future__ import annotations
@@ -256,10 +257,15 @@ def test_two_racing_writers_with_automatic_compaction_end_equal_to_the_oracle(tm
 # -- (d) the opt-out ---------------------------------------------------------------------------
 
 def test_without_the_setting_nothing_is_compacted(tmp_path):
-    uri, seed = _create(tmp_path)
+    """A table created before automatic compaction became a new merge-on-read table's default
+    has no ``auto_compact`` in table.json: its upserts keep today's behaviour."""
+    uri, seed = _create(tmp_path, auto_compact="off")
+    t = Table.load(uri)
+    raw = json.loads(Path(t.layout.config_file).read_text())
+    del raw["auto_compact"]  # as an older release wrote it
+    Path(t.layout.config_file).write_text(json.dumps(raw, indent=2, sort_keys=True))
     t = Table.load(uri)
     assert t.config.auto_compact is None
-    assert "auto_compact" not in json.loads(Path(t.layout.config_file).read_text()), "table.json keeps its bytes"
     rnd = random.Random(3)
     batches = [seed]
     for b in range(1, 7):
@@ -312,5 +318,5 @@ def test_options_are_checked_and_round_trip(tmp_path):
     src = _write(tmp_path / "s.parquet", _seed_rows()[:5])
     with pytest.raises(BadInputError, match="merge-on-read"):
         run_upsert(UpsertOptions(table=str(tmp_path / "cow"), source=src, record_key=["id"], batch_id="x",
-                                 auto_compact="on"))
+                                 table_type="copy_on_write", auto_compact="on"))
     assert not (tmp_path / "cow").exists()

@@ -74,7 +74,7 @@ def test_compaction_bad_input_is_one_line_and_writes_nothing(tmp_path):
     uri = str(tmp_path / "t")
     src = write_batch(tmp_path / "b.parquet", make_batches(seed=41, n_batches=1)[0])
     arrow_upsert(UpsertOptions(table=uri, source=src, record_key=["id"], precombine_field="ts",
-                               delete_field="is_deleted", num_buckets=2))  # copy-on-write
+                               delete_field="is_deleted", num_buckets=2, table_type="copy_on_write"))
     before = tree_digest(tmp_path / "t")
     for args, needle in (
         (["--only", "data"], "copy_on_write table with the record index: it has no logs to compact"),

@@ -234,7 +234,8 @@ def test_dataset_on_s3(bucket, tmp_path):
     rows = [{"id": _key(i), "region": REGIONS[i % 3], "ts": 1, "amount": float(i), "is_deleted": False}
             for i in range(12)]
     common = dict(table=uri, record_key=["id"], precombine_field="ts", partition_field="region",
-                  delete_field="is_deleted", table_type="merge_on_read", target_file_rows=4)
+                  delete_field="is_deleted", table_type="merge_on_read", target_file_rows=4,
+                  auto_compact="off")  # the logs stay: the dataset must merge them
     run_upsert(UpsertOptions(source=write_batch(tmp_path / "b1.parquet", rows), **common))
     # rows 0, 3 (one region: 0 deleted) and 1 updated: the third region's slice stays plain
     upd = [{**r, "ts": 2, "amount": -r["amount"], "is_deleted": r is rows[0]} for r in (rows[0], rows[3], rows[1])]

@@ -60,7 +60,10 @@ def test_a_delta_rs_user_session_matches_the_oracle(tmp_path):
     uri = str(tmp_path / "orders")
     first = pa.Table.from_pylist(FIRST, schema=pa.schema([("id", pa.string()), ("region", pa.string()),
                                                           ("ts", pa.int64()), ("amount", pa.float64())]))
-    t = Table.create(uri, first, record_key="id", partition_field="region", precombine_field="ts")
+    # copy-on-write: every stale row is counted in `ignored` (a merge-on-read write counts one only
+    # where it reads the stored row: README, "Table types")
+    t = Table.create(uri, first, record_key="id", partition_field="region", precombine_field="ts",
+                     table_type="copy_on_write")
     assert rows(t.read()) == oracle(FIRST)
 
     r = t.upsert(pd.DataFrame(PANDAS))
@@ -152,7 +155,7 @@ def test_pandas_nanosecond_timestamps_are_kept_to_the_microsecond_and_finer_ones
 def test_the_other_verbs_return_typed_results(tmp_path):
     uri = str(tmp_path / "mor")
     t = Table.create(uri, pa.table({"id": ["a", "b/c", "d e"], "ts": [1, 1, 1], "v": [1, 2, 3]}), record_key="id",
-                     precombine_field="ts", table_type="merge_on_read")
+                     precombine_field="ts", table_type="merge_on_read", auto_compact="off")  # compact() folds
     batches = [[{"id": "a", "ts": 1, "v": 1}, {"id": "b/c", "ts": 1, "v": 2}, {"id": "d e", "ts": 1, "v": 3}]]
     for i in range(2, 4):
         batch = [{"id": "a", "ts": i, "v": 10 * i}, {"id": "ü", "ts": i, "v": i}]
@@ -187,10 +190,11 @@ def test_an_upsert_that_evolves_the_schema_is_marked_by_history_and_show(tmp_pat
     t = Table.create(uri, pa.table({"id": ["a b"], "qty": pa.array([1], pa.int32())}), record_key="id")
     t.upsert(pa.table({"id": ["é"], "qty": pa.array([2], pa.int64()), "note": ["n"]}), schema_evolution="all")
     t.upsert(pa.table({"id": ["x"], "qty": pa.array([3], pa.int64()), "note": ["m"]}))
-    evolved = t.history()[1]
+    commits = [h for h in t.history() if h.action == "commit"]  # (the default table also compacts itself)
+    evolved = commits[1]
     assert evolved.schema_changes == ("widened qty int -> bigint", "added note string")
-    assert t.history()[0].schema_changes == () and t.history()[2].schema_changes == ()
-    assert t.schema(as_of=t.history()[2].instant).names == ["id", "qty"]
+    assert commits[0].schema_changes == () and commits[2].schema_changes == ()
+    assert t.schema(as_of=commits[2].instant).names == ["id", "qty"]
 
     assert main(["show", uri, "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
@@ -198,8 +202,8 @@ def test_an_upsert_that_evolves_the_schema_is_marked_by_history_and_show(tmp_pat
                            {"name": "qty", "type": "bigint", "nullable": True},
                            {"name": "note", "type": "string", "nullable": True}]
     marked = {c["instant"]: c.get("schema_changes") for c in d["timeline"]}
-    assert marked == {t.history()[2].instant: None, evolved.instant: list(evolved.schema_changes),
-                      t.history()[0].instant: None}
+    assert marked == {**{h.instant: None for h in t.history()}, evolved.instant: list(evolved.schema_changes)}
+    assert len(marked) == len(t.history()) >= 3
 
     assert main(["show", uri]) == 0
     out = capsys.readouterr().out

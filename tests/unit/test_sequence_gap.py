@@ -53,7 +53,8 @@ def pristine(tmp_path_factory) -> tuple[Path, str]:
     uri = str(d / "t")
     for i in range(COMMITS):
         run_upsert(UpsertOptions(table=uri, source=_source(d / "in", i), record_key=["id"],
-                                 partition_field="region", batch_id=f"b{i}"))
+                                 partition_field="region", batch_id=f"b{i}",
+                                 table_type="copy_on_write"))  # one entry per upsert: COMMITS entries
     assert (d / "t" / ".bucketindex" / "checkpoints" / f"{10:020d}.json").exists()
     assert _seq(d / "t", COMMITS).exists() and not _seq(d / "t", COMMITS + 1).exists()
     return d, _source(d / "in", COMMITS)

@@ -57,7 +57,7 @@ def history(tmp_path_factory):
         pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), src)
         run_upsert(UpsertOptions(table=uri, source=str(src), record_key=["id"], precombine_field="ts",
                                  partition_field="region", delete_field="is_deleted", batch_id=f"b{n}",
-                                 num_buckets=2))
+                                 num_buckets=2, table_type="copy_on_write"))  # one entry per upsert
         time.sleep(0.05)
     assert run_validate(uri)["ok"]
     tl = Table.load(uri).timeline.reload()
@@ -159,7 +159,8 @@ def test_a_commit_requested_before_t_but_completed_after_t_is_not_in_it(tmp_path
     uri = str(tmp_path / "t")
     src = tmp_path / "b0.parquet"
     pq.write_table(pa.Table.from_pylist(BATCHES[0], schema=SCHEMA), src)
-    opts = dict(record_key=["id"], precombine_field="ts", partition_field="region", delete_field="is_deleted")
+    opts = dict(record_key=["id"], precombine_field="ts", partition_field="region", delete_field="is_deleted",
+                table_type="copy_on_write")  # one entry per upsert: the sequence below is exact
     run_upsert(UpsertOptions(table=uri, source=str(src), batch_id="b0", **opts))
     table = Table.load(uri)
     slow = table.timeline.create_requested(Action.COMPACTION, {"file_groups": [], "index_buckets": []})

@@ -63,6 +63,8 @@ from spark_jobs.table.config import (
     TABLE_TYPES,
     TableConfig,
     check_field_names,
+    new_auto_compact,
+    new_table_type,
 )
 from spark_jobs.table.commit import EngineInfo, FileGroupChange, IndexFileChange, Written
 from spark_jobs.table.faults import maybe_crash
@@ -618,15 +620,18 @@ def _tally(found: Iterable[dict[str, Any]], source: SourceDataset, opts: Bootstr
 
 
 def _reference_config(opts: BootstrapOptions, source: SourceDataset, num_buckets: int) -> TableConfig:
+    mirrors_asked = [opts.mirror] if opts.mirror else []
+    table_type = new_table_type(table_type=opts.table_type, mirrors=mirrors_asked)  # an upsert's default
     return TableConfig(
         record_key_fields=list(opts.record_key), index_type=INDEX_RECORD,
         num_buckets=num_buckets,
         partition_fields=[opts.partition_field] if opts.partition_field else [],
         precombine_field=opts.precombine_field,
-        **({"table_type": opts.table_type} if opts.table_type else {}),
+        table_type=table_type,
+        auto_compact=new_auto_compact(table_type=table_type, auto_compact=None),
         **({"target_file_rows": opts.target_file_rows} if opts.target_file_rows else {}),
         format_version=REFERENCE_FORMAT_VERSION,
-        mirrors=[opts.mirror] if opts.mirror else [],
+        mirrors=mirrors_asked,
         reference={"source": redact_uri(opts.source),
                    "path_columns": {c: str(source.schema.field(c).type) for c in source.path_columns}},
     )

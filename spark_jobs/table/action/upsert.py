@@ -93,6 +93,8 @@ from spark_jobs.table.config import (
     TABLE_TYPES,
     TableConfig,
     check_field_names,
+    new_auto_compact,
+    new_table_type,
 )
 from spark_jobs.table.delta import mirrors
 from spark_jobs.table.schema import parse_schema_evolution, refuse_missing_fields
@@ -177,7 +179,8 @@ class UpsertOptions(VerbOptions):
     partition_field: str | None = option("--partition-field", default=None)
     index: str | None = option("--index", default=None)
     num_buckets: int | None = option("--num-buckets", default=None)
-    #: copy_on_write | merge_on_read, fixed at creation (default copy_on_write)
+    #: copy_on_write | merge_on_read, fixed at creation (default merge_on_read, copy_on_write with
+    #: ``--mirror``: :func:`spark_jobs.table.config.new_table_type`)
     table_type: str | None = option("--table-type", default=None)
     source_format: str = option("--source-format", default="parquet")
     delete_field: str | None = option("--delete-field", default=None)
@@ -401,6 +404,9 @@ def resolve_config(opts: UpsertOptions, table: "Table") -> tuple[TableConfig, Fi
     if opts.table_type:
         explicit.add("table_type")
     index = opts.index or (existing.index_type if existing else INDEX_RECORD)
+    mirrors_asked = [opts.mirror] if opts.mirror else []
+    table_type = existing.table_type if existing and not opts.table_type else new_table_type(
+        table_type=opts.table_type, mirrors=mirrors_asked)
     cfg = TableConfig(
         record_key_fields=list(opts.record_key) if opts.record_key else list(existing.record_key_fields),
         index_type=index,
@@ -411,12 +417,10 @@ def resolve_config(opts: UpsertOptions, table: "Table") -> tuple[TableConfig, Fi
             existing.precombine_field if existing else None),
         target_file_rows=opts.target_file_rows or (
             existing.target_file_rows if existing else TableConfig.target_file_rows),
-        table_type=opts.table_type or (existing.table_type if existing else TableConfig.table_type),
-        mirrors=[opts.mirror] if opts.mirror else [],
-        # recorded by a new merge-on-read table created with --auto-compact on|off (absent: off)
-        auto_compact=None if opts.auto_compact is None or (
-            opts.table_type or (existing.table_type if existing else TableConfig.table_type)) != MERGE_ON_READ
-        else opts.auto_compact == "on",
+        table_type=table_type,
+        mirrors=mirrors_asked,
+        # a new merge-on-read table records on unless --auto-compact off; an existing one keeps its own
+        auto_compact=new_auto_compact(table_type=table_type, auto_compact=opts.auto_compact),
     )
     view = None
     if existing is not None:
@@ -639,8 +643,9 @@ def _commit(engine: UpsertEngine, opts: UpsertOptions, table: "Table", cfg: Tabl
             started: float, choice: "EngineChoice | None", compact: Pick | None = None) -> dict[str, Any]:
     if table.config is None:
         cfg = table.create(cfg)
-        log.info("created table %s (%s index, %s)", redact_uri(opts.table), cfg.index_type,
-                 plural(cfg.num_buckets, "bucket"))
+        log.info("created table %s (%s index, %s, %s%s%s)", redact_uri(opts.table), cfg.index_type,
+                 plural(cfg.num_buckets, "bucket"), cfg.table_type, "" if opts.table_type else " by default",
+                 ", automatic compaction on" if cfg.auto_compact else "")
     # the source as it may be shown: every reader of the timeline reads the plan (nothing reads the
     # source back from it; a retry or a rerun is given the source again, and the batch id is derived
     # from the source's listing, not from this text)
