@@ -81,6 +81,7 @@ def test_a_null_key_fails_the_decorated_task_and_writes_nothing(tmp_path, airflo
                           conf={"table_uri": str(table), "rows": [_row("k", 1, 1.0), {**_row("x", 1, 2.0), "id": None}]})
 
     assert run.state == "failed" and run.task_state("upsert") == "failed", run
+    assert run.tasks["upsert"]["try_number"] == 1, "bad input (a null key) must not be retried"
     assert run.task_state("read") == "upstream_failed"
     assert not (table / ".bucketindex").exists() or not any((table / ".bucketindex" / "timeline").glob("*.commit"))
 
@@ -133,8 +134,10 @@ def test_object_storage_path_source_on_s3_through_its_connection(airflow_db, buc
     monkeypatch.setenv("AIRFLOW_CONN_BUCKETINDEX_DEFAULT", sandbox.connection_json("local[2]"))
     table_uri = f"{bucket}/tables/orders é"
 
+    table2_uri = f"{bucket}/tables/classic"
     run = sandbox.run_dag(sandbox.load_dag("bucketindex_test_taskflow_s3"),
-                          conf={"table_uri": table_uri, "source_uri": f"{bucket}/{key}", "conn_id": "lake_s3"})
+                          conf={"table_uri": table_uri, "table2_uri": table2_uri, "source_uri": f"{bucket}/{key}",
+                                "conn_id": "lake_s3"})
 
     assert run.state == "success", run
     assert run.xcom("landed")["inserted"] == len(BATCH1)
@@ -142,5 +145,8 @@ def test_object_storage_path_source_on_s3_through_its_connection(airflow_db, buc
     assert run.xcom("read_back") == _expected(BATCH1)
     stored = Table(table_uri, storage_options=opts).read().to_pylist()  # read apart from the provider
     assert sorted((r["id"], r["amount"]) for r in stored) == sorted((r["id"], r["amount"]) for r in BATCH1)
+    assert run.xcom("classic")["inserted"] == len(BATCH1)  # an ObjectStoragePath through XCom, same mapping
+    stored2 = Table(table2_uri, storage_options=opts).read().to_pylist()
+    assert sorted((r["id"], r["amount"]) for r in stored2) == sorted((r["id"], r["amount"]) for r in BATCH1)
     keys = [o["Key"] for o in s3_server.client().list_objects_v2(Bucket=name).get("Contents", [])]
-    assert keys and all(k.startswith(("landing/day 1 é/", "tables/orders é/")) for k in keys), keys
+    assert keys and all(k.startswith(("landing/day 1 é/", "tables/orders é/", "tables/classic/")) for k in keys), keys

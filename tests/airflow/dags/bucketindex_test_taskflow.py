@@ -11,17 +11,22 @@ and ``BucketIndexHook.get_df`` / ``get_dataset``.
 * ``bucketindex_test_taskflow_s3``: a function that returns an ``ObjectStoragePath`` of a Parquet
   file on the S3 test server, with the ``aws`` connection id in the path; the ``bucketindex``
   connection names no storage connection, so the path's connection is the only way to the
-  store; the read task reads through ``get_df`` of an ``ObjectStoragePath`` table.
+  store; the read task reads through ``get_df`` of an ``ObjectStoragePath`` table. Beside it,
+  ``classic``: an ``UpsertWithIndexOperator`` whose ``source_uri`` is an ``ObjectStoragePath``
+  an upstream task returns (through XCom), into a second table.
 
 Only the function bodies import pyarrow, pandas, Polars (this file is parsed with the others).
 """
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pendulum
 from airflow.sdk import DAG, Param, task
 
 from airflow_provider_bucketindex.hooks.bucketindex import BucketIndexHook
+from airflow_provider_bucketindex.operators import UpsertWithIndexOperator
 
 #: the batches' columns, in order; ``is_deleted`` marks deletes
 COLUMNS = (("id", "string"), ("name", "string"), ("amount", "float64"), ("ts", "int64"), ("is_deleted", "bool_"))
@@ -70,8 +75,9 @@ _PARAMS = {"table_uri": Param("", type="string"), "rows": Param([], type="array"
 with DAG(dag_id="bucketindex_test_taskflow", schedule=None, start_date=_START, params=_PARAMS,
          render_template_as_native_obj=True):
 
+    # a retry allowed: bad input must fail without using it
     @task.bucketindex_upsert(table_uri="{{ params.table_uri }}", record_key="id", precombine_field="ts",
-                             delete_field="is_deleted", engine="arrow", retries=0)
+                             delete_field="is_deleted", engine="arrow", retries=1, retry_delay=timedelta(0))
     def upsert(params=None):  # type: ignore[no-untyped-def]
         return _batch(params["rows"], params["kind"], params["scratch"])
 
@@ -101,8 +107,8 @@ with DAG(dag_id="bucketindex_test_taskflow_spark", schedule=None, start_date=_ST
 
 
 with DAG(dag_id="bucketindex_test_taskflow_s3", schedule=None, start_date=_START,
-         params={"table_uri": Param("", type="string"), "source_uri": Param("", type="string"),
-                 "conn_id": Param("", type="string")}, render_template_as_native_obj=True):
+         params={"table_uri": Param("", type="string"), "table2_uri": Param("", type="string"),
+                 "source_uri": Param("", type="string"), "conn_id": Param("", type="string")}, render_template_as_native_obj=True):
 
     @task.bucketindex_upsert(table_uri="{{ params.table_uri }}", record_key="id", precombine_field="ts",
                              delete_field="is_deleted", engine="arrow", retries=0)
@@ -117,5 +123,16 @@ with DAG(dag_id="bucketindex_test_taskflow_s3", schedule=None, start_date=_START
 
         table = ObjectStoragePath(params["table_uri"], conn_id=params["conn_id"])
         return _rows(BucketIndexHook().get_df(table), "pandas")
+
+    @task
+    def landing_path(params=None):  # type: ignore[no-untyped-def]
+        from airflow.sdk import ObjectStoragePath
+
+        return ObjectStoragePath(params["source_uri"], conn_id=params["conn_id"])
+
+    # the classic operator, its source an ObjectStoragePath handed over through XCom
+    UpsertWithIndexOperator(task_id="classic", table_uri="{{ params.table2_uri }}", source_uri=landing_path(),
+                            record_key="id", precombine_field="ts", delete_field="is_deleted", engine="arrow",
+                            retries=0)
 
     landed() >> read_back()
