@@ -38,12 +38,12 @@ value needs.
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Collection, Iterator, Mapping, Sequence
 
 from airflow.sdk.bases.decorator import DecoratedOperator, TaskDecorator, determine_kwargs, task_decorator_factory
 from airflow.sdk.definitions.context import context_merge
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_bucketindex.operators.upsert import UpsertWithIndexOperator
 from airflow_provider_bucketindex.storage import is_object_storage_path
@@ -84,13 +84,18 @@ class _BucketIndexUpsertDecoratedOperator(DecoratedOperator, UpsertWithIndexOper
         context_merge(context, self.op_kwargs)
         kwargs = determine_kwargs(self.python_callable, self.op_args, context)
         returned = self.python_callable(*self.op_args, **kwargs)
-        with self._source(returned) as source:
+        with self._source(returned) as (source, label):
             self.source_uri = source
-            return super().execute(context)
+            try:
+                return super().execute(context)
+            except AirflowException as e:  # name what the function returned, not its temporary file
+                if not self._in_memory_batch or source not in str(e):
+                    raise
+                raise type(e)(str(e).replace(source, label)) from e
 
     @contextmanager
-    def _source(self, returned: Any) -> Iterator[Any]:
-        """The upsert's source for the function's return value (module docstring)."""
+    def _source(self, returned: Any) -> Iterator[tuple[Any, str]]:
+        """``(source, label)`` of the upsert for the function's return value (module docstring)."""
         if returned is None:
             raise AirflowFailException(
                 "the @task.bucketindex_upsert function returned None: return the batch (a pyarrow.Table, a pandas "
@@ -98,21 +103,23 @@ class _BucketIndexUpsertDecoratedOperator(DecoratedOperator, UpsertWithIndexOper
         if isinstance(returned, (str, os.PathLike)) or is_object_storage_path(returned):
             if isinstance(returned, str) and not returned.strip():
                 raise AirflowFailException("the @task.bucketindex_upsert function returned an empty path")
-            yield returned if is_object_storage_path(returned) else os.fspath(returned)
+            source = returned if is_object_storage_path(returned) else os.fspath(returned)
+            yield source, str(source)
             return
         from spark_jobs.api import batch_source
         from spark_jobs.exceptions import BadInputError
 
-        try:
-            with batch_source(returned) as (path, label):
-                self.log.info("Upserting %s returned by the function (a temporary Parquet file)", label)
-                self._in_memory_batch = True
-                try:
-                    yield path
-                finally:
-                    self._in_memory_batch = False
-        except BadInputError as e:  # not a batch, or one the table cannot hold: no retry can fix it
-            raise AirflowFailException(f"@task.bucketindex_upsert: {' '.join(str(e).split())}") from e
+        with ExitStack() as stack:
+            try:  # only writing the batch: the upsert's own errors are mapped by the operator
+                path, label = stack.enter_context(batch_source(returned))
+            except BadInputError as e:  # not a batch, or one the table cannot hold: no retry can fix it
+                raise AirflowFailException(f"@task.bucketindex_upsert: {' '.join(str(e).split())}") from e
+            self.log.info("Upserting %s returned by the function (a temporary Parquet file)", label)
+            self._in_memory_batch = True
+            try:
+                yield path, label
+            finally:
+                self._in_memory_batch = False
 
     def _submit(self, context: Context, batch_id: str, *, table_exists: bool) -> None:
         if self._in_memory_batch:
