@@ -668,8 +668,9 @@ def _microseconds(t: pa.DataType) -> pa.DataType:
 def batch_source(source: Any) -> Iterator[tuple[str, str]]:
     """(path, label) of the batch: a path as given, an in-memory batch streamed to a temporary
     Parquet file removed afterwards (module doc). Public for the other callers that upsert an
-    in-memory batch the same way (the Airflow provider's ``@task.bucketindex_upsert``). Nanosecond timestamps (pandas') are cast to
-    microseconds -- safely: a value finer than a microsecond is bad input, not truncated."""
+    in-memory batch the same way (the Airflow provider's ``@task.bucketindex_upsert``).
+    Nanosecond timestamps (pandas') are cast to microseconds -- safely: a value finer than a
+    microsecond is bad input, not truncated."""
     data = to_arrow(source)
     if data is None:
         yield os.fspath(source), os.fspath(source)

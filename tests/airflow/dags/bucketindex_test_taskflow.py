@@ -108,7 +108,8 @@ with DAG(dag_id="bucketindex_test_taskflow_spark", schedule=None, start_date=_ST
 
 with DAG(dag_id="bucketindex_test_taskflow_s3", schedule=None, start_date=_START,
          params={"table_uri": Param("", type="string"), "table2_uri": Param("", type="string"),
-                 "source_uri": Param("", type="string"), "conn_id": Param("", type="string")}, render_template_as_native_obj=True):
+                 "source_uri": Param("", type="string"), "conn_id": Param("", type="string")},
+         render_template_as_native_obj=True):
 
     @task.bucketindex_upsert(table_uri="{{ params.table_uri }}", record_key="id", precombine_field="ts",
                              delete_field="is_deleted", engine="arrow", retries=0)
