@@ -26,7 +26,10 @@ the subprocess's environment (``SPARK_CONNECT_AUTHENTICATE_TOKEN``), never on th
 line, and is masked in logs. Exit statuses and failures are the same on both paths.
 
 Reading table state (timeline, pending instants, the commit of a batch) uses the
-pure-Python core, :class:`spark_jobs.table.Table`: no Spark, no ``pyspark`` import.
+pure-Python core, :class:`spark_jobs.table.Table`: no Spark, no ``pyspark`` import. Reading a
+snapshot's rows (:meth:`BucketIndexHook.get_dataset`, :meth:`BucketIndexHook.get_df`) goes
+through the Python API (:class:`spark_jobs.api.Table`), imported by the call, and reports the
+table to Airflow's hook lineage.
 
 **Storage options** (endpoint, region, credentials of an object store;
 :mod:`airflow_provider_bucketindex.storage`): the hook's ``storage_options`` over the
