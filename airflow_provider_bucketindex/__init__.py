@@ -12,6 +12,8 @@ nor the Spark provider nor ``pyspark``; hooks and operators live in submodules::
         RehashOperator, BootstrapTableOperator,
     )
     from airflow_provider_bucketindex.notifications import IndexMismatchNotifier
+
+and the TaskFlow decorator ``@task.bucketindex_upsert`` (``decorators.upsert``, registered below).
 """
 
 from __future__ import annotations
@@ -63,6 +65,13 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_provider_bucketindex.operators.bootstrap",
                     "airflow_provider_bucketindex.operators.shadow_compare",
                 ],
+            }
+        ],
+        # @task.bucketindex_upsert: upsert what a TaskFlow function returns
+        "task-decorators": [
+            {
+                "class-name": "airflow_provider_bucketindex.decorators.upsert.bucketindex_upsert_task",
+                "name": "bucketindex_upsert",
             }
         ],
         "notifications": ["airflow_provider_bucketindex.notifications.shadow_compare.IndexMismatchNotifier"],

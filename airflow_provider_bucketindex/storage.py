@@ -9,8 +9,9 @@ Where an option comes from, lowest first (each level replaces the ones below it 
 credentials -- key id, secret, token, or a profile -- come as one group from the highest level
 that names a key id or a profile, as :mod:`spark_jobs.io.storage` does for its own levels):
 
-1. the **storage connection** (``storage_conn_id``: the operator's argument, else the ``bucketindex``
-   connection's ``storage_conn_id`` extra), read as the Amazon provider reads an ``aws``
+1. the **storage connection** (``storage_conn_id``: the operator's argument -- or the connection of
+   an ``ObjectStoragePath`` given as its table or source (:func:`use_object_storage_paths`) --, else
+   the ``bucketindex`` connection's ``storage_conn_id`` extra), read as the Amazon provider reads an ``aws``
    connection: login = access key id, password = secret access key, extras ``endpoint_url``
    (or ``service_config.s3.endpoint_url``), ``region_name``, ``aws_session_token``,
    ``profile_name``, ``config_kwargs.s3.addressing_style`` (or ``addressing_style``);
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Mapping, TypeVar
@@ -54,13 +56,16 @@ __all__ = [
     "env_value",
     "extras_storage",
     "has_secrets",
+    "is_object_storage_path",
     "mask",
     "merge_levels",
+    "object_storage_location",
     "options_from_storage_connection",
     "parse_options",
     "resolve_options",
     "scoped",
     "storage_scope",
+    "use_object_storage_paths",
 ]
 
 #: options that travel as one group (a key id is never paired with another level's secret)
@@ -290,12 +295,75 @@ def mask_uris(*uris: Any) -> None:
         mask_secret(value, "uri_secret")
 
 
+def is_object_storage_path(value: Any) -> bool:
+    """Whether ``value`` is Airflow's ``ObjectStoragePath`` (without importing it: a value that
+    is one was built by a process that imported its module already)."""
+    module = sys.modules.get("airflow.sdk.io.path")
+    return module is not None and isinstance(value, module.ObjectStoragePath)
+
+
+def object_storage_location(value: Any) -> tuple[Any, str | None]:
+    """``(plain location, connection id)`` of an ``ObjectStoragePath``; any other value as it is,
+    with None.
+
+    Why: ``str()`` of ``ObjectStoragePath("s3://bucket/key", conn_id="lake")`` is
+    ``s3://lake@bucket/key``, and the table layer would read ``lake@bucket`` as the bucket. The
+    path's own parts are used instead: ``s3://bucket/key`` (the key as written: object keys are
+    not percent-decoded), a local path as a plain path (read literally), and the connection id
+    apart -- the caller makes it the storage connection. A local path has no connection."""
+    if not is_object_storage_path(value):
+        return value, None
+    protocol = value.protocol
+    if isinstance(protocol, (tuple, list)):
+        protocol = protocol[0]
+    protocol = str(protocol or "file").lower()
+    if protocol in ("file", "local"):
+        return str(value.path), None
+    return f"{protocol}://{value.path}", (str(value.conn_id).strip() or None) if value.conn_id else None
+
+
+def use_object_storage_paths(op: Any, fields: tuple[str, ...] = ("table_uri", "source_uri")) -> None:
+    """Replace the ``ObjectStoragePath`` values of ``op``'s ``fields`` by their plain locations and
+    make their connection ``op.storage_conn_id`` (:func:`object_storage_location`).
+
+    One task reaches one store with one set of options (the in-task engine's run options, the
+    Spark job's environment), so paths naming two connections, or a connection other than the
+    task's ``storage_conn_id``, are bad input (``AirflowFailException``: no retry can fix them)."""
+    conns: dict[str, str] = {}
+    for name in fields:
+        value = getattr(op, name, None)
+        location, conn_id = object_storage_location(value)
+        if location is not value:
+            setattr(op, name, location)
+        if conn_id:
+            conns[name] = conn_id
+    if not conns:
+        return
+    given = getattr(op, "storage_conn_id", None)
+    given = str(given).strip() if given not in (None, "") else None
+    wanted = set(conns.values()) | ({given} if given else set())
+    if len(wanted) > 1:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        named = ", ".join(f"{name}: {conn!r}" for name, conn in sorted(conns.items()))
+        raise AirflowFailException(
+            f"ObjectStoragePath connections disagree ({named}{f', storage_conn_id: {given!r}' if given else ''}): "
+            f"one task reaches its table and its source with one storage connection")
+    conn_id = wanted.pop()
+    if conn_id != given:
+        op.storage_conn_id = conn_id
+        op.__dict__.pop("hook", None)  # a hook built before would hold the old storage connection
+
+
 def scoped(method: Callable[..., _T]) -> Callable[..., _T]:
     """Decorate an operator method (``execute``): run it inside ``self.storage_scope()``, with the
-    secrets of its URIs (:data:`URI_FIELDS`, rendered by now) masked in its logs."""
+    secrets of its URIs (:data:`URI_FIELDS`, rendered by now) masked in its logs. An
+    ``ObjectStoragePath`` table or source is made a plain location first, its connection the
+    task's storage connection (:func:`use_object_storage_paths`)."""
 
     @functools.wraps(method)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> _T:
+        use_object_storage_paths(self)
         mask_uris(*(getattr(self, name, None) for name in URI_FIELDS))
         with self.storage_scope():
             return method(self, *args, **kwargs)

@@ -378,7 +378,7 @@ class Table:
         if bad:
             raise BadInputError(f"upsert got unknown option(s) {', '.join(sorted(bad))} "
                                 f"(UpsertOptions fields: {', '.join(sorted(_UPSERT_FIELDS - set(_HANDLE_FIELDS)))})")
-        with _storage(self.storage_options), _as_source(source) as (path, label):
+        with _storage(self.storage_options), batch_source(source) as (path, label):
             opts = UpsertOptions(table=self.uri, source=path, **options)
             try:
                 precheck_upsert(opts)  # the CLI's: bad input is one line before any engine starts
@@ -665,10 +665,12 @@ def _microseconds(t: pa.DataType) -> pa.DataType:
 
 
 @contextlib.contextmanager
-def _as_source(source: Any) -> Iterator[tuple[str, str]]:
+def batch_source(source: Any) -> Iterator[tuple[str, str]]:
     """(path, label) of the batch: a path as given, an in-memory batch streamed to a temporary
-    Parquet file removed afterwards (module doc). Nanosecond timestamps (pandas') are cast to
-    microseconds -- safely: a value finer than a microsecond is bad input, not truncated."""
+    Parquet file removed afterwards (module doc). Public for the other callers that upsert an
+    in-memory batch the same way (the Airflow provider's ``@task.bucketindex_upsert``).
+    Nanosecond timestamps (pandas') are cast to microseconds -- safely: a value finer than a
+    microsecond is bad input, not truncated."""
     data = to_arrow(source)
     if data is None:
         yield os.fspath(source), os.fspath(source)

@@ -26,7 +26,10 @@ the subprocess's environment (``SPARK_CONNECT_AUTHENTICATE_TOKEN``), never on th
 line, and is masked in logs. Exit statuses and failures are the same on both paths.
 
 Reading table state (timeline, pending instants, the commit of a batch) uses the
-pure-Python core, :class:`spark_jobs.table.Table`: no Spark, no ``pyspark`` import.
+pure-Python core, :class:`spark_jobs.table.Table`: no Spark, no ``pyspark`` import. Reading a
+snapshot's rows (:meth:`BucketIndexHook.get_dataset`, :meth:`BucketIndexHook.get_df`) goes
+through the Python API (:class:`spark_jobs.api.Table`), imported by the call, and reports the
+table to Airflow's hook lineage.
 
 **Storage options** (endpoint, region, credentials of an object store;
 :mod:`airflow_provider_bucketindex.storage`): the hook's ``storage_options`` over the
@@ -679,6 +682,67 @@ class BucketIndexHook(BaseHook):
 
         with self.storage_scope():
             return Table.load(table_uri)
+
+    # -- reading a snapshot (pyarrow, pandas, Polars: imported by the call, never at parse) -------
+    def get_dataset(self, table_uri: Any, *, as_of: Any = None) -> Any:
+        """The snapshot of ``table_uri`` as of ``as_of`` (an instant, an ISO-8601 time or a
+        ``datetime``; default the latest) as a ``pyarrow.dataset.Dataset``
+        (:meth:`spark_jobs.api.Table.to_pyarrow_dataset`: merge-on-read logs merged, only the
+        snapshot's files, fixed when this returns), reached with this hook's storage options.
+
+        ``table_uri``: a path, a URI or an ``ObjectStoragePath`` (its connection is the storage
+        connection). Reports the table as an input asset to Airflow's hook lineage. Raises the
+        core's ``TableNotFoundError`` (no table there) or ``BadInputError`` (a bad ``as_of``)."""
+        uri, options = self._read_target(table_uri)
+        from spark_jobs.api import Table
+
+        dataset = Table(uri, storage_options=options or None).to_pyarrow_dataset(as_of)
+        self._report_read(uri)
+        return dataset
+
+    def get_df(self, table_uri: Any, *, as_of: Any = None, columns: Sequence[str] | None = None,
+               df_type: str = "pandas") -> Any:
+        """The snapshot of ``table_uri`` (as :meth:`get_dataset`) read whole into a frame:
+        ``df_type="pandas"`` (default) or ``"polars"`` (Polars must be installed), only
+        ``columns`` if given. Rows come in no particular order. Reports hook lineage as
+        :meth:`get_dataset` does."""
+        if df_type not in ("pandas", "polars"):
+            raise ValueError(f"df_type must be 'pandas' or 'polars', got {df_type!r}")
+        uri, options = self._read_target(table_uri)
+        from spark_jobs.api import Table
+
+        table = Table(uri, storage_options=options or None).read(as_of, columns=columns)
+        self._report_read(uri)
+        if df_type == "polars":
+            import polars
+
+            return polars.from_arrow(table)
+        return table.to_pandas()
+
+    def _read_target(self, table_uri: Any) -> tuple[str, dict[str, str]]:
+        """``(location, storage options)`` of a table to read: an ``ObjectStoragePath``'s connection
+        is the storage connection (under this hook's ``storage_options``); one other than the
+        hook's own ``storage_conn_id`` is refused, as the operators refuse it."""
+        location, conn_id = task_storage.object_storage_location(table_uri)
+        location = str(location)
+        if conn_id is None or conn_id == (self.storage_conn_id or self.settings.storage_conn_id):
+            return location, self.storage_settings()
+        if self.storage_conn_id:
+            raise AirflowFailException(
+                f"ObjectStoragePath connection {conn_id!r} disagrees with this hook's storage_conn_id "
+                f"{self.storage_conn_id!r}")
+        other = BucketIndexHook(self.conn_id, storage_conn_id=conn_id, storage_options=self.task_storage_options)
+        return location, other.storage_settings()
+
+    def _report_read(self, uri: str) -> None:
+        """The table as an input of this task in Airflow's hook lineage (the ``bucketindex`` Asset
+        scheme's factory names it: one asset whatever the spelling)."""
+        from airflow.sdk.lineage import get_hook_lineage_collector
+
+        if "://" not in uri and not os.path.isabs(uri):
+            uri = os.path.abspath(uri)  # where this process read it (an Asset needs a definite location)
+        get_hook_lineage_collector().add_input_asset(context=self, scheme="bucketindex",
+                                                     asset_kwargs={"table_uri": uri})
 
     @task_storage.scoped
     def table_exists(self, table_uri: str) -> bool:

@@ -40,7 +40,8 @@ __all__ = ["TableStateSensor", "CompactionDueSensor", "NoPendingWritesSensor", "
 class TableStateSensor(BaseSensorOperator):
     """Base of the table-state sensors: poke through the trigger's ``poll``, defer, resume.
 
-    :param table_uri: the table (templated).
+    :param table_uri: the table (templated); an ``ObjectStoragePath`` is read at its own location,
+        its ``conn_id`` the storage connection (also for the trigger, which stores connection ids only).
     :param deferrable: wait in the triggerer instead of a worker slot (default: the
         ``[operators] default_deferrable`` option). The deferral's timeout is the sensor's
         ``timeout``; Airflow turns it into ``AirflowSensorTimeout`` (a skip with ``soft_fail``).
@@ -103,8 +104,10 @@ class TableStateSensor(BaseSensorOperator):
             check_uri_no_secrets,
             mask_uris,
             parse_options,
+            use_object_storage_paths,
         )
 
+        use_object_storage_paths(self, fields=("table_uri",))  # its location, its connection the storage one
         mask_uris(self.table_uri)
         if not self.deferrable:
             # blocks (poke) or raises to be rescheduled (reschedule) until poke succeeds

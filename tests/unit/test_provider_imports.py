@@ -1,5 +1,5 @@
 """Light parsing (issue 40, item 1): importing any module of the provider -- operators, sensors,
-triggers, the notifier, hooks, the example DAGs -- loads none of pyarrow, numpy, pandas, pyspark.
+triggers, the notifier, hooks, the TaskFlow decorator, the example DAGs -- loads none of pyarrow, numpy, pandas, pyspark.
 
 Why: the Airflow DAG processor imports every module a DAG file imports, on every parse of that
 file, and the triggerer imports the trigger modules; pyarrow and numpy alone cost about 0.3 s of a
@@ -84,11 +84,13 @@ MODULES = _provider_modules()
 
 def test_the_walk_finds_every_module_airflow_is_told_about() -> None:
     """The parametrisation below covers what the provider info registers (operators, sensors,
-    triggers, hooks, the notifier) and the packaged example DAGs."""
+    triggers, hooks, the notifier, the TaskFlow decorator) and the packaged example DAGs."""
     info = get_provider_info()
     declared = {m for kind in ("operators", "sensors", "triggers", "hooks") for group in info[kind]
                 for m in group["python-modules"]}
     declared |= {path.rpartition(".")[0] for path in info["notifications"]}
+    declared |= {d["class-name"].rpartition(".")[0] for d in info["task-decorators"]}
+    assert "airflow_provider_bucketindex.decorators.upsert" in declared
     examples = {f"airflow_provider_bucketindex.example_dags.{p.stem}"
                 for p in Path(airflow_provider_bucketindex.__file__).parent.joinpath("example_dags").glob("*.py")
                 if p.stem != "__init__"}

@@ -152,3 +152,31 @@ def test_dependencies_are_floors_without_unexplained_ceilings():
     for name in ("apache-airflow", "apache-airflow-providers-apache-spark"):
         ops = {s.operator for s in reqs[name].specifier}
         assert ops == {">="}, f"{name}: {reqs[name].specifier}"
+
+
+def test_task_decorator_is_registered_and_resolves_to_the_upsert_operator():
+    """``@task.bucketindex_upsert`` is found through the provider info (``task-decorators``), as
+    Airflow finds ``@task.docker``, and builds the upsert operator with the decorator's keywords;
+    ``source_uri`` is the function's to give."""
+    sandbox.isolate_before_import()
+    import pendulum
+    from airflow.sdk import DAG, task
+
+    from airflow_provider_bucketindex.operators.upsert import UpsertWithIndexOperator
+
+    (entry,) = get_provider_info()["task-decorators"]
+    assert entry == {"name": "bucketindex_upsert",
+                     "class-name": "airflow_provider_bucketindex.decorators.upsert.bucketindex_upsert_task"}
+    with DAG("t", schedule=None, start_date=pendulum.datetime(2024, 1, 1, tz="UTC")):
+
+        @task.bucketindex_upsert(table_uri="/lake/t", record_key="id", engine="arrow")
+        def batch():
+            return None
+
+        op = batch().operator
+    assert isinstance(op, UpsertWithIndexOperator)
+    assert (op.table_uri, op.record_key, op.engine, op.source_uri) == ("/lake/t", "id", "arrow", None)
+    assert "source_uri" not in op.template_fields and "table_uri" in op.template_fields
+    with pytest.raises(TypeError, match="source_uri"):
+        with DAG("t2", schedule=None, start_date=pendulum.datetime(2024, 1, 1, tz="UTC")):
+            task.bucketindex_upsert(table_uri="/lake/t", source_uri="/x")(lambda: None)()

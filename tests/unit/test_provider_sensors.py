@@ -685,3 +685,21 @@ def test_importing_the_sensors_imports_neither_pyspark_nor_the_table_core(tmp_pa
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().endswith("ok")
+
+
+def test_an_object_storage_path_table_is_polled_and_deferred_at_its_plain_location(sensors, triggers, tmp_path):  # type: ignore[no-untyped-def]
+    """A sensor on ``ObjectStoragePath`` tables: poked at the path's location, and the trigger it
+    defers to stores that location (a plain string), not the path object or its ``str()``."""
+    from airflow.sdk import ObjectStoragePath
+    from airflow.sdk.exceptions import TaskDeferred
+
+    t = new_table(tmp_path / "t é 1%")
+    path = ObjectStoragePath("file://" + t.uri)
+    ts = commit(t, ODD_BATCH, [base(P_ODD, "fg1")])
+    assert sensors.TableCommitSensor(task_id="t", table_uri=path, batch_id=ODD_BATCH).execute({})["instant"] == ts
+    waiting = sensors.TableCommitSensor(task_id="t", table_uri=ObjectStoragePath("file://" + t.uri), batch_id=BATCH,
+                                        deferrable=True, poke_interval=30, timeout=60)
+    with pytest.raises(TaskDeferred) as info:
+        waiting.execute({})
+    args = info.value.trigger.serialize()[1]
+    assert args["table_uri"] == t.uri and type(args["table_uri"]) is str

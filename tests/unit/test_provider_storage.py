@@ -318,3 +318,88 @@ def test_an_unset_storage_conn_id_template_falls_back_to_the_connections_in_ever
     op = getattr(ops, operator)(task_id="t", table_uri="s3://lake/t", storage_conn_id=rendered, **extra)
     settings = op.hook.storage_settings()
     assert settings["endpoint_url"] == "http://127.0.0.1:9000" and settings["access_key_id"] == "AKIACONN"
+
+
+def test_an_object_storage_path_is_its_plain_location_and_its_connection_the_storage_connection(ops, monkeypatch):  # type: ignore[no-untyped-def]
+    """``str(ObjectStoragePath("s3://lake/...", conn_id="lake_s3"))`` is ``s3://lake_s3@lake/...``,
+    which the table layer would read as bucket ``lake_s3@lake``: the task gets ``s3://lake/...`` (the
+    key as written: spaces, ``%``, non-ASCII kept) and reaches the store through ``lake_s3``, which
+    the ``bucketindex`` connection does not name."""
+    from airflow.sdk import ObjectStoragePath
+
+    from spark_jobs.table.action import clean
+
+    _aws(monkeypatch)
+    _bucketindex(monkeypatch)  # no storage_conn_id: only the path's connection leads to the store
+    seen: list[tuple[str, dict[str, str]]] = []
+    monkeypatch.setattr(clean, "run_clean", lambda table_uri, **kw: seen.append((table_uri, storage.configured()))
+                        or {"noop": True})
+    path = ObjectStoragePath("s3://lake/tables/t é 100%/x", conn_id="lake_s3")
+    assert "lake_s3@" in str(path)
+    op = ops.CleanTableOperator(task_id="c", table_uri=path)
+    op.execute({})
+    assert seen == [("s3://lake/tables/t é 100%/x", {
+        "endpoint_url": "http://127.0.0.1:9000", "region": "eu-central-1", "access_key_id": "AKIACONN",
+        "secret_access_key": SECRET})]
+    assert op.table_uri == "s3://lake/tables/t é 100%/x" and op.storage_conn_id == "lake_s3"
+    local = ObjectStoragePath("file:///data/my events %41")
+    assert _location(local) == ("/data/my events %41", None)
+
+
+def _location(value):  # type: ignore[no-untyped-def]
+    from airflow_provider_bucketindex.storage import object_storage_location
+
+    return object_storage_location(value)
+
+
+@pytest.mark.parametrize("table_conn,source_conn,given", [("a", "b", None), ("a", None, "b")],
+                         ids=["table-and-source-disagree", "path-and-storage_conn_id-disagree"])
+def test_object_storage_paths_naming_two_connections_fail_before_any_work(ops, monkeypatch, table_conn, source_conn,
+                                                                           given):  # type: ignore[no-untyped-def]
+    from airflow.sdk import ObjectStoragePath
+    from airflow.sdk.exceptions import AirflowFailException
+
+    _bucketindex(monkeypatch)
+    op = ops.UpsertWithIndexOperator(
+        task_id="u", table_uri=ObjectStoragePath("s3://lake/t", conn_id=table_conn),
+        source_uri=ObjectStoragePath("s3://lake/in/x.parquet", conn_id=source_conn) if source_conn else "/in/x",
+        record_key="id", storage_conn_id=given)
+    monkeypatch.setattr(type(op), "_run_in_task", lambda *a, **k: pytest.fail("work started"))
+    with pytest.raises(AirflowFailException, match="connections disagree"):
+        op.execute({"ti": None})
+    assert storage.configured() == {}
+
+
+def test_get_df_and_get_dataset_read_a_snapshot_and_report_hook_lineage(ops, monkeypatch, tmp_path):  # type: ignore[no-untyped-def]
+    """The hook's reads: latest and ``as_of`` snapshots as pandas and Polars frames and as a
+    dataset, each reported to Airflow's hook lineage as an input of the ``bucketindex`` scheme (one
+    asset for the table, whatever the spelling)."""
+    import pyarrow as pa
+    from airflow.sdk import ObjectStoragePath
+    from airflow.sdk import lineage as sdk_lineage
+
+    from airflow_provider_bucketindex.hooks.bucketindex import BucketIndexHook
+    from airflow_provider_bucketindex.lineage import table_asset_uri
+    from spark_jobs.api import Table
+
+    _bucketindex(monkeypatch)
+    collector = sdk_lineage.HookLineageCollector()
+    monkeypatch.setattr(sdk_lineage, "get_hook_lineage_collector", lambda: collector)
+    uri = str(tmp_path / "t é 1%")
+    t = Table.create(uri, pa.table({"id": ["a b", "x/y"], "v": [1, None]}), record_key="id")
+    first = t.history()[0].instant
+    t.upsert(pa.table({"id": ["x/y", "ü"], "v": [2, 3]}))
+    hook = BucketIndexHook()
+
+    df = hook.get_df(uri)
+    assert sorted(zip(df["id"], df["v"])) == [("a b", 1), ("x/y", 2), ("ü", 3)]
+    old = hook.get_df(ObjectStoragePath("file://" + uri), as_of=first, df_type="polars", columns=["id"])
+    assert type(old).__module__.startswith("polars") and sorted(old["id"].to_list()) == ["a b", "x/y"]
+    assert old.columns == ["id"]
+    assert hook.get_dataset(uri, as_of=first).to_table().num_rows == 2
+    with pytest.raises(ValueError, match="df_type"):
+        hook.get_df(uri, df_type="spark")
+
+    inputs = collector.collected_assets.inputs
+    assert [i.asset.uri for i in inputs] == [table_asset_uri(uri)]  # three reads, two spellings: one asset
+    assert inputs[0].count == 3 and inputs[0].context is hook
