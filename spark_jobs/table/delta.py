@@ -501,32 +501,29 @@ def _footer(table: "Table", rel: str) -> pq.FileMetaData | None:
 
 def partition_columns(table: "Table", schema: pa.Schema) -> list[str]:
     """The table's partition fields that the projection publishes as Delta **partition
-    columns** (``metaData.partitionColumns``); the others are published as ordinary data
-    columns (format.md §11).
+    columns** (``metaData.partitionColumns``): only a reference bootstrap's Hive path columns.
+    Every other partition field is published as an ordinary data column (format.md §11).
 
-    Why: Delta (and Hive) readers read an empty partition value as null -- measured with
-    ``deltalake`` 1.6: ``{"country": ""}`` reads back null, and a filter on ``""`` finds
-    nothing -- so a string (or binary) partition field cannot tell ``""`` from null through
-    ``partitionValues``. Every data file carries its partition field as a column (what
-    :func:`_value_from_file` reads), so published as a data column it reads back exactly, and
-    its exact min/max statistics (:func:`_add`) still let readers skip files on it. Integers,
-    dates, booleans and timestamps have no empty text form and read back exactly: they stay
-    partition columns (``tests/unit/test_delta_exact.py`` reads each back, null included).
-    Decimals do not (``deltalake`` reads the partition value ``-12.50`` as ``-12.-50``), nor
-    do floats (a Spark-only partition type here): data columns. A reference
-    file (§5.3) lacks its Hive path column, so a partition field that is one stays a partition
-    column whatever its type (a Hive directory cannot hold ``""`` either)."""
+    Why: a partition column's value reaches a reader through text, and readers misread the
+    text this table can give. Delta (and Hive) readers read an empty partition value as null
+    (``deltalake`` 1.6: ``{"country": ""}`` reads back null, and a filter on ``""`` finds
+    nothing); ``deltalake`` reads the decimal ``-12.50`` as ``-12.-50``; a timestamp's text
+    without a zone is read "in the time zone of the system which wrote to the table"
+    (PROTOCOL.md, Partition Value Serialization); and Polars' ``scan_delta`` (2.1, its native
+    reader) ignores ``partitionValues`` and parses the value out of the file's Hive directory
+    name, where this table writes ``__NULL__`` for null and form-encodes the value (§1): it fails
+    on every integer, date, boolean or timestamp partition column holding a null, and on every
+    timestamp (``2024-03-31+01%3A30...``), measured in ``tests/unit/test_projection_exact_values.py``.
+    Every data file carries its partition field as a column (what :func:`_value_from_file`
+    reads), so published as a data column it reads back exactly through every reader, and its
+    exact min/max statistics (:func:`_add`) still let readers skip files on it where Delta
+    keeps exact statistics for its type (strings, integers, dates, booleans). A reference file
+    (§5.3) lacks its Hive path column, so a partition field that is one stays a partition
+    column whatever its type: its value comes from the dataset's own Hive directory, which
+    cannot hold ``""`` either."""
     assert table.config is not None
     ref = (table.config.reference or {}).get("path_columns", {})
-    out = []
-    for f in table.config.partition_fields or []:
-        if f not in schema.names:
-            continue
-        t = schema.field(f).type
-        if f in ref or pa.types.is_integer(t) or pa.types.is_date32(t) or pa.types.is_boolean(t) \
-                or pa.types.is_timestamp(t):
-            out.append(f)
-    return out
+    return [f for f in table.config.partition_fields or [] if f in schema.names and f in ref]
 
 
 _NO_VALUE = object()
@@ -591,8 +588,8 @@ def partition_string(value: Any, typ: pa.DataType) -> str:
         return "true" if value else "false"
     if pa.types.is_timestamp(typ):
         if isinstance(value, _dt.datetime):
-            if value.tzinfo is not None:
-                value = value.astimezone(_dt.timezone.utc).replace(tzinfo=None)
+            if value.tzinfo is not None:  # the form the protocol recommends: ISO 8601 in UTC, `Z`
+                return value.astimezone(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
             return value.strftime("%Y-%m-%d %H:%M:%S.%f")
         return str(value)
     if pa.types.is_date(typ):

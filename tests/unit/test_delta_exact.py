@@ -134,22 +134,25 @@ def test_a_string_partition_still_prunes_files(tmp_path):
         assert pruned.to_table().column("country").to_pylist() == [value] * 4, repr(value)
 
 
-@pytest.mark.parametrize("typ,values,as_partition", [
-    (pa.int64(), [None, 0, -5, 2**40], True),
-    (pa.date32(), [None, dt.date(1970, 1, 1), dt.date(2024, 2, 29)], True),
-    (pa.bool_(), [None, True, False], True),
-    (pa.timestamp("us", tz="UTC"), [None, dt.datetime(2024, 3, 31, 1, 30, 0, 5, tzinfo=dt.timezone.utc)], True),
-    (pa.decimal128(10, 2), [None, Decimal("0.00"), Decimal("-12.50")], False),  # deltalake reads "-12.50" as "-12.-50"
-    (pa.timestamp("us"), [None, dt.datetime(1969, 12, 31, 23, 59, 59, 999999)], True),
+@pytest.mark.parametrize("typ,values", [
+    (pa.int64(), [None, 0, -5, 2**40]),
+    (pa.date32(), [None, dt.date(1970, 1, 1), dt.date(2024, 2, 29)]),
+    (pa.bool_(), [None, True, False]),
+    (pa.timestamp("us", tz="UTC"), [None, dt.datetime(2024, 3, 31, 1, 30, 0, 5, tzinfo=dt.timezone.utc)]),
+    (pa.decimal128(10, 2), [None, Decimal("0.00"), Decimal("-12.50")]),  # deltalake reads "-12.50" as "-12.-50"
+    (pa.timestamp("us"), [None, dt.datetime(1969, 12, 31, 23, 59, 59, 999999)]),
 ])
-def test_other_partition_types_read_back_exactly(tmp_path, typ, values, as_partition):
+def test_other_partition_types_read_back_exactly(tmp_path, typ, values):
+    """Every partition field is a data column, whatever its type: Polars' scan_delta parses a
+    partition column's value out of the directory name (``__NULL__``, form-encoded text), and
+    ``deltalake`` misreads a decimal's text (tests/unit/test_projection_exact_values.py)."""
     uri = str(tmp_path / "t")
     schema = pa.schema([("id", pa.string()), ("p", typ), ("ts", pa.int64())])
     rows = [{"id": f"k{i}", "p": values[i % len(values)], "ts": 1} for i in range(4 * len(values))]
     _cli("upsert", uri, _write(tmp_path, "b1", rows, schema), *ARGS, "--partition-field", "p", "--mirror", "delta")
     table = Table.load(uri)
     meta = json.loads(table.io.read_bytes(delta.version_file(table, 0)).decode().splitlines()[1])["metaData"]
-    assert meta["partitionColumns"] == (["p"] if as_partition else [])
+    assert meta["partitionColumns"] == []
     dt_ = deltalake.DeltaTable(uri)
     want = read_arrow(uri)
     got = dt_.to_pyarrow_table()
@@ -158,6 +161,17 @@ def test_other_partition_types_read_back_exactly(tmp_path, typ, values, as_parti
     for v in values:
         expr = pc.field("p").is_null() if v is None else pc.field("p") == pa.scalar(v, typ)
         assert ds.to_table(filter=expr).num_rows == want.filter(expr).num_rows == 4, repr(v)
+    # the file's one value is its exact min and max where Delta keeps exact statistics for the
+    # type (not timestamps, truncated to milliseconds, nor decimals), and null is a null count:
+    # readers still skip files (deltalake 1.6 skips on integers and dates; not on booleans,
+    # whose statistics it reads but does not prune with)
+    preds = ["p is null"]
+    if pa.types.is_integer(typ):
+        preds += [f"p = {v}" for v in values if v is not None]
+    elif pa.types.is_date32(typ):
+        preds += [f"p = '{v.isoformat()}'::date" for v in values if v is not None]
+    for pred in preds:
+        assert len(list(dt_.to_pyarrow_dataset(file_pruning_predicate=pred).get_fragments())) == 1, pred
 
 
 # -- item 4: mirror --repair checks every version ---------------------------------------------
