@@ -127,6 +127,8 @@ def mirror_commit(table: "Table", seq: int) -> list[int]:
     added (statistics) and one conditional PUT. Returns the versions written."""
     if seq < 1:
         return []
+    if _written_in_an_old_form(table):
+        return _migrate(table)
     if not table.io.exists(version_file(table, seq - 1)):
         return repair(table, upto=seq)
     tl = table.timeline
@@ -147,6 +149,8 @@ def repair(table: "Table", *, upto: int | None = None) -> list[int]:
     Versions are computed replaying the timeline from the last present one (archived entries
     included), so the cost follows the gap, not the history -- except on the first run, which
     writes every version from 0."""
+    if _written_in_an_old_form(table):
+        return _migrate(table)
     present = set(versions_present(table))
     found = gap(table, present=present, upto=upto)
     if found is None:
@@ -159,6 +163,46 @@ def repair(table: "Table", *, upto: int | None = None) -> list[int]:
                 written.append(v)
             _maybe_checkpoint(table, v)
     return written
+
+
+#: tables (by URI) whose log this process found in the current form: checked once per process
+_CURRENT_FORM: set[str] = set()
+
+
+def _written_in_an_old_form(table: "Table") -> bool:
+    """Whether the log's version 0 declares a partition column this release publishes as a data
+    column (:func:`partition_columns`): a log an older release wrote (a string field before
+    issue 36, any other type before issue 39). Appending to it would be wrong, not stale: its
+    ``metaData`` keeps the column a partition column, so the new ``add`` actions, which carry no
+    ``partitionValues``, would read as null in every row (measured with ``deltalake`` 1.6).
+    One GET of version 0 (a few hundred bytes) per process and table; an unpartitioned table
+    costs nothing."""
+    assert table.config is not None
+    if not table.config.partition_fields or table.uri in _CURRENT_FORM:
+        return False
+    try:
+        acts = _parsed(table.io.read_bytes(version_file(table, 0)))
+    except (FileNotFoundError, OSError):
+        return False  # no version 0 yet: whatever writes it writes the current form
+    meta = next((a["metaData"] for a in acts or [] if "metaData" in a), None)
+    if meta is None:
+        return False  # a damaged version 0: `mirror --repair` rewrites it
+    ref = (table.config.reference or {}).get("path_columns", {})
+    if any(c not in ref for c in meta.get("partitionColumns") or []):
+        return True
+    _CURRENT_FORM.add(table.uri)
+    return False
+
+
+def _migrate(table: "Table") -> list[int]:
+    """Rewrite a log an older release wrote in the current form (:func:`verify_and_repair`:
+    every version recomputed, those that differ replaced, the checkpoints built from them
+    written again) before anything is appended to it. Returns the versions written or replaced."""
+    log.warning("the Delta log of %s declares a partition column in the form of an older release (whose values "
+                "readers misread); rewriting the whole log in the current form (format.md §11)", table.display_uri)
+    report = verify_and_repair(table)
+    _CURRENT_FORM.add(table.uri)
+    return sorted(set(report.written) | set(report.rewritten))
 
 
 def gap(table: "Table", *, present: set[int], upto: int | None) -> tuple[Any, int, int, pa.Schema] | None:

@@ -20,6 +20,7 @@ import os
 from collections import Counter
 from decimal import Decimal
 from pathlib import Path
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -341,3 +342,43 @@ def test_repair_after_clean_leaves_sound_old_versions(tmp_path, capsys):
     assert [json.loads(x) for x in (log_dir / f"{2:020d}.json").read_text().splitlines()][-1]["commitInfo"][
         "bucketindex"]["seq"] == 2
     assert deltalake.DeltaTable(uri).version() == table.timeline.last_seq
+
+
+@pytest.mark.parametrize("typ,values", [(pa.string(), [None, "", "a/b"]), (pa.int64(), [None, 1, -2]),
+                                        (pa.timestamp("us", tz="UTC"), [None, dt.datetime(2024, 1, 1, 0, 0, 0, 7,
+                                                                                          tzinfo=dt.timezone.utc)])])
+def test_a_writer_migrates_a_log_an_older_release_wrote(tmp_path, caplog, typ, values):
+    """An older release declared the partition field in ``partitionColumns`` (a string before
+    issue 36, other types before issue 39). Appending ``add`` actions without
+    ``partitionValues`` to that log would read every such file's value as null (measured), so
+    the next commit's hook rewrites the whole log in the current form first, without a repair."""
+    uri = str(tmp_path / "t")
+    schema = pa.schema([("id", pa.string()), ("p", typ), ("ts", pa.int64())])
+    rows = [{"id": f"k{i}", "p": values[i % len(values)], "ts": 1} for i in range(3 * len(values))]
+    _cli("upsert", uri, _write(tmp_path, "b1", rows, schema), *ARGS, "--partition-field", "p", "--mirror", "delta")
+    log_dir = Path(uri, "_delta_log")
+    for f in sorted(log_dir.glob("*.json")):  # the old form: a partition column, its values as text
+        out = []
+        for line in f.read_text().splitlines():
+            a = json.loads(line)
+            if "metaData" in a:
+                a["metaData"]["partitionColumns"] = ["p"]
+            if "add" in a:
+                v = pq.read_table(Path(uri, unquote(a["add"]["path"]))).column("p")[0].as_py()
+                a["add"]["partitionValues"] = {"p": None if v is None else delta.partition_string(v, typ)}
+            out.append(json.dumps(a, sort_keys=True, separators=(",", ":")) + "\n")
+        f.write_text("".join(out))
+    delta._CURRENT_FORM.clear()
+    assert _rows(deltalake.DeltaTable(uri).to_pyarrow_table(), ["id", "p", "ts"]) == \
+        _rows(read_arrow(uri), ["id", "p", "ts"]) or typ == pa.string(), "the old form reads back (but '')"
+    b2 = [{"id": "k0", "p": values[1], "ts": 2}, {"id": "new", "p": values[-1], "ts": 2}]
+    _cli("upsert", uri, _write(tmp_path, "b2", b2, schema), *ARGS)
+    got = deltalake.DeltaTable(uri).to_pyarrow_table()
+    assert got.column("p").null_count == sum(r["p"] is None for r in read_arrow(uri).to_pylist())
+    assert _rows(got, ["id", "p", "ts"]) == _rows(read_arrow(uri), ["id", "p", "ts"])
+    assert "form of an older release" in caplog.text
+    table = Table.load(uri)
+    for v in delta.versions_present(table):
+        lines = [json.loads(x) for x in table.io.read_bytes(delta.version_file(table, v)).decode().splitlines()]
+        assert all(a["metaData"]["partitionColumns"] == [] for a in lines if "metaData" in a), v
+        assert all(a["add"]["partitionValues"] == {} for a in lines if "add" in a), v
