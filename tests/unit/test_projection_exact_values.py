@@ -114,6 +114,8 @@ def _check_latest(uri: str, names: list[str], expected: dict, *, partition: str 
     # a second reader: Polars, its own Parquet reader on each projection
     assert keyed(pl.scan_delta(uri).collect().to_arrow()) == want, "polars scan_delta"
     assert keyed(pl.scan_iceberg(StaticTable.from_metadata(uri)).collect().to_arrow()) == want, "polars scan_iceberg"
+    assert keyed(pl.scan_iceberg(StaticTable.from_metadata(uri), reader_override="native").collect().to_arrow()) \
+        == want, "polars scan_iceberg, native reader"
 
 
 @pytest.fixture
