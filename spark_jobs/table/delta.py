@@ -124,7 +124,9 @@ def mirror_commit(table: "Table", seq: int) -> list[int]:
     missing (a crash, a writer that did not mirror), :func:`repair` writes the gap first.
 
     Costs one existence check of the previous version, the footer of each file the entry
-    added (statistics) and one conditional PUT. Returns the versions written."""
+    added (statistics) and one conditional PUT; a partitioned table's first commit in a process
+    also reads version 0, and a log an older release wrote is rewritten first
+    (:func:`_written_in_an_old_form`). Returns the versions written."""
     if seq < 1:
         return []
     if _written_in_an_old_form(table):
