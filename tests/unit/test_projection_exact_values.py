@@ -11,7 +11,7 @@ After every commit each Delta version (``deltalake``'s ``to_pyarrow_table`` and 
 ``QueryBuilder``) and each Iceberg snapshot (``StaticTable.from_metadata(...).scan()``, and the
 table registered in a pyiceberg SQL catalog) equals ``read_arrow --as-of`` of the same entry,
 and the latest equals the oracle (``tests/oracle.py``). Polars reads both projections with its
-own Parquet reader as a second reader of the latest state.
+own Parquet reader as a second reader of the latest state (and DuckDB pyiceberg's scan).
 
 Arrow engine only, in process (``spark_jobs.cli.main``).
 """
@@ -116,6 +116,8 @@ def _check_latest(uri: str, names: list[str], expected: dict, *, partition: str 
     assert keyed(pl.scan_iceberg(StaticTable.from_metadata(uri)).collect().to_arrow()) == want, "polars scan_iceberg"
     assert keyed(pl.scan_iceberg(StaticTable.from_metadata(uri), reader_override="native").collect().to_arrow()) \
         == want, "polars scan_iceberg, native reader"
+    con = StaticTable.from_metadata(uri).scan().to_duckdb("t")  # DuckDB on pyiceberg's scan
+    assert keyed(con.sql("select * from t").arrow().read_all()) == want, "duckdb"
 
 
 @pytest.fixture
