@@ -509,6 +509,14 @@ def _add(table: "Table", s: FileSlice, schema: pa.Schema, *, ts_ms: int, data_ch
         field, typ = fields[0], schema.field(fields[0]).type
         value: Any = _value_from_file(table, s, field, typ, footer)
         if field in published:
+            if value == "" and not is_reference(s.path):
+                # a reference bootstrap's Hive path column stays a partition column (its files
+                # lack it), and Delta readers read an empty partition value as null
+                raise BadInputError(
+                    f"the Delta log of {table.display_uri} cannot publish {s.path}: its partition field {field!r} "
+                    f"holds '' and is a Delta partition column (a reference bootstrap's Hive path column, absent "
+                    f"from those files), which Delta readers read as null; the log stays at the version before "
+                    f"(stale, never wrong)")
             part_values[field] = None if value is None else partition_string(value, typ)
         else:
             # published as a data column: the file holds this one value, so its statistics are

@@ -233,3 +233,43 @@ def test_typed_partition_values_read_back(tmp_path, monkeypatch, catalog, kind):
             for x in table.io.read_bytes(delta.version_file(table, v)).decode().splitlines()]
     assert [a["metaData"]["partitionColumns"] for a in acts if "metaData" in a] == [[]]
     assert all(a["add"]["partitionValues"] == {} for a in acts if "add" in a)
+
+
+def test_a_reference_partition_column_refuses_an_empty_value(tmp_path, caplog, capsys):
+    """A reference bootstrap's Hive path column stays a Delta partition column (its files lack
+    it), where Delta readers read ``""`` as null: a file written later with ``""`` is never
+    published -- the log stays at the version before (stale, never wrong), the hook warns in one
+    line and ``mirror --repair`` refuses in one line (exit 2), the table untouched. Null and
+    every other value in such a column read back exactly (through ``QueryBuilder``, which
+    reads files outside the root)."""
+    import pyarrow.dataset as ds
+
+    schema = pa.schema([("id", pa.string()), ("ts", pa.int64()), ("region", pa.string())])
+    src = tmp_path / "dataset"
+    ds.write_dataset(pa.Table.from_pylist([{"id": f"k{i}", "ts": 1, "region": ["eu", "us"][i % 2]} for i in range(4)],
+                                          schema=schema), src, format="parquet", partitioning=["region"],
+                     partitioning_flavor="hive")
+    uri = str(tmp_path / "t")
+    assert main(["bootstrap", uri, str(src), "--record-key", "id", "--partition-field", "region", "--precombine-field",
+                 "ts", "--mode", "reference", "--engine", "arrow", "--mirror", "delta"]) == 0
+    args = ["--record-key", "id", "--precombine-field", "ts", "--engine", "arrow"]
+    ok = [{"id": "n1", "ts": 2, "region": None}, {"id": "n2", "ts": 2, "region": "eu west"},
+          {"id": "n3", "ts": 2, "region": "__HIVE_DEFAULT_PARTITION__"}, {"id": "k0", "ts": 2, "region": "us"}]
+    assert main(["upsert", uri, _write(tmp_path, "ok", ok, schema), *args]) == 0
+    table = Table.load(uri)
+    assert delta.versions_present(table) == list(range(table.timeline.last_seq + 1))
+    names = ["id", "ts", "region"]
+    assert sorted_rows(_delta_sql(uri, table.timeline.last_seq), names) == sorted_rows(read_arrow(uri), names)
+    published = table.timeline.last_seq
+    assert main(["upsert", uri, _write(tmp_path, "empty", [{"id": "e1", "ts": 3, "region": ""}], schema), *args]) == 0
+    assert "holds '' and is a Delta partition column" in caplog.text
+    table = Table.load(uri)
+    assert table.timeline.last_seq == published + 1, "the commit stands"
+    assert delta.versions_present(table) == list(range(published + 1)), "the log stays at the version before"
+    assert deltalake.DeltaTable(uri).version() == published
+    capsys.readouterr()
+    assert main(["mirror", uri, "--repair"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds ''" in err[0] and "'region'" in err[0], err
+    assert delta.versions_present(Table.load(uri)) == list(range(published + 1))
+    assert Table.load(uri).timeline.last_seq == published + 1, "nothing committed"
