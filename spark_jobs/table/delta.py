@@ -461,7 +461,8 @@ def version_actions(table: "Table", version: int, prev: FileSystemView | None, c
     assert table.config is not None
     tl = table.timeline
     if version == 0:
-        return [{"protocol": protocol_for(first_schema)}, {"metaData": _metadata(table, first_schema)},
+        return [{"protocol": protocol_for(first_schema)},
+                {"metaData": _metadata(table, first_schema, references=False)},
                 {"commitInfo": {"operation": "CREATE TABLE", "timestamp": _created_ms(table),
                                 "bucketindex": {"seq": 0}}}]
     assert prev is not None and cur is not None
@@ -470,10 +471,13 @@ def version_actions(table: "Table", version: int, prev: FileSystemView | None, c
     out: list[dict[str, Any]] = []
     old_schema = prev.schema or first_schema
     new_schema = cur.schema or old_schema
-    if _public(new_schema) != _public(old_schema):
+    old_refs, new_refs = _lists_reference_files(prev), _lists_reference_files(cur)
+    if _public(new_schema) != _public(old_schema) or \
+            partition_columns(table, old_schema, references=old_refs) != \
+            partition_columns(table, new_schema, references=new_refs):
         if protocol_for(new_schema) != protocol_for(old_schema):
             out.append({"protocol": protocol_for(new_schema)})
-        out.append({"metaData": _metadata(table, new_schema)})
+        out.append({"metaData": _metadata(table, new_schema, references=new_refs)})
     before = {s.path: s for s in prev.slices()}
     after = {s.path: s for s in cur.slices()}
     # a rehash only moves rows between files; every other change is one readers see (a
@@ -483,7 +487,8 @@ def version_actions(table: "Table", version: int, prev: FileSystemView | None, c
         out.append({"remove": {"path": _delta_path(table, path), "deletionTimestamp": ts_ms,
                                "dataChange": data_change, "size": int(before[path].size)}})
     for path in sorted(set(after) - set(before)):
-        out.append({"add": _add(table, after[path], new_schema, ts_ms=ts_ms, data_change=data_change)})
+        out.append({"add": _add(table, after[path], new_schema, ts_ms=ts_ms, data_change=data_change,
+                                references=new_refs)})
     out.append({"commitInfo": {"operation": _operation(entry), "timestamp": ts_ms,
                                "bucketindex": {"seq": version, "instant": entry["instant"],
                                                "action": entry["action"]}}})
@@ -498,11 +503,17 @@ def _operation(entry: dict[str, Any]) -> str:
     return {"upsert": "MERGE", "alter_schema": "ADD COLUMNS", "compaction": "OPTIMIZE"}.get(op, op.upper())
 
 
-def _add(table: "Table", s: FileSlice, schema: pa.Schema, *, ts_ms: int, data_change: bool) -> dict[str, Any]:
+def _lists_reference_files(view: FileSystemView) -> bool:
+    """Whether a snapshot lists a reference bootstrap's file (outside the root, §5.3)."""
+    return any(is_reference(s.path) for s in view.slices())
+
+
+def _add(table: "Table", s: FileSlice, schema: pa.Schema, *, ts_ms: int, data_change: bool,
+         references: bool) -> dict[str, Any]:
     assert table.config is not None
     footer = _footer(table, s.path)
     fields = [f for f in table.config.partition_fields or [] if f in schema.names]
-    published = partition_columns(table, schema)
+    published = partition_columns(table, schema, references=references)
     part_values: dict[str, str | None] = {}
     known: dict[str, Any] = {}
     if fields:
@@ -553,10 +564,12 @@ def _footer(table: "Table", rel: str) -> pq.FileMetaData | None:
 
 # -- partition values ----------------------------------------------------------------------
 
-def partition_columns(table: "Table", schema: pa.Schema) -> list[str]:
+def partition_columns(table: "Table", schema: pa.Schema, *, references: bool) -> list[str]:
     """The table's partition fields that the projection publishes as Delta **partition
-    columns** (``metaData.partitionColumns``): only a reference bootstrap's Hive path columns.
-    Every other partition field is published as an ordinary data column (format.md §11).
+    columns** (``metaData.partitionColumns``) in a snapshot that lists a reference file
+    (``references``) or not: only a reference bootstrap's Hive path columns, and only while a
+    snapshot lists a referenced file. Every other partition field is published as an ordinary
+    data column (format.md §11).
 
     Why: a partition column's value reaches a reader through text, and readers misread the
     text this table can give. Delta (and Hive) readers read an empty partition value as null
@@ -573,9 +586,14 @@ def partition_columns(table: "Table", schema: pa.Schema) -> list[str]:
     exact min/max statistics (:func:`_add`) still let readers skip files on it where Delta
     keeps exact statistics for its type (strings, integers, dates, booleans). A reference file
     (§5.3) lacks its Hive path column, so a partition field that is one stays a partition
-    column whatever its type: its value comes from the dataset's own Hive directory, which
-    cannot hold ``""`` either."""
+    column whatever its type while such a file is listed: its value comes from the dataset's own
+    Hive directory, which cannot hold ``""`` either. Once compaction or updates have replaced
+    every referenced file, every file carries the column: the version that removes the last
+    one publishes a ``metaData`` without it (Polars would otherwise parse the in-root directory
+    names: ``__NULL__`` as that text, ``+`` for a space)."""
     assert table.config is not None
+    if not references:
+        return []
     ref = (table.config.reference or {}).get("path_columns", {})
     return [f for f in table.config.partition_fields or [] if f in schema.names and f in ref]
 
@@ -812,11 +830,11 @@ def configuration(table: "Table") -> dict[str, str]:
     return conf
 
 
-def _metadata(table: "Table", schema: pa.Schema) -> dict[str, Any]:
+def _metadata(table: "Table", schema: pa.Schema, *, references: bool) -> dict[str, Any]:
     assert table.config is not None
     return {"id": _table_id(table), "format": {"provider": "parquet", "options": {}},
             "schemaString": json.dumps(delta_schema(schema), separators=(",", ":")),
-            "partitionColumns": partition_columns(table, schema),
+            "partitionColumns": partition_columns(table, schema, references=references),
             "configuration": configuration(table), "createdTime": _created_ms(table)}
 
 

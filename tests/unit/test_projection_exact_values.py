@@ -236,8 +236,9 @@ def test_typed_partition_values_read_back(tmp_path, monkeypatch, catalog, kind):
 
 
 def test_a_reference_partition_column_refuses_an_empty_value(tmp_path, caplog, capsys):
-    """A reference bootstrap's Hive path column stays a Delta partition column (its files lack
-    it), where Delta readers read ``""`` as null: a file written later with ``""`` is never
+    """A reference bootstrap's Hive path column stays a Delta partition column while a referenced
+    file is listed (it lacks the column), where Delta readers read ``""`` as null: a file written
+    then with ``""`` is never
     published -- the log stays at the version before (stale, never wrong), the hook warns in one
     line and ``mirror --repair`` refuses in one line (exit 2), the table untouched. Null and
     every other value in such a column read back exactly (through ``QueryBuilder``, which
@@ -254,9 +255,10 @@ def test_a_reference_partition_column_refuses_an_empty_value(tmp_path, caplog, c
                  "ts", "--mode", "reference", "--engine", "arrow", "--mirror", "delta"]) == 0
     args = ["--record-key", "id", "--precombine-field", "ts", "--engine", "arrow"]
     ok = [{"id": "n1", "ts": 2, "region": None}, {"id": "n2", "ts": 2, "region": "eu west"},
-          {"id": "n3", "ts": 2, "region": "__HIVE_DEFAULT_PARTITION__"}, {"id": "k0", "ts": 2, "region": "us"}]
+          {"id": "n3", "ts": 2, "region": "__HIVE_DEFAULT_PARTITION__"}]
     assert main(["upsert", uri, _write(tmp_path, "ok", ok, schema), *args]) == 0
     table = Table.load(uri)
+    assert any(s.path.startswith("..") for s in table.view().slices()), "the referenced files are still listed"
     assert delta.versions_present(table) == list(range(table.timeline.last_seq + 1))
     names = ["id", "ts", "region"]
     assert sorted_rows(_delta_sql(uri, table.timeline.last_seq), names) == sorted_rows(read_arrow(uri), names)
@@ -273,3 +275,46 @@ def test_a_reference_partition_column_refuses_an_empty_value(tmp_path, caplog, c
     assert len(err) == 1 and "holds ''" in err[0] and "'region'" in err[0], err
     assert delta.versions_present(Table.load(uri)) == list(range(published + 1))
     assert Table.load(uri).timeline.last_seq == published + 1, "nothing committed"
+
+
+def test_a_reference_partition_column_becomes_a_data_column_when_the_references_leave(tmp_path, monkeypatch,
+                                                                                     catalog):
+    """While a snapshot lists a referenced file (which lacks its Hive path column) the field is
+    a Delta partition column; the version whose entry replaces the last referenced file
+    publishes a ``metaData`` without it, so readers read the in-root files' values from the
+    files (Polars' scan_delta would parse ``__NULL__`` and ``+`` out of the directory names).
+    Every version reads back as ``read --as-of`` (QueryBuilder: it reads files outside the root),
+    and once the references are gone ``to_pyarrow_table`` and Polars read the latest exactly."""
+    import polars as pl
+    import pyarrow.dataset as ds
+
+    schema = pa.schema([("id", pa.string()), ("ts", pa.int64()), ("region", pa.string())])
+    src = tmp_path / "dataset"
+    base = [{"id": f"k{i}", "ts": 1, "region": ["eu", "us"][i % 2]} for i in range(4)]
+    ds.write_dataset(pa.Table.from_pylist(base, schema=schema), src, format="parquet", partitioning=["region"],
+                     partitioning_flavor="hive")
+    uri = str(tmp_path / "t")
+    assert main(["bootstrap", uri, str(src), "--record-key", "id", "--partition-field", "region", "--precombine-field",
+                 "ts", "--mode", "reference", "--engine", "arrow", "--mirror", "delta"]) == 0
+    args = ["--record-key", "id", "--precombine-field", "ts", "--engine", "arrow"]
+    b2 = [{"id": "n1", "ts": 2, "region": None}, {"id": "n2", "ts": 2, "region": "eu west"}]
+    assert main(["upsert", uri, _write(tmp_path, "b2", b2, schema), *args]) == 0
+    b3 = [dict(r, ts=3) for r in base]  # every key of the referenced files: they are replaced
+    assert main(["upsert", uri, _write(tmp_path, "b3", b3, schema), *args]) == 0
+    b4 = [{"id": "n3", "ts": 4, "region": ""}]  # now publishable: a data column
+    assert main(["upsert", uri, _write(tmp_path, "b4", b4, schema), *args]) == 0
+    table = Table.load(uri)
+    assert not any(s.path.startswith("..") for s in table.view().slices()), "no referenced file is left"
+    names = ["id", "ts", "region"]
+    tl = table.timeline
+    metas = {v: json.loads(x)["metaData"]["partitionColumns"] for v in delta.versions_present(table)
+             for x in table.io.read_bytes(delta.version_file(table, v)).decode().splitlines() if '"metaData"' in x}
+    assert metas == {0: [], 1: ["region"], 3: []}, metas
+    for v in range(1, tl.last_seq + 1):
+        assert sorted_rows(_delta_sql(uri, v), names) == \
+            sorted_rows(read_arrow(uri, as_of=tl.entry(v)["instant"]), names), v
+    want = reduce_batches([base, b2, b3, b4], delete_field=None)
+    got = read_arrow(uri)
+    assert {r["id"]: r["region"] for r in got.to_pylist()} == {k: r["region"] for k, r in want.items()}
+    assert sorted_rows(deltalake.DeltaTable(uri).to_pyarrow_table(), names) == sorted_rows(got, names)
+    assert sorted_rows(pl.scan_delta(uri).collect().to_arrow(), names) == sorted_rows(got, names)
