@@ -124,9 +124,13 @@ def mirror_commit(table: "Table", seq: int) -> list[int]:
     missing (a crash, a writer that did not mirror), :func:`repair` writes the gap first.
 
     Costs one existence check of the previous version, the footer of each file the entry
-    added (statistics) and one conditional PUT. Returns the versions written."""
+    added (statistics) and one conditional PUT; a partitioned table's first commit in a process
+    also reads version 0, and a log an older release wrote is rewritten first
+    (:func:`_written_in_an_old_form`). Returns the versions written."""
     if seq < 1:
         return []
+    if _written_in_an_old_form(table):
+        return _migrate(table)
     if not table.io.exists(version_file(table, seq - 1)):
         return repair(table, upto=seq)
     tl = table.timeline
@@ -147,6 +151,8 @@ def repair(table: "Table", *, upto: int | None = None) -> list[int]:
     Versions are computed replaying the timeline from the last present one (archived entries
     included), so the cost follows the gap, not the history -- except on the first run, which
     writes every version from 0."""
+    if _written_in_an_old_form(table):
+        return _migrate(table)
     present = set(versions_present(table))
     found = gap(table, present=present, upto=upto)
     if found is None:
@@ -159,6 +165,46 @@ def repair(table: "Table", *, upto: int | None = None) -> list[int]:
                 written.append(v)
             _maybe_checkpoint(table, v)
     return written
+
+
+#: tables (by URI) whose log this process found in the current form: checked once per process
+_CURRENT_FORM: set[str] = set()
+
+
+def _written_in_an_old_form(table: "Table") -> bool:
+    """Whether the log's version 0 declares a partition column this release publishes as a data
+    column (:func:`partition_columns`): a log an older release wrote (a string field before
+    issue 36, any other type before issue 39). Appending to it would be wrong, not stale: its
+    ``metaData`` keeps the column a partition column, so the new ``add`` actions, which carry no
+    ``partitionValues``, would read as null in every row (measured with ``deltalake`` 1.6).
+    One GET of version 0 (a few hundred bytes) per process and table; an unpartitioned table
+    costs nothing."""
+    assert table.config is not None
+    if not table.config.partition_fields or table.uri in _CURRENT_FORM:
+        return False
+    try:
+        acts = _parsed(table.io.read_bytes(version_file(table, 0)))
+    except (FileNotFoundError, OSError):
+        return False  # no version 0 yet: whatever writes it writes the current form
+    meta = next((a["metaData"] for a in acts or [] if "metaData" in a), None)
+    if meta is None:
+        return False  # a damaged version 0: `mirror --repair` rewrites it
+    ref = (table.config.reference or {}).get("path_columns", {})
+    if any(c not in ref for c in meta.get("partitionColumns") or []):
+        return True
+    _CURRENT_FORM.add(table.uri)
+    return False
+
+
+def _migrate(table: "Table") -> list[int]:
+    """Rewrite a log an older release wrote in the current form (:func:`verify_and_repair`:
+    every version recomputed, those that differ replaced, the checkpoints built from them
+    written again) before anything is appended to it. Returns the versions written or replaced."""
+    log.warning("the Delta log of %s declares a partition column in the form of an older release (whose values "
+                "readers misread); rewriting the whole log in the current form (format.md §11)", table.display_uri)
+    report = verify_and_repair(table)
+    _CURRENT_FORM.add(table.uri)
+    return sorted(set(report.written) | set(report.rewritten))
 
 
 def gap(table: "Table", *, present: set[int], upto: int | None) -> tuple[Any, int, int, pa.Schema] | None:
@@ -415,7 +461,8 @@ def version_actions(table: "Table", version: int, prev: FileSystemView | None, c
     assert table.config is not None
     tl = table.timeline
     if version == 0:
-        return [{"protocol": protocol_for(first_schema)}, {"metaData": _metadata(table, first_schema)},
+        return [{"protocol": protocol_for(first_schema)},
+                {"metaData": _metadata(table, first_schema, references=False)},
                 {"commitInfo": {"operation": "CREATE TABLE", "timestamp": _created_ms(table),
                                 "bucketindex": {"seq": 0}}}]
     assert prev is not None and cur is not None
@@ -424,10 +471,13 @@ def version_actions(table: "Table", version: int, prev: FileSystemView | None, c
     out: list[dict[str, Any]] = []
     old_schema = prev.schema or first_schema
     new_schema = cur.schema or old_schema
-    if _public(new_schema) != _public(old_schema):
+    old_refs, new_refs = _lists_reference_files(prev), _lists_reference_files(cur)
+    if _public(new_schema) != _public(old_schema) or \
+            partition_columns(table, old_schema, references=old_refs) != \
+            partition_columns(table, new_schema, references=new_refs):
         if protocol_for(new_schema) != protocol_for(old_schema):
             out.append({"protocol": protocol_for(new_schema)})
-        out.append({"metaData": _metadata(table, new_schema)})
+        out.append({"metaData": _metadata(table, new_schema, references=new_refs)})
     before = {s.path: s for s in prev.slices()}
     after = {s.path: s for s in cur.slices()}
     # a rehash only moves rows between files; every other change is one readers see (a
@@ -437,7 +487,8 @@ def version_actions(table: "Table", version: int, prev: FileSystemView | None, c
         out.append({"remove": {"path": _delta_path(table, path), "deletionTimestamp": ts_ms,
                                "dataChange": data_change, "size": int(before[path].size)}})
     for path in sorted(set(after) - set(before)):
-        out.append({"add": _add(table, after[path], new_schema, ts_ms=ts_ms, data_change=data_change)})
+        out.append({"add": _add(table, after[path], new_schema, ts_ms=ts_ms, data_change=data_change,
+                                references=new_refs)})
     out.append({"commitInfo": {"operation": _operation(entry), "timestamp": ts_ms,
                                "bucketindex": {"seq": version, "instant": entry["instant"],
                                                "action": entry["action"]}}})
@@ -452,17 +503,31 @@ def _operation(entry: dict[str, Any]) -> str:
     return {"upsert": "MERGE", "alter_schema": "ADD COLUMNS", "compaction": "OPTIMIZE"}.get(op, op.upper())
 
 
-def _add(table: "Table", s: FileSlice, schema: pa.Schema, *, ts_ms: int, data_change: bool) -> dict[str, Any]:
+def _lists_reference_files(view: FileSystemView) -> bool:
+    """Whether a snapshot lists a reference bootstrap's file (outside the root, §5.3)."""
+    return any(is_reference(s.path) for s in view.slices())
+
+
+def _add(table: "Table", s: FileSlice, schema: pa.Schema, *, ts_ms: int, data_change: bool,
+         references: bool) -> dict[str, Any]:
     assert table.config is not None
     footer = _footer(table, s.path)
     fields = [f for f in table.config.partition_fields or [] if f in schema.names]
-    published = partition_columns(table, schema)
+    published = partition_columns(table, schema, references=references)
     part_values: dict[str, str | None] = {}
     known: dict[str, Any] = {}
     if fields:
         field, typ = fields[0], schema.field(fields[0]).type
         value: Any = _value_from_file(table, s, field, typ, footer)
         if field in published:
+            if value == "" and not is_reference(s.path):
+                # a reference bootstrap's Hive path column stays a partition column (its files
+                # lack it), and Delta readers read an empty partition value as null
+                raise BadInputError(
+                    f"the Delta log of {table.display_uri} cannot publish {s.path}: its partition field {field!r} "
+                    f"holds '' and is a Delta partition column (a reference bootstrap's Hive path column, absent "
+                    f"from those files), which Delta readers read as null; the log stays at the version before "
+                    f"(stale, never wrong)")
             part_values[field] = None if value is None else partition_string(value, typ)
         else:
             # published as a data column: the file holds this one value, so its statistics are
@@ -499,34 +564,38 @@ def _footer(table: "Table", rel: str) -> pq.FileMetaData | None:
 
 # -- partition values ----------------------------------------------------------------------
 
-def partition_columns(table: "Table", schema: pa.Schema) -> list[str]:
+def partition_columns(table: "Table", schema: pa.Schema, *, references: bool) -> list[str]:
     """The table's partition fields that the projection publishes as Delta **partition
-    columns** (``metaData.partitionColumns``); the others are published as ordinary data
-    columns (format.md §11).
+    columns** (``metaData.partitionColumns``) in a snapshot that lists a reference file
+    (``references``) or not: only a reference bootstrap's Hive path columns, and only while a
+    snapshot lists a referenced file. Every other partition field is published as an ordinary
+    data column (format.md §11).
 
-    Why: Delta (and Hive) readers read an empty partition value as null -- measured with
-    ``deltalake`` 1.6: ``{"country": ""}`` reads back null, and a filter on ``""`` finds
-    nothing -- so a string (or binary) partition field cannot tell ``""`` from null through
-    ``partitionValues``. Every data file carries its partition field as a column (what
-    :func:`_value_from_file` reads), so published as a data column it reads back exactly, and
-    its exact min/max statistics (:func:`_add`) still let readers skip files on it. Integers,
-    dates, booleans and timestamps have no empty text form and read back exactly: they stay
-    partition columns (``tests/unit/test_delta_exact.py`` reads each back, null included).
-    Decimals do not (``deltalake`` reads the partition value ``-12.50`` as ``-12.-50``), nor
-    do floats (a Spark-only partition type here): data columns. A reference
-    file (§5.3) lacks its Hive path column, so a partition field that is one stays a partition
-    column whatever its type (a Hive directory cannot hold ``""`` either)."""
+    Why: a partition column's value reaches a reader through text, and readers misread the
+    text this table can give. Delta (and Hive) readers read an empty partition value as null
+    (``deltalake`` 1.6: ``{"country": ""}`` reads back null, and a filter on ``""`` finds
+    nothing); ``deltalake`` reads the decimal ``-12.50`` as ``-12.-50``; a timestamp's text
+    without a zone is read "in the time zone of the system which wrote to the table"
+    (PROTOCOL.md, Partition Value Serialization); and Polars' ``scan_delta`` (2.1, its native
+    reader) ignores ``partitionValues`` and parses the value out of the file's Hive directory
+    name, where this table writes ``__NULL__`` for null and form-encodes the value (§1): it fails
+    on every integer, date, boolean or timestamp partition column holding a null, and on every
+    timestamp (``2024-03-31+01%3A30...``), measured in ``tests/unit/test_projection_exact_values.py``.
+    Every data file carries its partition field as a column (what :func:`_value_from_file`
+    reads), so published as a data column it reads back exactly through every reader, and its
+    exact min/max statistics (:func:`_add`) still let readers skip files on it where Delta
+    keeps exact statistics for its type (strings, integers, dates, booleans). A reference file
+    (§5.3) lacks its Hive path column, so a partition field that is one stays a partition
+    column whatever its type while such a file is listed: its value comes from the dataset's own
+    Hive directory, which cannot hold ``""`` either. Once compaction or updates have replaced
+    every referenced file, every file carries the column: the version that removes the last
+    one publishes a ``metaData`` without it (Polars would otherwise parse the in-root directory
+    names: ``__NULL__`` as that text, ``+`` for a space)."""
     assert table.config is not None
+    if not references:
+        return []
     ref = (table.config.reference or {}).get("path_columns", {})
-    out = []
-    for f in table.config.partition_fields or []:
-        if f not in schema.names:
-            continue
-        t = schema.field(f).type
-        if f in ref or pa.types.is_integer(t) or pa.types.is_date32(t) or pa.types.is_boolean(t) \
-                or pa.types.is_timestamp(t):
-            out.append(f)
-    return out
+    return [f for f in table.config.partition_fields or [] if f in schema.names and f in ref]
 
 
 _NO_VALUE = object()
@@ -591,8 +660,8 @@ def partition_string(value: Any, typ: pa.DataType) -> str:
         return "true" if value else "false"
     if pa.types.is_timestamp(typ):
         if isinstance(value, _dt.datetime):
-            if value.tzinfo is not None:
-                value = value.astimezone(_dt.timezone.utc).replace(tzinfo=None)
+            if value.tzinfo is not None:  # the form the protocol recommends: ISO 8601 in UTC, `Z`
+                return value.astimezone(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
             return value.strftime("%Y-%m-%d %H:%M:%S.%f")
         return str(value)
     if pa.types.is_date(typ):
@@ -761,11 +830,11 @@ def configuration(table: "Table") -> dict[str, str]:
     return conf
 
 
-def _metadata(table: "Table", schema: pa.Schema) -> dict[str, Any]:
+def _metadata(table: "Table", schema: pa.Schema, *, references: bool) -> dict[str, Any]:
     assert table.config is not None
     return {"id": _table_id(table), "format": {"provider": "parquet", "options": {}},
             "schemaString": json.dumps(delta_schema(schema), separators=(",", ":")),
-            "partitionColumns": partition_columns(table, schema),
+            "partitionColumns": partition_columns(table, schema, references=references),
             "configuration": configuration(table), "createdTime": _created_ms(table)}
 
 
