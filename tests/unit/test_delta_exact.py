@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 from collections import Counter
+from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 from urllib.parse import unquote
@@ -201,6 +202,22 @@ def _mirrored_history(tmp: Path, n: int) -> tuple[str, list[dict]]:
     return uri, list(state.values())
 
 
+def _write_old_form(log_dir: Path, field: str, partition_values: Callable[[dict], dict]) -> None:
+    """Rewrite every JSON version of ``log_dir`` as an older release wrote it: ``field`` declared
+    in ``metaData.partitionColumns`` and each ``add`` given ``partition_values(add)`` (which may
+    edit the ``add`` too)."""
+    for f in sorted(log_dir.glob("*.json")):
+        out = []
+        for line in f.read_text().splitlines():
+            a = json.loads(line)
+            if "metaData" in a:
+                a["metaData"]["partitionColumns"] = [field]
+            if "add" in a:
+                a["add"]["partitionValues"] = partition_values(a["add"])
+            out.append(json.dumps(a, sort_keys=True, separators=(",", ":")) + "\n")
+        f.write_text("".join(out))
+
+
 def _delta_rows(uri: str) -> list[tuple]:
     return _rows(deltalake.DeltaTable(uri).to_pyarrow_table(), ["id", "country", "ts", "v"])
 
@@ -279,20 +296,16 @@ def test_repair_migrates_a_log_written_with_the_old_partition_form(tmp_path, cap
     repair rewrites the whole log, and the checkpoint, in the new form."""
     uri, want_rows = _mirrored_history(tmp_path, 12)
     log_dir = Path(uri, "_delta_log")
-    for f in sorted(log_dir.glob("*.json")):  # the old form, as 3fbacf9 wrote it
-        out = []
-        for line in f.read_text().splitlines():
-            a = json.loads(line)
-            if "metaData" in a:
-                a["metaData"]["partitionColumns"] = ["country"]
-            if "add" in a:
-                st = json.loads(a["add"]["stats"])
-                a["add"]["partitionValues"] = {"country": st.get("minValues", {}).get("country")}
-                for k in ("minValues", "maxValues", "nullCount"):
-                    st.get(k, {}).pop("country", None)
-                a["add"]["stats"] = json.dumps(st, sort_keys=True, separators=(",", ":"))
-            out.append(json.dumps(a, sort_keys=True, separators=(",", ":")) + "\n")
-        f.write_text("".join(out))
+
+    def from_stats(add: dict) -> dict:  # the old form, as 3fbacf9 wrote it: the value out of the stats
+        st = json.loads(add["stats"])
+        value = st.get("minValues", {}).get("country")
+        for k in ("minValues", "maxValues", "nullCount"):
+            st.get(k, {}).pop("country", None)
+        add["stats"] = json.dumps(st, sort_keys=True, separators=(",", ":"))
+        return {"country": value}
+
+    _write_old_form(log_dir, "country", from_stats)
     (log_dir / f"{10:020d}.checkpoint.parquet").unlink()
     (log_dir / "_last_checkpoint").unlink()
     deltalake.DeltaTable(uri, version=10).create_checkpoint()  # the checkpoint of the old form
@@ -357,17 +370,12 @@ def test_a_writer_migrates_a_log_an_older_release_wrote(tmp_path, caplog, typ, v
     rows = [{"id": f"k{i}", "p": values[i % len(values)], "ts": 1} for i in range(3 * len(values))]
     _cli("upsert", uri, _write(tmp_path, "b1", rows, schema), *ARGS, "--partition-field", "p", "--mirror", "delta")
     log_dir = Path(uri, "_delta_log")
-    for f in sorted(log_dir.glob("*.json")):  # the old form: a partition column, its values as text
-        out = []
-        for line in f.read_text().splitlines():
-            a = json.loads(line)
-            if "metaData" in a:
-                a["metaData"]["partitionColumns"] = ["p"]
-            if "add" in a:
-                v = pq.read_table(Path(uri, unquote(a["add"]["path"]))).column("p")[0].as_py()
-                a["add"]["partitionValues"] = {"p": None if v is None else delta.partition_string(v, typ)}
-            out.append(json.dumps(a, sort_keys=True, separators=(",", ":")) + "\n")
-        f.write_text("".join(out))
+
+    def from_file(add: dict) -> dict:  # the old form: a partition column, its values as text
+        v = pq.read_table(Path(uri, unquote(add["path"]))).column("p")[0].as_py()
+        return {"p": None if v is None else delta.partition_string(v, typ)}
+
+    _write_old_form(log_dir, "p", from_file)
     delta._CURRENT_FORM.clear()
     assert _rows(deltalake.DeltaTable(uri).to_pyarrow_table(), ["id", "p", "ts"]) == \
         _rows(read_arrow(uri), ["id", "p", "ts"]) or typ == pa.string(), "the old form reads back (but '')"
