@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="fraction of sequences with Spark steps (upsert, rehash, bootstrap; the others rehash "
                          "and bootstrap on Arrow); default 0.03")
     ap.add_argument("--mirror-share", type=float, default=0.25,
-                    help="fraction of sequences mirrored to Delta (from creation or by `mirror --enable`); "
+                    help="fraction of sequences mirrored (from creation or by `mirror --enable`): half of them to Delta, half to Iceberg; "
                          "default 0.25")
     ap.add_argument("--long-share", type=float, default=0.04,
                     help="fraction of sequences of 40-48 steps, long enough for archival; default 0.04")

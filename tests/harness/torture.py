@@ -24,7 +24,11 @@ What :func:`run_sequence` checks after every step (issue 27, "After every step")
 * on a table mirrored to Delta (format.md §11; from creation or by a ``mirror --enable`` step):
   versions 0..k with no gap, k below the sequence only after a kill, and every retained version
   read by ``deltalake`` equal to the oracle at that entry (copy-on-write) or to the snapshot's
-  bases (merge-on-read, the read-optimized view).
+  bases (merge-on-read, the read-optimized view);
+* on a table mirrored to Iceberg instead (format.md §12; half the mirrored sequences, drawn by
+  :func:`_iceberg_steps`): metadata versions 0..k the same way, and every retained version read
+  by pyiceberg (``StaticTable`` of that version's metadata, with its own file IO) equal to the
+  oracle or the read-optimized view, with one snapshot per retained entry.
 
 Kills run a step as a CLI subprocess with ``BUCKETINDEX_FAULT`` (:mod:`.faults`): a kill before
 the commit point must leave the batch invisible, one after it visible. Overlaps start 2-3
@@ -123,6 +127,9 @@ ARROW_BOOTSTRAP_SHARE = 0.25
 DELTA_LOG = "_delta_log/"
 #: what a Delta log holds (format.md §11): versions, Parquet checkpoints, the checkpoint pointer
 DELTA_FILE = re.compile(r"^(\d{20}\.json|\d{20}\.checkpoint\.parquet|_last_checkpoint)$")
+#: what the Iceberg projection writes (format.md §12): metadata versions, the version hint, and
+#: pyiceberg's manifest lists (``snap-*.avro``) and manifests (``*-m<n>.avro``)
+ICEBERG_FILE = re.compile(r"^metadata/(v\d+\.metadata\.json|version-hint\.text|snap-[^/]+\.avro|[^/]+-m\d+\.avro)$")
 #: a subprocess that is not done by then is stuck: a divergence, not a hang
 PROCESS_TIMEOUT_S = 240
 
@@ -152,6 +159,8 @@ class Counts:
     divergences: int = 0
     #: Delta versions read back through ``deltalake`` and compared (mirrored sequences)
     delta_versions: int = 0
+    #: Iceberg metadata versions read back through pyiceberg and compared
+    iceberg_versions: int = 0
     #: sequences whose table archived sequence entries (format.md §3.5)
     archived: int = 0
     #: of the divergences, those of a known bug (:data:`KNOWN`)
@@ -161,7 +170,8 @@ class Counts:
     def as_dict(self) -> dict[str, Any]:
         return {"sequences": self.sequences, "steps": self.steps, "kills": self.kills, "overlaps": self.overlaps,
                 "divergences": self.divergences, "known_divergences": dict(self.known),
-                "delta_versions": self.delta_versions, "archived_sequences": self.archived,
+                "delta_versions": self.delta_versions,
+                "iceberg_versions": self.iceberg_versions, "archived_sequences": self.archived,
                 "actions": dict(sorted(self.actions.items()))}
 
 
@@ -267,7 +277,7 @@ class _Gen:
 def generate(seed: int, *, spark: bool = False, kills: bool = True, overlaps: bool = True,
              min_steps: int = 4, max_steps: int = 12, mirror_share: float = 0.25,
              long_share: float = 0.0, float_share: float = 0.3,
-             uri_options_share: float = 0.5) -> dict[str, Any]:
+             uri_options_share: float = 0.5, iceberg_share: float = 0.5) -> dict[str, Any]:
     """A sequence from ``seed`` alone: settings and steps as JSON-ready dicts.
 
     ``spark`` adds Spark upserts, rehash (bucket and record indexes) and, as a first step,
@@ -280,7 +290,8 @@ def generate(seed: int, *, spark: bool = False, kills: bool = True, overlaps: bo
     of them name their table by a URI carrying its store's settings and credentials in the query
     (``settings["uri_options"]``: on S3 storage; a local path takes no query). These are drawn
     from a second random stream, so a seed's other steps are what they were before these
-    options existed.
+    options existed. ``iceberg_share`` of the mirrored sequences mirror to Iceberg instead of
+    Delta (:func:`_iceberg_steps`, a stream of its own, drawn last).
 
     Rehash and bootstrap steps name their engine (``step["engine"]``: ``--engine arrow``,
     ``auto`` or ``spark``), drawn from a third stream (:func:`_arrow_steps`) as upserts name
@@ -378,7 +389,36 @@ def generate(seed: int, *, spark: bool = False, kills: bool = True, overlaps: bo
     if ext.random() < float_share:  # drawn last: the draws above stay what they were
         _float_precombine(seq, ext)
     _arrow_steps(seq, g, spark=spark, long=is_long)
+    _iceberg_steps(seq, iceberg_share)
     return seq
+
+
+def _iceberg_steps(seq: dict[str, Any], share: float) -> None:
+    """Mirror ``share`` of the mirrored sequences to Iceberg instead of Delta: from creation
+    (``settings["mirror"]``) or by the ``mirror --enable`` step (``step["projection"]``), the
+    same kills around it. Iceberg holds UTC instants only (format.md §12 "Exact values": a
+    zoned column is refused with one line), so these sequences send their ``at`` column in UTC.
+    A stream of its own, drawn after everything else: a seed's steps are otherwise what they were."""
+    s, steps = seq["settings"], seq["steps"]
+    enabling = [st for st in steps if st["op"] == "mirror"]
+    if not (s.get("mirror") or enabling) or random.Random(f"torture-iceberg/{seq['seed']}").random() >= share:
+        return
+    if s.get("mirror"):
+        s["mirror"] = "iceberg"
+    for st in enabling:
+        st["projection"] = "iceberg"
+
+    def utc(x: Any) -> None:
+        if isinstance(x, dict):
+            if "zone" in x:
+                x["zone"] = "UTC"
+            for v in x.values():
+                utc(v)
+        elif isinstance(x, list):
+            for v in x:
+                utc(v)
+
+    utc(steps)
 
 
 def _arrow_steps(seq: dict[str, Any], g: _Gen, *, spark: bool, long: bool) -> None:
@@ -612,6 +652,8 @@ class _Runner:
         self.archived = False
         #: a kill since the Delta log was last complete: it may lag the sequence until a commit
         self.delta_may_lag = False
+        #: the same for the Iceberg projection's metadata versions
+        self.iceberg_may_lag = False
         self.env = dict(os.environ)
         pp = self.env.get("PYTHONPATH", "")
         here = str(Path(__file__).resolve().parents[2])
@@ -898,7 +940,7 @@ class _Runner:
         if op == "rollback":
             return ["rollback", self.uri]
         if op == "mirror":
-            return ["mirror", self.uri, "--enable", "delta"]
+            return ["mirror", self.uri, "--enable", step.get("projection", "delta")]
         args = ["compact", self.uri, "--engine", "arrow"]
         phase = step["phase"]
         if phase == "execute":
@@ -1019,7 +1061,7 @@ class _Runner:
         from spark_jobs.arrow_engine import shadow_compare as shadow
         from spark_jobs.arrow_engine.validate import run_validate
         from spark_jobs.exceptions import BadInputError
-        from spark_jobs.table import delta
+        from spark_jobs.table import delta, iceberg
         from spark_jobs.table.reader import read_arrow
         from spark_jobs.table.shadow import ShadowOptions
         from spark_jobs.table.view import FileSystemView
@@ -1062,8 +1104,10 @@ class _Runner:
         # the retained snapshots' views, built once: the audit and the Delta check both read them
         views = {n: FileSystemView.at_seq(tl, n) for n in range(first if last else 0, last + 1)}
         mirrored = delta.enabled(t, views[last].properties)
-        self._audit(t, views, mirrored=mirrored)
+        on_iceberg = iceberg.enabled(t, views[last].properties)
+        self._audit(t, views, mirrored=mirrored, on_iceberg=on_iceberg)
         self._check_delta(t, views, mirrored=mirrored)
+        self._check_iceberg(t, views, on=on_iceberg)
         if not self.archived and tl.archives(refresh=True):
             self.archived = True
             self.counts.archived += 1
@@ -1090,7 +1134,7 @@ class _Runner:
                          f"missing {_short(missing[:3])} extra {_short(extra[:3])} "
                          f"differ {_short(wrong[:2])} ({len(missing)}/{len(extra)}/{len(wrong)})")
 
-    def _audit(self, t: Any, views: dict[int, Any], *, mirrored: bool) -> None:
+    def _audit(self, t: Any, views: dict[int, Any], *, mirrored: bool, on_iceberg: bool) -> None:
         """Every file under the root is metadata, read by a retained snapshot (``views``), or
         named by a pending plan or a marker (format.md §1, §3.6, §4)."""
         import pyarrow.fs as pafs
@@ -1146,7 +1190,8 @@ class _Runner:
                     continue
                 bad.append(rel)
                 continue
-            if rel in explained or (rel.startswith(DELTA_LOG) and mirrored and DELTA_FILE.match(rel[len(DELTA_LOG):])):
+            if rel in explained or (rel.startswith(DELTA_LOG) and mirrored and DELTA_FILE.match(rel[len(DELTA_LOG):])) \
+                    or (on_iceberg and ICEBERG_FILE.match(rel)):
                 continue
             bad.append(rel)
         if bad:
@@ -1197,6 +1242,53 @@ class _Runner:
                 raise Divergence(self.step_no, f"delta version {v} != read-optimized view",
                                  f"{got.num_rows} rows read, the bases hold {view.num_rows}")
 
+    def _check_iceberg(self, t: Any, views: dict[int, Any], *, on: bool) -> None:
+        """A table mirrored to Iceberg (format.md §12): metadata versions 0..k with no gap and none
+        past the sequence, k below it only after a kill; the latest version holds one snapshot
+        per retained entry (id = sequence number); every retained version, read by pyiceberg
+        from its own metadata file with pyiceberg's own file IO, equals the oracle at that entry
+        (copy-on-write) or the snapshot's bases (merge-on-read: the read-optimized view)."""
+        from spark_jobs.table import iceberg
+        from tests.harness.delta_reads import published_names, read_optimized, sorted_rows
+
+        if not on:
+            if t.io.list_names(iceberg.metadata_dir(t)):
+                raise Divergence(self.step_no, "iceberg metadata", "Iceberg metadata on a table that does not mirror")
+            return
+        from pyiceberg.table import StaticTable
+
+        last = t.timeline.last_seq
+        present = iceberg.versions_present(t)
+        if present != list(range(len(present))) or len(present) > last + 1:
+            raise Divergence(self.step_no, "iceberg versions", f"{_short(present)} for sequence entries 0..{last}")
+        if len(present) <= last:
+            if not (self.iceberg_may_lag or self.killed_now):
+                raise Divergence(self.step_no, "iceberg gap", f"versions 0..{len(present) - 1} for sequence "
+                                 f"entries 0..{last}, and no process was killed")
+            self.iceberg_may_lag = True
+        else:
+            self.iceberg_may_lag = False
+        props = _pyiceberg_properties(t)
+        first = max(1, min(views))
+        if len(present) > 1:
+            newest = StaticTable.from_metadata(iceberg.metadata_uri(t, len(present) - 1), properties=props)
+            ids = [s.snapshot_id for s in newest.snapshots()]
+            if ids != list(range(first, len(present))):
+                raise Divergence(self.step_no, "iceberg snapshots", f"{_short(ids)} in version {len(present) - 1}, "
+                                 f"retained entries {first}..{len(present) - 1}")
+        for v in range(first, len(present)):
+            view = views[v]
+            got = StaticTable.from_metadata(iceberg.metadata_uri(t, v), properties=props).scan().to_arrow()
+            self.counts.iceberg_versions += 1
+            names = published_names(view)
+            if got.column_names != names:
+                raise Divergence(self.step_no, f"iceberg version {v} schema", f"{got.column_names} != {names}")
+            if self.settings["table_type"] == "copy_on_write":
+                self._compare(got, self.states[v], f"iceberg version {v}")
+            elif sorted_rows(got, names) != sorted_rows(read_optimized(t, view), names):
+                raise Divergence(self.step_no, f"iceberg version {v} != read-optimized view",
+                                 f"{got.num_rows} rows read, the bases hold {view.num_rows}")
+
     def _outside_digest(self) -> dict[str, str]:
         import pyarrow.fs as pafs
 
@@ -1208,6 +1300,22 @@ class _Runner:
                 continue
             out[info.path[len(base) + 1:]] = hashlib.sha256(self.io.read_bytes(info.path)).hexdigest()
         return out
+
+
+def _pyiceberg_properties(t: Any) -> dict[str, str]:
+    """pyiceberg's own file IO settings for the table's store (its ``s3.*`` properties), from
+    the table's storage configuration: the reader must not borrow the projection's file IO."""
+    from spark_jobs.io.filesystem import S3FileIO
+
+    if not isinstance(t.io, S3FileIO):
+        return {}
+    v = t.io.config.values
+    names = {"endpoint_url": "s3.endpoint", "region": "s3.region", "access_key_id": "s3.access-key-id",
+             "secret_access_key": "s3.secret-access-key", "session_token": "s3.session-token"}
+    env = {"endpoint_url": "AWS_ENDPOINT_URL", "region": "AWS_REGION", "access_key_id": "AWS_ACCESS_KEY_ID",
+           "secret_access_key": "AWS_SECRET_ACCESS_KEY", "session_token": "AWS_SESSION_TOKEN"}
+    got = {ours: v.get(ours) or os.environ.get(env[ours]) for ours in names}
+    return {names[ours]: val for ours, val in got.items() if val}
 
 
 def _nan_equal(row: dict[str, Any]) -> dict[str, Any]:

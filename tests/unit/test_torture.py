@@ -40,9 +40,10 @@ MAX_STEPS = 9
 #: frequent checkpoints; kills before and after the commit point and of compact, clean, alter,
 #: rollback; racing writers beside compact and clean; a forced rollback; compaction scheduled,
 #: executed and run whole; clean; rollback; retry; alter; a table mirrored to Delta from creation
-#: and two turned on by `mirror --enable`; a rehash on --engine arrow and one on auto
-#: (tests/unit/test_torture.py's docstring)
-FIXED = [1913, 358, 1428, 1800, 814, 2480]
+#: and two turned on by `mirror --enable`; one mirrored to Iceberg from creation (merge-on-read,
+#: killed after a commit point) and one turned on later (its enabling killed before the
+#: projection); a rehash on --engine arrow and one on auto (tests/unit/test_torture.py's docstring)
+FIXED = [1913, 358, 1428, 1800, 814, 2480, 150, 40]
 #: drawn from the run's seed (tests/conftest.py sets it once per run, so every pytest-xdist worker
 #: collects the same ids; ``BUCKETINDEX_TEST_RUN_SEED=<n> pytest ...`` draws a run's seeds again)
 _RUN_SEED = os.environ.get("BUCKETINDEX_TEST_RUN_SEED") or str(random.SystemRandom().randrange(2**31))
@@ -84,13 +85,16 @@ def test_fixed_seeds_cover_every_step_kind():
                                     if st["op"] != "upsert" else "post-commit"))
             if st["op"] == "overlap" and st["service"]:
                 seen.add(f"overlap+{st['service']}")
+            if st["op"] == "mirror":
+                seen.add(f"mirror {st.get('projection', 'delta')}")
         if s.get("mirror"):
-            seen.add("mirror from creation")
+            seen.add(f"mirror {s['mirror']} from creation")
     want = {"record", "bucket", "global_simple", "copy_on_write", "merge_on_read", "unpartitioned",
             "upsert/api", "upsert/cli", "upsert/kill", "upsert/forced", "overlap", "overlap+compact",
             "overlap+clean", "compact", "clean", "rollback", "retry", "alter", "kill pre-commit",
-            "kill post-commit", "kill compact", "kill clean", "kill alter", "kill rollback", "mirror",
-            "mirror from creation", "rehash/arrow", "rehash/auto"}
+            "kill post-commit", "kill compact", "kill clean", "kill alter", "kill rollback", "mirror delta",
+            "mirror delta from creation", "mirror iceberg", "mirror iceberg from creation", "rehash/arrow",
+            "rehash/auto"}
     assert want <= seen, sorted(want - seen)
 
 
@@ -156,6 +160,37 @@ def test_mirrored_tables_draw_empty_beside_null():
         assert all(len(v) == 1 for v in by_batch.values()), "copies of one batch differ"
         assert [(b, t.replace('"region": ""', '"region": null')) for b, t in rows(mirrored)] == rows(plain)
     assert empties > 10
+
+
+def test_iceberg_sequences_are_the_mirrored_ones_in_utc():
+    """Issue 39: half the mirrored sequences mirror to Iceberg instead of Delta (a stream of their
+    own: with ``iceberg_share`` 0 a seed is what it was), and send their timestamps in UTC, the
+    only zone Iceberg holds exactly; everything else about the seed stays the same."""
+    iceberg = 0
+    for seed in range(80):
+        before, now = generate(seed, iceberg_share=0.0), generate(seed, iceberg_share=1.0)
+        mirrored = bool(before["settings"].get("mirror")) or any(st["op"] == "mirror" for st in before["steps"])
+        assert '"iceberg"' not in json.dumps(before)
+        if not mirrored:
+            assert now == before
+            continue
+        iceberg += 1
+        text = json.dumps(now)
+        zones: list[str] = []
+        json.loads(text, object_hook=lambda d: zones.append(d["zone"]) or d if "zone" in d else d)
+        assert zones and set(zones) == {"UTC"}
+        assert now["settings"].get("mirror") in (None, "iceberg")
+        assert all(st.get("projection") == "iceberg" for st in now["steps"] if st["op"] == "mirror")
+        undone = json.loads(text.replace('"mirror": "iceberg"', '"mirror": "delta"')
+                            .replace(', "projection": "iceberg"', ""))
+        assert _without_zones(undone) == _without_zones(before)
+    assert iceberg > 10
+
+
+def _without_zones(x: object) -> object:
+    if isinstance(x, dict):
+        return {k: _without_zones(v) for k, v in x.items() if k != "zone"}
+    return [_without_zones(v) for v in x] if isinstance(x, list) else x
 
 
 def _seq(steps: list[dict], index: str = "record", table_type: str = "copy_on_write") -> dict:
@@ -254,6 +289,33 @@ def test_a_wrong_delta_log_is_caught(tmp_path, monkeypatch, tamper, check):
     monkeypatch.setattr(torture._Runner, "do_retry", retry_and_tamper)
     seq = _seq(SEMANTICS[:2] + [{"op": "retry", "of": 1}])
     seq["settings"]["mirror"] = "delta"
+    with pytest.raises(Divergence, match=check) as e:
+        run_sequence(seq, tmp_path / "run")
+    assert e.value.step == 2
+
+
+@pytest.mark.parametrize("tamper,check", [("drop the last version", "iceberg gap"),
+                                           ("version 1 as version 0", "iceberg version 1 != oracle"),
+                                           ("an extra version", "iceberg versions")])
+def test_a_wrong_iceberg_projection_is_caught(tmp_path, monkeypatch, tamper, check):
+    """On a table mirrored to Iceberg, metadata behind the sequence with no process killed, a
+    version whose snapshot is not its entry's, or a version past the sequence is a divergence."""
+    real = torture._Runner.do_retry
+
+    def retry_and_tamper(self, step):  # type: ignore[no-untyped-def]
+        real(self, step)
+        meta = Path(self.root_path) / "metadata"
+        if tamper == "drop the last version":
+            (meta / "v2.metadata.json").unlink()
+            (meta / "version-hint.text").write_text("1")
+        elif tamper == "version 1 as version 0":
+            (meta / "v1.metadata.json").write_bytes((meta / "v0.metadata.json").read_bytes())
+        else:
+            (meta / "v3.metadata.json").write_bytes((meta / "v2.metadata.json").read_bytes())
+
+    monkeypatch.setattr(torture._Runner, "do_retry", retry_and_tamper)
+    seq = _seq([dict(st, zone="UTC") for st in SEMANTICS[:2]] + [{"op": "retry", "of": 1}])
+    seq["settings"]["mirror"] = "iceberg"
     with pytest.raises(Divergence, match=check) as e:
         run_sequence(seq, tmp_path / "run")
     assert e.value.step == 2
