@@ -3,10 +3,11 @@
 Each seed is one random operation sequence (``tests.harness.torture``) on a fresh table:
 in-process and CLI upserts, processes SIGKILLed at fault points, racing writers with a table
 service beside them, a forced rollback of a live writer, compaction, clean, rollback, a
-schema change, the Delta mirror; after every step the table must equal the oracle, pass
+schema change, the Delta and Iceberg projections; after every step the table must equal the oracle, pass
 ``validate`` and ``shadow-compare``, read every retained instant as the oracle had it, hold no
 unexplained file, leave everything outside its root alone and, when mirrored, have a Delta log
-whose every retained version ``deltalake`` reads as the oracle had it. The fixed seeds were picked to cover every index
+whose every retained version ``deltalake`` reads as the oracle had it (or Iceberg metadata whose
+every retained version pyiceberg reads so). The fixed seeds were picked to cover every index
 and table type, every step kind and kills before and after the commit point (the file takes
 35-45 s on 2 shared cores); the random seeds are in the test ids (``test_sequence[random-<seed>]``):
 replay one with ``python benchmarks/torture.py --replay`` of the JSON a failure prints. A random
