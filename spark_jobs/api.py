@@ -525,7 +525,7 @@ class Table:
 
                 writer = projection.module(opts.enable)
                 before = set(writer.versions_present(self._core()))
-                r = enable_mirror(self.uri, opts.enable)
+                r = enable_mirror(self.uri, opts.enable, view=opts.view)
                 written = sorted(set(writer.versions_present(self._core())) - before)
                 return MirrorResult(version=int(r["version"]), written=tuple(written), details=_frozen(r))
             core = self._core()

@@ -66,7 +66,8 @@ if TYPE_CHECKING:
 
 __all__ = ["MIRROR_DELTA", "MIRRORS", "DELTA_LOG", "CHECKPOINT_INTERVAL", "mirror_commit", "repair", "gap",
            "verify_and_repair", "RepairReport", "partition_columns",
-           "mirrors", "enabled", "delta_schema", "versions_present", "version_actions",
+           "mirrors", "enabled", "mirror_view", "VIEWS", "VIEW_READ_OPTIMIZED", "VIEW_FRESH", "FRESH_VIEW_MIRRORS",
+           "VIEWS_PROPERTY", "delta_schema", "versions_present", "version_actions",
            "reader_uri", "reader_storage_options"]
 
 log = logging.getLogger("bucketindex.delta")
@@ -100,6 +101,28 @@ def mirrors(table: "Table", properties: "dict[str, Any] | None" = None) -> set[s
 def enabled(table: "Table", properties: "dict[str, Any] | None" = None) -> bool:
     """Whether ``table`` asks for the Delta projection (see :func:`mirrors`)."""
     return MIRROR_DELTA in mirrors(table, properties)
+
+
+#: the views of a merge-on-read table a projection can publish (``bucketindex mirror TABLE --enable
+#: iceberg --view fresh``): the bases as of each file group's last compaction (the default), or
+#: every commit's rows, logs as added data files and the rows their merge drops as deletes
+VIEW_READ_OPTIMIZED, VIEW_FRESH = "read_optimized", "fresh"
+VIEWS = (VIEW_READ_OPTIMIZED, VIEW_FRESH)
+#: the projections that can publish the fresh view: Iceberg (position-delete files). Not Delta:
+#: its form is deletion vectors, which ``deltalake``'s pyarrow readers refuse (module docstring)
+FRESH_VIEW_MIRRORS = ("iceberg",)
+#: the timeline property naming each projection's view (absent, or a projection absent from it:
+#: read-optimized), set with the ``mirrors`` list by ``bucketindex mirror --enable``
+VIEWS_PROPERTY = "mirror_views"
+
+
+def mirror_view(table: "Table", mirror: str, properties: "dict[str, Any] | None" = None) -> str:
+    """The view of the merge-on-read table ``table`` that projection ``mirror`` publishes, from the
+    snapshot's ``properties`` (default: the latest view's): :data:`VIEW_FRESH` or
+    :data:`VIEW_READ_OPTIMIZED`. A copy-on-write table has no logs: both views are the table."""
+    if properties is None:
+        properties = table.view().properties if table.config is not None else {}
+    return (properties.get(VIEWS_PROPERTY) or {}).get(mirror, VIEW_READ_OPTIMIZED)
 
 
 # -- paths ---------------------------------------------------------------------------------
