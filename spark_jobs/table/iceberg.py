@@ -75,9 +75,16 @@ every missing version first (each from the one before: Iceberg versions form a c
 parses, its current snapshot is ``n`` of entry ``n``'s instant, its files are the snapshot's
 bases, its columns the published ones -- and writes again each one that is not.
 
-**Merge-on-read: the read-optimized view** (as the Delta projection, format.md §11): bases only;
-a log's rows reach Iceberg readers when data compaction folds them into a new base. Position
-deletes for the fresh view are issue 39 item 2, not done here. Copy-on-write tables are exact.
+**Merge-on-read: two views** (format.md §12; copy-on-write tables are exact either way). The
+*read-optimized* view (the default, as the Delta projection, §11): bases only; a log's rows reach
+Iceberg readers when data compaction folds them into a new base. The *fresh* view (issue 39 item
+2; ``bucketindex mirror TABLE --enable iceberg --view fresh``, the timeline property
+``mirror_views``): each log is an added data file and the rows the slice's merge drops
+(:func:`~spark_jobs.table.merge.plan_slice`'s positions) are a Parquet position-delete file per
+slice, listed in delete manifests (:func:`_fresh_changes`), so a snapshot reads as ``read
+--as-of`` does. Every version is in the view the latest properties name (``bucketindex.projection``
+in the table properties); a version found in the other view makes the chain be rewritten from
+version 0 (:class:`_OtherView`).
 
 **Columns.** The published schema is the table's without ``_bi_*`` columns, every column
 optional, field ids assigned by pyiceberg, and ``schema.name-mapping.default`` set (the data
