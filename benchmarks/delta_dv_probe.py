@@ -5,7 +5,11 @@ drops rows 1 and 3 -- inline (storage type ``i``, Z85) or in a DV file (``u``...
 ``p`` here) -- in the form the Delta protocol gives ("Deletion Vector Format": the
 RoaringBitmapArray portable serialization, magic 1681511377), with the ``deletionVectors``
 reader feature, then reads it with each reader installed and prints what each returns:
-the 2 live rows (applies DVs), all 4 (ignores them: wrong rows), or a refusal.
+the 2 live rows (applies DVs), all 4 (ignores them: wrong rows), or a refusal. The file is in
+the root, then in a ``region=x`` directory (its ``add.path`` percent-encoded, as every
+partitioned table's is). Measured (deltalake 1.6.6, Polars 2.1.0): ``to_pyarrow_table`` and
+``to_pyarrow_dataset`` refuse, ``QueryBuilder`` applies them, Polars applies them on a plain
+path and ignores them on the encoded one.
 
     python benchmarks/delta_dv_probe.py [--dir /tmp/dvprobe]
 
@@ -17,10 +21,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import posixpath
 import shutil
 import struct
 import uuid
 import zlib
+from urllib.parse import quote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -54,11 +60,15 @@ def roaring_array(rows: list[int]) -> bytes:
     return struct.pack("<i", 1681511377) + struct.pack("<q", 1) + struct.pack("<i", 0) + bitmap
 
 
-def write_table(root: str, storage: str) -> None:
+def write_table(root: str, storage: str, directory: str = "") -> None:
+    """The probe table; its file in ``directory`` (e.g. ``region=x``: its ``add.path`` is then
+    percent-encoded, ``region%3Dx/part-0.parquet``, as a partitioned table's paths are)."""
     shutil.rmtree(root, ignore_errors=True)
     os.makedirs(os.path.join(root, "_delta_log"))
+    os.makedirs(os.path.join(root, directory), exist_ok=True)
     data = pa.table({"id": pa.array([0, 1, 2, 3], pa.int64()), "v": pa.array(["a", "b", "c", "d"])})
-    pq.write_table(data, os.path.join(root, "part-0.parquet"))
+    rel = posixpath.join(directory, "part-0.parquet") if directory else "part-0.parquet"
+    pq.write_table(data, os.path.join(root, rel))
     blob = roaring_array([1, 3])
     if storage == "i":
         dv = {"storageType": "i", "pathOrInlineDv": z85(blob), "sizeInBytes": len(blob), "cardinality": 2}
@@ -76,7 +86,8 @@ def write_table(root: str, storage: str) -> None:
         {"metaData": {"id": str(uuid.uuid4()), "format": {"provider": "parquet", "options": {}},
                       "schemaString": json.dumps(schema), "partitionColumns": [],
                       "configuration": {"delta.enableDeletionVectors": "true"}, "createdTime": 0}},
-        {"add": {"path": "part-0.parquet", "partitionValues": {}, "size": os.path.getsize(os.path.join(root, "part-0.parquet")),
+        {"add": {"path": quote(rel, safe="/"), "partitionValues": {},
+                 "size": os.path.getsize(os.path.join(root, rel)),
                  "modificationTime": 0, "dataChange": True, "stats": json.dumps({"numRecords": 4}),
                  "deletionVector": dv}},
     ]
@@ -128,10 +139,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dir", default="/tmp/dvprobe")
     args = p.parse_args()
-    for storage in ("i", "p"):
-        root = os.path.join(args.dir, f"dv_{storage}")
-        write_table(root, storage)
-        print(json.dumps({"storage": storage, "want": [0, 2], "got": readers(root)}, indent=1))
+    for storage, directory in (("i", ""), ("p", ""), ("i", "region=x")):
+        root = os.path.join(args.dir, f"dv_{storage}_{directory.replace('=', '_')}")
+        write_table(root, storage, directory)
+        print(json.dumps({"storage": storage, "directory": directory, "want": [0, 2], "got": readers(root)}))
 
 
 if __name__ == "__main__":

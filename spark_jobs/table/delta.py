@@ -28,10 +28,13 @@ the timeline and rewrites what differs, and the checkpoints built from it.
 
 **Merge-on-read**: the projection is the *read-optimized view* -- bases only, so a log's rows
 reach Delta readers when compaction folds them into a new base. Deletion vectors would show
-them at once, but ``deltalake`` 1.6's ``to_pyarrow_table``/``to_pyarrow_dataset`` (what pandas,
-Polars and pyarrow users call) refuse any table whose protocol names the ``deletionVectors``
-reader feature (measured; only its DataFusion ``QueryBuilder`` applies them), and a reader
-without that feature could not read the table at all. Copy-on-write tables have no logs, so
+them at once (the Iceberg projection's fresh view does so with position deletes), but, measured
+with ``benchmarks/delta_dv_probe.py``: ``deltalake`` 1.6's ``to_pyarrow_table``/``to_pyarrow_dataset``
+(what pandas and pyarrow users call) refuse any table whose protocol names the
+``deletionVectors`` reader feature, and Polars 2.1's ``read_delta``/``scan_delta`` ignore a
+deletion vector whose file's path is percent-encoded -- every partitioned table's -- and return
+the rows it deletes (only the DataFusion ``QueryBuilder`` applies them throughout). So
+``mirror --enable delta --view fresh`` is refused (:data:`FRESH_VIEW_MIRRORS`). Copy-on-write tables have no logs, so
 their projection is exact.
 
 No pyspark, no airflow. ``deltalake`` is optional: it is used only to write Parquet checkpoints
