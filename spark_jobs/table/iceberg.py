@@ -1016,7 +1016,10 @@ def _fresh_changes(table: "Table", md: Any, io: Any, cur: FileSystemView,
             log.warning("the fresh Iceberg view of %s shows file group %s/%s as of its last compaction: it holds a "
                         "partial-update log, which position deletes cannot express", table.display_uri,
                         s.partition, s.file_id)
-        partition = _partition_record(table, md, s, _footer(table, s.path))
+        base = live.get(uris[0])
+        # the base's partition tuple: from its live entry when it has one (no footer read), else its file
+        partition = [base.partition[i] for i in range(len(base.partition))] if base is not None \
+            else _partition_record(table, md, s, _footer(table, s.path))
         logs = {lf.path: lf for lf in s.logs}
         for rel in published:
             u = _file_uri(table, rel)
