@@ -726,7 +726,9 @@ def _producer(tx: Any, io: Any, *, snapshot_id: int, removed: bool, added: bool,
     both are set on the producer before it writes anything (the manifests carry the id): a
     rebuilt projection then has the same snapshot ids, and ``scan(snapshot_id=n)`` is entry
     ``n``. ``tests/unit/test_iceberg_mirror.py`` pins both, so a pyiceberg that changes the
-    producer fails there, not in readers' hands."""
+    producer fails there, not in readers' hands; ``tests/unit/test_iceberg_fresh.py`` pins what the
+    fresh view adds (delete manifests through ``ManifestWriterV2``, ``_existing_manifests`` per
+    content, the summary counting delete files)."""
     global _PRODUCER_CLASS
     from pyiceberg.table.snapshots import Operation
 
@@ -824,9 +826,9 @@ def _producer(tx: Any, io: Any, *, snapshot_id: int, removed: bool, added: bool,
                 if self.bi_added_deletes:
                     with self.manifest_writer(ManifestContent.DELETES, self._transaction.table_metadata.spec()) as w:
                         for f in self.bi_added_deletes:
-                            w.add(ManifestEntry.from_args(status=ManifestEntryStatus.ADDED, snapshot_id=self._snapshot_id,
-                                                          sequence_number=None, file_sequence_number=None,
-                                                          data_file=f))
+                            w.add(ManifestEntry.from_args(status=ManifestEntryStatus.ADDED,
+                                                          snapshot_id=self._snapshot_id, sequence_number=None,
+                                                          file_sequence_number=None, data_file=f))
                     out.insert(0, w.to_manifest_file())  # the merger takes the first one as the new one
                 return out
 

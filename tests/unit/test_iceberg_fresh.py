@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from spark_jobs.cli import main
@@ -37,7 +38,8 @@ pytestmark = [pytest.mark.unit, pytest.mark.filterwarnings("ignore:Iceberg scan 
 #: partition values as users have them: spaces, '/', '%', '+', non-ASCII, null, ""
 REGIONS = ["eu west", "a/b", "100%", "x+y", "são paulo", None, ""]
 #: record keys likewise (a key cannot be null or "": the table refuses both)
-KEYS = ["k 0/é+%", "a/b", "100%", "x+y", "日本 語", "__NULL__", " ", "k%2F", "z+z/z", "ü", "k 10", "k 11", "k 12", "k 13"]
+KEYS = ["k 0/é+%", "a/b", "100%", "x+y", "日本 語", "__NULL__", " ", "k%2F", "z+z/z", "ü",
+        "k 10", "k 11", "k 12", "k 13"]
 KEY_ARGS = ["--record-key", "id", "--precombine-field", "ts", "--partition-field", "region",
             "--delete-field", "is_deleted", "--engine", "arrow"]
 NAMES = ["id", "region", "ts", "amount"]
@@ -297,3 +299,30 @@ def test_the_python_api_takes_the_view(tmp_path):
     assert json.loads(json.dumps(dict(FileSystemView.at_seq(Table.load(uri).timeline, 3).properties))) == {
         "mirrors": ["iceberg"], "mirror_views": {"iceberg": "fresh"}}
     assert check_fresh(uri, second_reader=False) == 3
+
+
+def test_on_object_storage(bucket, s3):
+    """On S3 the delete files are written through the table's own S3 file system and named by
+    ``s3://`` URIs; pyiceberg reads them, and the logs, with its own."""
+    from spark_jobs.io.filesystem import resolve
+
+    uri = f"{bucket}/lake/t"
+    for n in range(3):
+        io, path = resolve(f"{bucket}/src/b{n}.parquet")
+        rows = [_row(i, REGIONS[i % 7], n, deleted=(n == 2 and i == 1)) for i in range(n, 7)]
+        with io.fs.open_output_stream(path) as f:
+            pq.write_table(pa.Table.from_pylist(rows), f)
+        _cli("upsert", uri, f"{bucket}/src/b{n}.parquet", *KEY_ARGS, "--batch-id", f"b{n}",
+             *(["--table-type", "merge_on_read", "--auto-compact", "off"] if n == 0 else []))
+        if n == 0:
+            _cli("mirror", uri, "--enable", "iceberg", "--view", "fresh")
+    table = Table.load(uri)
+    assert iceberg.versions_present(table) == [0, 1, 2, 3, 4]
+    props = {"s3.endpoint": s3.endpoint, "s3.access-key-id": s3.access_key_id,
+             "s3.secret-access-key": s3.env()["AWS_SECRET_ACCESS_KEY"], "s3.region": "us-east-1"}
+    st = StaticTable.from_metadata(iceberg.metadata_uri(table, 4), properties=props)
+    deletes = _delete_files(st)
+    assert deletes and all(d.file_path.startswith("s3://") for d in deletes)
+    for v in (1, 3, 4):
+        assert _rows(st.scan(snapshot_id=v).to_arrow(), NAMES) == \
+            _rows(read_arrow(uri, as_of=table.timeline.entry(v)["instant"]), NAMES), v
