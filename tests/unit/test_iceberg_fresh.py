@@ -326,3 +326,37 @@ def test_on_object_storage(bucket, s3):
     for v in (1, 3, 4):
         assert _rows(st.scan(snapshot_id=v).to_arrow(), NAMES) == \
             _rows(read_arrow(uri, as_of=table.timeline.entry(v)["instant"]), NAMES), v
+
+
+def test_a_reference_bootstrap_with_logs(tmp_path):
+    """A reference bootstrap's files (outside the root, lacking the Hive path column and the key
+    column, which the table derives) take position deletes like the table's own: the plan's
+    positions are rows of the file as stored."""
+    import pyarrow.dataset as ds
+
+    from tests.unit.test_bootstrap_arrow import SCHEMA, dataset_rows
+
+    root = tmp_path / "dataset"
+    schema = pa.schema([f if f.name != "at" else pa.field("at", pa.timestamp("us", tz="UTC")) for f in SCHEMA])
+    for name, rows in zip(("a", "b"), dataset_rows()):
+        ds.write_dataset(pa.Table.from_pylist(rows, schema=schema), root, format="parquet", partitioning=["region"],
+                         partitioning_flavor="hive", basename_template=f"{name}-{{i}}.parquet",
+                         existing_data_behavior="overwrite_or_ignore")
+    uri = str(tmp_path / "t")
+    _cli("bootstrap", uri, str(root), "--record-key", "id", "--partition-field", "region", "--precombine-field", "ts",
+         "--mode", "reference", "--engine", "arrow", "--table-type", "merge_on_read")
+    _cli("mirror", uri, "--enable", "iceberg", "--view", "fresh")
+    before = read_arrow(uri)
+    names = [c for c in before.column_names if not c.startswith("_bi_")]
+    batch = [dict({n: r[n] for n in names}, ts=(r["ts"] or 0) + 100) for r in before.to_pylist()[::7]]
+    src = tmp_path / "u.parquet"
+    pq.write_table(pa.Table.from_pylist(batch, schema=pa.schema([before.schema.field(n) for n in names])), src)
+    _cli("upsert", uri, str(src), "--record-key", "id", "--precombine-field", "ts", "--partition-field", "region",
+         "--engine", "arrow", "--auto-compact", "off")
+    table = Table.load(uri)
+    assert any(s.logs and s.path.startswith("..") for s in table.view().slices()), "a referenced base has a log"
+    st = StaticTable.from_metadata(uri)
+    assert _delete_files(st)
+    want = read_arrow(uri)
+    assert _rows(st.scan().to_arrow(), names) == _rows(want, names) != _rows(before, names)
+    assert _rows(_polars(st, table.timeline.last_seq), names) == _rows(want, names)
