@@ -13,7 +13,14 @@ reported apart. On local disk the files the projection wrote per commit are coun
 listing of its directory before and after). The median upsert time is printed beside it for scale.
 
     python benchmarks/delta_mirror.py [--commits 20] [--rows 200] [--table-type copy_on_write]
-        [--stores local,s3] [--projection delta|iceberg]
+        [--stores local,s3] [--projection delta|iceberg] [--view read_optimized|fresh]
+
+A merge-on-read table is created with automatic compaction off (a compaction is an entry of
+its own, which the hook would project too). ``--view fresh`` (Iceberg; issue 39 item 2)
+projects the fresh view (the projection's view set in the handle, as the mirror list is): every
+commit adds a log to slices holding all the earlier ones: each such slice is planned
+again (its key and precombine columns read from the base and every log) and gets a new
+position-delete file -- the fresh view's worst case between compactions.
 
 The last line is one JSON object.
 """
@@ -48,13 +55,17 @@ def batch(n: int, ts: int) -> pa.Table:
 
 
 def run(store: str, *, commits: int, rows: int, table_type: str, server: Any,
-        projection: str = "delta") -> dict[str, Any]:
+        projection: str = "delta", view: str = "read_optimized") -> dict[str, Any]:
     from spark_jobs.cli import main
     from spark_jobs.io.filesystem import resolve
     from spark_jobs.table.projection import module
     from spark_jobs.table.table import Table
 
     writer = module(projection)
+    fresh = view == "fresh"
+    if fresh:
+        assert projection == "iceberg" and table_type == "merge_on_read", "the fresh view is Iceberg's, of merge-on-read"
+        writer.projection_kind = lambda table, properties: "fresh"  # the view in the handle
     subdir = "_delta_log" if projection == "delta" else "metadata"
 
     tmp = tempfile.mkdtemp(prefix="delta-mirror-")
@@ -74,7 +85,8 @@ def run(store: str, *, commits: int, rows: int, table_type: str, server: Any,
         with fio.fs.open_output_stream(path) as f:
             pq.write_table(batch(rows, n + 1), f)
         argv = ["upsert", uri, src, "--record-key", "id", "--precombine-field", "ts", "--partition-field", "p",
-                "--engine", "arrow", "--batch-id", f"b{n}", "--num-buckets", "4", "--table-type", table_type]
+                "--engine", "arrow", "--batch-id", f"b{n}", "--num-buckets", "4", "--table-type", table_type,
+                *(["--auto-compact", "off"] if table_type == "merge_on_read" and n == 0 else [])]
         t0 = time.perf_counter()
         with contextlib.redirect_stdout(io.StringIO()):
             assert main(argv) == 0
@@ -103,7 +115,8 @@ def run(store: str, *, commits: int, rows: int, table_type: str, server: Any,
         mirror_ms.append(ms)
         reqs.append(counts)
     per_kind = {k: statistics.median([r.get(k, 0) for r in reqs]) for k in KINDS} if server is not None else None
-    out = {"store": store, "projection": projection, "table_type": table_type, "commits": commits, "rows": rows,
+    out = {"store": store, "projection": projection, "table_type": table_type, "view": view, "commits": commits,
+           "rows": rows,
            "upsert_ms_median": round(statistics.median(upsert_ms[1:]), 1),
            "mirror_ms_median": round(statistics.median(mirror_ms), 1),
            "mirror_ms_p90": round(sorted(mirror_ms)[int(len(mirror_ms) * 0.9) - 1], 1),
@@ -113,7 +126,7 @@ def run(store: str, *, commits: int, rows: int, table_type: str, server: Any,
     if per_kind is not None:
         out["mirror_requests_median"] = per_kind
         out["mirror_requests_total_median"] = statistics.median([sum(r.values()) for r in reqs])
-    print(f"{store:5s} {projection} {table_type}: upsert {out['upsert_ms_median']} ms (median), mirror +{out['mirror_ms_median']} ms "
+    print(f"{store:5s} {projection} {table_type} {view}: upsert {out['upsert_ms_median']} ms (median), mirror +{out['mirror_ms_median']} ms "
           f"(p90 {out['mirror_ms_p90']})" + (f", requests {per_kind}" if per_kind else ""), flush=True)
     return out
 
@@ -125,6 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--table-type", default="copy_on_write", choices=("copy_on_write", "merge_on_read"))
     ap.add_argument("--stores", default="local,s3")
     ap.add_argument("--projection", default="delta", choices=("delta", "iceberg"))
+    ap.add_argument("--view", default="read_optimized", choices=("read_optimized", "fresh"))
     args = ap.parse_args(argv)
     import logging
 
@@ -142,7 +156,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         for store in stores:
             results.append(run(store, commits=args.commits, rows=args.rows, table_type=args.table_type,
-                               server=server if store == "s3" else None, projection=args.projection))
+                               server=server if store == "s3" else None, projection=args.projection,
+                               view=args.view))
     finally:
         if server is not None:
             server.stop()

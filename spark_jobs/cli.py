@@ -399,7 +399,8 @@ def build_parser(extra_verbs: dict[str, str] | None = None, *,
                         description="A table with the Delta projection gets _delta_log/<seq>.json after every "
                                     "commit (Delta version = commit sequence number); one with the Iceberg "
                                     "projection gets metadata/v<seq>.metadata.json (snapshot id = commit "
-                                    "sequence number); merge-on-read tables show the read-optimized view. "
+                                    "sequence number); merge-on-read tables show the read-optimized view "
+                                    "(bases as of each file group's last compaction) unless --view fresh. "
                                     "--enable delta|iceberg turns one on and writes every version so far; "
                                     "--repair compares every version of each projection the table has with what "
                                     "the timeline projects and writes the missing ones, rewrites the damaged or "
@@ -407,6 +408,12 @@ def build_parser(extra_verbs: dict[str, str] | None = None, *,
     mi.add_argument("table", help="the table's directory or URI")
     mig = mi.add_mutually_exclusive_group(required=True)
     mig.add_argument("--enable", choices=MIRRORS, help="turn the projection on (writes every version so far)")
+    mi.add_argument("--view", metavar="{read_optimized,fresh}",
+                    help="with --enable, for a merge-on-read table: read_optimized (default) publishes the bases "
+                         "as of each file group's last compaction, readable by every reader; fresh (iceberg only) "
+                         "publishes every commit's rows: each log an added data file, the rows its merge drops "
+                         "position-delete files (Iceberg v2 readers that apply them: pyiceberg, Polars, DuckDB "
+                         "through pyiceberg). Changing it rewrites every version in the new view")
     mig.add_argument("--repair", action="store_true",
                      help="check every version against the timeline: write missing ones, rewrite damaged ones")
     for verb in (up, rd, sh, va, sc, rb, co, cl, al, rh, bs, mi):
@@ -820,7 +827,7 @@ def cmd_mirror(args: argparse.Namespace, submitted: bool) -> int:
         # (which then finds nothing to write): count what is there now and was not before
         writer = projection.module(opts.enable)
         before = set(writer.versions_present(Table.open(opts.table)))
-        result = enable_mirror(opts.table, opts.enable)
+        result = enable_mirror(opts.table, opts.enable, view=opts.view)
         result["written"] = sorted(set(writer.versions_present(Table.open(opts.table))) - before)
     else:
         table = Table.load(opts.table)
@@ -842,7 +849,8 @@ def cmd_mirror(args: argparse.Namespace, submitted: bool) -> int:
                       f"{plural(len(report.rewritten), 'damaged or outdated version')} rewritten")
         return 0
     print(json.dumps(result, sort_keys=True))
-    print(f"{projection.NAMES[opts.enable]} at version {result['version']}: "
+    fresh = " (fresh view)" if result.get("view") == "fresh" else ""
+    print(f"{projection.NAMES[opts.enable]} at version {result['version']}{fresh}: "
           f"{plural(len(result['written']), 'version')} written")
     return 0
 

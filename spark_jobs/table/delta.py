@@ -28,10 +28,13 @@ the timeline and rewrites what differs, and the checkpoints built from it.
 
 **Merge-on-read**: the projection is the *read-optimized view* -- bases only, so a log's rows
 reach Delta readers when compaction folds them into a new base. Deletion vectors would show
-them at once, but ``deltalake`` 1.6's ``to_pyarrow_table``/``to_pyarrow_dataset`` (what pandas,
-Polars and pyarrow users call) refuse any table whose protocol names the ``deletionVectors``
-reader feature (measured; only its DataFusion ``QueryBuilder`` applies them), and a reader
-without that feature could not read the table at all. Copy-on-write tables have no logs, so
+them at once (the Iceberg projection's fresh view does so with position deletes), but, measured
+with ``benchmarks/delta_dv_probe.py``: ``deltalake`` 1.6's ``to_pyarrow_table``/``to_pyarrow_dataset``
+(what pandas and pyarrow users call) refuse any table whose protocol names the
+``deletionVectors`` reader feature, and Polars 2.1's ``read_delta``/``scan_delta`` ignore a
+deletion vector whose file's path is percent-encoded -- every partitioned table's -- and return
+the rows it deletes (only the DataFusion ``QueryBuilder`` applies them throughout). So
+``mirror --enable delta --view fresh`` is refused (:data:`FRESH_VIEW_MIRRORS`). Copy-on-write tables have no logs, so
 their projection is exact.
 
 No pyspark, no airflow. ``deltalake`` is optional: it is used only to write Parquet checkpoints
@@ -66,7 +69,8 @@ if TYPE_CHECKING:
 
 __all__ = ["MIRROR_DELTA", "MIRRORS", "DELTA_LOG", "CHECKPOINT_INTERVAL", "mirror_commit", "repair", "gap",
            "verify_and_repair", "RepairReport", "partition_columns",
-           "mirrors", "enabled", "delta_schema", "versions_present", "version_actions",
+           "mirrors", "enabled", "mirror_view", "VIEWS", "VIEW_READ_OPTIMIZED", "VIEW_FRESH", "FRESH_VIEW_MIRRORS",
+           "VIEWS_PROPERTY", "delta_schema", "versions_present", "version_actions",
            "reader_uri", "reader_storage_options"]
 
 log = logging.getLogger("bucketindex.delta")
@@ -100,6 +104,28 @@ def mirrors(table: "Table", properties: "dict[str, Any] | None" = None) -> set[s
 def enabled(table: "Table", properties: "dict[str, Any] | None" = None) -> bool:
     """Whether ``table`` asks for the Delta projection (see :func:`mirrors`)."""
     return MIRROR_DELTA in mirrors(table, properties)
+
+
+#: the views of a merge-on-read table a projection can publish (``bucketindex mirror TABLE --enable
+#: iceberg --view fresh``): the bases as of each file group's last compaction (the default), or
+#: every commit's rows, logs as added data files and the rows their merge drops as deletes
+VIEW_READ_OPTIMIZED, VIEW_FRESH = "read_optimized", "fresh"
+VIEWS = (VIEW_READ_OPTIMIZED, VIEW_FRESH)
+#: the projections that can publish the fresh view: Iceberg (position-delete files). Not Delta:
+#: its form is deletion vectors, which ``deltalake``'s pyarrow readers refuse (module docstring)
+FRESH_VIEW_MIRRORS = ("iceberg",)
+#: the timeline property naming each projection's view (absent, or a projection absent from it:
+#: read-optimized), set with the ``mirrors`` list by ``bucketindex mirror --enable``
+VIEWS_PROPERTY = "mirror_views"
+
+
+def mirror_view(table: "Table", mirror: str, properties: "dict[str, Any] | None" = None) -> str:
+    """The view of the merge-on-read table ``table`` that projection ``mirror`` publishes, from the
+    snapshot's ``properties`` (default: the latest view's): :data:`VIEW_FRESH` or
+    :data:`VIEW_READ_OPTIMIZED`. A copy-on-write table has no logs: both views are the table."""
+    if properties is None:
+        properties = table.view().properties if table.config is not None else {}
+    return (properties.get(VIEWS_PROPERTY) or {}).get(mirror, VIEW_READ_OPTIMIZED)
 
 
 # -- paths ---------------------------------------------------------------------------------

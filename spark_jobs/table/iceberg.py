@@ -75,9 +75,16 @@ every missing version first (each from the one before: Iceberg versions form a c
 parses, its current snapshot is ``n`` of entry ``n``'s instant, its files are the snapshot's
 bases, its columns the published ones -- and writes again each one that is not.
 
-**Merge-on-read: the read-optimized view** (as the Delta projection, format.md §11): bases only;
-a log's rows reach Iceberg readers when data compaction folds them into a new base. Position
-deletes for the fresh view are issue 39 item 2, not done here. Copy-on-write tables are exact.
+**Merge-on-read: two views** (format.md §12; copy-on-write tables are exact either way). The
+*read-optimized* view (the default, as the Delta projection, §11): bases only; a log's rows reach
+Iceberg readers when data compaction folds them into a new base. The *fresh* view (issue 39 item
+2; ``bucketindex mirror TABLE --enable iceberg --view fresh``, the timeline property
+``mirror_views``): each log is an added data file and the rows the slice's merge drops
+(:func:`~spark_jobs.table.merge.plan_slice`'s positions) are a Parquet position-delete file per
+slice, listed in delete manifests (:func:`_fresh_changes`), so a snapshot reads as ``read
+--as-of`` does. Every version is in the view the latest properties name (``bucketindex.projection``
+in the table properties); a version found in the other view makes the chain be rewritten from
+version 0 (:class:`_OtherView`).
 
 **Columns.** The published schema is the table's without ``_bi_*`` columns, every column
 optional, field ids assigned by pyiceberg, and ``schema.name-mapping.default`` set (the data
@@ -110,9 +117,10 @@ import pyarrow as pa
 from spark_jobs.exceptions import BadInputError, TableCorruptError
 from spark_jobs.io.filesystem import InstantExistsError
 from spark_jobs.table.config import MIRRORS
+from spark_jobs.table.delta import VIEW_FRESH
 from spark_jobs.table.layout import is_reference
 from spark_jobs.table.timeline import Action
-from spark_jobs.table.view import FileSlice, FileSystemView
+from spark_jobs.table.view import FileSlice, FileSystemView, LogFile
 
 if TYPE_CHECKING:
     import pyarrow.parquet as pq
@@ -137,6 +145,13 @@ _UUID_NAMESPACE = uuid.UUID("0b5c9a3e-5d1e-4f0b-8a43-3f6b2c9e7d21")
 INTERNAL_PREFIX = "_bi_"
 #: the snapshot summary keys naming the sequence entry a snapshot projects
 SUMMARY_SEQ, SUMMARY_INSTANT, SUMMARY_ACTION = "bucketindex.seq", "bucketindex.instant", "bucketindex.action"
+#: the fresh view's snapshot summary key counting file groups shown as of their last compaction
+#: (a partial-update log, which no position can express: :func:`_slice_deletes`)
+SUMMARY_STALE = "bucketindex.read-optimized-file-groups"
+#: where the fresh view's position-delete files live: beside the metadata, derived like it
+DELETES_DIR = "deletes"
+#: the field ids and names of a position-delete file's columns (Iceberg spec, "Position Delete Files")
+DELETE_FILE_PATH_ID, DELETE_POS_ID = 2147483546, 2147483545
 
 
 # -- config and paths ------------------------------------------------------------------------
@@ -436,18 +451,45 @@ def _table_uuid(table: "Table") -> uuid.UUID:
     return uuid.uuid5(_UUID_NAMESPACE, first)
 
 
-def _properties(table: "Table") -> dict[str, str]:
+#: the table property saying what the projection publishes: ``exact`` (copy-on-write), or a
+#: merge-on-read table's view, ``read_optimized`` or ``fresh`` (:func:`projection_kind`)
+PROJECTION_PROPERTY = "bucketindex.projection"
+
+
+def projection_kind(table: "Table", properties: dict[str, Any]) -> str:
+    """What the projection publishes for the snapshot ``properties`` (the timeline's): ``exact``
+    for a copy-on-write table (no logs: every view is the table), else the merge-on-read view
+    the ``mirror_views`` property names (:func:`spark_jobs.table.delta.mirror_view`)."""
+    from spark_jobs.table.delta import mirror_view
+
+    assert table.config is not None
+    if not table.config.merge_on_read:
+        return "exact"
+    return mirror_view(table, MIRROR_ICEBERG, properties)
+
+
+def _latest_kind(table: "Table", tl: Any) -> str:
+    """:func:`projection_kind` of the latest snapshot: the view every version is written in."""
+    return projection_kind(table, FileSystemView.at_seq(tl, tl.last_seq).properties if tl.last_seq else {})
+
+
+class _OtherView(Exception):
+    """The previous version was written in another view (the view changed: `mirror --enable
+    iceberg --view`): the chain is rewritten from version 0 (:func:`verify_and_repair`)."""
+
+
+def _properties(table: "Table", kind: str) -> dict[str, str]:
     assert table.config is not None
     return {
         # a lost race to create v<n> is not retried: the other process wrote the same entry
         "commit.retry.num-retries": "0",
-        "bucketindex.projection": "read_optimized" if table.config.merge_on_read else "exact",
+        PROJECTION_PROPERTY: kind,
         # the table's own clean deletes files; an Iceberg writer must not (no expire, no orphan removal)
         "bucketindex.note": "derived from the bucketindex timeline; do not write with an Iceberg writer",
     }
 
 
-def _version0(table: "Table", schema: pa.Schema) -> Any:
+def _version0(table: "Table", schema: pa.Schema, kind: str) -> Any:
     """The metadata of version 0: the empty table with the first recorded schema, the identity
     partition spec on the partition field, and the name mapping, created at entry 1's time."""
     from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionField, PartitionSpec
@@ -464,7 +506,7 @@ def _version0(table: "Table", schema: pa.Schema) -> Any:
     if fields:
         spec = PartitionSpec(PartitionField(source_id=fresh.find_field(fields[0]).field_id, field_id=1000,
                                             transform=IdentityTransform(), name=fields[0]))
-    props = {**_properties(table), "schema.name-mapping.default": _name_mapping(fresh, schema)}
+    props = {**_properties(table, kind), "schema.name-mapping.default": _name_mapping(fresh, schema)}
     md = new_table_metadata(fresh, spec, UNSORTED_SORT_ORDER, location(table), props, table_uuid=_table_uuid(table))
     created = _instant_ms(table.timeline.entry(1)["instant"]) if table.timeline.last_seq else 0
     return md.model_copy(update={"last_updated_ms": created})
@@ -490,7 +532,12 @@ def mirror_commit(table: "Table", seq: int) -> list[int]:
     from spark_jobs.table.delta import _advance
 
     cur = _advance(tl, prev, seq)
-    written = [seq] if _write_version(table, seq, prev, cur, replace=False) else []
+    try:
+        written = [seq] if _write_version(table, seq, prev, cur, replace=False,
+                                          kind=projection_kind(table, cur.properties)) else []
+    except _OtherView:  # this entry changed the view: every version is rewritten in the new one
+        report = verify_and_repair(table)
+        return sorted(report.written + report.rewritten)
     _advance_hint(table, seq)
     return written
 
@@ -505,13 +552,18 @@ def repair(table: "Table", *, upto: int | None = None) -> list[int]:
     if found is None:
         return []
     tl, start, last, first = found
+    kind = _latest_kind(table, tl)
     written: list[int] = []
     for v, prev, cur in _views(table, tl, start=start, last=last):
         if v in present:
             continue
-        if (_write_version0(table, first, replace=False) if v == 0
-                else _write_version(table, v, prev, cur, replace=False)):
-            written.append(v)
+        try:
+            if (_write_version0(table, first, replace=False, kind=kind) if v == 0
+                    else _write_version(table, v, prev, cur, replace=False, kind=kind)):
+                written.append(v)
+        except _OtherView:  # the versions before the gap are in another view: rewrite them all
+            report = verify_and_repair(table)
+            return sorted(report.written + report.rewritten)
         present.add(v)
     if written:
         _advance_hint(table, last)
@@ -535,8 +587,8 @@ def _views(table: "Table", tl: Any, *, start: int, last: int
         prev = cur
 
 
-def _write_version0(table: "Table", schema: pa.Schema, *, replace: bool) -> bool:
-    md = _version0(table, schema)
+def _write_version0(table: "Table", schema: pa.Schema, *, replace: bool, kind: str) -> bool:
+    md = _version0(table, schema, kind)
     data = md.model_dump_json().encode()
     path = metadata_file(table, 0)
     if replace:
@@ -547,6 +599,8 @@ def _write_version0(table: "Table", schema: pa.Schema, *, replace: bool) -> bool
         return True
     except InstantExistsError:
         got = _read_metadata(table, 0)
+        if got.properties.get(PROJECTION_PROPERTY) != kind:
+            raise _OtherView()
         if got.table_uuid != md.table_uuid or got.snapshots:
             raise TableCorruptError(f"Iceberg metadata version 0 of {table.display_uri} is not the empty table this "
                                     f"timeline starts with: something else wrote it; move {METADATA_DIR}/ aside "
@@ -569,9 +623,11 @@ def _advance_hint(table: "Table", version: int) -> None:
 # -- one version -------------------------------------------------------------------------------
 
 def _write_version(table: "Table", version: int, prev: FileSystemView, cur: FileSystemView, *,
-                   replace: bool) -> bool:
+                   replace: bool, kind: str) -> bool:
     """Commit metadata version ``version`` (the change from ``prev`` to ``cur``) on top of
-    version ``version - 1``. Returns whether this call wrote it (False: an equal one was there)."""
+    version ``version - 1``, in view ``kind`` (:func:`projection_kind`). Returns whether this
+    call wrote it (False: an equal one was there); :class:`_OtherView` when version ``version -
+    1`` is in another view."""
     from pyiceberg.exceptions import CommitFailedException, ValidationException
     from pyiceberg.table import Table as IcebergTable
 
@@ -581,6 +637,8 @@ def _write_version(table: "Table", version: int, prev: FileSystemView, cur: File
     assert table.config is not None
     entry = table.timeline.entry(version)
     base = _read_metadata(table, version - 1)
+    if base.properties.get(PROJECTION_PROPERTY) != kind:
+        raise _OtherView()
     io = _file_io(table)
     prev_ms = base.current_snapshot().timestamp_ms if base.current_snapshot() else 0
     ts_ms = _floor_ms(entry, prev_ms)
@@ -602,19 +660,29 @@ def _write_version(table: "Table", version: int, prev: FileSystemView, cur: File
             from pyiceberg.table.update.snapshot import ExpireSnapshots
 
             ExpireSnapshots(tx).by_ids(gone).commit()
-    before = {s.path: s for s in prev.slices()}
-    after = {s.path: s for s in cur.slices()}
-    removed = sorted(set(before) - set(after))
-    added = sorted(set(after) - set(before))
     md = tx.table_metadata  # pyiceberg recomputes it on each access (a deep copy): once
-    producer = _producer(tx, io, snapshot_id=version, removed=bool(removed), added=bool(added), properties={
-        SUMMARY_SEQ: str(version), SUMMARY_INSTANT: entry["instant"], SUMMARY_ACTION: entry["action"]})
-    for path in removed:
-        # named by path (a DataFile is its path to pyiceberg); pyiceberg finds the live entry in
-        # the manifests and refuses the commit if a named file is not live (ValidationException)
-        producer.delete_data_file(_named(md, _file_uri(table, path)))
-    for path in added:
-        producer.append_data_file(_data_file(table, md, io, after[path]))
+    summary = {SUMMARY_SEQ: str(version), SUMMARY_INSTANT: entry["instant"], SUMMARY_ACTION: entry["action"]}
+    if kind == VIEW_FRESH:
+        gone, new, stale = _fresh_changes(table, md, io, cur, new_schema)
+        if stale:
+            summary[SUMMARY_STALE] = str(stale)
+        producer = _producer(tx, io, snapshot_id=version, removed=bool(gone), added=bool(new), properties=summary)
+        for f in gone:
+            producer.remove_file(f)
+        for f in new:
+            producer.add_file(f)
+    else:
+        before = {s.path: s for s in prev.slices()}
+        after = {s.path: s for s in cur.slices()}
+        removed = sorted(set(before) - set(after))
+        added = sorted(set(after) - set(before))
+        producer = _producer(tx, io, snapshot_id=version, removed=bool(removed), added=bool(added), properties=summary)
+        for path in removed:
+            # named by path (a DataFile is its path to pyiceberg); pyiceberg finds the live entry in
+            # the manifests and refuses the commit if a named file is not live (ValidationException)
+            producer.delete_data_file(_named(md, _file_uri(table, path)))
+        for path in added:
+            producer.append_data_file(_data_file(table, md, io, after[path]))
     try:
         producer.commit()
     except ValidationException as e:
@@ -658,40 +726,138 @@ def _producer(tx: Any, io: Any, *, snapshot_id: int, removed: bool, added: bool,
     both are set on the producer before it writes anything (the manifests carry the id): a
     rebuilt projection then has the same snapshot ids, and ``scan(snapshot_id=n)`` is entry
     ``n``. ``tests/unit/test_iceberg_mirror.py`` pins both, so a pyiceberg that changes the
-    producer fails there, not in readers' hands."""
+    producer fails there, not in readers' hands; ``tests/unit/test_iceberg_fresh.py`` pins what the
+    fresh view adds (delete manifests through ``ManifestWriterV2``, ``_existing_manifests`` per
+    content, the summary counting delete files)."""
     global _PRODUCER_CLASS
     from pyiceberg.table.snapshots import Operation
 
     if _PRODUCER_CLASS is None:
         from pyiceberg.expressions import AlwaysTrue
-        from pyiceberg.manifest import ManifestContent
+        from pyiceberg.manifest import DataFileContent, ManifestContent, ManifestEntry, ManifestEntryStatus, \
+            ManifestWriterV2
         from pyiceberg.table.update.snapshot import _ManifestMergeManager, _OverwriteFiles
 
+        class _DeleteManifestWriter(ManifestWriterV2):
+            """pyiceberg's v2 manifest writer for a *delete* manifest: pyiceberg (0.12) writes data
+            manifests only (its ``ManifestWriterV2`` fixes ``content`` to data; apache/iceberg-python
+            PR 4002 makes it a parameter), and a position-delete file must be listed in a manifest
+            whose content is ``deletes`` (Iceberg spec: "Manifests"). The entries, Avro schema and
+            file are pyiceberg's; only the content it declares differs."""
+
+            def content(self) -> Any:
+                return ManifestContent.DELETES
+
+            @property
+            def _meta(self) -> dict[str, str]:
+                return {**super()._meta, "content": "deletes"}
+
+        class _DeleteSide:
+            """The producer as pyiceberg's manifest merger sees it when it merges delete
+            manifests: every merged manifest is written as a delete manifest."""
+
+            def __init__(self, producer: Any) -> None:
+                self._producer = producer
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self._producer, name)
+
+            def new_manifest_writer(self, spec: Any) -> Any:
+                return self._producer.manifest_writer(ManifestContent.DELETES, spec)
+
         class _MergingOverwrite(_OverwriteFiles):
+            #: position-delete files this snapshot adds and removes (the fresh view): kept apart
+            #: from pyiceberg's data files, which it validates and writes as data
+            bi_added_deletes: list[Any]
+            bi_removed: set[Any]
+
+            def add_file(self, f: Any) -> None:
+                """Add a data file or a position-delete file."""
+                if f.content == DataFileContent.DATA:
+                    self.append_data_file(f)
+                else:
+                    self.bi_added_deletes.append(f)
+
+            def remove_file(self, f: Any) -> None:
+                """Remove a live data file or position-delete file (the live ``DataFile``)."""
+                self.bi_removed.add(f)
+                if f.content == DataFileContent.DATA:
+                    self.delete_data_file(f)
+
+            def manifest_writer(self, content: Any, spec: Any) -> Any:
+                """pyiceberg's manifest writer for ``content`` (data, or deletes: :class:`_DeleteManifestWriter`)."""
+                if content == ManifestContent.DATA:
+                    return self.new_manifest_writer(spec)
+                return _DeleteManifestWriter(spec, self.schema(), self.new_manifest_output(), self._snapshot_id,
+                                             self._compression)
+
             def _build_delete_files_partition_predicate(self) -> None:
                 # the files to remove are named by path alone (see _deleted_entries): every
                 # manifest is read, as it would be anyway (each commit's manifest spans partitions)
                 self._predicate = AlwaysTrue()
 
             def _deleted_entries(self) -> list[Any]:
-                entries = super()._deleted_entries()  # pyiceberg checks every named file is live
+                entries = super()._deleted_entries()  # pyiceberg checks every named data file is live
                 # the live DataFiles, not the path-only ones they were named by: the summary's
-                # removed counts and sizes come from these
-                self._deleted_data_files = {e.data_file for e in entries}
+                # removed counts and sizes come from these (and from the removed delete files)
+                self._deleted_data_files = {e.data_file for e in entries} | {
+                    f for f in self.bi_removed if f.content != DataFileContent.DATA}
                 return entries
+
+            def _existing_manifests(self) -> list[Any]:
+                """pyiceberg's ``_OverwriteFiles._existing_manifests`` for data *and* delete
+                manifests: each live manifest is kept, or rewritten without the removed files in
+                a manifest of its own content (pyiceberg's would write a delete manifest's
+                entries into a data manifest); and the added delete files, in a delete manifest."""
+                removed = set(self.bi_removed) | set(self._deleted_data_files)
+                out = []
+                snap = self._transaction.table_metadata.snapshot_by_name(name=self._target_branch)
+                for manifest in snap.manifests(io=self._io) if snap is not None else []:
+                    entries = manifest.fetch_manifest_entry(io=self._io, discard_deleted=True)
+                    kept = [e for e in entries if e.data_file not in removed]
+                    if len(kept) == len(entries):
+                        out.append(manifest)
+                        continue
+                    if kept:
+                        with self.manifest_writer(manifest.content, self.spec(manifest.partition_spec_id)) as w:
+                            for e in kept:
+                                w.existing(e)
+                        out.append(w.to_manifest_file())
+                if self.bi_added_deletes:
+                    with self.manifest_writer(ManifestContent.DELETES, self._transaction.table_metadata.spec()) as w:
+                        for f in self.bi_added_deletes:
+                            w.add(ManifestEntry.from_args(status=ManifestEntryStatus.ADDED,
+                                                          snapshot_id=self._snapshot_id, sequence_number=None,
+                                                          file_sequence_number=None, data_file=f))
+                    out.insert(0, w.to_manifest_file())  # the merger takes the first one as the new one
+                return out
+
+            def _summary(self, snapshot_properties: Any = None) -> Any:
+                # pyiceberg counts the files it was given to add; the added delete files are counted too
+                # (added-position-deletes, total-position-deletes)
+                data = self._added_data_files
+                self._added_data_files = data + self.bi_added_deletes
+                try:
+                    return super()._summary(snapshot_properties or {})
+                finally:
+                    self._added_data_files = data
 
             def _process_manifests(self, manifests: list[Any]) -> list[Any]:
                 data = [m for m in manifests if m.content == ManifestContent.DATA]
                 deletes = [m for m in manifests if m.content == ManifestContent.DELETES]
-                merger = _ManifestMergeManager(target_size_bytes=8 * 1024 * 1024,
-                                               min_count_to_merge=MANIFEST_MIN_MERGE_COUNT, merge_enabled=True,
-                                               snapshot_producer=self)
-                return merger.merge_manifests(data) + deletes
+
+                def merger(producer: Any) -> Any:
+                    return _ManifestMergeManager(target_size_bytes=8 * 1024 * 1024,
+                                                 min_count_to_merge=MANIFEST_MIN_MERGE_COUNT, merge_enabled=True,
+                                                 snapshot_producer=producer)
+
+                return merger(self).merge_manifests(data) + merger(_DeleteSide(self)).merge_manifests(deletes)
 
         _PRODUCER_CLASS = _MergingOverwrite
     op = Operation.OVERWRITE if removed and added else Operation.DELETE if removed else Operation.APPEND
     producer = _PRODUCER_CLASS(operation=op, transaction=tx, io=io, snapshot_properties=properties)
     producer._snapshot_id = snapshot_id
+    producer.bi_added_deletes, producer.bi_removed = [], set()
     return producer
 
 
@@ -717,30 +883,160 @@ def _data_files(md: Any, io: Any) -> dict[str, Any]:
     return out
 
 
-def _data_file(table: "Table", md: Any, io: Any, s: FileSlice) -> Any:
-    """The pyiceberg ``DataFile`` of base ``s``: pyiceberg's own statistics of its footer (what
-    ``add_files`` computes: counts, null counts, bounds truncated as the table's metrics mode
-    says), and its partition value read from the file (:func:`_partition_record`)."""
+def _data_file(table: "Table", md: Any, io: Any, s: FileSlice, *, log: LogFile | None = None,
+               partition: list[Any] | None = None) -> Any:
+    """The pyiceberg ``DataFile`` of base ``s`` (or of its log ``log``: the fresh view):
+    pyiceberg's own statistics of its footer (what ``add_files`` computes: counts, null counts,
+    bounds truncated as the table's metrics mode says), and its partition value read from the
+    file (:func:`_partition_record`; ``partition``: already read, a log's being its base's)."""
     from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
     from pyiceberg.typedef import Record
 
     from spark_jobs.table.delta import _footer
 
+    rel, rows, size = (s.path, s.num_rows, s.size) if log is None else (log.path, log.num_rows, log.size)
     schema = md.schema()
-    footer = _footer(table, s.path)
-    stats: dict[str, Any] = {"record_count": s.num_rows}
+    footer = _footer(table, rel)
+    stats: dict[str, Any] = {"record_count": rows}
     if footer is not None:
-        if is_reference(s.path):
+        if is_reference(rel):
             from pyiceberg.io.pyarrow import schema_to_pyarrow
 
-            check_file(table, s.path, footer, schema_to_pyarrow(schema, include_field_ids=False))
+            check_file(table, rel, footer, schema_to_pyarrow(schema, include_field_ids=False))
         stats = _footer_statistics(footer, schema, md.properties)
-    partition = Record(*_partition_record(table, md, s, footer))
-    return DataFile.from_args(content=DataFileContent.DATA, file_path=_file_uri(table, s.path),
-                              file_format=FileFormat.PARQUET, partition=partition,
-                              file_size_in_bytes=int(s.size) or int(table.io.size(table.abs(s.path))),
+    if partition is None:
+        partition = _partition_record(table, md, s, footer)
+    return DataFile.from_args(content=DataFileContent.DATA, file_path=_file_uri(table, rel),
+                              file_format=FileFormat.PARQUET, partition=Record(*partition),
+                              file_size_in_bytes=int(size) or int(table.io.size(table.abs(rel))),
                               sort_order_id=None, spec_id=md.default_spec_id, equality_ids=None, key_metadata=None,
                               **stats)
+
+
+# -- the fresh view of a merge-on-read table (issue 39 item 2) ----------------------------------
+
+def _deletes_rel(s: FileSlice) -> str:
+    """The position-delete file of slice ``s`` in the fresh view, relative to the table root:
+    named by the slice's files (a hash of their paths), so its content -- a function of those
+    immutable files -- is the same whoever writes it, a slice that gains a log gets a new one,
+    and an unchanged slice keeps its own."""
+    import hashlib
+
+    digest = hashlib.sha256("\n".join(s.files).encode()).hexdigest()[:32]
+    return posixpath.join(METADATA_DIR, DELETES_DIR, f"{digest}-deletes.parquet")
+
+
+def _slice_deletes(table: "Table", s: FileSlice, schema: pa.Schema | None) -> "tuple[list[str], dict[str, Any]]":
+    """The files slice ``s`` publishes in the fresh view and, by file, the row positions its
+    merge drops (:func:`~spark_jobs.table.merge.plan_slice`: stale or superseded base rows; of
+    each log, every row that is not its key's winner -- superseded, stale by precombine, and the
+    delete and move-out rows themselves). Reads the key, precombine and op columns only.
+
+    A slice holding a partial-update log publishes its base only (the read-optimized view of
+    that file group, until compaction folds the log): its merge overlays columns, which no set
+    of positions expresses, and publishing the log's rows would show wrong values."""
+    import numpy as np
+
+    from spark_jobs.table.reader import read_slice_plan
+
+    assert table.config is not None
+    if not s.logs:
+        return [s.path], {}
+    plan, logs = read_slice_plan(table, s.path, [lf.path for lf in s.logs],
+                                 precombine=table.config.precombine_field, schema=schema)
+    if plan.partial:
+        return [s.path], {}
+    drops: dict[str, Any] = {}
+    if len(plan.dropped):
+        drops[s.path] = np.sort(plan.dropped)
+    for lf, lg, live in zip(s.logs, logs, plan.live):
+        dead = np.setdiff1d(np.arange(lg.num_rows, dtype=np.int64), live)
+        if dead.size:
+            drops[lf.path] = dead
+    return s.files, drops
+
+
+def _delete_file(table: "Table", md: Any, s: FileSlice, drops: dict[str, Any], partition: list[Any]) -> Any:
+    """Write slice ``s``'s position-delete file (:func:`_deletes_rel`) and return its pyiceberg
+    ``DataFile``: Parquet with the spec's ``file_path`` (the data file's URI as the manifests
+    name it) and ``pos`` (0-based row position) columns and field ids, sorted by both, in the
+    slice's partition; its ``file_path`` bounds let readers match it to the files it names.
+    Written whole or not at all (``write_atomic``); a second writer writes the same bytes."""
+    import io as _io
+
+    import pyarrow.parquet as pq
+    from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+    from pyiceberg.typedef import Record
+
+    uris = sorted((_file_uri(table, rel), positions) for rel, positions in drops.items())
+    paths = pa.array([u for u, p in uris for _ in range(len(p))], pa.string())
+    pos = pa.array([int(x) for _, p in uris for x in p], pa.int64())
+    schema = pa.schema([pa.field("file_path", pa.string(), nullable=False,
+                                 metadata={b"PARQUET:field_id": str(DELETE_FILE_PATH_ID).encode()}),
+                        pa.field("pos", pa.int64(), nullable=False,
+                                 metadata={b"PARQUET:field_id": str(DELETE_POS_ID).encode()})])
+    buf = _io.BytesIO()
+    pq.write_table(pa.table([paths, pos], schema=schema), buf)
+    data = buf.getvalue()
+    rel = _deletes_rel(s)
+    table.io.write_atomic(table.abs(rel), data)
+    first, last = uris[0][0].encode(), uris[-1][0].encode()
+    return DataFile.from_args(content=DataFileContent.POSITION_DELETES, file_path=_file_uri(table, rel),
+                              file_format=FileFormat.PARQUET, partition=Record(*partition),
+                              record_count=len(pos), file_size_in_bytes=len(data),
+                              lower_bounds={DELETE_FILE_PATH_ID: first}, upper_bounds={DELETE_FILE_PATH_ID: last},
+                              sort_order_id=None, spec_id=md.default_spec_id, equality_ids=None, key_metadata=None)
+
+
+def _fresh_changes(table: "Table", md: Any, io: Any, cur: FileSystemView,
+                   schema: pa.Schema | None) -> "tuple[list[Any], list[Any], int]":
+    """What the fresh view's snapshot of ``cur`` removes from and adds to the live files of
+    ``md``'s current snapshot (data and position-delete files), and how many file groups it
+    shows as of their last compaction (:func:`_slice_deletes`).
+
+    A slice whose files are all live already is unchanged (its delete file, named by those
+    files, too); only a changed slice -- a new base, a new log -- is planned, reading its key
+    and precombine columns. Diffing against the live files rather than the previous view makes
+    a version the same whatever the previous one held."""
+    from spark_jobs.table.delta import _footer
+
+    live = _data_files(md, io)
+    keep: set[str] = set()
+    added: list[Any] = []
+    stale = 0
+    for s in cur.slices():
+        uris = [_file_uri(table, rel) for rel in s.files]
+        deletes_uri = _file_uri(table, _deletes_rel(s))
+        if all(u in live for u in uris):
+            keep.update(uris)
+            if deletes_uri in live:
+                keep.add(deletes_uri)
+            continue
+        published, drops = _slice_deletes(table, s, schema)
+        if s.logs and published == [s.path]:
+            stale += 1
+            log.warning("the fresh Iceberg view of %s shows file group %s/%s as of its last compaction: it holds a "
+                        "partial-update log, which position deletes cannot express", table.display_uri,
+                        s.partition, s.file_id)
+        base = live.get(uris[0])
+        # the base's partition tuple: from its live entry when it has one (no footer read), else its file
+        partition = [base.partition[i] for i in range(len(base.partition))] if base is not None \
+            else _partition_record(table, md, s, _footer(table, s.path))
+        logs = {lf.path: lf for lf in s.logs}
+        for rel in published:
+            u = _file_uri(table, rel)
+            if u in live:
+                keep.add(u)
+            else:
+                added.append(_data_file(table, md, io, s, log=logs.get(rel), partition=partition))
+        if drops:
+            if deletes_uri in live:
+                keep.add(deletes_uri)
+            else:
+                added.append(_delete_file(table, md, s, drops, partition))
+    new = {f.file_path for f in added}
+    removed = [f for u, f in live.items() if u not in keep and u not in new]
+    return removed, added, stale
 
 
 _SINK = -1  # the field id the footer's columns outside the published schema are counted under
@@ -795,21 +1091,36 @@ def _partition_record(table: "Table", md: Any, s: FileSlice, footer: "pq.FileMet
 
 # -- verify and repair (`bucketindex mirror --repair`) -----------------------------------------
 
-def _sound(table: "Table", version: int, view: FileSystemView | None, entry: dict[str, Any] | None) -> bool:
-    """Whether metadata version ``version`` is what the timeline projects: it parses, its
-    current snapshot is ``version`` of the entry's instant (none for version 0), it lists the
-    snapshot's bases and publishes the snapshot's columns."""
+def _sound(table: "Table", version: int, view: FileSystemView | None, entry: dict[str, Any] | None,
+           kind: str) -> bool:
+    """Whether metadata version ``version`` is what the timeline projects: it parses, it is in
+    view ``kind``, its current snapshot is ``version`` of the entry's instant (none for version
+    0), it lists the snapshot's bases (the fresh view: and their logs, and only delete files
+    named after the snapshot's slices) and publishes the snapshot's columns."""
+    from pyiceberg.manifest import DataFileContent
+
     try:
         md = _read_metadata(table, version)
+        if md.properties.get(PROJECTION_PROPERTY) != kind:
+            return False
         snap = md.current_snapshot()
         if version == 0:
             return snap is None and md.table_uuid == _table_uuid(table)
         assert view is not None and entry is not None
         if snap is None or snap.snapshot_id != version or (snap.summary or {}).get(SUMMARY_INSTANT) != entry["instant"]:
             return False
-        want = {_file_uri(table, s.path) for s in view.slices()}
-        if set(_data_files(md, _file_io(table))) != want:
-            return False
+        files = _data_files(md, _file_io(table))
+        data = {u for u, f in files.items() if f.content == DataFileContent.DATA}
+        bases = {_file_uri(table, s.path) for s in view.slices()}
+        if kind != VIEW_FRESH:
+            if data != bases or len(files) != len(data):
+                return False
+        else:
+            logs = {_file_uri(table, lf.path) for s in view.slices() for lf in s.logs}
+            names = {_file_uri(table, _deletes_rel(s)) for s in view.slices() if s.logs}
+            # a slice with a partial-update log publishes its base alone (_slice_deletes)
+            if not bases <= data <= bases | logs or not set(files) - data <= names:
+                return False
         names = [f.name for f in iceberg_arrow_schema(view.schema)] if view.schema is not None else None
         return names is None or md.schema().column_names == names
     except Exception:  # noqa: BLE001 - anything that does not read back is not sound
@@ -834,13 +1145,14 @@ def verify_and_repair(table: "Table") -> "RepairReport":
     first = _first_schema(table, last)
     if first is not None:
         present = set(versions_present(table))
+        kind = _latest_kind(table, tl)
         for v, prev, cur in _views(table, tl, start=0, last=last):
             entry = tl.entry(v) if v else None
-            if v in present and _sound(table, v, cur, entry):
+            if v in present and _sound(table, v, cur, entry, kind):
                 continue
             replace = v in present
-            ok = (_write_version0(table, first, replace=replace) if v == 0
-                  else _write_version(table, v, prev, cur, replace=replace))  # type: ignore[arg-type]
+            ok = (_write_version0(table, first, replace=replace, kind=kind) if v == 0
+                  else _write_version(table, v, prev, cur, replace=replace, kind=kind))  # type: ignore[arg-type]
             if replace:
                 rewritten.append(v)
                 log.warning("rewrote Iceberg metadata version %d of %s: it was not what sequence entry %d "

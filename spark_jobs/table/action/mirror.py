@@ -1,4 +1,5 @@
-"""``bucketindex mirror TABLE --enable delta|iceberg``: turn a projection on as a timeline action.
+"""``bucketindex mirror TABLE --enable delta|iceberg [--view fresh|read_optimized]``: turn a
+projection on (or change the view of a merge-on-read table it publishes) as a timeline action.
 
 A projection is a property of the snapshot, like its schema: it is set by one ``commit``
 instant with ``operation: "set_properties"`` whose metadata records ``properties: {"mirrors":
@@ -13,6 +14,14 @@ The commit's own post-commit hook (:mod:`spark_jobs.table.projection`) writes ev
 the projection so far (the gap from version 0: a Delta log, §11, or Iceberg metadata, §12),
 so enabling costs one sequence entry plus the history's projection. Enabling twice, or
 concurrently, is harmless: the second entry records the same list. No JVM, no ``pyspark``.
+
+**The view** (``--view``, merge-on-read tables; format.md §12): ``read_optimized`` (the default:
+bases as of each file group's last compaction) or ``fresh`` (Iceberg only: every commit's rows,
+each log an added data file and the rows the merge drops position-delete files). It is the
+timeline property ``mirror_views`` (``{"iceberg": "fresh"}``), set by the same kind of entry,
+and it is the view of **every** version: changing it rewrites the projection's history (the
+entry's own hook finds the previous version in the other view and rewrites the chain from
+version 0, as ``mirror --repair`` would), so time travel never switches views mid-history.
 """
 
 from __future__ import annotations
@@ -44,6 +53,9 @@ class MirrorOptions(VerbOptions):
     table: str = option(form=POSITIONAL)
     #: the projection to turn on (``delta`` or ``iceberg``)
     enable: str | None = option("--enable", default=None)
+    #: with ``--enable``: the view of a merge-on-read table it publishes (``read_optimized``, the
+    #: default, or ``fresh``: Iceberg only); None keeps the table's
+    view: str | None = option("--view", default=None)
     #: check every version against the timeline, write missing ones, rewrite damaged ones
     repair: bool = option("--repair", form=SWITCH, default=False)
 
@@ -51,48 +63,78 @@ class MirrorOptions(VerbOptions):
         check_choice("--enable", self.enable, MIRRORS)
         if (self.enable is None) == (not self.repair):
             raise BadInputError("mirror takes one of --enable delta|iceberg and --repair")
+        check_view(self.enable, self.view)
+
+
+def check_view(mirror: str | None, view: str | None) -> None:
+    """The rule of ``--view``: one of :data:`~spark_jobs.table.delta.VIEWS`, given with ``--enable``,
+    and ``fresh`` only for a projection that can express it (Iceberg's position deletes; Delta's
+    form, deletion vectors, is refused by ``deltalake``'s pyarrow readers and ignored by Polars on
+    partitioned paths: format.md §11)."""
+    check_choice("--view", view, delta.VIEWS)
+    if view is None:
+        return
+    if mirror is None:
+        raise BadInputError("--view goes with --enable (the view a projection publishes)")
+    if view == delta.VIEW_FRESH and mirror not in delta.FRESH_VIEW_MIRRORS:
+        raise BadInputError(f"the {mirror} projection publishes the read-optimized view only (deletion vectors, "
+                            f"its form of the fresh view, are refused by deltalake's pyarrow readers and ignored "
+                            f"by Polars on partitioned paths); --view fresh needs --enable "
+                            f"{' or '.join(delta.FRESH_VIEW_MIRRORS)}")
 
 #: the ``operation`` of the commit that sets table properties
 OPERATION = "set_properties"
 
 
-def enable_mirror(table_uri: str, mirror: str, *, max_retries: int = 3,
+def enable_mirror(table_uri: str, mirror: str, *, view: str | None = None, max_retries: int = 3,
                   heartbeat_timeout_s: float | None = None) -> dict[str, Any]:
     """Turn projection ``mirror`` on for the table at ``table_uri`` and write every version so
-    far; nothing is committed when the table already asks for it (then only missing versions
-    are written, as ``--repair`` does).
+    far; nothing is committed when the table already asks for it in ``view`` (None: whatever
+    view it has; then only missing versions are written, as ``--repair`` does). A new ``view``
+    is committed with the list and rewrites every version in it (module docstring).
 
-    Bad input (an unknown projection, no table, a schema the projection cannot hold exactly,
+    Bad input (an unknown projection or view, no table, a schema the projection cannot hold exactly,
     pyiceberg missing for ``iceberg``) raises BadInputError before anything is written."""
     from spark_jobs.table.table import Table
 
     if mirror not in MIRRORS:
         raise BadInputError(f"unknown mirror {mirror!r}; expected one of {', '.join(MIRRORS)}")
+    check_view(mirror, view)
     table = Table.open(table_uri)
-    view = table.view() if table.config is not None else None
-    if table.config is None or view is None or view.schema is None:
+    snap = table.view() if table.config is not None else None
+    if table.config is None or snap is None or snap.schema is None:
         raise BadInputError(f"no table at {table_uri}: a projection is turned on for an existing table "
                             f"(create one with `bucketindex upsert ... --mirror {mirror}`)")
     if mirror == "iceberg":
         from spark_jobs.table import iceberg
 
         iceberg.require()
-        iceberg.check_supported(table, view.schema)
-        iceberg.check_files(table, view)
+        iceberg.check_supported(table, snap.schema)
+        iceberg.check_files(table, snap)
     instant = None
-    if mirror not in delta.mirrors(table, view.properties):
+    if mirror not in delta.mirrors(table, snap.properties) or (
+            view is not None and delta.mirror_view(table, mirror, snap.properties) != view):
         index_type = table.config.index_type
-        txn = Transaction(table, Action.COMMIT, {"operation": OPERATION}, view=view, repair=True,
+        txn = Transaction(table, Action.COMMIT, {"operation": OPERATION}, view=snap, repair=True,
                           heartbeat_timeout_s=heartbeat_timeout_s)
 
-        def attempt(view: FileSystemView, retries: list[dict[str, Any]]) -> Written:
-            listed = sorted({*(view.properties.get("mirrors") or ()), mirror})
-            return Written(operation=OPERATION, index_type=index_type, properties={"mirrors": listed},
+        def attempt(current: FileSystemView, retries: list[dict[str, Any]]) -> Written:
+            listed = sorted({*(current.properties.get("mirrors") or ()), mirror})
+            props: dict[str, Any] = {"mirrors": listed}
+            views = dict(current.properties.get(delta.VIEWS_PROPERTY) or {})
+            if view is not None and views.get(mirror, delta.VIEW_READ_OPTIMIZED) != view:
+                views[mirror] = view  # the full map, so the entry reads alone; tables that never
+                props[delta.VIEWS_PROPERTY] = views  # asked for a view keep their properties' bytes
+            return Written(operation=OPERATION, index_type=index_type, properties=props,
                            file_groups=(), index_added=(), index_removed=(), counts=NO_ROWS_CHANGED)
 
         txn.run(attempt, max_retries=max_retries, what="mirror --enable")
         instant = txn.ts
-        log.info("committed %s: the %s projection is on", instant, mirror)
-    # the hook wrote the history; this fills what a failed hook left
-    written = projection.module(mirror).repair(table)
-    return {"enabled": mirror, "instant": instant, "written": written, "version": table.timeline.last_seq}
+        log.info("committed %s: the %s projection is on (%s view)", instant, mirror,
+                 delta.mirror_view(table, mirror, table.view().properties))
+    # the hook wrote the history (in a new view: rewrote it); this fills what a failed hook left
+    writer = projection.module(mirror)
+    written = writer.verify_and_repair(table).written if view is not None and instant is not None \
+        and mirror == "iceberg" else writer.repair(table)
+    return {"enabled": mirror, "view": delta.mirror_view(table, mirror, table.view().properties), "instant": instant,
+            "written": written, "version": table.timeline.last_seq}
