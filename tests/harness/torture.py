@@ -129,7 +129,8 @@ DELTA_LOG = "_delta_log/"
 DELTA_FILE = re.compile(r"^(\d{20}\.json|\d{20}\.checkpoint\.parquet|_last_checkpoint)$")
 #: what the Iceberg projection writes (format.md §12): metadata versions, the version hint, and
 #: pyiceberg's manifest lists (``snap-*.avro``) and manifests (``*-m<n>.avro``)
-ICEBERG_FILE = re.compile(r"^metadata/(v\d+\.metadata\.json|version-hint\.text|snap-[^/]+\.avro|[^/]+-m\d+\.avro)$")
+ICEBERG_FILE = re.compile(r"^metadata/(v\d+\.metadata\.json|version-hint\.text|snap-[^/]+\.avro|[^/]+-m\d+\.avro"
+                          r"|deletes/[0-9a-f]+-deletes\.parquet)$")
 #: a subprocess that is not done by then is stuck: a divergence, not a hang
 PROCESS_TIMEOUT_S = 240
 
@@ -405,8 +406,11 @@ def _iceberg_steps(seq: dict[str, Any], share: float) -> None:
         return
     if s.get("mirror"):
         s["mirror"] = "iceberg"
+    view = random.Random(f"torture-iceberg-view/{seq['seed']}")
     for st in enabling:
         st["projection"] = "iceberg"
+        if s["table_type"] == "merge_on_read" and view.random() < 0.5:
+            st["view"] = "fresh"  # every commit's rows: logs as data files, dropped rows as position deletes
 
     def utc(x: Any) -> None:
         if isinstance(x, dict):
@@ -940,7 +944,8 @@ class _Runner:
         if op == "rollback":
             return ["rollback", self.uri]
         if op == "mirror":
-            return ["mirror", self.uri, "--enable", step.get("projection", "delta")]
+            return ["mirror", self.uri, "--enable", step.get("projection", "delta"),
+                    *(["--view", step["view"]] if step.get("view") else [])]
         args = ["compact", self.uri, "--engine", "arrow"]
         phase = step["phase"]
         if phase == "execute":
@@ -1247,8 +1252,10 @@ class _Runner:
         past the sequence, k below it only after a kill; the latest version holds one snapshot
         per retained entry (id = sequence number); every retained version, read by pyiceberg
         from its own metadata file with pyiceberg's own file IO, equals the oracle at that entry
-        (copy-on-write) or the snapshot's bases (merge-on-read: the read-optimized view)."""
+        (copy-on-write; merge-on-read in the fresh view, format.md §12) or the snapshot's bases
+        (merge-on-read: the read-optimized view)."""
         from spark_jobs.table import iceberg
+        from spark_jobs.table.delta import mirror_view
         from tests.harness.delta_reads import published_names, read_optimized, sorted_rows
 
         if not on:
@@ -1270,6 +1277,9 @@ class _Runner:
             self.iceberg_may_lag = False
         props = _pyiceberg_properties(t)
         first = max(1, min(views))
+        # a change of view rewrites every version: the latest snapshot's property holds for all
+        exact = self.settings["table_type"] == "copy_on_write" or \
+            mirror_view(t, "iceberg", views[max(views)].properties) == "fresh"
         if len(present) > 1:
             newest = StaticTable.from_metadata(iceberg.metadata_uri(t, len(present) - 1), properties=props)
             ids = [s.snapshot_id for s in newest.snapshots()]
@@ -1288,7 +1298,7 @@ class _Runner:
             names = published_names(view)
             if got.column_names != names:
                 raise Divergence(self.step_no, f"iceberg version {v} schema", f"{got.column_names} != {names}")
-            if self.settings["table_type"] == "copy_on_write":
+            if exact:
                 self._compare(got, self.states[v], f"iceberg version {v}")
             elif sorted_rows(got, names) != sorted_rows(read_optimized(t, view), names):
                 raise Divergence(self.step_no, f"iceberg version {v} != read-optimized view",

@@ -42,9 +42,10 @@ MAX_STEPS = 9
 #: rollback; racing writers beside compact and clean; a forced rollback; compaction scheduled,
 #: executed and run whole; clean; rollback; retry; alter; a table mirrored to Delta from creation
 #: and two turned on by `mirror --enable`; one mirrored to Iceberg from creation (merge-on-read,
-#: killed after a commit point) and one turned on later (its enabling killed before the
-#: projection); a rehash on --engine arrow and one on auto (tests/unit/test_torture.py's docstring)
-FIXED = [1913, 358, 1428, 1800, 814, 2480, 150, 40]
+#: killed after a commit point), one turned on later (its enabling killed before the
+#: projection) and one turned on in the fresh view (merge-on-read, every commit's rows: position
+#: deletes); a rehash on --engine arrow and one on auto (tests/unit/test_torture.py's docstring)
+FIXED = [1913, 358, 1428, 1800, 814, 2480, 150, 40, 61]
 #: drawn from the run's seed (tests/conftest.py sets it once per run, so every pytest-xdist worker
 #: collects the same ids; ``BUCKETINDEX_TEST_RUN_SEED=<n> pytest ...`` draws a run's seeds again)
 _RUN_SEED = os.environ.get("BUCKETINDEX_TEST_RUN_SEED") or str(random.SystemRandom().randrange(2**31))
@@ -87,14 +88,15 @@ def test_fixed_seeds_cover_every_step_kind():
             if st["op"] == "overlap" and st["service"]:
                 seen.add(f"overlap+{st['service']}")
             if st["op"] == "mirror":
-                seen.add(f"mirror {st.get('projection', 'delta')}")
+                seen.add(f"mirror {st.get('projection', 'delta')}" + (f" {st['view']}" if st.get("view") else ""))
         if s.get("mirror"):
             seen.add(f"mirror {s['mirror']} from creation")
     want = {"record", "bucket", "global_simple", "copy_on_write", "merge_on_read", "unpartitioned",
             "upsert/api", "upsert/cli", "upsert/kill", "upsert/forced", "overlap", "overlap+compact",
             "overlap+clean", "compact", "clean", "rollback", "retry", "alter", "kill pre-commit",
             "kill post-commit", "kill compact", "kill clean", "kill alter", "kill rollback", "mirror delta",
-            "mirror delta from creation", "mirror iceberg", "mirror iceberg from creation", "rehash/arrow",
+            "mirror delta from creation", "mirror iceberg", "mirror iceberg fresh",
+            "mirror iceberg from creation", "rehash/arrow",
             "rehash/auto"}
     assert want <= seen, sorted(want - seen)
 
@@ -182,8 +184,10 @@ def test_iceberg_sequences_are_the_mirrored_ones_in_utc():
         assert zones and set(zones) == {"UTC"}
         assert now["settings"].get("mirror") in (None, "iceberg")
         assert all(st.get("projection") == "iceberg" for st in now["steps"] if st["op"] == "mirror")
+        assert all(st.get("view") in (None, "fresh") and (st.get("view") is None or now["settings"]["table_type"]
+                   == "merge_on_read") for st in now["steps"] if st["op"] == "mirror")
         undone = json.loads(text.replace('"mirror": "iceberg"', '"mirror": "delta"')
-                            .replace(', "projection": "iceberg"', ""))
+                            .replace(', "projection": "iceberg"', "").replace(', "view": "fresh"', ""))
         assert _without_zones(undone) == _without_zones(before)
     assert iceberg > 10
 
@@ -320,6 +324,32 @@ def test_a_wrong_iceberg_projection_is_caught(tmp_path, monkeypatch, tamper, che
     with pytest.raises(Divergence, match=check) as e:
         run_sequence(seq, tmp_path / "run")
     assert e.value.step == 2
+
+
+def test_the_fresh_view_is_held_to_the_oracle(tmp_path, monkeypatch):
+    """A merge-on-read table projected in the fresh view publishes every commit's rows, which
+    the check compares with the oracle; had it compared the fresh view with the bases alone
+    (the read-optimized view), it would diverge: the comparison is not vacuous."""
+    from spark_jobs.table import delta
+
+    seq = generate(270, max_steps=MAX_STEPS)
+    assert [st.get("view") for st in seq["steps"] if st["op"] == "mirror"] == ["fresh"]
+    counts = torture.Counts()
+    run_sequence(seq, tmp_path / "ok", counts=counts)
+    assert counts.iceberg_versions > 0
+    real_view, real_check = delta.mirror_view, torture._Runner._check_iceberg
+
+    def told_read_optimized(self, t, views, *, on):  # type: ignore[no-untyped-def]
+        # only the harness is told: the product goes on publishing the fresh view
+        monkeypatch.setattr(delta, "mirror_view", lambda *a, **k: "read_optimized")
+        try:
+            return real_check(self, t, views, on=on)
+        finally:
+            monkeypatch.setattr(delta, "mirror_view", real_view)
+
+    monkeypatch.setattr(torture._Runner, "_check_iceberg", told_read_optimized)
+    with pytest.raises(Divergence, match="iceberg version .* != read-optimized view"):
+        run_sequence(seq, tmp_path / "told_read_optimized")
 
 
 def test_shrinking_keeps_only_what_fails(tmp_path, monkeypatch):
