@@ -852,19 +852,30 @@ def test_a_generic_fileio_is_never_cached(local, layout, cache) -> None:
 # resident summaries: the sample's windows, uneven files, eviction, what a summary is counted at
 
 
-def _sorted_fps(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def _sorted_fps(n: int, seed: int, *, skewed: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` distinct sorted fp_hi (uniform as hashes are, or ``skewed``: two dense clusters at
+    either end and a few between, where interpolation guesses far off) and random fp_lo."""
     rng = np.random.default_rng(seed)
-    hi = np.unique(rng.integers(1, U64 - 1, size=n + 50, dtype=np.uint64))[:n]  # distinct fp_hi
+    if skewed:
+        parts = [rng.integers(1, 1 << 24, n), rng.integers(U64 - (1 << 24), U64 - 1, n, dtype=np.uint64),
+                 rng.integers(1 << 40, 1 << 62, max(n // 50, 1), dtype=np.uint64)]
+        pool = np.unique(np.concatenate([x.astype(np.uint64) for x in parts]))
+        hi = np.sort(rng.choice(pool, n, replace=False))
+    else:
+        hi = np.unique(rng.integers(1, U64 - 1, size=n + 50, dtype=np.uint64))[:n]
     return hi, rng.integers(0, U64, size=n, dtype=np.uint64)
 
 
-@pytest.mark.parametrize("n,block_rows", [(549, 256), (1000, 100), (70_001, 65_536), (130, 64), (9, 7)])
-def test_every_entry_and_its_neighbours_at_every_window_and_block_edge(fs, layout, n: int, block_rows: int) -> None:
-    """A summary's windows (64 entries at 256 and 65,536 a block, 50 at 100, 7 at 7), a last block
-    shorter than the others, a last window shorter than the step: every entry is found at its
-    location, and fp_hi one below or above it, or its fp_hi with another fp_lo, is not."""
+@pytest.mark.parametrize("skewed", [False, True], ids=["uniform", "skewed"])
+@pytest.mark.parametrize("n,block_rows", [(5_549, 2_048), (1000, 100), (70_001, 65_536), (130, 64), (9, 7)])
+def test_every_entry_and_its_neighbours_at_every_window_and_block_edge(fs, layout, n: int, block_rows: int,
+                                                                       skewed: bool) -> None:
+    """A summary's windows (64 entries at 2,048 and 65,536 a block, 50 at 100, 7 at 7), a last
+    block shorter than the others, a last window shorter than the step, fingerprints uniform or
+    clustered: every entry is found at its location, and fp_hi one below or above it, or its fp_hi
+    with another fp_lo, is not."""
     io, root = fs
-    hi, lo = _sorted_fps(n, seed=n)
+    hi, lo = _sorted_fps(n, seed=n, skewed=skewed)
     targets = [(f"p={i % 7}", f"f{i % 13}") for i in range(n)]
     path = f"{root}/b.arrow"
     write_index_file(io, path, IndexEntries.from_fingerprints(hi, lo, targets), block_rows=block_rows, layout=layout)
@@ -974,7 +985,8 @@ def test_a_summary_is_counted_at_least_at_what_it_holds(local, cache) -> None:
     _age(p)
     assert _targets(lookup(io, [p], ["k1", "zz"])) == [mapping["k1"], None]
     (r,) = [r for _, r in ri._SUMMARIES._files.values()]
-    assert r.step == 64 and r.sample.size == -(-5000 // 64)
+    assert r.step == 64 and r.sample.size == -(-5000 // 64)  # every 64th fp_hi, 8 bytes each
     with IndexFile(io, p) as f:
         table = json.dumps(f.locations, separators=(",", ":")).encode()
+        assert r.sample[::16].tolist() == f.block_first_hi.tolist()  # 1,024 a block: every 16th sample
     assert cache.cache_info()["bytes"] == r.nbytes >= r.sample.nbytes + ri._location_bytes(table)
