@@ -96,6 +96,7 @@ __all__ = [
     "CACHE_MAX_FILES",
     "CACHE_MAX_BYTES",
     "SAMPLE_STEP",
+    "WHOLE_FILE_BYTES_PER_KEY",
     "set_cache_limits",
     "clear_cache",
     "cache_info",
@@ -445,7 +446,7 @@ class _Resident:
     :func:`write_index_file` writes; any other is looked up through :class:`IndexFile`."""
 
     __slots__ = ("path", "n", "rows", "step", "hi_off", "lo_off", "loc_off", "loc_dtype", "sample",
-                 "_locations_json", "_locations", "nbytes", "_io")
+                 "_locations_json", "_locations", "nbytes", "_io", "size")
 
     def __init__(self) -> None:
         self._locations: list[tuple[str, str]] | None = None
@@ -477,7 +478,7 @@ class _Resident:
                 data = col.buffers()[1]
                 dst.append(data.address - base)
         r = cls()
-        r.path, r._io = path, io
+        r.path, r._io, r.size = path, io, len(mm)
         r.n = int(sum(rows))
         r.loc_dtype = np.dtype(loc_type.to_pandas_dtype())
         r._locations_json = locations_json
@@ -523,6 +524,31 @@ def _pread(fd: int, offsets: list[int], size: int) -> bytes:
     return raw
 
 
+#: a lookup reads a summarised file whole (one read into a per-thread buffer, then searched in
+#: memory) when it has at least one key per this many bytes of file -- ~750 keys for a 1M-entry
+#: file: a read per key costs ~1.5-2 us, copying 24 KB about as much; and only files up to
+#: WHOLE_FILE_MAX_BYTES (each looking-up thread keeps a buffer of the largest it read)
+WHOLE_FILE_BYTES_PER_KEY = 24 << 10
+WHOLE_FILE_MAX_BYTES = 64 << 20
+_SCRATCH = threading.local()
+
+
+def _file_bytes(fd: int, size: int) -> np.ndarray:
+    """The file's ``size`` bytes in this thread's reusable buffer (a fresh one per call would page-
+    fault its every page in: several times the copy). A short read is a damaged file."""
+    buf = getattr(_SCRATCH, "buf", None)
+    if buf is None or buf.size < size:
+        buf = _SCRATCH.buf = np.empty(max(size, 1 << 20), np.uint8)
+    view = memoryview(buf)[:size]
+    got = 0
+    while got < size:
+        k = os.preadv(fd, [view[got:]], got)
+        if k <= 0:
+            raise ValueError(f"read {got} of {size} bytes: truncated")
+        got += k
+    return buf[:size]
+
+
 def _entry(r: _Resident, fd: int, i: int) -> tuple[int, int, int]:
     """Entry ``i`` of the file: (fp_hi, fp_lo, loc)."""
     b, k = divmod(i, r.rows)
@@ -544,12 +570,35 @@ def _seek_resident(r: _Resident, fd: int, hi: np.ndarray, lo: np.ndarray, out: n
     n = r.n
     if n == 0 or hi.size == 0:
         return
-    k, rows = r.step, r.rows
+    k, rows, isz = r.step, r.rows, r.loc_dtype.itemsize
+    if hi.size * WHOLE_FILE_BYTES_PER_KEY >= r.size and r.size <= WHOLE_FILE_MAX_BYTES:
+        # many keys for the file's size: one read of it all costs less than a read per key
+        raw = _file_bytes(fd, r.size)
+        u64 = raw[:r.size // 8 * 8].view(np.uint64)
+        locs = raw[:r.size // isz * isz].view(r.loc_dtype)
+        span = np.arange(k)
+
+        def windows(offs: np.ndarray) -> np.ndarray:  # past the file's end: clipped, and not looked at
+            return u64[np.minimum((offs >> 3)[:, None] + span, u64.size - 1)]
+
+        def words(offs: np.ndarray) -> np.ndarray:
+            return u64[offs >> 3]
+
+        def loc_at(offs: np.ndarray) -> np.ndarray:
+            return locs[offs // isz]
+    else:
+        def windows(offs: np.ndarray) -> np.ndarray:
+            return np.frombuffer(_pread(fd, offs.tolist(), 8 * k), np.uint64).reshape(-1, k)
+
+        def words(offs: np.ndarray) -> np.ndarray:
+            return np.frombuffer(_pread(fd, offs.tolist(), 8), np.uint64)
+
+        def loc_at(offs: np.ndarray) -> np.ndarray:
+            return np.frombuffer(_pread(fd, offs.tolist(), isz), r.loc_dtype)
     j = np.searchsorted(r.sample, hi, side="left")
     start = np.maximum(j - 1, 0) * k
     blk = start // rows
-    win = np.frombuffer(_pread(fd, (r.hi_off[blk] + (start - blk * rows) * 8).tolist(), 8 * k), np.uint64)
-    win = win.reshape(hi.size, k)
+    win = windows(r.hi_off[blk] + (start - blk * rows) * 8)
     below = win < hi[:, None]
     short = n - start < k  # the file's last window: fewer entries than the step
     if short.any():
@@ -566,11 +615,9 @@ def _seek_resident(r: _Resident, fd: int, hi: np.ndarray, lo: np.ndarray, out: n
     pe = p[e]
     pb = pe // rows
     pr = pe - pb * rows
-    exact = np.frombuffer(_pread(fd, (r.lo_off[pb] + pr * 8).tolist(), 8), np.uint64) == lo[e]
+    exact = words(r.lo_off[pb] + pr * 8) == lo[e]
     if exact.any():
-        isz = r.loc_dtype.itemsize
-        out[e[exact]] = np.frombuffer(_pread(fd, (r.loc_off[pb[exact]] + pr[exact] * isz).tolist(), isz),
-                                      r.loc_dtype)
+        out[e[exact]] = loc_at(r.loc_off[pb[exact]] + pr[exact] * isz)
     # fp_hi equal but fp_lo differs: several entries share fp_hi (2^-64 per pair); walk the run,
     # which starts at the lower bound and may run on into later blocks
     for i in e[~exact].tolist():

@@ -31,22 +31,24 @@ LAYOUTS = (1, 2)
 U64 = (1 << 64) - 1
 
 
-READERS = ("summary", "indexfile")
+READERS = ("summary", "summary_whole", "indexfile")
 
 
 @pytest.fixture(params=READERS)
 def fs(request, tmp_path, monkeypatch):
     """A local table directory, read one of the two ways a lookup reads local files: through
     resident summaries (``summary``: files count as settled at once, so even a file just written
-    is summarised and cached) or opened as IndexFile each call (``indexfile``: caching off, the
+    is summarised and cached; ``summary_whole``: each file read whole, as for many keys) or opened as IndexFile each call (``indexfile``: caching off, the
     path files too young to vouch for, and every file without a memory map, take)."""
     from spark_jobs.index import record_index as ri
     from spark_jobs.io import filesystem
 
     ri.clear_cache()
-    if request.param == "summary":
+    if request.param.startswith("summary"):
         monkeypatch.setattr(filesystem, "SETTLE_NS", 0)
         ri.set_cache_limits()
+        if request.param == "summary_whole":  # every lookup reads its files whole, however few its keys
+            monkeypatch.setattr(ri, "WHOLE_FILE_BYTES_PER_KEY", 1 << 40)
     else:
         ri.set_cache_limits(max_files=0)
     io, root = resolve(str(tmp_path))
