@@ -38,19 +38,22 @@ seek issues range reads per touched block while scan reads the whole file in one
 ``auto`` scans there when the batch touches at least :data:`SCAN_BLOCK_FRACTION` of the
 bucket's blocks (the bytes read are then about the same, the request count is not).
 
-**Open files are cached per process** (:func:`lookup` only). An upsert's tag phase calls
+**File summaries are cached per process** (:func:`lookup` only). An upsert's tag phase calls
 :func:`lookup` once per bucket, and a process that tags batch after batch (a Python API user,
-a reused Spark worker, the Arrow engine's threads) would otherwise map every file, parse its
-footer and decode its block index again each time: measured ~15 ms a bucket at RFC-08's size
-(docs/benchmarks.md). Index files are immutable once written, so a memory-mapped file is kept
-open, keyed by its path and :meth:`FileIO.identity` (device, inode, size, mtime -- a file
-rewritten or replaced is opened anew; one modified in the last seconds is not cached, since
-its mtime could not yet tell a rewrite in the same clock tick). Bounded: at most
-:data:`CACHE_MAX_FILES` files and :data:`CACHE_MAX_BYTES` bytes of mapped files (resident pages
-of a mapping count in the process's RSS, so the byte bound bounds what the cache can keep
-resident), least recently used first out; :func:`set_cache_limits` changes the bounds (0 turns
-caching off), :func:`clear_cache` empties it. Files without a memory map (HDFS, object stores)
-are not cached: there is no cheap identity to key them by.
+a reused Spark worker, the Arrow engine's threads) would otherwise map every file and parse its
+footer again each time: ~8 ms a bucket at RFC-08's size, where 1,000 buckets of 18 MB never fit
+a cache of mapped files (docs/benchmarks.md). Index files are immutable once written, so a local
+file's resident summary (:class:`_Resident`: block offsets and every :data:`SAMPLE_STEP`-th
+``fp_hi``, ~0.3 MB a 1M-entry file) is kept, keyed by its path and :meth:`FileIO.identity`
+(device, inode, size, mtime -- a file rewritten or replaced is summarised anew; one modified in
+the last seconds is not cached, since its mtime could not yet tell a rewrite in the same clock
+tick), and each lookup reads through it with ``pread`` only what its keys need: nothing stays
+mapped, so the cache's bytes are what it holds in memory. Bounded: at most
+:data:`CACHE_MAX_FILES` summaries and :data:`CACHE_MAX_BYTES` bytes of them (sample, offsets,
+location table as counted by :func:`_location_bytes`), least recently used first out;
+:func:`set_cache_limits` changes the bounds (0 turns caching off: every file is opened as an
+:class:`IndexFile`), :func:`clear_cache` empties it. Files without a memory map (HDFS, object
+stores) are not cached: there is no cheap identity to key them by.
 """
 
 from __future__ import annotations
@@ -525,10 +528,11 @@ def _pread(fd: int, offsets: list[int], size: int) -> bytes:
 
 
 #: a lookup reads a summarised file whole (one read into a per-thread buffer, then searched in
-#: memory) when it has at least one key per this many bytes of file -- ~750 keys for a 1M-entry
-#: file: a read per key costs ~1.5-2 us, copying 24 KB about as much; and only files up to
-#: WHOLE_FILE_MAX_BYTES (each looking-up thread keeps a buffer of the largest it read)
-WHOLE_FILE_BYTES_PER_KEY = 24 << 10
+#: memory) when it has at least one key per this many bytes of file -- ~3,000 keys for a 1M-entry
+#: file (18 MB): measured at 1,000 keys a file, the whole read cost what 3 reads a hit cost and
+#: twice what 1 read a miss cost (docs/benchmarks.md, "Resident summaries"); and only files up
+#: to WHOLE_FILE_MAX_BYTES (each looking-up thread keeps a buffer of the largest it read)
+WHOLE_FILE_BYTES_PER_KEY = 6 << 10
 WHOLE_FILE_MAX_BYTES = 64 << 20
 _SCRATCH = threading.local()
 
