@@ -27,11 +27,13 @@ skipped, so an interrupted build resumes where it stopped (``--build-only`` to b
 
 * **tag lookups** of ``--lookups`` random hits and, separately, as many misses, spread over
   all built buckets: ``bucket_ids`` of the batch (the product's routing), keys grouped by
-  bucket, ``record_index.lookup`` per bucket (memory-mapped) -- cold page cache (the index
+  bucket, ``record_index.lookup`` per bucket (local files) -- cold page cache (the index
   files' pages evicted first: ``posix_fadvise(DONTNEED)`` per file, or a global
   ``drop_caches`` with ``--cold drop_caches``; residency checked with ``fincore`` when
-  available) and warm (median of ``--runs`` runs); peak RSS of each (``VmHWM`` reset through
-  ``/proc/self/clear_refs`` before it, RSS at start via psutil);
+  available), *first* (right after: the open-file cache emptied, the pages left warm -- a new
+  process on a machine that has read the index before) and warm (median of ``--runs`` runs);
+  peak RSS of each (``VmHWM`` reset through ``/proc/self/clear_refs`` before it, RSS at start
+  via psutil), and after the warm runs ``RssAnon`` and ``RssFile`` (mapped files' pages);
 * **without a memory map**: the same hit batches through the generic FileIO (what HDFS and
   object stores get), counting read requests and bytes;
 * **bytes per entry** on disk (index bytes / entries);
@@ -43,10 +45,12 @@ skipped, so an interrupted build resumes where it stopped (``--build-only`` to b
   bucket (what it did before).
 
 **The open-file cache** (``record_index``'s, kept between lookups of one process): warm runs
-use it as a process tagging batch after batch would; ``--cache-mb`` sets its mapped-bytes bound
-(0: no cache, every lookup opens its files -- the regime of an index far larger than the bound,
-e.g. 1,000 buckets of 18 MB against the default 1 GiB). The cold case empties it first (a
-cached mapping would keep its pages resident through the eviction).
+use it as a process tagging batch after batch would; ``--cache-mb`` sets its byte bound (0: no
+cache, every lookup opens its files as ``IndexFile``). Since session 48 it holds each file's
+resident summary (block offsets, every 64th ``fp_hi``, the location table: ~0.3 MB a 1M-entry
+file, counted as such), not a mapping; before, it held mapped files, and the bound counted their
+bytes (1,000 buckets of 18 MB against the default 1 GiB: no hits). The cold case empties it first
+(a cached mapping would keep its pages resident through the eviction).
 
 **Index file layout** (format.md §6): ``--index-layout`` 1 (default: what the product writes)
 or 2 (the location table once, in the footer; written only when asked) for every file the run
@@ -445,6 +449,7 @@ class Tagger:
         self.files = {b: [index.path(b)] for b in built}
 
     def __call__(self, keys: pa.Array) -> tuple[list, dict]:
+        c0 = time.process_time()
         t0 = time.perf_counter()
         b = bucket_ids(keys, self.index.buckets)
         order = np.argsort(b, kind="stable")
@@ -458,7 +463,10 @@ class Tagger:
             if u in self.files:
                 results.append((order[s:e], lookup(self.io, self.files[u], grouped.slice(s, e - s).to_pylist())))
         t2 = time.perf_counter()
-        return results, {"route_ms": (t1 - t0) * 1000, "lookup_ms": (t2 - t1) * 1000, "total_ms": (t2 - t0) * 1000}
+        # CPU seconds of the process: what the wall time is on an idle machine when no page is
+        # read from disk (warm), however many other processes share the cores
+        return results, {"route_ms": (t1 - t0) * 1000, "lookup_ms": (t2 - t1) * 1000, "total_ms": (t2 - t0) * 1000,
+                         "cpu_ms": (time.process_time() - c0) * 1000}
 
 
 def check_results(results: list, checker: Checker, expected: np.ndarray, what: str) -> None:
@@ -498,6 +506,13 @@ def measure_lookups(index: Index, built: list[int], args, rng) -> tuple[list[dic
             peak_cold = status_kb("VmHWM") * 1024
             check_results(res, checker, expected, f"{kind} {k:,} cold")
             del res
+            # first lookup of a process whose page cache is warm (a new task on a busy machine):
+            # the open-file cache emptied, the index's pages left where the cold run put them
+            clear_cache()
+            gc.collect()
+            res, first = tag(keys)
+            check_results(res, checker, expected, f"{kind} {k:,} first")
+            del res
             warm, peak_warm = [], 0
             for _ in range(args.runs):
                 gc.collect()
@@ -507,18 +522,26 @@ def measure_lookups(index: Index, built: list[int], args, rng) -> tuple[list[dic
                 check_results(res, checker, expected, f"{kind} {k:,} warm")
                 del res
                 warm.append(t)
-            med = {f: round(statistics.median(t[f] for t in warm), 1) for f in ("total_ms", "route_ms", "lookup_ms")}
+            med = {f: round(statistics.median(t[f] for t in warm), 1)
+                   for f in ("total_ms", "route_ms", "lookup_ms", "cpu_ms")}
             row = {"keys": k, "kind": kind, "cold_ms": round(cold["total_ms"], 1),
-                   "cold_route_ms": round(cold["route_ms"], 1), "warm_ms": med["total_ms"],
+                   "cold_route_ms": round(cold["route_ms"], 1), "first_ms": round(first["total_ms"], 1),
+                   "first_cpu_ms": round(first["cpu_ms"], 1), "warm_ms": med["total_ms"], "warm_cpu_ms": med["cpu_ms"],
                    "warm_route_ms": med["route_ms"], "warm_lookup_ms": med["lookup_ms"],
                    "warm_runs_ms": [round(t["total_ms"], 1) for t in warm], "evicted_by": how,
                    "resident_before_cold": resident, "rss_start_mb": round(rss0 / 2**20, 1),
                    "peak_rss_cold_mb": round(peak_cold / 2**20, 1), "peak_rss_warm_mb": round(peak_warm / 2**20, 1),
+                   # after the warm runs: the heap, and pages of mapped files (the index's, when kept mapped)
+                   "rss_anon_mb": round(status_kb("RssAnon") / 1024, 1), "rss_file_mb": round(status_kb("RssFile") / 1024, 1),
+                   "load": [round(x, 2) for x in os.getloadavg()],
                    "buckets_touched": int(np.unique(bucket_ids(keys, index.buckets)).size), "checked": True}
             rows.append(row)
             log(f"lookup {k:>9,} {kind + ('es' if kind == 'miss' else 's')} over {row['buckets_touched']:,} buckets: cold {row['cold_ms']:,.1f} ms "
-                f"(resident before {resident}), warm {row['warm_ms']:,.1f} ms (routing {row['warm_route_ms']:,.1f} ms), "
-                f"peak RSS {row['peak_rss_cold_mb']:,.0f} / {row['peak_rss_warm_mb']:,.0f} MB; checked")
+                f"(resident before {resident}), first {row['first_ms']:,.1f} ms (CPU {row['first_cpu_ms']:,.1f}), "
+                f"warm {row['warm_ms']:,.1f} ms (CPU {row['warm_cpu_ms']:,.1f}) "
+                f"{row['warm_runs_ms']} (routing {row['warm_route_ms']:,.1f} ms), peak RSS {row['peak_rss_cold_mb']:,.0f} / "
+                f"{row['peak_rss_warm_mb']:,.0f} MB (anon {row['rss_anon_mb']:,.0f}, file {row['rss_file_mb']:,.0f}); "
+                f"load {row['load'][0]}; checked")
     return rows, batches
 
 
@@ -660,7 +683,7 @@ def main(argv: list[str] | None = None) -> None:
                          "(posix_fadvise DONTNEED), or every cached page of the machine")
     ap.add_argument("--pass-memory-mb", type=int, default=1024, help="key ids held per routing pass")
     ap.add_argument("--cache-mb", type=int, default=CACHE_MAX_BYTES >> 20,
-                    help="bound of record_index's open-file cache, MB of mapped files (0: no cache)")
+                    help="bound of record_index's open-file cache, MB (0: no cache)")
     ap.add_argument("--index-layout", type=int, choices=INDEX_FILE_LAYOUTS, default=INDEX_FILE_LAYOUT,
                     help="index file layout written (format.md §6; default: what the product writes)")
     ap.add_argument("--max-buckets", type=int, default=None, help="build at most this many more buckets")

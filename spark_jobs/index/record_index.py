@@ -38,25 +38,31 @@ seek issues range reads per touched block while scan reads the whole file in one
 ``auto`` scans there when the batch touches at least :data:`SCAN_BLOCK_FRACTION` of the
 bucket's blocks (the bytes read are then about the same, the request count is not).
 
-**Open files are cached per process** (:func:`lookup` only). An upsert's tag phase calls
+**File summaries are cached per process** (:func:`lookup` only). An upsert's tag phase calls
 :func:`lookup` once per bucket, and a process that tags batch after batch (a Python API user,
-a reused Spark worker, the Arrow engine's threads) would otherwise map every file, parse its
-footer and decode its block index again each time: measured ~15 ms a bucket at RFC-08's size
-(docs/benchmarks.md). Index files are immutable once written, so a memory-mapped file is kept
-open, keyed by its path and :meth:`FileIO.identity` (device, inode, size, mtime -- a file
-rewritten or replaced is opened anew; one modified in the last seconds is not cached, since
-its mtime could not yet tell a rewrite in the same clock tick). Bounded: at most
-:data:`CACHE_MAX_FILES` files and :data:`CACHE_MAX_BYTES` bytes of mapped files (resident pages
-of a mapping count in the process's RSS, so the byte bound bounds what the cache can keep
-resident), least recently used first out; :func:`set_cache_limits` changes the bounds (0 turns
-caching off), :func:`clear_cache` empties it. Files without a memory map (HDFS, object stores)
-are not cached: there is no cheap identity to key them by.
+a reused Spark worker, the Arrow engine's threads) would otherwise map every file and parse its
+footer again each time: ~8 ms a bucket at RFC-08's size, where 1,000 buckets of 18 MB never fit
+a cache of mapped files (docs/benchmarks.md). Index files are immutable once written, so a local
+file's resident summary (:class:`_Resident`: block offsets and every :data:`SAMPLE_STEP`-th
+``fp_hi``, ~0.3 MB a 1M-entry file) is kept, keyed by its path and :meth:`FileIO.identity`
+(device, inode, size, mtime -- a file rewritten or replaced is summarised anew; one modified in
+the last seconds is not cached, since its mtime could not yet tell a rewrite in the same clock
+tick), and each lookup reads through it with ``pread`` only what its keys need: nothing stays
+mapped, so the cache's bytes are what it holds in memory. Bounded: at most
+:data:`CACHE_MAX_FILES` summaries and :data:`CACHE_MAX_BYTES` bytes of them (sample, offsets,
+location table as counted by :func:`_location_bytes`), least recently used first out;
+:func:`set_cache_limits` changes the bounds (0 turns caching off: every file is opened as an
+:class:`IndexFile`), :func:`clear_cache` empties it. Files without a memory map (HDFS, object
+stores) are not cached: there is no cheap identity to key them by.
 """
 
 from __future__ import annotations
 
 import json
+import mmap
+import os
 import re
+import sys
 import threading
 from collections import OrderedDict
 from contextlib import contextmanager
@@ -92,6 +98,8 @@ __all__ = [
     "INDEX_FILE_LAYOUTS",
     "CACHE_MAX_FILES",
     "CACHE_MAX_BYTES",
+    "SAMPLE_STEP",
+    "WHOLE_FILE_BYTES_PER_KEY",
     "set_cache_limits",
     "clear_cache",
     "cache_info",
@@ -269,6 +277,36 @@ def write_index_file(
     return io.size(path)
 
 
+
+def _read_tables(reader: ipc.RecordBatchFileReader) -> tuple[dict, bytes, np.ndarray]:
+    """An index file's ``bucketindex.meta``, its location table (JSON, not decoded) and its block
+    index, from whichever metadata its layout keeps them in (format.md §6). ValueError (KeyError,
+    JSONDecodeError) when they are not an index file's: the caller names the file."""
+    md = reader.schema.metadata or {}
+    names = reader.schema.names
+    if names != ["fp_hi", "fp_lo", "loc"]:
+        raise ValueError(f"columns {names}, not fp_hi, fp_lo, loc")
+    metadata: dict = json.loads(md.get(_META_EXTRA, b"{}"))
+    layout = metadata.get("layout", 1)
+    if layout not in _LAYOUTS_READ:
+        raise ValueError(f"index file layout {layout!r}, this release reads layouts "
+                         f"{', '.join(map(str, _LAYOUTS_READ))} (written by a newer release?)")
+    tables = md if layout == 1 else (reader.metadata or {})
+    blocks = np.array([int(x) for x in json.loads(tables.get(_META_BLOCKS, b"[]"))], dtype=np.uint64)
+    return metadata, tables.get(_META_LOCATIONS, b"[]"), blocks
+
+
+def _decode_locations(raw: bytes) -> list[tuple[str, str]]:
+    """The location table from its JSON; its strings interned, so that the tables of many cached
+    files of one table (every bucket names the same data files) share them."""
+    rows = json.loads(raw)
+    intern = sys.intern
+    try:
+        return [(intern(p), intern(f)) for p, f in rows]
+    except (TypeError, ValueError):  # not [partition, file id] string pairs: kept as they are, for
+        return [tuple(x) for x in rows]  # index_file_problem to name (or a lookup to fail on)
+
+
 class IndexFile:
     """An open index file: memory-mapped where the filesystem allows, blocks read on demand.
 
@@ -298,22 +336,10 @@ class IndexFile:
                     self._source = source
                     self.nbytes = source.size()
                 self._reader = ipc.open_file(self._source)
-                md = self._reader.schema.metadata or {}
-                names = self._reader.schema.names
-                if names != ["fp_hi", "fp_lo", "loc"]:
-                    raise ValueError(f"columns {names}, not fp_hi, fp_lo, loc")
-                self.metadata: dict = json.loads(md.get(_META_EXTRA, b"{}"))
-                layout = self.metadata.get("layout", 1)
-                if layout not in _LAYOUTS_READ:
-                    raise ValueError(f"index file layout {layout!r}, this release reads layouts "
-                                     f"{', '.join(map(str, _LAYOUTS_READ))} (written by a newer release?)")
-                tables = md if layout == 1 else (self._reader.metadata or {})
-                self._locations_json: bytes = tables.get(_META_LOCATIONS, b"[]")
+                self.metadata, self._locations_json, self.block_first_hi = _read_tables(self._reader)
                 self._locations: list[tuple[str, str]] | None = None
                 if not lazy_locations:
                     self._locations = self._decode_locations()
-                self.block_first_hi = np.array([int(x) for x in json.loads(tables.get(_META_BLOCKS, b"[]"))],
-                                               dtype=np.uint64)
                 self.num_blocks = self._reader.num_record_batches
                 #: the decoded blocks of a memory-mapped file (zero-copy views), kept
                 self._blocks: list[tuple[np.ndarray, np.ndarray, np.ndarray] | None] = [None] * self.num_blocks
@@ -322,7 +348,7 @@ class IndexFile:
             raise
 
     def _decode_locations(self) -> list[tuple[str, str]]:
-        return [tuple(x) for x in json.loads(self._locations_json)]  # type: ignore[misc]
+        return _decode_locations(self._locations_json)
 
     @property
     def locations(self) -> list[tuple[str, str]]:
@@ -379,60 +405,302 @@ class IndexFile:
         return bool(self.metadata.get("sealed", False))
 
 
-#: default bounds of the open-file cache (:func:`set_cache_limits`): 1,024 files and 1 GiB of
-#: mapped files -- at RFC-08's size (18 MB a bucket) about 55 buckets stay mapped
-CACHE_MAX_FILES = 1024
+#: entries between two samples of an index file's resident fingerprint sample (:class:`_Resident`):
+#: a lookup reads one window of this many ``fp_hi`` values (512 bytes) per key, and the sample
+#: costs 8 / SAMPLE_STEP bytes an entry in memory (125 KB for a 1M-entry file, 125 MB for RFC-08's
+#: 1e9 keys). Measured against 32, 128 and 256 in docs/benchmarks.md ("Resident summaries").
+SAMPLE_STEP = 64
+
+#: default bounds of the cache of resident summaries (:func:`set_cache_limits`): 100,000 files and
+#: 1 GiB of summaries -- at RFC-08's size (~0.33 MB a 1M-entry bucket, counted as below) about
+#: 3,000 buckets, three times the 1B-key index
+CACHE_MAX_FILES = 100_000
 CACHE_MAX_BYTES = 1 << 30
+#: what a summary is counted at beyond its arrays: the object and its small arrays, the cache entry
+_SUMMARY_OVERHEAD = 2048
+#: a location table is counted at its JSON's bytes plus this much per location (the JSON until a
+#: lookup finds a key, then the decoded table -- a list of tuples of two interned strings: measured
+#: 163 bytes a location for 1,000 realistic ones, JSON included; tests/unit/test_record_index.py
+#: checks the bound)
+_LOCATION_BYTES = 256
 
 
-class _OpenFiles:
-    """Memory-mapped index files kept open between lookups: path -> (identity, file, bytes),
-    least recently used first. Thread-safe (the Arrow engine looks buckets up on threads)."""
+def _location_bytes(raw: bytes) -> int:
+    """What a location table (its JSON ``raw``) is counted at, decoded or not: at least its cost.
+    Locations are counted by their closing brackets (one in a partition value counts one more)."""
+    return len(raw) + _LOCATION_BYTES * max(raw.count(b"]") - 1, 0)
+
+
+class _Resident:
+    """What a lookup keeps of an index file between calls -- where each block's columns lie in
+    the file and every :data:`SAMPLE_STEP`-th ``fp_hi`` -- so that it reads only what it needs.
+
+    With the summary, a key costs one ``pread`` of a 512-byte window of ``fp_hi`` (the sample
+    says which), and two more of 8 and 1-4 bytes when its ``fp_hi`` is there (``fp_lo``, then
+    ``loc``): no mapping, footer or block index per call, no per-block loop, and nothing of the
+    file stays mapped. Before, every lookup mapped the file, parsed its footer and faulted in the
+    pages binary search visited: ~8 ms a bucket at 1,000 buckets, and a cache of mapped files
+    that held the whole 1B-key index at 18 GB of RSS (docs/benchmarks.md).
+
+    Built once per file per process, from a memory map without read-ahead advice: a cold
+    build reads the ``fp_hi`` pages (the sample touches each), not the whole file. Only files
+    whose blocks are uniform (every block but the last of one size, the last no larger), whose
+    columns have no nulls and whose buffers are aligned get one -- every file
+    :func:`write_index_file` writes; any other is looked up through :class:`IndexFile`."""
+
+    __slots__ = ("path", "n", "rows", "step", "hi_off", "lo_off", "loc_off", "loc_dtype", "sample",
+                 "_locations_json", "_locations", "nbytes", "_io", "size")
+
+    def __init__(self) -> None:
+        self._locations: list[tuple[str, str]] | None = None
+
+    @classmethod
+    def build(cls, io: FileIO, path: str, fd: int) -> "_Resident | None":
+        """The summary of the file open as ``fd`` (ValueError and the like when it is not an index
+        file: the caller names it), or None when it has no uniform layout to summarise."""
+        mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)  # ValueError on an empty file
+        buf = pa.py_buffer(mm)
+        reader = ipc.open_file(pa.BufferReader(buf))
+        _, locations_json, _ = _read_tables(reader)
+        schema = reader.schema
+        loc_type = schema.field("loc").type
+        if not (schema.field("fp_hi").type == pa.uint64() and schema.field("fp_lo").type == pa.uint64()
+                and pa.types.is_signed_integer(loc_type)):
+            return None
+        rows: list[int] = []
+        offs: list[list[int]] = [[], [], []]
+        base = buf.address
+        for i in range(reader.num_record_batches):
+            batch = reader.get_batch(i)
+            rows.append(batch.num_rows)
+            if batch.num_rows == 0:
+                continue
+            for col, dst in zip(batch.columns, offs):
+                if col.null_count or col.offset:
+                    return None
+                data = col.buffers()[1]
+                dst.append(data.address - base)
+        r = cls()
+        r.path, r._io, r.size = path, io, len(mm)
+        r.n = int(sum(rows))
+        r.loc_dtype = np.dtype(loc_type.to_pandas_dtype())
+        r._locations_json = locations_json
+        if r.n == 0:
+            r.rows = r.step = 1
+            r.hi_off = r.lo_off = r.loc_off = np.zeros(0, np.int64)
+            r.sample = np.zeros(0, np.uint64)
+        else:
+            full = [x for x in rows if x]
+            r.rows = full[0]
+            if any(x != r.rows for x in full[:-1]) or full[-1] > r.rows or len(full) != len(rows):
+                return None
+            r.hi_off, r.lo_off, r.loc_off = (np.array(o, np.int64) for o in offs)
+            if (r.hi_off % 8).any() or (r.lo_off % 8).any() or (r.loc_off % r.loc_dtype.itemsize).any():
+                return None
+            # the largest step <= SAMPLE_STEP dividing the block size: a window never spans two blocks
+            r.step = max(d for d in range(1, min(r.rows, SAMPLE_STEP) + 1) if r.rows % d == 0)
+            r.sample = np.concatenate([
+                np.frombuffer(mm, np.uint64, count=k, offset=int(o))[::r.step]
+                for k, o in zip(full, r.hi_off.tolist())])
+        r.nbytes = (_SUMMARY_OVERHEAD + r.sample.nbytes + 3 * r.hi_off.nbytes
+                    + _location_bytes(locations_json))
+        return r  # the mapping goes with the last view of it (the reader, buf): nothing stays mapped
+
+    @property
+    def locations(self) -> list[tuple[str, str]]:
+        """The location table, decoded on first use and kept (counted in :attr:`nbytes` from the start)."""
+        if self._locations is None:  # two threads may both decode: the same list, either wins
+            with _readable(self._io, self.path):
+                self._locations = _decode_locations(self._locations_json)
+            self._locations_json = b""
+        return self._locations
+
+
+def _pread(fd: int, offsets: list[int], size: int) -> bytes:
+    """``size`` bytes at each of ``offsets``, concatenated: one ``pread`` each (a read cut short by
+    the end of the file -- a window past the last block's ``fp_hi`` -- padded with zero bytes,
+    which the caller does not look at)."""
+    pr = os.pread
+    raw = b"".join([pr(fd, size, o) for o in offsets])
+    if len(raw) != size * len(offsets):
+        raw = b"".join([pr(fd, size, o).ljust(size, b"\0") for o in offsets])
+    return raw
+
+
+#: a lookup reads a summarised file whole (one read into a per-thread buffer, then searched in
+#: memory) when it has at least one key per this many bytes of file -- ~3,000 keys for a 1M-entry
+#: file (18 MB): measured at 1,000 keys a file, the whole read cost what 3 reads a hit cost and
+#: twice what 1 read a miss cost (docs/benchmarks.md, "Resident summaries"); and only files up
+#: to WHOLE_FILE_MAX_BYTES (each looking-up thread keeps a buffer of the largest it read)
+WHOLE_FILE_BYTES_PER_KEY = 6 << 10
+WHOLE_FILE_MAX_BYTES = 64 << 20
+_SCRATCH = threading.local()
+
+
+def _file_bytes(fd: int, size: int) -> np.ndarray:
+    """The file's ``size`` bytes in this thread's reusable buffer (a fresh one per call would page-
+    fault its every page in: several times the copy). A short read is a damaged file."""
+    buf = getattr(_SCRATCH, "buf", None)
+    if buf is None or buf.size < size:
+        buf = _SCRATCH.buf = np.empty(max(size, 1 << 20), np.uint8)
+    view = memoryview(buf)[:size]
+    got = 0
+    while got < size:
+        k = os.preadv(fd, [view[got:]], got)
+        if k <= 0:
+            raise ValueError(f"read {got} of {size} bytes: truncated")
+        got += k
+    return buf[:size]
+
+
+def _entry(r: _Resident, fd: int, i: int) -> tuple[int, int, int]:
+    """Entry ``i`` of the file: (fp_hi, fp_lo, loc)."""
+    b, k = divmod(i, r.rows)
+    isz = r.loc_dtype.itemsize
+    h = int(np.frombuffer(os.pread(fd, 8, int(r.hi_off[b]) + 8 * k), np.uint64)[0])
+    lo = int(np.frombuffer(os.pread(fd, 8, int(r.lo_off[b]) + 8 * k), np.uint64)[0])
+    loc = int(np.frombuffer(os.pread(fd, isz, int(r.loc_off[b]) + isz * k), r.loc_dtype)[0])
+    return h, lo, loc
+
+
+def _seek_resident(r: _Resident, fd: int, hi: np.ndarray, lo: np.ndarray, out: np.ndarray) -> None:
+    """:func:`_seek` through a file's resident summary: set out[i] = file loc (>= -1) where the
+    sorted needle ``hi``/``lo`` is found, reading only the windows, ``fp_lo`` and ``loc`` it needs.
+
+    The sample ``s`` (``s[j]`` = fp_hi of entry j x step) puts the first entry whose fp_hi is >=
+    the needle's (its lower bound) in entries ``((j-1) x step, j x step]`` for the first ``j`` with
+    ``s[j] >= hi``; counting the window's values below ``hi`` finds it. Every step is one numpy
+    operation over all of the bucket's keys."""
+    n = r.n
+    if n == 0 or hi.size == 0:
+        return
+    k, rows, isz = r.step, r.rows, r.loc_dtype.itemsize
+    if hi.size * WHOLE_FILE_BYTES_PER_KEY >= r.size and r.size <= WHOLE_FILE_MAX_BYTES:
+        # many keys for the file's size: one read of it all costs less than a read per key
+        raw = _file_bytes(fd, r.size)
+        u64 = raw[:r.size // 8 * 8].view(np.uint64)
+        locs = raw[:r.size // isz * isz].view(r.loc_dtype)
+        span = np.arange(k)
+
+        def windows(offs: np.ndarray) -> np.ndarray:  # past the file's end: clipped, and not looked at
+            return u64[np.minimum((offs >> 3)[:, None] + span, u64.size - 1)]
+
+        def words(offs: np.ndarray) -> np.ndarray:
+            return u64[offs >> 3]
+
+        def loc_at(offs: np.ndarray) -> np.ndarray:
+            return locs[offs // isz]
+    else:
+        def windows(offs: np.ndarray) -> np.ndarray:
+            return np.frombuffer(_pread(fd, offs.tolist(), 8 * k), np.uint64).reshape(-1, k)
+
+        def words(offs: np.ndarray) -> np.ndarray:
+            return np.frombuffer(_pread(fd, offs.tolist(), 8), np.uint64)
+
+        def loc_at(offs: np.ndarray) -> np.ndarray:
+            return np.frombuffer(_pread(fd, offs.tolist(), isz), r.loc_dtype)
+    j = np.searchsorted(r.sample, hi, side="left")
+    start = np.maximum(j - 1, 0) * k
+    blk = start // rows
+    win = windows(r.hi_off[blk] + (start - blk * rows) * 8)
+    below = win < hi[:, None]
+    short = n - start < k  # the file's last window: fewer entries than the step
+    if short.any():
+        below[short] &= np.arange(k) < (n - start[short])[:, None]
+    c = below.sum(axis=1)
+    p = start + c  # the lower bound
+    cand = win[np.arange(hi.size), np.minimum(c, k - 1)]
+    nxt = c == k  # past the window: the next window's first entry, which the sample holds
+    if nxt.any():
+        cand[nxt] = r.sample[np.minimum(j[nxt], r.sample.size - 1)]
+    e = np.nonzero((p < n) & (cand == hi))[0]
+    if e.size == 0:
+        return
+    pe = p[e]
+    pb = pe // rows
+    pr = pe - pb * rows
+    exact = words(r.lo_off[pb] + pr * 8) == lo[e]
+    if exact.any():
+        out[e[exact]] = loc_at(r.loc_off[pb[exact]] + pr[exact] * isz)
+    # fp_hi equal but fp_lo differs: several entries share fp_hi (2^-64 per pair); walk the run,
+    # which starts at the lower bound and may run on into later blocks
+    for i in e[~exact].tolist():
+        h, want, q = int(hi[i]), int(lo[i]), int(p[i]) + 1
+        while q < n:
+            qh, ql, qloc = _entry(r, fd, q)
+            if qh != h:
+                break
+            if ql == want:
+                out[i] = qloc
+                break
+            q += 1
+
+
+class _Summaries:
+    """Resident summaries of index files kept between lookups: path -> (identity, summary),
+    least recently used first, bounded by count and by the bytes the summaries are counted at.
+    Thread-safe (the Arrow engine looks buckets up on threads); a summary holds no descriptor
+    and no mapping, so one dropped while another thread uses it is simply freed after."""
 
     def __init__(self, max_files: int, max_bytes: int) -> None:
         self.max_files = max_files
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
-        self._files: OrderedDict[str, tuple[tuple, IndexFile, int]] = OrderedDict()
+        self._files: OrderedDict[str, tuple[tuple, _Resident]] = OrderedDict()
         self._bytes = 0
         self.hits = self.misses = 0
 
-    def open(self, io: FileIO, path: str) -> tuple[IndexFile, bool]:
-        """``path`` opened, and whether the cache holds it (then the caller must not close it)."""
+    def open(self, io: FileIO, path: str) -> tuple[_Resident, int] | None:
+        """``path``'s summary and a descriptor of the file it summarises (the caller closes it), or
+        None: caching is off, the storage has no cheap identity (no local file), the file is too
+        young to be vouched for or was replaced while opened, or it has no uniform layout -- then
+        the caller opens it as an :class:`IndexFile`."""
         if self.max_files <= 0 or self.max_bytes <= 0:
-            return IndexFile(io, path, lazy_locations=True), False
+            return None
         with _readable(io, path):
             ident = io.identity(path)
         if ident is None:
-            return IndexFile(io, path, lazy_locations=True), False
-        with self._lock:
-            got = self._files.get(path)
-            if got is not None and got[0] == ident:
-                self._files.move_to_end(path)
-                self.hits += 1
-                return got[1], True
-            self.misses += 1
-        f = IndexFile(io, path, lazy_locations=True)
-        if not f.memory_mapped or f.nbytes > self.max_bytes:
-            return f, False
+            return None
+        with _readable(io, path):  # identity vouched for a local path: os.stat of it
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != ident:
+                os.close(fd)  # replaced between the stat and the open: which one is this?
+                return None
+            with self._lock:
+                got = self._files.get(path)
+                if got is not None and got[0] == ident:
+                    self._files.move_to_end(path)
+                    self.hits += 1
+                    return got[1], fd
             with _readable(io, path):
-                if io.identity(path) != ident:  # replaced while it was opened: which one is this?
-                    return f, False
+                r = _Resident.build(io, path, fd)
+            if r is None:
+                os.close(fd)
+                return None
+            with self._lock:
+                self.misses += 1  # hits + misses: the files looked up through summaries
+                if r.nbytes <= self.max_bytes:
+                    old = self._files.pop(path, None)
+                    if old is not None:
+                        self._bytes -= old[1].nbytes
+                    self._files[path] = (ident, r)
+                    self._bytes += r.nbytes
+                    while self._files and (len(self._files) > self.max_files or self._bytes > self.max_bytes):
+                        _, (_, gone) = self._files.popitem(last=False)
+                        self._bytes -= gone.nbytes
+            return r, fd
         except BaseException:
-            f.close()
+            os.close(fd)
             raise
+
+    def limit(self, max_files: int, max_bytes: int) -> None:
         with self._lock:
-            old = self._files.pop(path, None)
-            if old is not None:
-                self._bytes -= old[2]
-            self._files[path] = (ident, f, f.nbytes)
-            self._bytes += f.nbytes
-            # dropped, not closed: a lookup on another thread may still be searching it
-            while self._files and (len(self._files) > self.max_files or self._bytes > self.max_bytes):
-                _, (_, _, n) = self._files.popitem(last=False)
-                self._bytes -= n
-        return f, True
+            self.max_files, self.max_bytes = max_files, max_bytes
+            while self._files and (len(self._files) > max(max_files, 0) or self._bytes > max(max_bytes, 0)):
+                _, (_, gone) = self._files.popitem(last=False)
+                self._bytes -= gone.nbytes
 
     def clear(self) -> None:
         with self._lock:
@@ -446,28 +714,25 @@ class _OpenFiles:
                     "max_files": self.max_files, "max_bytes": self.max_bytes}
 
 
-_OPEN_FILES = _OpenFiles(CACHE_MAX_FILES, CACHE_MAX_BYTES)
+_SUMMARIES = _Summaries(CACHE_MAX_FILES, CACHE_MAX_BYTES)
 
 
 def set_cache_limits(*, max_files: int = CACHE_MAX_FILES, max_bytes: int = CACHE_MAX_BYTES) -> None:
-    """Bound the process's cache of open index files (0 for either: no caching; a bound not
-    given is its default again); files beyond the new bounds are dropped now."""
-    with _OPEN_FILES._lock:
-        _OPEN_FILES.max_files, _OPEN_FILES.max_bytes = max_files, max_bytes
-        while _OPEN_FILES._files and (len(_OPEN_FILES._files) > max(max_files, 0)
-                                      or _OPEN_FILES._bytes > max(max_bytes, 0)):
-            _, (_, _, n) = _OPEN_FILES._files.popitem(last=False)
-            _OPEN_FILES._bytes -= n
+    """Bound the process's cache of resident index-file summaries (0 for either: no caching, every
+    lookup opens its files as :class:`IndexFile`; a bound not given is its default again);
+    summaries beyond the new bounds are dropped now."""
+    _SUMMARIES.limit(max_files, max_bytes)
 
 
 def clear_cache() -> None:
-    """Drop every cached open index file (and the hit counts): the next lookups open files anew."""
-    _OPEN_FILES.clear()
+    """Drop every cached summary (and the hit counts): the next lookups build them anew."""
+    _SUMMARIES.clear()
 
 
 def cache_info() -> dict[str, int]:
-    """The cache's files, mapped bytes, hits and misses since the last :func:`clear_cache`, and bounds."""
-    return _OPEN_FILES.info()
+    """The cache's files, the bytes its summaries are counted at, hits and misses since the last
+    :func:`clear_cache`, and its bounds."""
+    return _SUMMARIES.info()
 
 
 def index_file_problem(io: FileIO, path: str) -> str | None:
@@ -648,37 +913,51 @@ def lookup(
 ) -> LookupResult:
     """Look up keys (or their fingerprints) in one bucket's index files, ``paths`` oldest first.
 
-    Newest file wins per key; a tombstone makes the key absent. Memory-mapped files are
-    kept open between calls (the module's open-file cache, bounded); only the locations of
-    the entries found are resolved, so ``locations`` holds those, not the files' whole tables.
+    Newest file wins per key; a tombstone makes the key absent. Local files are sought through
+    their resident summaries (the module's cache, bounded; :class:`_Resident`), read with
+    ``pread``: nothing stays mapped between calls. Files without one (object stores, HDFS, a
+    file written in the last 2 s, caching off) are opened as :class:`IndexFile` for the call and
+    sought or scanned as ``mode`` says. Only the locations of the entries found are resolved, so
+    ``locations`` holds those, not the files' whole tables.
     """
+    if mode not in LOOKUP_MODES:
+        raise ValueError(f"lookup mode must be one of {LOOKUP_MODES}, got {mode!r}")
     hi, lo = fp if fp is not None else fingerprints(keys or [])
     n = hi.size
     order = np.argsort(hi)
     shi, slo = hi[order], lo[order]
-    files: list[IndexFile] = []
-    owned: list[IndexFile] = []  # opened for this call only (not cached): closed at the end
+    files: list[IndexFile | tuple[_Resident, int]] = []
+    owned: list[IndexFile] = []  # opened for this call only: closed at the end
+    fds: list[int] = []  # descriptors of the summarised files: closed at the end
     try:
         for p in paths:  # opened inside the try: a damaged file closes the ones opened before it
-            f, cached = _OPEN_FILES.open(io, p)
-            files.append(f)
-            if not cached:
+            got = _SUMMARIES.open(io, p) if mode != "scan" else None
+            if got is not None:
+                fds.append(got[1])
+                files.append(got)
+            else:
+                f = IndexFile(io, p, lazy_locations=True)
                 owned.append(f)
-        mapped = all(f.memory_mapped for f in files)
+                files.append(f)
+        mapped = all(f.memory_mapped for f in owned)
         touched = 0.0
         if mode == "auto" and not mapped:
-            blocks = sum(f.block_first_hi.size for f in files)
-            touched = sum(_touched_blocks(f, shi) for f in files) / blocks if blocks else 0.0
+            blocks = sum(f.block_first_hi.size for f in owned)
+            touched = sum(_touched_blocks(f, shi) for f in owned) / blocks if blocks else 0.0
         chosen = choose_mode(mode, memory_mapped=mapped, touched_fraction=touched)
         # resolved[i]: global location id, -1 absent/deleted, -2 not yet seen in any file
         resolved = np.full(n, -2, dtype=np.int64)
         loc_ids: dict[tuple[str, str], int] = {}
+        pending = np.arange(n)
         for f in reversed(files):  # newest first: the first file that knows a key decides
-            pending = np.nonzero(resolved == -2)[0]
             if pending.size == 0:
                 break
             out = np.full(pending.size, -2, dtype=np.int32)
-            (_seek if chosen == "seek" else _scan)(f, shi[pending], slo[pending], out)
+            if isinstance(f, tuple):
+                f, fd = f
+                _seek_resident(f, fd, shi[pending], slo[pending], out)
+            else:
+                (_seek if chosen == "seek" else _scan)(f, shi[pending], slo[pending], out)
             seen = out != -2
             if not seen.any():
                 continue
@@ -692,10 +971,13 @@ def lookup(
                                     dtype=np.int64)
                 file_locs[live] = glob[inverse.reshape(-1)]
             resolved[pending[seen]] = file_locs
+            pending = pending[~seen]
         locations = list(loc_ids)
     finally:
         for f in owned:
             f.close()
+        for fd in fds:
+            os.close(fd)
     result = np.empty(n, dtype=np.int64)
     result[order] = np.where(resolved < 0, -1, resolved)
     return LookupResult(result, locations, chosen)

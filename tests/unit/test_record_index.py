@@ -31,8 +31,35 @@ LAYOUTS = (1, 2)
 U64 = (1 << 64) - 1
 
 
+READERS = ("summary", "summary_whole", "indexfile")
+
+
+@pytest.fixture(params=READERS)
+def fs(request, tmp_path, monkeypatch):
+    """A local table directory, read one of the two ways a lookup reads local files: through
+    resident summaries (``summary``: files count as settled at once, so even a file just written
+    is summarised and cached; ``summary_whole``: each file read whole, as for many keys) or opened as IndexFile each call (``indexfile``: caching off, the
+    path files too young to vouch for, and every file without a memory map, take)."""
+    from spark_jobs.index import record_index as ri
+    from spark_jobs.io import filesystem
+
+    ri.clear_cache()
+    if request.param.startswith("summary"):
+        monkeypatch.setattr(filesystem, "SETTLE_NS", 0)
+        ri.set_cache_limits()
+        if request.param == "summary_whole":  # every lookup reads its files whole, however few its keys
+            monkeypatch.setattr(ri, "WHOLE_FILE_BYTES_PER_KEY", 1 << 40)
+    else:
+        ri.set_cache_limits(max_files=0)
+    io, root = resolve(str(tmp_path))
+    yield io, root
+    ri.set_cache_limits()
+    ri.clear_cache()
+
+
 @pytest.fixture
-def fs(tmp_path):
+def local(tmp_path):
+    """A local table directory, as the product sees it (files younger than 2 s not cached)."""
     io, root = resolve(str(tmp_path))
     return io, root
 
@@ -67,10 +94,18 @@ def _oracle(*layers: dict[str, tuple[str, str] | None]) -> dict[str, tuple[str, 
 
 
 def _check_all_modes(io, paths, queries, expected: dict[str, tuple[str, str]]) -> None:
+    from spark_jobs.index import record_index as ri
+    from spark_jobs.io.filesystem import LocalFileIO
+
     want = [expected.get(k) for k in queries]
     results = {}
     for mode in MODES:
+        before = ri.cache_info()
         res = lookup(io, paths, queries, mode=mode)
+        after = ri.cache_info()
+        opened = after["hits"] + after["misses"] - before["hits"] - before["misses"]
+        summarised = isinstance(io, LocalFileIO) and mode != "scan" and after["max_files"] > 0
+        assert opened == (len(paths) if summarised else 0), mode  # the path the fixture asked for
         if mode != "auto":
             assert res.mode == mode
         assert _targets(res) == want, mode
@@ -659,8 +694,8 @@ def _age(path: str, seconds: float = 60.0, *, mtime_ns: int | None = None) -> in
     return ns
 
 
-def test_repeated_lookups_are_served_from_the_cache(fs, layout, cache) -> None:
-    io, root = fs
+def test_repeated_lookups_are_served_from_the_cache(local, layout, cache) -> None:
+    io, root = local
     mapping = {f"k{i}": (f"p={i % 3}", f"f{i % 4}") for i in range(400)}
     base = _write(io, f"{root}/base.arrow", mapping, block_rows=32, layout=layout)
     _age(base)
@@ -672,8 +707,8 @@ def test_repeated_lookups_are_served_from_the_cache(fs, layout, cache) -> None:
     _check_all_modes(io, [base], list(mapping)[::7] + ["x"], mapping)
 
 
-def test_a_file_younger_than_two_seconds_is_not_cached(fs, layout, cache) -> None:
-    io, root = fs
+def test_a_file_younger_than_two_seconds_is_not_cached(local, layout, cache) -> None:
+    io, root = local
     p = _write(io, f"{root}/fresh.arrow", {"a": ("p", "f")}, layout=layout)
     assert lookup(io, [p], ["a"]).target(0) == ("p", "f")
     assert cache.cache_info()["files"] == 0
@@ -687,8 +722,8 @@ def _same_size_mappings() -> tuple[dict, dict]:
     return a, b
 
 
-def test_a_file_rewritten_in_place_is_not_served_from_the_cache(fs, layout, cache) -> None:
-    io, root = fs
+def test_a_file_rewritten_in_place_is_not_served_from_the_cache(local, layout, cache) -> None:
+    io, root = local
     a, b = _same_size_mappings()
     p = _write(io, f"{root}/bucket.arrow", a, layout=layout)
     _age(p)
@@ -706,10 +741,10 @@ def test_a_file_rewritten_in_place_is_not_served_from_the_cache(fs, layout, cach
     assert cache.cache_info()["misses"] == misses + 1 and cache.cache_info()["files"] == 1
 
 
-def test_a_file_replaced_with_the_same_size_and_mtime_is_not_served_from_the_cache(fs, layout, cache) -> None:
+def test_a_file_replaced_with_the_same_size_and_mtime_is_not_served_from_the_cache(local, layout, cache) -> None:
     import os
 
-    io, root = fs
+    io, root = local
     a, b = _same_size_mappings()
     p = _write(io, f"{root}/bucket.arrow", a, layout=layout)
     ns = _age(p)
@@ -720,12 +755,12 @@ def test_a_file_replaced_with_the_same_size_and_mtime_is_not_served_from_the_cac
     assert _targets(lookup(io, [p], ["k0", "k199", "n0"])) == [("p=0", "bbbb"), None, ("p=0", "bbbb")]
 
 
-def test_a_compacted_bucket_reads_its_new_base_and_a_deleted_file_is_missing(fs, layout, cache) -> None:
+def test_a_compacted_bucket_reads_its_new_base_and_a_deleted_file_is_missing(local, layout, cache) -> None:
     import os
 
     from spark_jobs.exceptions import IndexCorruptError
 
-    io, root = fs
+    io, root = local
     base = _write(io, f"{root}/base.arrow", {f"k{i}": ("p", "old") for i in range(100)}, layout=layout)
     delta = _write(io, f"{root}/delta.arrow", {"k1": None, "k2": ("p", "new"), "k200": ("p", "new")}, layout=layout)
     for p in (base, delta):
@@ -743,10 +778,19 @@ def test_a_compacted_bucket_reads_its_new_base_and_a_deleted_file_is_missing(fs,
     assert _targets(lookup(io, [new_base], queries)) == want
 
 
-def test_the_cache_is_bounded_and_holds_no_file_descriptors(fs, layout, cache) -> None:
+def _mapped(path: str) -> bool:
+    """Whether this process maps ``path`` (a line of /proc/self/maps names it)."""
     import os
 
-    io, root = fs
+    real = os.path.realpath(path)
+    with open("/proc/self/maps") as f:
+        return any(line.rstrip("\n").endswith(" " + real) for line in f)
+
+
+def test_the_cache_is_bounded_and_holds_no_file_descriptors_or_mappings(local, layout, cache) -> None:
+    import os
+
+    io, root = local
     paths = []
     for i in range(6):
         p = _write(io, f"{root}/b{i}.arrow", {f"k{i}-{j}": ("p", f"f{j % 3}") for j in range(100)}, layout=layout)
@@ -754,27 +798,30 @@ def test_the_cache_is_bounded_and_holds_no_file_descriptors(fs, layout, cache) -
         paths.append(p)
     fds = len(os.listdir("/proc/self/fd"))
     for p in paths:
-        lookup(io, [p], ["x"])
+        assert lookup(io, [p], ["x", f"k{paths.index(p)}-4"]).target(1) == ("p", "f1")
     assert cache.cache_info()["files"] == 6
-    assert len(os.listdir("/proc/self/fd")) == fds  # the mapping outlives the closed file
+    assert len(os.listdir("/proc/self/fd")) == fds  # the descriptor a lookup reads through is closed
+    assert not any(_mapped(p) for p in paths)  # and nothing of the file stays mapped (RSS: the summary only)
+    one = cache.cache_info()["bytes"] // 6  # six files of the same shape: six summaries of one size
+    assert cache.cache_info()["bytes"] == 6 * one and 0 < one < io.size(paths[0]) + 4096
     cache.set_cache_limits(max_files=4)
     assert cache.cache_info()["files"] == 4
     for p in paths:
         lookup(io, [p], ["x"])
     assert cache.cache_info()["files"] == 4
-    one = io.size(paths[0])
     cache.set_cache_limits(max_bytes=2 * one)
     assert cache.cache_info()["files"] == 2 and cache.cache_info()["bytes"] == 2 * one
     cache.set_cache_limits(max_files=0)
     assert cache.cache_info()["files"] == 0
     assert lookup(io, [paths[3]], ["k3-5"]).target(0) == ("p", "f2")
     assert cache.cache_info()["files"] == 0  # off: nothing kept
+    assert len(os.listdir("/proc/self/fd")) == fds and not any(_mapped(p) for p in paths)
 
 
-def test_lookups_on_threads_survive_evictions(fs, layout, cache) -> None:
+def test_lookups_on_threads_survive_evictions(local, layout, cache) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    io, root = fs
+    io, root = local
     maps, paths = [], []
     for i in range(8):
         m = {f"k{i}-{j}": (f"p={i}", f"f{j % 5}") for j in range(300)}
@@ -793,11 +840,155 @@ def test_lookups_on_threads_survive_evictions(fs, layout, cache) -> None:
         assert all(pool.map(one, range(200)))
 
 
-def test_a_generic_fileio_is_never_cached(fs, layout, cache) -> None:
-    io, root = fs
+def test_a_generic_fileio_is_never_cached(local, layout, cache) -> None:
+    io, root = local
     p = _write(io, f"{root}/base.arrow", {"a": ("p", "f")}, layout=layout)
     _age(p)
     generic = FileIO(pafs.LocalFileSystem())
     assert generic.identity(p) is None
     assert lookup(generic, [p], ["a"]).target(0) == ("p", "f")
     assert cache.cache_info()["files"] == 0
+
+
+# --------------------------------------------------------------------------------------
+# resident summaries: the sample's windows, uneven files, eviction, what a summary is counted at
+
+
+def _sorted_fps(n: int, seed: int, *, skewed: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` distinct sorted fp_hi (uniform as hashes are, or ``skewed``: two dense clusters at
+    either end and a few between, where interpolation guesses far off) and random fp_lo."""
+    rng = np.random.default_rng(seed)
+    if skewed:
+        parts = [rng.integers(1, 1 << 24, n), rng.integers(U64 - (1 << 24), U64 - 1, n, dtype=np.uint64),
+                 rng.integers(1 << 40, 1 << 62, max(n // 50, 1), dtype=np.uint64)]
+        pool = np.unique(np.concatenate([x.astype(np.uint64) for x in parts]))
+        hi = np.sort(rng.choice(pool, n, replace=False))
+    else:
+        hi = np.unique(rng.integers(1, U64 - 1, size=n + 50, dtype=np.uint64))[:n]
+    return hi, rng.integers(0, U64, size=n, dtype=np.uint64)
+
+
+@pytest.mark.parametrize("skewed", [False, True], ids=["uniform", "skewed"])
+@pytest.mark.parametrize("n,block_rows", [(5_549, 2_048), (1000, 100), (70_001, 65_536), (130, 64), (9, 7)])
+def test_every_entry_and_its_neighbours_at_every_window_and_block_edge(fs, layout, n: int, block_rows: int,
+                                                                       skewed: bool) -> None:
+    """A summary's windows (64 entries at 2,048 and 65,536 a block, 50 at 100, 7 at 7), a last
+    block shorter than the others, a last window shorter than the step, fingerprints uniform or
+    clustered: every entry is found at its location, and fp_hi one below or above it, or its fp_hi
+    with another fp_lo, is not."""
+    io, root = fs
+    hi, lo = _sorted_fps(n, seed=n, skewed=skewed)
+    targets = [(f"p={i % 7}", f"f{i % 13}") for i in range(n)]
+    path = f"{root}/b.arrow"
+    write_index_file(io, path, IndexEntries.from_fingerprints(hi, lo, targets), block_rows=block_rows, layout=layout)
+    # the neighbours of every entry near a block or window edge, and of 2,000 others
+    edges = np.concatenate([np.arange(b - 70, b + 70) for b in range(0, n + 1, block_rows)])
+    rng = np.random.default_rng(n)
+    near = np.unique(np.concatenate([edges[(edges >= 0) & (edges < n)], rng.integers(0, n, 2000)]))
+    live = np.ones(n, bool)
+    live[1:] = hi[1:] - hi[:-1] > 1  # hi - 1 is another entry's fp_hi: not a miss to ask for
+    below = near[live[near]]
+    nh = np.concatenate([hi, hi[below] - np.uint64(1), hi[near] + np.uint64(1), hi[near], np.array([0, U64], np.uint64)])
+    nl = np.concatenate([lo, lo[below], lo[near], lo[near] ^ np.uint64(1), np.array([0, U64], np.uint64)])
+    at = {(h, l): t for h, l, t in zip(hi.tolist(), lo.tolist(), targets)}
+    want = (targets + [None] * below.size
+            + [at.get((h + 1, l)) for h, l in zip(hi[near].tolist(), lo[near].tolist())]  # another entry's fp_hi at most
+            + [None] * near.size + [None, None])
+    shuffle = np.random.default_rng(1).permutation(nh.size)
+    for mode in MODES:
+        res = lookup(io, [path], fp=(nh[shuffle], nl[shuffle]), mode=mode)
+        assert _targets(res) == [want[i] for i in shuffle.tolist()], mode
+
+
+def test_a_file_with_uneven_blocks_is_read_through_indexfile(local, cache) -> None:
+    """An IPC file whose blocks differ in size (no writer of this package makes one; Arrow allows
+    it) gets no summary: it is looked up as an IndexFile, with the same answers."""
+    import json
+    import os
+
+    import pyarrow.ipc as ipc
+
+    io, root = local
+    hi, lo = _sorted_fps(15, seed=3)
+    targets = [("p", f"f{i}") for i in range(15)]
+    e = IndexEntries.from_fingerprints(hi, lo, targets)
+    even, uneven = f"{root}/even.arrow", f"{root}/uneven.arrow"
+    write_index_file(io, even, e, block_rows=5, layout=1)
+    with IndexFile(io, even) as f:
+        schema = f._reader.schema
+        t = f.read_all()
+    md = dict(schema.metadata)  # its block index, for the blocks written below
+    md[b"bucketindex.block_first_hi"] = json.dumps([str(int(hi[i])) for i in (0, 5, 8)]).encode()
+    schema = schema.with_metadata(md)
+    with pa.OSFile(uneven, "wb") as sink, ipc.new_file(sink, schema) as w:
+        for a, b in ((0, 5), (5, 8), (8, 15)):
+            w.write_batch(pa.record_batch([t.column(c).combine_chunks()[a:b] for c in range(3)], schema=schema))
+    for p in (even, uneven):
+        _age(p)
+    for p in (even, uneven):
+        before = cache.cache_info()["files"]
+        res = lookup(io, [p], fp=(np.concatenate([hi, hi + np.uint64(1)]), np.concatenate([lo, lo])))
+        assert _targets(res) == targets + [None] * 15, os.path.basename(p)
+        assert cache.cache_info()["files"] == before + (p == even)
+
+
+def test_an_evicted_summary_is_built_again_and_one_over_the_bound_is_used_uncached(local, layout, cache) -> None:
+    io, root = local
+    maps = [{f"k{b}-{i}": (f"p={b}", f"f{i % 4}") for i in range(500)} for b in range(2)]
+    paths = []
+    for b, m in enumerate(maps):
+        paths.append(_write(io, f"{root}/bucket={b}/base.arrow", m, block_rows=64, layout=layout))
+        _age(paths[-1])
+    delta = _write(io, f"{root}/bucket=0/delta.arrow", {"k0-1": None, "k0-2": ("p=9", "moved"), "new": ("p=9", "n")},
+                   layout=layout)
+    _age(delta)
+    want0 = {**maps[0], "k0-2": ("p=9", "moved"), "new": ("p=9", "n")}
+    want0.pop("k0-1")
+    queries = [list(maps[0]), list(maps[1])]
+    for q in queries:
+        q += ["new", "absent"]
+    cache.set_cache_limits(max_files=2)  # the two files of bucket 0, or one of each bucket
+    for round_ in range(3):
+        for b, files in ((0, [paths[0], delta]), (1, [paths[1]])):
+            want = want0 if b == 0 else maps[1]
+            assert _targets(lookup(io, files, queries[b])) == [want.get(k) for k in queries[b]], (round_, b)
+    info = cache.cache_info()
+    assert info["files"] == 2 and info["hits"] + info["misses"] == 9 and info["misses"] >= 5  # evicted, rebuilt
+    cache.clear_cache()
+    cache.set_cache_limits(max_bytes=1000)  # under one summary: each is built, used, not kept
+    assert _targets(lookup(io, [paths[0], delta], queries[0])) == [want0.get(k) for k in queries[0]]
+    info = cache.cache_info()
+    assert info["files"] == 0 and info["bytes"] == 0 and info["misses"] == 2
+
+
+def test_a_summary_is_counted_at_least_at_what_it_holds(local, cache) -> None:
+    """The cache's byte bound counts a summary's sample, block offsets and location table; the
+    decoded table (tracemalloc) stays under what it is counted at, for long and short names."""
+    import json
+    import tracemalloc
+
+    from spark_jobs.index import record_index as ri
+
+    io, root = local
+    for name, locs in (("long", [(f"dt=2024-03-{p:02d}", f"{p * 50 + f:05d}-{uuid.UUID(int=p * 50 + f, version=4)}-0")
+                                  for p in range(20) for f in range(50)]),
+                       ("short", [(f"p={i}", f"f{i}") for i in range(1000)]),
+                       ("odd", [("a]b", "é/ %+"), ("", "x")])):
+        raw = json.dumps(locs, separators=(",", ":")).encode()
+        tracemalloc.start()
+        table = ri._decode_locations(raw)
+        held = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        assert table == locs, name
+        assert held <= ri._location_bytes(raw), (name, held, ri._location_bytes(raw))
+    rng = random.Random(5)
+    mapping = {f"k{i}": rng.choice(locs) for i in range(5000)}
+    p = _write(io, f"{root}/b.arrow", mapping, block_rows=1024)
+    _age(p)
+    assert _targets(lookup(io, [p], ["k1", "zz"])) == [mapping["k1"], None]
+    (r,) = [r for _, r in ri._SUMMARIES._files.values()]
+    assert r.step == 64 and r.sample.size == -(-5000 // 64)  # every 64th fp_hi, 8 bytes each
+    with IndexFile(io, p) as f:
+        table = json.dumps(f.locations, separators=(",", ":")).encode()
+        assert r.sample[::16].tolist() == f.block_first_hi.tolist()  # 1,024 a block: every 16th sample
+    assert cache.cache_info()["bytes"] == r.nbytes >= r.sample.nbytes + ri._location_bytes(table)
