@@ -48,7 +48,7 @@ def connection_json(
     master: str = "local[2]", conf: dict[str, str] | None = None, *, port: int | None = None, **extra: Any
 ) -> str:
     """A ``bucketindex`` connection as the JSON an ``AIRFLOW_CONN_<ID>`` variable takes
-    (``extra`` keys as in the connection form: ``python``, ``deploy-mode``, ``index`` ...)."""
+    (``extra`` keys as in the connection form: ``python``, ``deploy_mode``, ``index`` ...)."""
     body: dict[str, Any] = {"conn_type": "bucketindex", "host": master}
     if port is not None:
         body["port"] = port

@@ -29,7 +29,7 @@ Beside the ingest DAG (which keeps committing upserts while this one runs), ever
   (in the task or as a Spark job, by the same rule) after a compaction (skipped with it).
 
 Where Spark runs comes from the ``bucketindex_default`` connection, as for the ingest DAG;
-its ``engine`` and ``memory-budget`` extras set the default engine of both tasks.
+its ``engine`` and ``memory_budget`` extras set the default engine of both tasks.
 The table is the ``table_uri`` param, defaulting to ``BUCKETINDEX_TABLE_URI`` (the same
 variable the ingest DAG reads, so both DAGs work on one table); trigger with a config to
 override it, the compaction policy or the clean retention per run.

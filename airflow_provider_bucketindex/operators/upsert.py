@@ -75,7 +75,8 @@ class UpsertWithIndexOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
         anything, a rule it cannot reproduce (a JSON or CSV source into a new table, ...).
         ``spark``: always spark-submit; ``arrow``: always in the task (templated).
     :param memory_budget: what the in-task engine may hold, e.g. ``"4g"`` (templated; default:
-        the connection's ``memory-budget`` extra, else ``$BUCKETINDEX_ARROW_MEMORY_BUDGET``, else
+        the connection's ``memory_budget`` extra, else ``[bucketindex] memory_budget``,
+        else ``$BUCKETINDEX_ARROW_MEMORY_BUDGET``, else
         a quarter of the worker's physical memory).
 
     Index type, bucket count, table type and source format default to the connection's
