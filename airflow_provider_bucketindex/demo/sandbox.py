@@ -38,10 +38,11 @@ LOCAL_TEST_CONF = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": 
 
 
 def example_dags_folder() -> str:
-    """The installed example DAGs (``dags/`` in the repository links to these files)."""
-    from airflow_provider_bucketindex import example_dags
+    """The installed example DAGs, :mod:`airflow_provider_bucketindex.dags` (``dags/`` in the
+    repository links to these files)."""
+    from airflow_provider_bucketindex import dags
 
-    return os.path.dirname(os.path.abspath(example_dags.__file__))
+    return os.path.dirname(os.path.abspath(dags.__file__))
 
 
 def connection_json(

@@ -138,3 +138,23 @@ def test_parsing_does_no_work(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert not (tmp_path / "no").exists()
     assert time.perf_counter() - t0 < 60
+
+
+def test_load_examples_does_not_load_the_packaged_dags_beside_the_users_copies(monkeypatch):  # type: ignore[no-untyped-def]
+    """With ``[core] load_examples`` on (Airflow's default), Airflow adds each installed provider's
+    ``example_dags`` folder as a DAG bundle; the packaged DAGs live in ``airflow_provider_bucketindex/dags``,
+    so no bundle holds them and a user's (edited) copy in the DAG folder is the only one parsed."""
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+
+    import airflow_provider_bucketindex
+
+    monkeypatch.setenv("AIRFLOW__CORE__LOAD_EXAMPLES", "True")
+    manager = DagBundlesManager()
+    monkeypatch.setattr(manager, "_bundle_config", {})
+    manager.parse_config()
+    paths = {name: str(getattr(b, "path", "")) for name, b in ((b.name, b) for b in manager.get_all_dag_bundles())}
+    assert "example_dags" in paths, "load_examples took effect (Airflow's own examples are a bundle)"
+    package = str(Path(airflow_provider_bucketindex.__file__).resolve().parent)
+    assert not [n for n, p in paths.items() if p and str(Path(p).resolve()).startswith(package)], paths
+    assert not (Path(package) / "example_dags").exists()
+    assert {p.name for p in (Path(package) / "dags").glob("bucketindex_*.py")} == {p.name for p in DAGS.glob("*.py")}
