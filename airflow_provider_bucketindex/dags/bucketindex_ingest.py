@@ -46,6 +46,7 @@ _NULLABLE_STR = ["null", "string"]
 
 with DAG(
     dag_id="bucketindex_ingest",
+    doc_md=__doc__,  # the module's docstring: what the DAG does, shown in the UI
     description="Upsert each day's landing batch into a bucketindex table, validate, roll back on failure",
     schedule="@daily",
     start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),

@@ -75,6 +75,7 @@ def build_dag(
     ``schedule_compaction`` and ``execute_compaction``."""
     with DAG(
         dag_id=dag_id,
+        doc_md=__doc__,  # the module's docstring: what the DAG does, shown in the UI
         description="Compact index deltas and merge-on-read logs when due, clean replaced files, validate",
         schedule=schedule,
         start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),
@@ -116,6 +117,7 @@ def build_dag(
             soft_fail=True,  # nothing due tonight: skip the run's services, do not fail it
             timeout=timedelta(hours=1).total_seconds(),
             poke_interval=300,
+            mode="reschedule",  # an hour of waiting holds no worker slot between pokes
         )
         schedule_compaction = AsyncIndexCompactionOperator(
             task_id="schedule_compaction",

@@ -158,3 +158,16 @@ def test_load_examples_does_not_load_the_packaged_dags_beside_the_users_copies(m
     assert not [n for n, p in paths.items() if p and str(Path(p).resolve()).startswith(package)], paths
     assert not (Path(package) / "example_dags").exists()
     assert {p.name for p in (Path(package) / "dags").glob("bucketindex_*.py")} == {p.name for p in DAGS.glob("*.py")}
+
+
+def test_every_example_dag_documents_itself_and_waits_without_holding_a_slot(dagbag):  # type: ignore[no-untyped-def]
+    """``doc_md`` on every example DAG (its module docstring, shown in the UI), and every sensor
+    that may wait long (a timeout over ten minutes) in ``reschedule`` mode: no worker slot held."""
+    from airflow.sdk import BaseSensorOperator
+
+    assert len(dagbag.dags) == len(list(DAGS.glob("*.py"))) >= 6
+    for dag_id, dag in dagbag.dags.items():
+        assert dag.doc_md and len(dag.doc_md.strip()) > 200, f"{dag_id} has no doc_md"
+        for task in dag.tasks:
+            if isinstance(task, BaseSensorOperator) and task.timeout > 600:
+                assert task.mode == "reschedule", f"{dag_id}.{task.task_id} waits {task.timeout} s in {task.mode}"
