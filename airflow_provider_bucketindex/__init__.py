@@ -31,6 +31,52 @@ DEFAULT_CONN_ID = "bucketindex_default"
 
 _HOOK = "airflow_provider_bucketindex.hooks.bucketindex.BucketIndexHook"
 
+CONFIG_SECTION = "bucketindex"
+
+#: option -> (description, example): every option is a string, empty by default (not set)
+CONFIG_OPTIONS: dict[str, tuple[str, str]] = {
+    "engine": (
+        "Where operators that take an ``engine`` run their work when neither the task nor its connection "
+        "says: auto (a batch that fits the memory budget runs in the task on Arrow, a larger one on Spark), "
+        "spark or arrow. Empty: auto.", "auto"),
+    "memory_budget": (
+        "Bytes the in-task Arrow engine may plan to hold, e.g. 4g, when neither the task nor its connection "
+        "sets it. Empty: $BUCKETINDEX_ARROW_MEMORY_BUDGET, else a quarter of the worker's physical memory.",
+        "4g"),
+    "driver_memory": (
+        "The JVM heap of a spark-submit with a local master (local[*]) when the task and the connection's "
+        "conf do not set spark.driver.memory. Empty: $BUCKETINDEX_DRIVER_MEMORY, else about a third of the "
+        "worker's physical memory (1-32 GiB).", "8g"),
+    "index": (
+        "Index type of tables an upsert creates when neither the task nor its connection says: record, "
+        "bucket or global_simple. Empty: the core's default.", "record"),
+    "num_buckets": (
+        "Bucket count of tables an upsert creates when neither the task nor its connection says. Empty: the "
+        "core's default.", "64"),
+    "table_type": (
+        "Table type of tables an upsert creates when neither the task nor its connection says: "
+        "copy_on_write or merge_on_read. Empty: merge_on_read (copy_on_write with a mirror).", "merge_on_read"),
+    "source_format": (
+        "Source format of upserts when neither the task nor its connection says: parquet, json or csv. "
+        "Empty: parquet.", "parquet"),
+}
+
+def provider_config() -> dict[str, Any]:
+    """The ``config`` entry of the provider info: the ``[bucketindex]`` section (read by
+    :mod:`airflow_provider_bucketindex.config`)."""
+    return {
+        CONFIG_SECTION: {
+            "description": (
+                "Worker-wide defaults of the bucketindex provider, under a task's arguments and its "
+                "bucketindex connection's extras; empty options change nothing.\n"),
+            "options": {
+                name: {"description": description + "\n", "version_added": __version__, "type": "string",
+                       "example": example, "default": ""}
+                for name, (description, example) in CONFIG_OPTIONS.items()
+            },
+        }
+    }
+
 
 def get_provider_info() -> dict[str, Any]:
     """Provider metadata for Airflow's ProvidersManager (``airflow providers list``, the connection form).
@@ -103,6 +149,8 @@ def get_provider_info() -> dict[str, Any]:
                 "to_openlineage_converter": "airflow_provider_bucketindex.assets.convert_asset_to_openlineage",
             }
         ],
+        # [bucketindex]: worker-wide defaults under the tasks' arguments and the connections' extras
+        "config": provider_config(),
         "connection-types": [
             {
                 "hook-class-name": _HOOK,
@@ -126,12 +174,12 @@ def get_provider_info() -> dict[str, Any]:
                         ),
                         "schema": {"type": ["string", "null"]},
                     },
-                    "deploy-mode": {
+                    "deploy_mode": {
                         "label": "Deploy mode",
                         "description": "client or cluster",
                         "schema": {"type": ["string", "null"], "enum": ["client", "cluster", None], "default": "client"},
                     },
-                    "spark-binary": {
+                    "spark_binary": {
                         "label": "Spark binary",
                         "description": (
                             "spark-submit, spark2-submit or spark3-submit; looked up in the Airflow "
@@ -156,12 +204,12 @@ def get_provider_info() -> dict[str, Any]:
                         "description": "record, bucket or global_simple; used when an upsert creates a table",
                         "schema": {"type": ["string", "null"], "enum": ["record", "bucket", "global_simple", None]},
                     },
-                    "num-buckets": {
+                    "num_buckets": {
                         "label": "Default bucket count",
                         "description": "Used when an upsert creates a table",
                         "schema": {"type": ["integer", "null"], "minimum": 1},
                     },
-                    "table-type": {
+                    "table_type": {
                         "label": "Default table type",
                         "description": (
                             "copy_on_write or merge_on_read (upserts append logs and fold the due ones); "
@@ -170,7 +218,7 @@ def get_provider_info() -> dict[str, Any]:
                         ),
                         "schema": {"type": ["string", "null"], "enum": ["copy_on_write", "merge_on_read", None]},
                     },
-                    "source-format": {
+                    "source_format": {
                         "label": "Default source format",
                         "description": "parquet, json or csv",
                         "schema": {"type": ["string", "null"], "enum": ["parquet", "json", "csv", None]},
@@ -184,20 +232,30 @@ def get_provider_info() -> dict[str, Any]:
                         ),
                         "schema": {"type": ["string", "null"], "enum": ["auto", "spark", "arrow", None]},
                     },
-                    "memory-budget": {
+                    "memory_budget": {
                         "label": "In-task memory budget",
                         "description": (
-                            "Bytes the in-task engine may plan to hold, e.g. 4g (default: a quarter of the "
-                            "worker's physical memory, or $BUCKETINDEX_ARROW_MEMORY_BUDGET)"
+                            "Bytes the in-task engine may plan to hold, e.g. 4g (default: [bucketindex] "
+                            "memory_budget, else $BUCKETINDEX_ARROW_MEMORY_BUDGET, else a quarter of the worker's "
+                            "physical memory)"
                         ),
                         "schema": {"type": ["string", "null"]},
                     },
                     "storage_conn_id": {
                         "label": "Storage connection",
                         "description": (
-                            "An Amazon Web Services (aws) connection for s3:// tables and sources: login = access "
-                            "key id, password = secret access key, extras endpoint_url, region_name (empty: the "
-                            "worker's AWS_* environment / instance role)"
+                            "An Amazon Web Services (aws) connection for s3:// tables and sources, resolved by the "
+                            "Amazon provider's hook when it is installed (keys, role_arn, profile_name), else read "
+                            "as login = access key id, password = secret access key, extras endpoint_url, "
+                            "region_name (empty: the worker's AWS_* environment / instance role)"
+                        ),
+                        "schema": {"type": ["string", "null"]},
+                    },
+                    "location": {
+                        "label": "Location to test",
+                        "description": (
+                            "A folder or table the Test button lists with the storage settings, e.g. "
+                            "s3://lake/tables or /data/tables (unset: the settings are resolved, nothing is listed)"
                         ),
                         "schema": {"type": ["string", "null"]},
                     },

@@ -11,10 +11,16 @@ that names a key id or a profile, as :mod:`spark_jobs.io.storage` does for its o
 
 1. the **storage connection** (``storage_conn_id``: the operator's argument -- or the connection of
    an ``ObjectStoragePath`` given as its table or source (:func:`use_object_storage_paths`) --, else
-   the ``bucketindex`` connection's ``storage_conn_id`` extra), read as the Amazon provider reads an ``aws``
-   connection: login = access key id, password = secret access key, extras ``endpoint_url``
-   (or ``service_config.s3.endpoint_url``), ``region_name``, ``aws_session_token``,
-   ``profile_name``, ``config_kwargs.s3.addressing_style`` (or ``addressing_style``);
+   the ``bucketindex`` connection's ``storage_conn_id`` extra). An ``aws`` connection goes through
+   the **Amazon provider's hook** when ``apache-airflow-providers-amazon`` is installed (the
+   ``amazon`` extra): ``AwsBaseHook.get_credentials()`` resolves its keys, ``role_arn`` (assumed
+   through STS), profile or session kwargs into keys and a session token, and its
+   ``AwsConnectionWrapper`` gives the S3 endpoint and the region (:func:`options_through_amazon_provider`).
+   Without the provider (or for another connection type) it is read by hand as the provider reads
+   one: login = access key id, password = secret access key, extras ``endpoint_url`` (or
+   ``service_config.s3.endpoint_url``), ``region_name``, ``aws_session_token``, ``profile_name``,
+   ``config_kwargs.s3.addressing_style`` (or ``addressing_style``); ``role_arn`` and the other
+   assume-role extras are refused there (:func:`options_by_hand`);
 2. the ``bucketindex`` connection's ``storage_options`` extra (a JSON object of
    :data:`spark_jobs.io.storage.KNOWN_OPTIONS` keys);
 3. the operator's ``storage_options`` argument (templated).
@@ -50,7 +56,9 @@ from spark_jobs.io import storage
 
 __all__ = [
     "CREDENTIAL_KEYS",
+    "StorageCredentialsError",
     "StorageOptionsError",
+    "amazon_base_hook",
     "check_no_secrets",
     "combine",
     "env_value",
@@ -60,7 +68,9 @@ __all__ = [
     "mask",
     "merge_levels",
     "object_storage_location",
+    "options_by_hand",
     "options_from_storage_connection",
+    "options_through_amazon_provider",
     "parse_options",
     "resolve_options",
     "scoped",
@@ -111,21 +121,89 @@ def extras_storage(conn: Any) -> tuple[dict[str, str], str | None]:
     return options, (str(storage_conn_id).strip() or None) if storage_conn_id not in (None, "") else None
 
 
-def options_from_storage_connection(conn: Any, *, log: Any = None) -> dict[str, str]:
-    """The options of a storage connection, read as the Amazon provider reads an ``aws`` one.
+#: the Amazon provider's module whose ``AwsBaseHook`` resolves an ``aws`` connection's credentials
+AMAZON_HOOK_MODULE = "airflow.providers.amazon.aws.hooks.base_aws"
+#: how a user gets that path (setup.cfg's extra)
+AMAZON_EXTRA = "pip install 'airflow-provider-bucketindex[amazon]'"
 
-    Login and password are the access key id and secret; extras name the endpoint, region,
-    token, profile and addressing style. Extras bucketindex does not know are left to the
-    provider they belong to (a shared ``aws_default`` has many), except those that change
-    which credentials sign requests (``role_arn`` ...), which are refused: honouring them
-    partially would reach the store as someone else."""
-    extra = dict(conn.extra_dejson or {})
+
+class StorageCredentialsError(RuntimeError):
+    """The Amazon provider could not resolve a storage connection's credentials (STS refused or
+    unreachable, a profile missing): not bad input as such -- an STS outage passes -- so an
+    ordinary, retried task failure."""
+
+
+def amazon_base_hook() -> type | None:
+    """``AwsBaseHook`` when the Amazon provider is installed, else None (then :func:`options_by_hand`)."""
+    try:
+        module = __import__(AMAZON_HOOK_MODULE, fromlist=["AwsBaseHook"])
+    except ImportError:
+        return None
+    return getattr(module, "AwsBaseHook", None)
+
+
+def options_from_storage_connection(conn: Any, *, log: Any = None) -> dict[str, str]:
+    """The options of a storage connection: through the Amazon provider's hook for an ``aws``
+    connection when the provider is installed (roles, ``role_arn``, profiles as the provider
+    handles them), read by hand otherwise (the module docstring, level 1)."""
+    hook_class = amazon_base_hook()
+    if hook_class is not None and (conn.conn_type or "aws") == "aws":
+        return options_through_amazon_provider(conn, hook_class=hook_class, log=log)
+    return options_by_hand(conn, log=log)
+
+
+def _credential_source(extra: Mapping[str, Any], conn: Any) -> bool:
+    """Whether an ``aws`` connection names where its credentials come from (keys, a token, a
+    profile, a role, session kwargs). Without one the SDK's default chain applies in every process
+    that reaches the store, as it does without a connection -- nothing is frozen into options."""
+    named = ("aws_access_key_id", "aws_secret_access_key", "aws_session_token", "profile_name", "role_arn",
+             "session_kwargs", "assume_role_method")
+    return bool(conn.login or conn.password or any(extra.get(k) for k in named))
+
+
+def options_through_amazon_provider(conn: Any, *, hook_class: type, log: Any = None) -> dict[str, str]:
+    """An ``aws`` connection's options as the Amazon provider resolves them.
+
+    The endpoint (``service_config.s3.endpoint_url``, else ``endpoint_url``) and the region come
+    from its ``AwsConnectionWrapper``; when the connection names a credential source, the keys
+    and session token come from ``AwsBaseHook.get_credentials()``: a ``role_arn`` is assumed
+    through STS (its endpoint: ``service_config.sts.endpoint_url``, as the provider reads it), a
+    ``profile_name`` read from the worker's AWS files. The result is frozen keys: temporary ones
+    (an assumed role's) expire after their session's duration (STS default one hour;
+    ``assume_role_kwargs.DurationSeconds`` sets it), which bounds a Spark job given them. Other
+    store settings bucketindex knows (``addressing_style`` ...) are read as :func:`options_by_hand`
+    reads them."""
     where = f"storage connection {conn.conn_id!r}"
-    unsupported = [k for k in _AWS_UNSUPPORTED if extra.get(k)]
-    if unsupported:
-        raise StorageOptionsError(
-            f"{where}: extra {', '.join(unsupported)} is not supported by bucketindex (it signs with the "
-            f"connection's keys, profile or the SDK's default chain); assume the role outside Airflow or give keys")
+    extra = dict(conn.extra_dejson or {})
+    plain = {k: v for k, v in _hand_raw(conn, extra, where=where, log=log).items() if k not in CREDENTIAL_KEYS}
+    hook = hook_class(aws_conn_id=conn.conn_id, client_type="s3")
+    wrapper = hook.conn_config
+    endpoint = wrapper.get_service_endpoint_url("s3")
+    if endpoint:
+        plain["endpoint_url"] = endpoint
+    if wrapper.region_name:
+        plain["region"] = wrapper.region_name
+    if _credential_source(extra, conn):
+        try:
+            creds = hook.get_credentials()
+        except Exception as e:  # STS, a profile, the network: the provider's own errors, one line
+            raise StorageCredentialsError(
+                f"{where}: the Amazon provider could not resolve its credentials: {' '.join(str(e).split())}"
+            ) from None
+        plain.update({"access_key_id": creds.access_key, "secret_access_key": creds.secret_key})
+        if creds.token:
+            plain["session_token"] = creds.token
+        if log is not None:
+            log.info("%s: credentials resolved by the Amazon provider's AwsBaseHook%s", where,
+                     f" (role {wrapper.role_arn})" if wrapper.role_arn else "")
+    try:
+        return storage.normalise_options(plain)
+    except BadInputError as e:
+        raise StorageOptionsError(f"{where}: {e}") from None
+
+
+def _hand_raw(conn: Any, extra: Mapping[str, Any], *, where: str, log: Any) -> dict[str, Any]:
+    """The options an ``aws``-style connection spells, before normalising (no refusal here)."""
     raw: dict[str, Any] = {}
     service = extra.get("service_config")
     if isinstance(service, Mapping) and isinstance(service.get("s3"), Mapping) and service["s3"].get("endpoint_url"):
@@ -151,8 +229,27 @@ def options_from_storage_connection(conn: Any, *, log: Any = None) -> dict[str, 
         raw["access_key_id"] = conn.login
     if conn.password:
         raw["secret_access_key"] = conn.password
+    return raw
+
+
+def options_by_hand(conn: Any, *, log: Any = None) -> dict[str, str]:
+    """The options of a storage connection, read as the Amazon provider reads an ``aws`` one,
+    without it (it is not installed, or the connection is of another type).
+
+    Login and password are the access key id and secret; extras name the endpoint, region,
+    token, profile and addressing style. Extras bucketindex does not know are left to the
+    provider they belong to (a shared ``aws_default`` has many), except those that change
+    which credentials sign requests (``role_arn`` ...), which are refused: honouring them
+    partially would reach the store as someone else (the Amazon provider honours them)."""
+    extra = dict(conn.extra_dejson or {})
+    where = f"storage connection {conn.conn_id!r}"
+    unsupported = [k for k in _AWS_UNSUPPORTED if extra.get(k)]
+    if unsupported:
+        raise StorageOptionsError(
+            f"{where}: extra {', '.join(unsupported)} needs the Amazon provider's credentials ({AMAZON_EXTRA}); "
+            f"without it bucketindex signs with the connection's keys, profile or the SDK's default chain")
     try:
-        return storage.normalise_options(raw)
+        return storage.normalise_options(_hand_raw(conn, extra, where=where, log=log))
     except BadInputError as e:
         raise StorageOptionsError(f"{where}: {e}") from None
 

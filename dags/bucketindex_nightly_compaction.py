@@ -1,1 +1,1 @@
-../airflow_provider_bucketindex/example_dags/bucketindex_nightly_compaction.py
+../airflow_provider_bucketindex/dags/bucketindex_nightly_compaction.py

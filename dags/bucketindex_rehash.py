@@ -1,1 +1,1 @@
-../airflow_provider_bucketindex/example_dags/bucketindex_rehash.py
+../airflow_provider_bucketindex/dags/bucketindex_rehash.py

@@ -1,1 +1,1 @@
-../airflow_provider_bucketindex/example_dags/bucketindex_shadow_compare.py
+../airflow_provider_bucketindex/dags/bucketindex_shadow_compare.py

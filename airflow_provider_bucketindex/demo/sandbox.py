@@ -38,17 +38,18 @@ LOCAL_TEST_CONF = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": 
 
 
 def example_dags_folder() -> str:
-    """The installed example DAGs (``dags/`` in the repository links to these files)."""
-    from airflow_provider_bucketindex import example_dags
+    """The installed example DAGs, :mod:`airflow_provider_bucketindex.dags` (``dags/`` in the
+    repository links to these files)."""
+    from airflow_provider_bucketindex import dags
 
-    return os.path.dirname(os.path.abspath(example_dags.__file__))
+    return os.path.dirname(os.path.abspath(dags.__file__))
 
 
 def connection_json(
     master: str = "local[2]", conf: dict[str, str] | None = None, *, port: int | None = None, **extra: Any
 ) -> str:
     """A ``bucketindex`` connection as the JSON an ``AIRFLOW_CONN_<ID>`` variable takes
-    (``extra`` keys as in the connection form: ``python``, ``deploy-mode``, ``index`` ...)."""
+    (``extra`` keys as in the connection form: ``python``, ``deploy_mode``, ``index`` ...)."""
     body: dict[str, Any] = {"conn_type": "bucketindex", "host": master}
     if port is not None:
         body["port"] = port
@@ -227,6 +228,23 @@ class RunReport:
 
     def task_state(self, task_id: str) -> str | None:
         return self.tasks.get(task_id, {}).get("state")
+
+    def batch_id(self, task_id: str, map_index: int = -1) -> str:
+        """The default batch id of ``task_id`` in this run (:func:`airflow_provider_bucketindex.batch.batch_base`:
+        by the run's data interval, else its run id), read from the run's row in the metadata DB."""
+        from airflow.models.dagrun import DagRun
+        from airflow.utils.session import create_session
+        from sqlalchemy import select
+
+        from airflow_provider_bucketindex.batch import default_batch_id, interval_batch_id
+
+        with create_session() as session:
+            dr = session.scalars(select(DagRun).where(DagRun.dag_id == self.dag_id,
+                                                      DagRun.run_id == self.run_id)).one()
+            start, end = dr.data_interval_start, dr.data_interval_end
+        if start is not None and end is not None:
+            return interval_batch_id(self.dag_id, task_id, start, end, map_index)
+        return default_batch_id(self.dag_id, self.run_id, task_id, map_index)
 
     def mapped_states(self, task_id: str) -> dict[int, str | None]:
         """``{map_index: state}`` of a mapped task's instances."""

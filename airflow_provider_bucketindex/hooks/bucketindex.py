@@ -104,6 +104,10 @@ CONNECT_TOKEN_ENV = "SPARK_CONNECT_AUTHENTICATE_TOKEN"
 _TOKEN_PARAM = re.compile(r"(?:^|;)token=([^;]*)")
 
 
+#: seconds :meth:`BucketIndexHook.test_connection` waits for a TCP connection to a Spark master or
+#: Connect server (a firewall that drops packets would otherwise hold the connection form)
+TEST_CONNECT_TIMEOUT_S = 5.0
+
 #: seconds a Spark Connect client has, after SIGTERM, to interrupt its server work and clean up
 CONNECT_KILL_GRACE_S = 15.0
 
@@ -135,7 +139,7 @@ class ConnectionSettings:
     #: options an upsert uses when it *creates* a table (index, num_buckets, table_type, source_format)
     table_defaults: dict[str, Any] = field(default_factory=dict)
     #: where the operators run their work by default (``engine`` extra): ``auto`` (None), ``spark``
-    #: or ``arrow``; and the in-task engine's memory budget (``memory-budget`` extra, e.g. ``4g``)
+    #: or ``arrow``; and the in-task engine's memory budget (``memory_budget`` extra, e.g. ``4g``)
     engine: str | None = None
     memory_budget: str | None = None
     #: a Spark Connect server, ``sc://host:port[/;param=value]`` without its token: jobs run
@@ -147,6 +151,8 @@ class ConnectionSettings:
     storage_options: Any = field(default=None, repr=False)
     #: the ``storage_conn_id`` extra: an ``aws``-style connection with the store's keys and endpoint
     storage_conn_id: str | None = None
+    #: the ``location`` extra: a folder or table :meth:`BucketIndexHook.test_connection` lists
+    location: str | None = None
 
     @classmethod
     def for_spark_connect(cls, conn_id: str, *, base: "ConnectionSettings | None" = None) -> "ConnectionSettings":
@@ -157,7 +163,7 @@ class ConnectionSettings:
 
     @classmethod
     def from_connection(cls, conn: Any) -> "ConnectionSettings":
-        extra = conn.extra_dejson or {}
+        extra = canonical_extras(conn)
         host = (conn.host or "").strip()
         if not host:
             master = DEFAULT_MASTER
@@ -176,25 +182,48 @@ class ConnectionSettings:
         if not isinstance(conf, dict):
             raise ValueError(f"connection {conn.conn_id!r}: extra 'conf' must be a JSON object of Spark properties")
         defaults = {}
-        for key, opt in (("index", "index"), ("num-buckets", "num_buckets"), ("table-type", "table_type"),
-                         ("source-format", "source_format")):
-            if extra.get(key) not in (None, ""):
-                defaults[opt] = extra[key]
+        for opt in ("index", "num_buckets", "table_type", "source_format"):
+            if extra.get(opt) not in (None, ""):
+                defaults[opt] = extra[opt]
         return cls(
             conn_id=conn.conn_id,
             master=master,
-            deploy_mode=extra.get("deploy-mode") or None,
-            spark_binary=extra.get("spark-binary") or "spark-submit",
+            deploy_mode=extra.get("deploy_mode") or None,
+            spark_binary=extra.get("spark_binary") or "spark-submit",
             spark_conn_id=extra.get("spark_conn_id") or None,
             python=extra.get("python") or None,
             conf={str(k): str(v) for k, v in conf.items()},
             table_defaults=defaults,
             engine=str(extra["engine"]).strip() if extra.get("engine") not in (None, "") else None,
-            memory_budget=(str(extra["memory-budget"]).strip()
-                           if extra.get("memory-budget") not in (None, "") else None),
+            memory_budget=(str(extra["memory_budget"]).strip()
+                           if extra.get("memory_budget") not in (None, "") else None),
             storage_options=extra.get("storage_options") or None,
             storage_conn_id=str(extra["storage_conn_id"]).strip() or None if extra.get("storage_conn_id") else None,
+            location=str(extra["location"]).strip() or None if extra.get("location") else None,
         )
+
+
+#: the connection extras, each spelled one way (``snake_case``, as the operators' arguments and the
+#: other extras are); the hyphenated spellings of earlier releases are still read
+EXTRA_ALIASES = {"deploy-mode": "deploy_mode", "spark-binary": "spark_binary", "num-buckets": "num_buckets",
+                 "table-type": "table_type", "source-format": "source_format", "memory-budget": "memory_budget"}
+
+
+def canonical_extras(conn: Any) -> dict[str, Any]:
+    """A ``bucketindex`` connection's extras with each key in its one spelling (:data:`EXTRA_ALIASES`):
+    a connection saved with ``num-buckets`` keeps working. Both spellings with different values are
+    bad input (ValueError naming the connection and both keys): which one was meant is unknown."""
+    extra = dict(conn.extra_dejson or {})
+    for old, new in EXTRA_ALIASES.items():
+        if old not in extra:
+            continue
+        value = extra.pop(old)
+        if extra.get(new) not in (None, "") and value not in (None, "") and str(extra[new]) != str(value):
+            raise ValueError(f"connection {conn.conn_id!r}: extras {new!r} ({extra[new]!r}) and {old!r} ({value!r}) "
+                             f"disagree; keep {new!r}")
+        if extra.get(new) in (None, ""):
+            extra[new] = value
+    return extra
 
 
 def spark_connect_url(conn_id: str) -> tuple[str, str | None]:
@@ -442,6 +471,82 @@ class BucketIndexHook(BaseHook):
             return ConnectionSettings.for_spark_connect(settings.spark_conn_id, base=settings)
         return settings
 
+    # -- testing the connection (the connection form's Test button, ``airflow connections test``) --
+    def test_connection(self) -> tuple[bool, str]:
+        """``(ok, message)``, as Airflow's hooks answer: whether the connection's Spark side is
+        reachable and its storage side lists.
+
+        * **Spark**: a Spark Connect server (``spark_connect`` connection, an ``sc://`` master) or a
+          standalone master (``spark://``, each host of an HA list) or a Kubernetes API server
+          (``k8s://``) must accept a TCP connection (:data:`TEST_CONNECT_TIMEOUT_S`): the server is
+          there, nothing is submitted and no JVM starts; ``local[...]`` needs ``spark-submit`` in the
+          worker's environment (:func:`~airflow_provider_bucketindex.packaging.resolve_spark_binary`),
+          ``yarn`` the Hadoop configuration spark-submit reads (``HADOOP_CONF_DIR`` / ``YARN_CONF_DIR``).
+        * **Storage**: the storage options are resolved (a bad key, a refused or failed ``role_arn``
+          fails here, not in the first task) and, when the connection's ``location`` extra names a
+          folder or a table (a local path, ``s3://bucket/prefix``), it is listed with them.
+
+        Runs in the process that tests (the API server, or ``airflow connections test``): its
+        network and files, which may differ from a worker's."""
+        results: list[tuple[bool, str]] = []
+        try:
+            settings = self.settings
+        except Exception as e:  # a missing delegated connection, a bad conf extra
+            return False, f"connection {self.conn_id!r}: {_one_line(e)}"
+        for check in (self._test_spark, self._test_storage):
+            try:
+                results.append(check(settings))
+            except Exception as e:  # each check says what it tried; anything else is one line too
+                results.append((False, f"{check.__name__.removeprefix('_test_')}: {_one_line(e)}"))
+        return all(ok for ok, _ in results), "; ".join(message for _, message in results)
+
+    def _test_spark(self, settings: ConnectionSettings) -> tuple[bool, str]:
+        url = self.remote_url()
+        if url is not None:
+            host, port = _host_port(url.removeprefix("sc://").split("/", 1)[0], 15002)
+            return _tcp_check(f"Spark Connect {url}", [(host, port)])
+        master = self.master or settings.master
+        if settings.spark_conn_id:  # the master an ordinary Spark connection resolves to, as spark-submit gets it
+            master = BucketIndexSparkSubmitHook(settings=settings, master=self.master).resolved_master
+        if master == "local" or master.startswith("local["):
+            binary = packaging.resolve_spark_binary(settings.spark_binary)
+            return True, f"Spark {master}: {binary} (a local master runs in the worker)"
+        if master.startswith("spark://"):
+            hosts = [_host_port(h, 7077) for h in master.removeprefix("spark://").split(",") if h]
+            return _tcp_check(f"Spark master {master}", hosts, any_of=True)
+        if master.startswith("k8s://"):
+            from urllib.parse import urlsplit
+
+            api = master.removeprefix("k8s://")
+            parts = urlsplit(api if "://" in api else f"https://{api}")
+            port = parts.port or (80 if parts.scheme == "http" else 443)
+            return _tcp_check(f"Kubernetes API {api}", [(parts.hostname or "", port)])
+        if master == "yarn" or master.startswith("yarn"):
+            conf_dir = os.environ.get("HADOOP_CONF_DIR") or os.environ.get("YARN_CONF_DIR")
+            if not conf_dir:
+                return False, ("Spark master yarn: neither HADOOP_CONF_DIR nor YARN_CONF_DIR is set in this "
+                               "process's environment; spark-submit reads the ResourceManager's address there")
+            return True, f"Spark master yarn: Hadoop configuration in {conf_dir} (the ResourceManager is not contacted)"
+        return True, f"Spark master {master}: not checked (no reachability test for this master)"
+
+    def _test_storage(self, settings: ConnectionSettings) -> tuple[bool, str]:
+        options = self.storage_settings()  # a bad key or a refused role fails here, in one line
+        where = f"storage options from {self.storage_conn_id or settings.storage_conn_id!r}" \
+            if (self.storage_conn_id or settings.storage_conn_id) else "storage"
+        if not settings.location:
+            return True, (f"{where}: resolved ({len(options)} options); no location to list (set the "
+                          f"connection's location extra to test one)")
+        from spark_jobs.io import storage as core_storage
+        from spark_jobs.io.filesystem import resolve
+
+        shown = core_storage.redact_uri(settings.location)
+        with self.storage_scope():
+            io, path = resolve(settings.location)
+            if "://" not in settings.location and not io.exists(path):
+                return False, f"storage: {shown} does not exist on this machine"
+            names = io.list_names(path)
+        return True, f"storage: listed {shown} ({len(names)} entries)"
+
     # -- storage -----------------------------------------------------------------------
     @cached_property
     def _storage(self) -> dict[str, str]:
@@ -492,13 +597,22 @@ class BucketIndexHook(BaseHook):
         return {OPTIONS_ENV: task_storage.env_value(task_storage.merge_levels(own, options))}
 
     def table_defaults(self) -> dict[str, Any]:
-        """Options the connection sets for tables an upsert creates."""
-        return dict(self.settings.table_defaults)
+        """Options for tables an upsert creates (and the source format): the connection's extras
+        over the ``[bucketindex]`` configuration section's (:mod:`airflow_provider_bucketindex.config`)."""
+        from airflow_provider_bucketindex import config
+
+        return {**config.table_defaults(), **self.settings.table_defaults}
 
     def engine_defaults(self) -> tuple[str | None, str | None]:
-        """``(engine, memory_budget)`` the connection sets for the operators that take an
-        ``engine`` (its ``engine`` and ``memory-budget`` extras; None: auto, the machine's budget)."""
-        return self.settings.engine, self.settings.memory_budget
+        """``(engine, memory_budget)`` for the operators that take an ``engine`` when the task does
+        not say: the connection's ``engine`` and ``memory_budget`` extras, else ``[bucketindex] engine``
+        and ``memory_budget``; None: auto, and the core's budget (``$BUCKETINDEX_ARROW_MEMORY_BUDGET``,
+        else a quarter of the machine)."""
+        from airflow_provider_bucketindex import config
+
+        s = self.settings
+        return (s.engine if s.engine is not None else config.option("engine"),
+                s.memory_budget if s.memory_budget is not None else config.option("memory_budget"))
 
     def spark_conf(self) -> dict[str, str]:
         """The connection's ``conf`` extra overlaid with this hook's ``conf``; secrets masked in logs."""
@@ -825,11 +939,13 @@ class BucketIndexHook(BaseHook):
 def _local_driver_memory(master: str, conf: dict[str, str]) -> str | None:
     """A local master runs the executors inside the driver JVM, so Spark's 1 GiB default heap is
     the whole job's memory: size it to the worker machine unless the task or connection set it."""
+    from airflow_provider_bucketindex import config
     from spark_jobs.resources import is_local_master, local_driver_memory
 
     if not is_local_master(master) or "spark.driver.memory" in conf:
         return None
-    return local_driver_memory()
+    # [bucketindex] driver_memory, else the core's $BUCKETINDEX_DRIVER_MEMORY, else a third of the machine
+    return local_driver_memory(config.option("driver_memory"))
 
 
 def _summary(t: "Table", inst: "Instant") -> dict[str, Any]:
@@ -866,6 +982,37 @@ def _reason_of(output: list[str], mask: Any = None, what: str = "the job's outpu
         if not _LOG_LINE.match(text):
             return mask(text)
     return f"see the task log for {what}"
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+def _host_port(text: str, default_port: int) -> tuple[str, int]:
+    """``host[:port]`` (``[v6]:port`` too) -> (host, port)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(f"//{text}")
+    return parts.hostname or "", parts.port or default_port
+
+
+def _tcp_check(what: str, addresses: list[tuple[str, int]], *, any_of: bool = False) -> tuple[bool, str]:
+    """Whether each address (any one, with ``any_of``: a standalone HA master list) accepts a TCP
+    connection within :data:`TEST_CONNECT_TIMEOUT_S`; the message names what answered or why not."""
+    import socket
+
+    failures: list[str] = []
+    reached: list[str] = []
+    for host, port in addresses:
+        try:
+            with socket.create_connection((host, port), timeout=TEST_CONNECT_TIMEOUT_S):
+                reached.append(f"{host}:{port}")
+        except OSError as e:
+            failures.append(f"{host}:{port}: {_one_line(e)}")
+    ok = bool(reached) and (any_of or not failures)
+    if ok:
+        return True, f"{what}: reachable ({', '.join(reached)})"
+    return False, f"{what}: not reachable ({'; '.join(failures) or 'no address'})"
 
 
 def _mask_secret(value: str, name: str) -> None:

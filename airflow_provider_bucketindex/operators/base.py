@@ -296,8 +296,9 @@ class BucketIndexEngineMixin:
     * ``engine="arrow"``: always in the task (a batch the Arrow engine cannot run fails as bad
       input, without retries).
 
-    ``memory_budget`` (e.g. ``"4g"``; default: the connection's ``memory-budget`` extra, else
-    ``$BUCKETINDEX_ARROW_MEMORY_BUDGET``, else a quarter of the worker's physical memory).
+    ``memory_budget`` (e.g. ``"4g"``; default: the connection's ``memory_budget`` extra, else the
+    ``[bucketindex] memory_budget`` option, else ``$BUCKETINDEX_ARROW_MEMORY_BUDGET``, else a quarter
+    of the worker's physical memory); the engine's default likewise (``[bucketindex] engine``).
     """
 
     engine: Any
@@ -307,7 +308,8 @@ class BucketIndexEngineMixin:
 
     def requested_engine(self) -> tuple[str, str | None]:
         """``(engine, memory_budget)`` this task asks for: its own arguments (templates rendered),
-        else the connection's ``engine`` / ``memory-budget`` extras, else ``auto`` and the
+        else the connection's ``engine`` / ``memory_budget`` extras, else the ``[bucketindex]``
+        options (:meth:`BucketIndexHook.engine_defaults`), else ``auto`` and the
         machine's budget. An unknown engine fails the task without retries."""
         from airflow.sdk.exceptions import AirflowFailException
 

@@ -76,9 +76,9 @@ class BootstrapTableOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
         otherwise -- also when the Arrow engine finds, before writing anything, that it cannot
         run it; ``spark``: always spark-submit; ``arrow``: always in the task (templated).
     :param memory_budget: what the in-task engine may hold, e.g. ``"4g"`` (templated; default:
-        the connection's ``memory-budget`` extra, else the machine's).
+        the connection's ``memory_budget`` extra, else ``[bucketindex] memory_budget``, else the machine's).
 
-    Connection table defaults (``index``, ``num-buckets``, ``table-type`` extras) do not
+    Connection table defaults (``index``, ``num_buckets``, ``table_type`` extras) do not
     apply: a bootstrap says what it builds, or takes the CLI's defaults.
 
     Exit status 2 (bad input: no source, duplicate keys without ``precombine_field``, a table

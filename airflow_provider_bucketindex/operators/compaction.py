@@ -59,7 +59,7 @@ class AsyncIndexCompactionOperator(BucketIndexEngineMixin, BucketIndexSparkOpera
         buckets it folds at once) fits ``memory_budget``, spark-submit otherwise; ``spark``:
         always spark-submit; ``arrow``: always in the task.
     :param memory_budget: what the in-task compaction may hold, e.g. ``"4g"`` (templated;
-        default: the connection's ``memory-budget`` extra, else the machine's).
+        default: the connection's ``memory_budget`` extra, else ``[bucketindex] memory_budget``, else the machine's).
 
     Returns (execute, both) also ``"counts"`` and ``"engine"`` (``arrow`` or ``spark``).
     """

@@ -51,7 +51,7 @@ class RehashOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
         ``bucketindex rehash`` to Spark otherwise; ``spark``: always spark-submit; ``arrow``:
         always in the task.
     :param memory_budget: what the in-task rehash may hold, e.g. ``"4g"`` (templated; default:
-        the connection's ``memory-budget`` extra, else the machine's).
+        the connection's ``memory_budget`` extra, else ``[bucketindex] memory_budget``, else the machine's).
 
     Returns ``{"table_uri", "instant", "num_buckets", "previous_num_buckets", "noop",
     "counts", "engine"}`` (XCom, when ``do_xcom_push``; ``engine`` None for a no-op).

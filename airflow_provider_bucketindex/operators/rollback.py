@@ -8,7 +8,7 @@ from airflow.sdk import BaseOperator, TriggerRule
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_bucketindex import DEFAULT_CONN_ID
-from airflow_provider_bucketindex.batch import upstream_batches
+from airflow_provider_bucketindex.batch import replay_suffix, upstream_batches
 from airflow_provider_bucketindex.operators.base import BucketIndexTableMixin, storage_scoped
 
 if TYPE_CHECKING:
@@ -110,7 +110,12 @@ class RollbackBatchOperator(BucketIndexTableMixin, BaseOperator):
         self.log.info("Upsert task %s: %s", self.upsert_task_id,
                       f"batch {found.batch_id}" if found.batch_id else f"every batch matching {found.pattern.pattern}")
         if found.batch_id is not None:  # an unmapped upsert, or our own instance of a mapped one
-            return self._rollback_batch(table_uri, found.batch_id)
+            done = self._rollback_batch(table_uri, found.batch_id)
+            if done["rolled_back"] is None:  # the upsert ran with replay=True: its id has this run's suffix
+                replayed = self._rollback_batch(table_uri, found.batch_id + replay_suffix(context))
+                if replayed["rolled_back"] is not None:
+                    return replayed
+            return done
         # a mapped upsert and an unmapped rollback: every instance that left a pending write
         pending = self.hook.pending_batches(table_uri, found.matches)
         if not pending:

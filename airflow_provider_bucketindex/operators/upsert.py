@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from airflow_provider_bucketindex.batch import batch_id_from_context
+from airflow_provider_bucketindex.batch import batch_id_from_context, replay_suffix
 from airflow_provider_bucketindex.hooks.bucketindex import (
     EXIT_BAD_INPUT,
     EXIT_RETRYABLE,
@@ -64,8 +64,13 @@ class UpsertWithIndexOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
         scheduled compaction plan (format.md §5.2); default the table's setting (recorded by
         the upsert that created it with the flag; off when absent).
     :param batch_id: the batch's id; a batch id that is already committed makes the upsert
-        a no-op (templated). Default ``<dag_id>/<run_id>/<task_id>``: the same for every
-        try of the task, so a retry never applies the batch twice.
+        a no-op (templated). Default ``<dag_id>/<task_id>/<data interval start>--<end>``
+        (:mod:`airflow_provider_bucketindex.batch`): the same for every try of the task and for
+        every run of the same data interval, so neither a retry nor a re-run of a past date
+        applies the batch twice; a run without a data interval uses ``<dag_id>/<run_id>/<task_id>``.
+    :param replay: apply the batch again although its interval's batch is committed (templated;
+        default False): the batch id gets ``/replay/<run_id>``, new for this run (its retries
+        share it). For a corrected source of a past date; a plain re-run is a no-op.
     :param skip_committed_batches: when the batch id is already committed (a retry after
         the commit), do not even start spark-submit; push the existing commit.
     :param engine: ``auto`` (default: the connection's ``engine`` extra, else auto) runs the
@@ -75,7 +80,8 @@ class UpsertWithIndexOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
         anything, a rule it cannot reproduce (a JSON or CSV source into a new table, ...).
         ``spark``: always spark-submit; ``arrow``: always in the task (templated).
     :param memory_budget: what the in-task engine may hold, e.g. ``"4g"`` (templated; default:
-        the connection's ``memory-budget`` extra, else ``$BUCKETINDEX_ARROW_MEMORY_BUDGET``, else
+        the connection's ``memory_budget`` extra, else ``[bucketindex] memory_budget``,
+        else ``$BUCKETINDEX_ARROW_MEMORY_BUDGET``, else
         a quarter of the worker's physical memory).
 
     Index type, bucket count, table type and source format default to the connection's
@@ -123,6 +129,7 @@ class UpsertWithIndexOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
         "source_format",
         "delete_field",
         "batch_id",
+        "replay",
         "engine",
         "memory_budget",
         "master",
@@ -149,6 +156,7 @@ class UpsertWithIndexOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
         source_format: str | None = None,
         delete_field: str | None = None,
         batch_id: str | None = None,
+        replay: bool | str = False,
         skip_committed_batches: bool = True,
         engine: str | None = None,
         memory_budget: str | None = None,
@@ -170,6 +178,7 @@ class UpsertWithIndexOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
         self.source_format = source_format
         self.delete_field = delete_field
         self.batch_id = batch_id
+        self.replay = replay
         self.skip_committed_batches = skip_committed_batches
         self.engine = engine
         self.memory_budget = memory_budget
@@ -240,14 +249,18 @@ class UpsertWithIndexOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
     @storage_scoped
     def execute(self, context: Context) -> dict[str, Any]:
         table_uri = str(self.table_uri)
-        batch_id = str(self.batch_id) if self.batch_id else batch_id_from_context(context)
+        replay = _flag(self.replay)
+        batch_id = str(self.batch_id) if self.batch_id else (
+            batch_id_from_context(context) + (replay_suffix(context) if replay else ""))
         hook = self.hook
         self.log.info("Batch %s -> %s", batch_id, table_uri)
 
         if self.skip_committed_batches:
             done = hook.commit_for_batch(table_uri, batch_id)
             if done is not None:
-                self.log.info("Batch %s is already committed at %s (an earlier try): nothing to do", batch_id, done["instant"])
+                self.log.info("Batch %s is already committed at %s (an earlier try, or an earlier run of this data "
+                              "interval): nothing to do%s", batch_id, done["instant"],
+                              "" if self.batch_id or replay else "; replay=True applies it again under a new batch id")
                 return self._publish(context, done)
 
         from spark_jobs.table import WriterAliveError
@@ -343,3 +356,10 @@ class UpsertWithIndexOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
         self.log.warning(
             "upsert stopped; a pending instant of this batch, if any, is left for the rollback task or the next try"
         )
+
+
+def _flag(value: Any) -> bool:
+    """A templated switch: ``True``, or text a template renders (``"True"``, ``"true"``, ``"1"``)."""
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "1", "yes", "on")
+    return bool(value)

@@ -37,7 +37,8 @@ class ValidateTableOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
         ``memory_budget``, spark-submit otherwise; ``spark``: always spark-submit; ``arrow``:
         always in the task (templated).
     :param memory_budget: what the in-task check may hold, e.g. ``"4g"`` (templated; default:
-        the connection's ``memory-budget`` extra, else ``$BUCKETINDEX_ARROW_MEMORY_BUDGET``, else a
+        the connection's ``memory_budget`` extra, else ``[bucketindex] memory_budget``,
+        else ``$BUCKETINDEX_ARROW_MEMORY_BUDGET``, else a
         quarter of the worker's physical memory).
 
     Returns ``{"table_uri", "valid", "instant", "engine"}`` (``instant``: the latest commit

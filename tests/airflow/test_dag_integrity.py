@@ -138,3 +138,36 @@ def test_parsing_does_no_work(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert not (tmp_path / "no").exists()
     assert time.perf_counter() - t0 < 60
+
+
+def test_load_examples_does_not_load_the_packaged_dags_beside_the_users_copies(monkeypatch):  # type: ignore[no-untyped-def]
+    """With ``[core] load_examples`` on (Airflow's default), Airflow adds each installed provider's
+    ``example_dags`` folder as a DAG bundle; the packaged DAGs live in ``airflow_provider_bucketindex/dags``,
+    so no bundle holds them and a user's (edited) copy in the DAG folder is the only one parsed."""
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+
+    import airflow_provider_bucketindex
+
+    monkeypatch.setenv("AIRFLOW__CORE__LOAD_EXAMPLES", "True")
+    manager = DagBundlesManager()
+    monkeypatch.setattr(manager, "_bundle_config", {})
+    manager.parse_config()
+    paths = {name: str(getattr(b, "path", "")) for name, b in ((b.name, b) for b in manager.get_all_dag_bundles())}
+    assert "example_dags" in paths, "load_examples took effect (Airflow's own examples are a bundle)"
+    package = str(Path(airflow_provider_bucketindex.__file__).resolve().parent)
+    assert not [n for n, p in paths.items() if p and str(Path(p).resolve()).startswith(package)], paths
+    assert not (Path(package) / "example_dags").exists()
+    assert {p.name for p in (Path(package) / "dags").glob("bucketindex_*.py")} == {p.name for p in DAGS.glob("*.py")}
+
+
+def test_every_example_dag_documents_itself_and_waits_without_holding_a_slot(dagbag):  # type: ignore[no-untyped-def]
+    """``doc_md`` on every example DAG (its module docstring, shown in the UI), and every sensor
+    that may wait long (a timeout over ten minutes) in ``reschedule`` mode: no worker slot held."""
+    from airflow.sdk import BaseSensorOperator
+
+    assert len(dagbag.dags) == len(list(DAGS.glob("*.py"))) >= 6
+    for dag_id, dag in dagbag.dags.items():
+        assert dag.doc_md and len(dag.doc_md.strip()) > 200, f"{dag_id} has no doc_md"
+        for task in dag.tasks:
+            if isinstance(task, BaseSensorOperator) and task.timeout > 600:
+                assert task.mode == "reschedule", f"{dag_id}.{task.task_id} waits {task.timeout} s in {task.mode}"

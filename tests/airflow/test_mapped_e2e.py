@@ -43,7 +43,7 @@ def test_mapped_upsert_rolls_back_only_the_failed_instance(tmp_path, airflow_db)
     assert run.mapped_states("ingest_file.committed") == {
         i: "upstream_failed" if i == dead else "success" for i in states}
     rolled = run.xcom("ingest_file.rollback", map_index=dead)
-    assert rolled["batch_id"] == f"{DAG_ID}/{run.run_id}/ingest_file.upsert/{dead}"
+    assert rolled["batch_id"] == run.batch_id("ingest_file.upsert", dead)
     assert rolled["rolled_back"], "the killed writer left a pending instant; its own rollback removes it"
 
     tl = Table.load(table).timeline.reload()

@@ -37,7 +37,7 @@ def test_rollback_branch_removes_the_failed_batchs_pending_instant(tmp_path, air
     assert run.task_state("upsert") == "failed"
     assert run.task_state("rollback_failed_upsert") == "success"
     out = run.xcom("rollback_failed_upsert")
-    assert out["batch_id"] == f"{DAG_ID}/{run.run_id}/upsert"
+    assert out["batch_id"] == run.batch_id("upsert")
     assert out["rolled_back"] and out["rolled_back"] != other
     tl = Table.load(table).timeline.reload()
     assert [i.timestamp for i in tl.pending()] == [other]

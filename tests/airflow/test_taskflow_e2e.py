@@ -53,7 +53,7 @@ def test_decorator_upserts_what_the_function_returns_and_get_df_reads_it(tmp_pat
 
     assert run1.state == "success", run1
     summary = run1.xcom("upsert")
-    assert summary["engine"] == "arrow" and summary["batch_id"] == f"bucketindex_test_taskflow/{run1.run_id}/upsert"
+    assert summary["engine"] == "arrow" and summary["batch_id"] == run1.batch_id("upsert")
     assert (summary["inserted"], summary["updated"], summary["deleted"]) == (len(BATCH1), 0, 0)
     read1 = run1.xcom("read")
     assert read1["latest"] == _expected(BATCH1)

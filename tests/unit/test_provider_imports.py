@@ -91,8 +91,8 @@ def test_the_walk_finds_every_module_airflow_is_told_about() -> None:
     declared |= {path.rpartition(".")[0] for path in info["notifications"]}
     declared |= {d["class-name"].rpartition(".")[0] for d in info["task-decorators"]}
     assert "airflow_provider_bucketindex.decorators.upsert" in declared
-    examples = {f"airflow_provider_bucketindex.example_dags.{p.stem}"
-                for p in Path(airflow_provider_bucketindex.__file__).parent.joinpath("example_dags").glob("*.py")
+    examples = {f"airflow_provider_bucketindex.dags.{p.stem}"
+                for p in Path(airflow_provider_bucketindex.__file__).parent.joinpath("dags").glob("*.py")
                 if p.stem != "__init__"}
     assert len(examples) >= 5 and len(declared) >= 11
     assert declared | examples <= set(MODULES) - set(EXEMPT)

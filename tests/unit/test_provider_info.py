@@ -47,8 +47,8 @@ def test_connection_type_and_form_fields():
     assert conn["connection-type"] == "bucketindex"
     assert conn["hook-class-name"] == "airflow_provider_bucketindex.hooks.bucketindex.BucketIndexHook"
     fields = conn["conn-fields"]
-    assert {"spark_conn_id", "deploy-mode", "spark-binary", "python", "conf", "index", "num-buckets", "table-type", "source-format"} <= set(
-        fields)
+    assert {"spark_conn_id", "deploy_mode", "spark_binary", "python", "conf", "index", "num_buckets", "table_type",
+            "source_format", "memory_budget", "engine", "storage_conn_id", "storage_options", "location"} <= set(fields)
     assert conn["ui-field-behaviour"]["relabeling"]["host"] == "Spark master"
     assert {"login", "password", "schema"} <= set(conn["ui-field-behaviour"]["hidden-fields"])
 

@@ -48,6 +48,83 @@ def test_default_batch_id_has_no_try_number():
     assert batch_id_from_context({"ti": FakeTI(task_id="rollback")}, "upsert") == batch_id_from_context({"ti": first})
 
 
+def test_a_run_with_a_data_interval_names_its_batch_after_the_interval_not_the_run(ops):  # type: ignore[no-untyped-def]
+    """Every run of one data interval (a retry, a re-run of the date under another run id) has one
+    batch id; another interval, another id; ``replay`` adds the run's id on purpose; a rollback in
+    a mapped group and an unmapped one after a mapped upsert find the replayed batches too."""
+    from datetime import datetime, timedelta, timezone
+
+    from airflow_provider_bucketindex.batch import interval_batch_id, replay_suffix, upstream_batches
+
+    start = datetime(2024, 1, 1, tzinfo=timezone.utc)
+    day = {"data_interval_start": start, "data_interval_end": start + timedelta(days=1)}
+    first = {"ti": FakeTI(run_id="scheduled__2024-01-01T00:00:00+00:00"), **day}
+    rerun = {"ti": FakeTI(run_id="manual__2024-01-05T10:11:12+00:00", try_number=3), **day}
+    expected = "d/upsert/2024-01-01T00:00:00+00:00--2024-01-02T00:00:00+00:00"
+    assert batch_id_from_context(first) == batch_id_from_context(rerun) == expected
+    nxt = {"ti": FakeTI(), "data_interval_start": start + timedelta(days=1),
+           "data_interval_end": start + timedelta(days=2)}
+    assert batch_id_from_context(nxt) != expected
+    # a naive bound is UTC (as Airflow stores it); another zone names the same instant
+    naive = datetime(2024, 1, 1, 1, 0)
+    cet = timezone(timedelta(hours=2))
+    assert interval_batch_id("d", "t", naive, naive) == interval_batch_id("d", "t", naive.replace(tzinfo=cet)
+                                                                           + timedelta(hours=2), naive) \
+        == "d/t/2024-01-01T01:00:00+00:00"  # a point interval (@daily's cron-trigger timetable): its start
+    assert interval_batch_id("d", "t", start, start, 4).endswith("/4")
+    # no interval (a manual run without a logical date): the run id, as before
+    assert batch_id_from_context({"ti": FakeTI(run_id="manual__x"), "data_interval_start": None,
+                                  "data_interval_end": None}) == "d/manual__x/upsert"
+    assert replay_suffix(rerun) == "/replay/manual__2024-01-05T10:11:12+00:00"
+
+    dag = _mapped_dag(ops)
+    ctx = {"ti": FakeTI(dag_id="m", run_id="r1", task_id="rollback_all"), "task": dag.get_task("rollback_all"), **day}
+    every = upstream_batches(ctx, "g.upsert")
+    base = "m/g.upsert/2024-01-01T00:00:00+00:00--2024-01-02T00:00:00+00:00"
+    assert every.matches(f"{base}/3") and every.matches(f"{base}/3/replay/r1")
+    assert not every.matches(f"{base}/3/replay/r2") and not every.matches(base)
+
+
+def test_replay_makes_a_new_batch_id_per_run_and_the_rollback_finds_it(ops, tmp_path):  # type: ignore[no-untyped-def]
+    """A committed interval batch makes the upsert a no-op; ``replay="True"`` (a rendered param)
+    commits under ``<interval id>/replay/<run id>``; the rollback task of that run finds a pending
+    write left under the replayed id."""
+    from datetime import datetime, timedelta, timezone
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from spark_jobs.table import Action, Table
+
+    start = datetime(2024, 1, 1, tzinfo=timezone.utc)
+    day = {"data_interval_start": start, "data_interval_end": start + timedelta(days=1)}
+    src = tmp_path / "in é"
+    src.mkdir()
+    pq.write_table(pa.table({"id": ["a b", "x/y"], "v": [1, None]}), str(src / "p.parquet"))
+    table = str(tmp_path / "t 1%")
+
+    def upsert(run_id, **kw):  # type: ignore[no-untyped-def]
+        op = ops.UpsertWithIndexOperator(task_id="upsert", table_uri=table, source_uri=str(src), record_key="id",
+                                         engine="arrow", **kw)
+        return op.execute({"ti": FakeTI(run_id=run_id), **day})
+
+    one = upsert("r1")
+    assert upsert("r2")["instant"] == one["instant"]  # a re-run of the interval: nothing committed
+    again = upsert("r3", replay="True")
+    assert again["batch_id"] == one["batch_id"] + "/replay/r3" and again["instant"] != one["instant"]
+    assert upsert("r3", replay="True")["instant"] == again["instant"]  # that run's retry: one commit
+    t = Table.load(table)
+    assert [t.timeline.read_metadata(i)["batch_id"] for i in t.timeline.reload().completed([Action.COMMIT])] == [
+        one["batch_id"], again["batch_id"]]
+    # a pending write of a replayed batch (a killed attempt of run r4): the rollback of r4 finds it
+    tl = t.timeline
+    pending = tl.transition_to_inflight(tl.create_requested(Action.COMMIT, {
+        "batch_id": one["batch_id"] + "/replay/r4", "operation": "upsert", "owner": {"host": "gone", "pid": 1, "at": 0}}))
+    rb = ops.RollbackBatchOperator(task_id="rollback", table_uri=table, upsert_task_id="upsert", force=True)
+    out = rb.execute({"ti": FakeTI(run_id="r4", task_id="rollback"), **day})
+    assert out == {"batch_id": one["batch_id"] + "/replay/r4", "rolled_back": pending.timestamp}
+
+
 # -- construction -------------------------------------------------------------------------
 
 
@@ -87,7 +164,7 @@ def test_template_fields_are_the_constructor_arguments_verbatim(ops):  # type: i
         table_uri="{{ params.t }}", source_uri="{{ ds }}", record_key=["a", "b"], precombine_field="ts",
         partition_field="p", index="bucket", num_buckets="{{ params.n }}", table_type="merge_on_read",
         source_format="json",
-        delete_field="del", batch_id="{{ run_id }}", master="spark://m:7077", conf={"k": "{{ ds }}"},
+        delete_field="del", batch_id="{{ run_id }}", replay="{{ params.replay }}", master="spark://m:7077", conf={"k": "{{ ds }}"},
         name="n", env_vars={"E": "1"}, engine="{{ params.engine }}", memory_budget="{{ params.budget }}",
         storage_conn_id="{{ params.store }}", storage_options={"region": "{{ params.region }}"},
     )  # fmt: skip

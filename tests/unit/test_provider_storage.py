@@ -138,7 +138,16 @@ def test_task_argument_over_connection_extra_over_storage_connection(ops, monkey
     assert other.hook.storage_settings()["access_key_id"] == "AKIAOTHER"
 
 
+def _hide_amazon_provider(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The hand path (``storage.options_by_hand``): as without ``apache-airflow-providers-amazon``
+    (tests/unit/test_provider_connections.py has the provider's path)."""
+    from airflow_provider_bucketindex.storage import AMAZON_HOOK_MODULE
+
+    monkeypatch.setitem(sys.modules, AMAZON_HOOK_MODULE, None)
+
+
 def test_aws_connection_forms_the_amazon_provider_reads(ops, monkeypatch):  # type: ignore[no-untyped-def]
+    _hide_amazon_provider(monkeypatch)  # the profile stays a profile (the provider would resolve it)
     _conn(monkeypatch, "aws_nested", {"conn_type": "aws", "extra": {
         "service_config": {"s3": {"endpoint_url": "http://s3.internal:9000"}},
         "config_kwargs": {"s3": {"addressing_style": "virtual"}}, "profile_name": "lake",
@@ -160,7 +169,8 @@ def test_a_bad_key_fails_the_task_before_any_work(ops, monkeypatch, where):  # t
         _bucketindex(monkeypatch)
     elif where == "connection extra":
         _bucketindex(monkeypatch, storage_options='{"endpoint_urll": "http://127.0.0.1:9000"}')  # JSON text, as stored
-    else:
+    else:  # refused on the hand path (the Amazon provider's path assumes it)
+        _hide_amazon_provider(monkeypatch)
         _aws(monkeypatch, extra={"role_arn": "arn:aws:iam::1:role/lake"})
         _bucketindex(monkeypatch, storage_conn_id="lake_s3")
     monkeypatch.setattr(bucketindex.BucketIndexHook, "submit", lambda *a, **k: pytest.fail("spark-submit ran"))

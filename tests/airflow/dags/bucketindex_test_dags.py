@@ -33,7 +33,7 @@ from functools import cached_property
 import pendulum
 from airflow.sdk import DAG, Param, task, task_group
 
-from airflow_provider_bucketindex.example_dags.bucketindex_nightly_compaction import build_dag
+from airflow_provider_bucketindex.dags.bucketindex_nightly_compaction import build_dag
 from airflow_provider_bucketindex.hooks.bucketindex import BucketIndexHook
 from airflow_provider_bucketindex.operators import (
     RollbackBatchOperator,

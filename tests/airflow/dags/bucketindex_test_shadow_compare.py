@@ -10,7 +10,7 @@ import os
 
 from airflow.sdk import BaseNotifier
 
-from airflow_provider_bucketindex.example_dags.bucketindex_shadow_compare import build_dag
+from airflow_provider_bucketindex.dags.bucketindex_shadow_compare import build_dag
 
 
 class FileNotifier(BaseNotifier):

@@ -9,7 +9,10 @@ Every run::
 
 * ``upsert`` applies the batch (data + index in one commit): inside the task when it fits
   the memory budget (``engine`` ``auto``, the default), else as a Spark job. Its batch id is
-  derived from DAG id, run id and task id, so a retry never applies the batch twice.
+  derived from the DAG id, the task id and the run's data interval, so neither a retry nor a
+  re-run of a past date (``airflow dags test bucketindex_ingest 2024-01-01`` after 2024-01-02)
+  applies the batch twice: the re-run logs that the batch is committed and does nothing. The
+  ``replay`` param applies it again on purpose, under a new batch id.
 * ``validate`` runs the full index <-> data check (in the task or as a Spark job, as
   ``upsert``) and fails the run on a mismatch.
 * ``rollback_failed_upsert`` runs only when ``upsert`` failed: it rolls back the pending
@@ -43,6 +46,7 @@ _NULLABLE_STR = ["null", "string"]
 
 with DAG(
     dag_id="bucketindex_ingest",
+    doc_md=__doc__,  # the module's docstring: what the DAG does, shown in the UI
     description="Upsert each day's landing batch into a bucketindex table, validate, roll back on failure",
     schedule="@daily",
     start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),
@@ -74,6 +78,14 @@ with DAG(
             enum=["auto", "spark", "arrow"],
             description="auto: in the task when the batch fits the memory budget, else Spark; spark: spark-submit",
         ),
+        "replay": Param(
+            False,
+            type="boolean",
+            description=(
+                "Apply this date's batch again although it is committed (a corrected landing file): a re-run of a "
+                "date is otherwise a no-op, its batch id being the data interval's"
+            ),
+        ),
     },
     tags=["bucketindex", "example"],
 ) as dag:
@@ -89,6 +101,7 @@ with DAG(
         num_buckets="{{ params.num_buckets }}",
         source_format="{{ params.source_format }}",
         engine="{{ params.engine }}",
+        replay="{{ params.replay }}",
     )
     validate = ValidateTableOperator(
         task_id="validate",

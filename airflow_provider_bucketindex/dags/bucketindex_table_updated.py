@@ -30,6 +30,7 @@ EVENTS_TABLE = table_asset(TABLE_URI)
 
 with DAG(
     dag_id="bucketindex_table_updated",
+    doc_md=__doc__,  # the module's docstring: what the DAG does, shown in the UI
     description="Runs after every commit to the events table (scheduled on its Asset)",
     schedule=[EVENTS_TABLE],
     start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),

@@ -29,7 +29,7 @@ Beside the ingest DAG (which keeps committing upserts while this one runs), ever
   (in the task or as a Spark job, by the same rule) after a compaction (skipped with it).
 
 Where Spark runs comes from the ``bucketindex_default`` connection, as for the ingest DAG;
-its ``engine`` and ``memory-budget`` extras set the default engine of both tasks.
+its ``engine`` and ``memory_budget`` extras set the default engine of both tasks.
 The table is the ``table_uri`` param, defaulting to ``BUCKETINDEX_TABLE_URI`` (the same
 variable the ingest DAG reads, so both DAGs work on one table); trigger with a config to
 override it, the compaction policy or the clean retention per run.
@@ -75,6 +75,7 @@ def build_dag(
     ``schedule_compaction`` and ``execute_compaction``."""
     with DAG(
         dag_id=dag_id,
+        doc_md=__doc__,  # the module's docstring: what the DAG does, shown in the UI
         description="Compact index deltas and merge-on-read logs when due, clean replaced files, validate",
         schedule=schedule,
         start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),
@@ -116,6 +117,7 @@ def build_dag(
             soft_fail=True,  # nothing due tonight: skip the run's services, do not fail it
             timeout=timedelta(hours=1).total_seconds(),
             poke_interval=300,
+            mode="reschedule",  # an hour of waiting holds no worker slot between pokes
         )
         schedule_compaction = AsyncIndexCompactionOperator(
             task_id="schedule_compaction",

@@ -49,6 +49,7 @@ MAX_NUM_BUCKETS = 65_536
 def build_dag(dag_id: str = DAG_ID, *, schedule: Any = None) -> DAG:
     with DAG(
         dag_id=dag_id,
+        doc_md=__doc__,  # the module's docstring: what the DAG does, shown in the UI
         description="Change a bucketindex table's bucket count (a multiple or a divisor), then validate",
         schedule=schedule,
         start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),
@@ -80,6 +81,7 @@ def build_dag(dag_id: str = DAG_ID, *, schedule: Any = None) -> DAG:
             table_uri="{{ params.table_uri }}",
             timeout=timedelta(hours=1).total_seconds(),
             poke_interval=60,
+            mode="reschedule",  # up to an hour of waiting holds no worker slot between pokes
         )
         rehash = RehashOperator(
             task_id="rehash",

@@ -48,6 +48,7 @@ SINCE_TEMPLATE = (
 def build_dag(dag_id: str = DAG_ID, *, schedule: Any = "@hourly", notifiers: Sequence[Any] | None = None) -> DAG:
     with DAG(
         dag_id=dag_id,
+        doc_md=__doc__,  # the module's docstring: what the DAG does, shown in the UI
         description="Compare a bucketindex table's index with its data for the commits since the last good run",
         schedule=schedule,
         start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),

@@ -1,0 +1,1 @@
+../airflow_provider_bucketindex/dags/bucketindex_taskflow_ingest.py
