@@ -530,8 +530,9 @@ def _pread(fd: int, offsets: list[int], size: int) -> bytes:
 #: a lookup reads a summarised file whole (one read into a per-thread buffer, then searched in
 #: memory) when it has at least one key per this many bytes of file -- ~3,000 keys for a 1M-entry
 #: file (18 MB): measured at 1,000 keys a file, the whole read cost what 3 reads a hit cost and
-#: twice what 1 read a miss cost (docs/benchmarks.md, "Resident summaries"); and only files up
-#: to WHOLE_FILE_MAX_BYTES (each looking-up thread keeps a buffer of the largest it read)
+#: twice what 1 read a miss cost (docs/benchmarks.md, "Resident summaries"); files up to
+#: WHOLE_FILE_MAX_BYTES are copied (each looking-up thread keeps a buffer of the largest it
+#: read), larger ones mapped for the call
 WHOLE_FILE_BYTES_PER_KEY = 6 << 10
 WHOLE_FILE_MAX_BYTES = 64 << 20
 _SCRATCH = threading.local()
@@ -575,9 +576,15 @@ def _seek_resident(r: _Resident, fd: int, hi: np.ndarray, lo: np.ndarray, out: n
     if n == 0 or hi.size == 0:
         return
     k, rows, isz = r.step, r.rows, r.loc_dtype.itemsize
-    if hi.size * WHOLE_FILE_BYTES_PER_KEY >= r.size and r.size <= WHOLE_FILE_MAX_BYTES:
-        # many keys for the file's size: one read of it all costs less than a read per key
-        raw = _file_bytes(fd, r.size)
+    if hi.size * WHOLE_FILE_BYTES_PER_KEY >= r.size:
+        # many keys for the file's size: one read of it all costs less than a read per key. A
+        # file above WHOLE_FILE_MAX_BYTES (a bucket of ~3.5M+ entries: 16 buckets at 100M keys)
+        # is mapped for this call instead of copied into the thread's buffer; the mapping goes
+        # with the call (its pages count in RSS only meanwhile). Without it such a lookup read
+        # 3 windows a key: 990k keys over 16 buckets of 6.3M entries took 8.3 s against 3.3 s
+        # mapped (docs/benchmarks.md, "Results at 100M rows")
+        raw = _file_bytes(fd, r.size) if r.size <= WHOLE_FILE_MAX_BYTES else \
+            np.frombuffer(mmap.mmap(fd, r.size, access=mmap.ACCESS_READ), np.uint8)
         u64 = raw[:r.size // 8 * 8].view(np.uint64)
         locs = raw[:r.size // isz * isz].view(r.loc_dtype)
         span = np.arange(k)

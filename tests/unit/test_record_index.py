@@ -31,14 +31,15 @@ LAYOUTS = (1, 2)
 U64 = (1 << 64) - 1
 
 
-READERS = ("summary", "summary_whole", "indexfile")
+READERS = ("summary", "summary_whole", "summary_mapped", "indexfile")
 
 
 @pytest.fixture(params=READERS)
 def fs(request, tmp_path, monkeypatch):
     """A local table directory, read one of the two ways a lookup reads local files: through
     resident summaries (``summary``: files count as settled at once, so even a file just written
-    is summarised and cached; ``summary_whole``: each file read whole, as for many keys) or opened as IndexFile each call (``indexfile``: caching off, the
+    is summarised and cached; ``summary_whole``: each file read whole, as for many keys;
+    ``summary_mapped``: the same through a mapping for the call, as a file above 64 MB) or opened as IndexFile each call (``indexfile``: caching off, the
     path files too young to vouch for, and every file without a memory map, take)."""
     from spark_jobs.index import record_index as ri
     from spark_jobs.io import filesystem
@@ -47,8 +48,10 @@ def fs(request, tmp_path, monkeypatch):
     if request.param.startswith("summary"):
         monkeypatch.setattr(filesystem, "SETTLE_NS", 0)
         ri.set_cache_limits()
-        if request.param == "summary_whole":  # every lookup reads its files whole, however few its keys
+        if request.param in ("summary_whole", "summary_mapped"):  # every lookup reads its files whole
             monkeypatch.setattr(ri, "WHOLE_FILE_BYTES_PER_KEY", 1 << 40)
+        if request.param == "summary_mapped":  # ... through a mapping for the call, as a file above 64 MB
+            monkeypatch.setattr(ri, "WHOLE_FILE_MAX_BYTES", 0)
     else:
         ri.set_cache_limits(max_files=0)
     io, root = resolve(str(tmp_path))
@@ -816,6 +819,33 @@ def test_the_cache_is_bounded_and_holds_no_file_descriptors_or_mappings(local, l
     assert lookup(io, [paths[3]], ["k3-5"]).target(0) == ("p", "f2")
     assert cache.cache_info()["files"] == 0  # off: nothing kept
     assert len(os.listdir("/proc/self/fd")) == fds and not any(_mapped(p) for p in paths)
+
+
+def test_a_dense_lookup_of_a_large_file_maps_it_for_the_call_only(local, layout, cache, monkeypatch) -> None:
+    """Many keys in a file above WHOLE_FILE_MAX_BYTES (a bucket of millions of entries): searched
+    in a mapping made for the call -- no read per key, no copy -- exactly, and nothing stays
+    mapped or open when the call returns."""
+    import os
+
+    from spark_jobs.index import record_index as ri
+
+    io, root = local
+    want = {f"k {j}/%é+": ("p=1", f"f{j % 7}") for j in range(5000)}
+    p = _write(io, f"{root}/big.arrow", want, block_rows=512, layout=layout)
+    _age(p)
+    assert lookup(io, [p], ["absent"]).target(0) is None  # the summary, built and cached
+    monkeypatch.setattr(ri, "WHOLE_FILE_MAX_BYTES", 1024)  # the file counts as large
+    reads: list[int] = []
+    real = ri._pread
+    monkeypatch.setattr(ri, "_pread", lambda fd, offs, size: reads.append(len(offs)) or real(fd, offs, size))
+    monkeypatch.setattr(ri, "_file_bytes", lambda *a: pytest.fail("a large file was copied whole"))
+    fds = len(os.listdir("/proc/self/fd"))
+    qs = list(want)[::3] + ["absent", "k 1/%e+"]
+    assert _targets(lookup(io, [p], qs)) == [want.get(q) for q in qs]
+    assert not reads  # searched in the mapping, not through a read per key
+    assert len(os.listdir("/proc/self/fd")) == fds and not _mapped(p)
+    # few keys for its size: windows read per key, as before
+    assert _targets(lookup(io, [p], ["k 7/%é+"])) == [want["k 7/%é+"]] and reads
 
 
 def test_lookups_on_threads_survive_evictions(local, layout, cache) -> None:
