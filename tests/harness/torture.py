@@ -1202,6 +1202,19 @@ class _Runner:
         if bad:
             raise Divergence(self.step_no, "unexplained files", f"{len(bad)}: {_short(sorted(bad)[:4])}")
 
+    def _versions_follow(self, present: list[int], last: int, what: str, *, may_lag: bool) -> bool:
+        """A projection's versions against sequence entries 0..``last``: 0..k with no gap and none
+        past the sequence; k below it only after a kill (the next commit fills the gap). Returns
+        whether the projection may lag now (``may_lag``: it already might, from an earlier kill)."""
+        if present != list(range(len(present))) or len(present) > last + 1:
+            raise Divergence(self.step_no, f"{what} versions", f"{_short(present)} for sequence entries 0..{last}")
+        if len(present) > last:
+            return False
+        if not (may_lag or self.killed_now):
+            raise Divergence(self.step_no, f"{what} gap", f"versions 0..{len(present) - 1} for sequence "
+                             f"entries 0..{last}, and no process was killed")
+        return True
+
     def _check_delta(self, t: Any, views: dict[int, Any], *, mirrored: bool) -> None:
         """A mirrored table's Delta log (format.md §11): versions 0..k with no gap and none past
         the sequence; k below the sequence only after a kill (the next commit fills the gap); every
@@ -1224,15 +1237,7 @@ class _Runner:
         tl = t.timeline
         last = tl.last_seq
         present = delta.versions_present(t)
-        if present != list(range(len(present))) or len(present) > last + 1:
-            raise Divergence(self.step_no, "delta log versions", f"{_short(present)} for sequence entries 0..{last}")
-        if len(present) <= last:
-            if not (self.delta_may_lag or self.killed_now):
-                raise Divergence(self.step_no, "delta log gap", f"versions 0..{len(present) - 1} for sequence "
-                                 f"entries 0..{last}, and no process was killed")
-            self.delta_may_lag = True
-        else:
-            self.delta_may_lag = False
+        self.delta_may_lag = self._versions_follow(present, last, "delta log", may_lag=self.delta_may_lag)
         uri, opts = delta.reader_uri(t), delta.reader_storage_options(t)
         for v in range(max(1, min(views)), len(present)):
             view = views[v]
@@ -1266,15 +1271,7 @@ class _Runner:
 
         last = t.timeline.last_seq
         present = iceberg.versions_present(t)
-        if present != list(range(len(present))) or len(present) > last + 1:
-            raise Divergence(self.step_no, "iceberg versions", f"{_short(present)} for sequence entries 0..{last}")
-        if len(present) <= last:
-            if not (self.iceberg_may_lag or self.killed_now):
-                raise Divergence(self.step_no, "iceberg gap", f"versions 0..{len(present) - 1} for sequence "
-                                 f"entries 0..{last}, and no process was killed")
-            self.iceberg_may_lag = True
-        else:
-            self.iceberg_may_lag = False
+        self.iceberg_may_lag = self._versions_follow(present, last, "iceberg", may_lag=self.iceberg_may_lag)
         props = _pyiceberg_properties(t)
         first = max(1, min(views))
         # a change of view rewrites every version: the latest snapshot's property holds for all
