@@ -104,7 +104,10 @@ def term(signum, frame):
     open(os.environ["FAKE_TERM"], "w").write("interrupted server work")
     sys.exit(143)
 signal.signal(signal.SIGTERM, term)
-open(os.environ["FAKE_TERM"] + ".started", "w").write(str(os.getpid()))
+# Published whole (write, then rename): the test polls for the name and reads
+# the pid at once, and an open-then-write could be seen empty in between.
+open(os.environ["FAKE_TERM"] + ".starting", "w").write(str(os.getpid()))
+os.replace(os.environ["FAKE_TERM"] + ".starting", os.environ["FAKE_TERM"] + ".started")
 time.sleep(300)
 """
 
