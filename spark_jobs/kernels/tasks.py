@@ -28,7 +28,7 @@ from spark_jobs.index.record_index import (
 from spark_jobs.table.layout import data_file_name, is_reference, log_file_name
 from spark_jobs.table.merge import LOG_DELETE, LOG_MOVE_OUT, LOG_OP, LOG_UPSERT, log_columns, partial_log_metadata
 from spark_jobs.table.ordering import older
-from spark_jobs.table.reader import read_data_file, read_slice, read_slice_plan
+from spark_jobs.table.reader import read_data_file, read_slice, read_slice_plan, slice_value_bound
 from spark_jobs.table.table import Table
 from spark_jobs.table import faults
 from spark_jobs.table.faults import maybe_crash
@@ -320,12 +320,29 @@ def _index_rows(part: str, fid: str, in_keys: pa.ChunkedArray, new_mask: Any, go
     return _key_rows("index", part, fid, keys, tomb=pa.array(np.arange(len(keys)) >= len(new_loc)))
 
 
+def _deletes_not_older_than_slice(t: Table, base_rel: str, logs: list[str], deletes: pa.Table, *,
+                                  ctx: MergeContext) -> bool:
+    """Whether every delete of ``deletes`` is provably effective against its stored row (format.md
+    §5.1: not older than it) from the slice's footers alone: not older than the greatest
+    precombine value any file of the slice holds. ``False`` when the footers cannot tell, or a
+    delete is older than that bound (it may still be effective: the caller reads the slice)."""
+    assert ctx.precombine is not None
+    bound = slice_value_bound(t, base_rel, logs, column=ctx.precombine, schema=ctx.schema)
+    if bound is None:
+        return False
+    inc = deletes.column(ctx.precombine).cast(ctx.schema.field(ctx.precombine).type)
+    stored = pc.take(bound, pa.array(np.zeros(len(inc), dtype=np.int64)))
+    return not bool(pc.any(older(inc, stored)).as_py())
+
+
 def append_log(key: tuple, incoming: pa.Table, *, ctx: MergeContext) -> pa.Table:
     """Merge-on-read: write one file group's incoming rows as a log on top of its slice.
 
     Cost follows the batch: the slice is not read at all when the index says which keys it
-    holds (record, global_simple) and no delete needs its precombine check; otherwise only
-    the key (and precombine) columns of the slice are read. Upserts that are stale against
+    holds (record, global_simple) and no delete needs its precombine check -- none does when
+    every delete is not older than the greatest precombine value the slice's footers record
+    (:func:`~spark_jobs.table.reader.slice_value_bound`); otherwise only the key (and
+    precombine) columns of the slice are read. Upserts that are stale against
     the stored row are dropped when the stored row was read, else left to the readers'
     merge, which applies the same rule (``spark_jobs.table.merge``). A new file group (no
     base yet) gets a base file, as copy-on-write writes it.
@@ -343,10 +360,13 @@ def append_log(key: tuple, incoming: pa.Table, *, ctx: MergeContext) -> pa.Table
     is_delete = pc.equal(ops, DELETE)
     has_delete = bool(pc.any(is_delete).as_py())
     effective = pa.array(np.ones(incoming.num_rows, dtype=bool))
-    if found.null_count or (ctx.precombine and has_delete):
+    logs = ctx.log_files.get(slice_key, [])
+    read_stored = bool(found.null_count)
+    if not read_stored and ctx.precombine and has_delete:
+        read_stored = not _deletes_not_older_than_slice(t, base_rel, logs, incoming.filter(is_delete), ctx=ctx)
+    if read_stored:
         cols = [KEY] + ([ctx.precombine] if ctx.precombine else [])
-        stored = read_slice(t, base_rel, ctx.log_files.get(slice_key, []), columns=cols, precombine=ctx.precombine,
-                            schema=ctx.schema)
+        stored = read_slice(t, base_rel, logs, columns=cols, precombine=ctx.precombine, schema=ctx.schema)
         pos = pc.index_in(in_keys, value_set=stored.column(KEY))
         in_base = pc.is_valid(pos)
         if ctx.precombine and stored.num_rows:
