@@ -787,8 +787,8 @@ class BucketIndexHook(BaseHook):
             raise SparkJobFailed(verb, hook.returncode, _reason(hook), detail) from e
 
     # -- durable jobs: an identity that outlives this process -----------------------------------
-    def start(self, verb: str, args: Sequence[str], *, extra_conf: dict[str, Any] | None = None
-              ) -> dict[str, Any] | None:
+    def start(self, verb: str, args: Sequence[str], *, extra_conf: dict[str, Any] | None = None,
+              tags: dict[str, Any] | None = None) -> dict[str, Any] | None:
         """Start the job as :meth:`submit` does, in a thread of this process, and return its
         identity as soon as it is known -- before the job ends, so the operator can keep it in the
         task's state store while the job runs; :meth:`wait_started` waits for the end.
@@ -802,7 +802,8 @@ class BucketIndexHook(BaseHook):
         * ``{"kind": "standalone", "driver_id", "master"}``: standalone cluster deploy mode,
           whose driver runs on the cluster.
 
-        None when the job ended before its identity was known (a fast failure):
+        ``tags`` (JSON values: the table and batch id whose commit is the job's outcome) go into the
+        identity. None when the job ended before its identity was known (a fast failure):
         :meth:`wait_started` raises its error."""
         self._job_error = None
         self._job_identity = None
@@ -818,12 +819,13 @@ class BucketIndexHook(BaseHook):
         thread.start()
         while True:
             identity = self._started_identity(verb)
+            if identity is None and thread.is_alive():
+                thread.join(0.05)
+                continue
             if identity is not None:
+                identity = {**identity, **(tags or {})}
                 self._job_identity = identity
-                return identity
-            thread.join(0.05)
-            if not thread.is_alive():
-                return self._started_identity(verb)
+            return identity
 
     def _started_identity(self, verb: str) -> dict[str, Any] | None:
         proc = self._connect_proc

@@ -332,10 +332,8 @@ class BucketIndexSparkOperator(BucketIndexTableMixin, ResumableJobMixin, BaseOpe
         """Start the job :meth:`run_job` asked for; its identity (kept by the mixin in
         ``task_state_store``), or None when it ended before that was known."""
         verb, args, extra_conf = self._job_request
-        identity = self.hook.start(verb, args, extra_conf=extra_conf)
+        identity = self.hook.start(verb, args, extra_conf=extra_conf, tags=self.job_batch())
         if identity is not None:
-            identity = {**identity, **(self.job_batch() or {})}
-            self.hook._job_identity = identity  # what owns() compares
             self.log.info("Spark job started: %s", identity)
         return identity
 

@@ -156,7 +156,8 @@ sandbox.isolate_before_import()
 from airflow_provider_bucketindex import operators, packaging
 from tests.unit.test_provider_durable import TI, FileStore
 from pathlib import Path
-packaging.resolve_spark_binary = lambda binary="spark-submit", **k: {stand_in!r}
+if {stand_in!r} is not None:
+    packaging.resolve_spark_binary = lambda binary="spark-submit", **k: {stand_in!r}
 op = operators.UpsertWithIndexOperator(task_id="upsert", table_uri={table!r}, source_uri={source!r}, record_key="id",
                                        batch_id="second", engine="spark", job_poll_interval=0.2, env_vars={env!r})
 op.execute({{"ti": TI(), "task_state_store": FileStore(Path({store!r}))}})
@@ -345,3 +346,22 @@ def test_on_kill_while_reattached_stops_the_earlier_job_and_the_wait(ops, tmp_pa
     finally:
         if job.poll() is None:
             job.kill()
+
+
+def test_a_standalone_driver_is_looked_at_and_killed_through_spark_submit(ops, monkeypatch):  # type: ignore[no-untyped-def]
+    """The identity of a standalone cluster-mode job is its driver id: a retry's one look at it is
+    ``spark-submit --master <master> --status <driver>`` (the provider's command), and on_kill of a
+    reattached driver is ``--kill``. Only the commands are asserted: nothing runs."""
+    from airflow_provider_bucketindex import packaging
+
+    monkeypatch.setattr(packaging, "resolve_spark_binary", lambda binary="spark-submit", **k: "/opt/spark/bin/" + binary)
+    monkeypatch.delenv("AIRFLOW_CONN_BUCKETINDEX_DEFAULT", raising=False)
+    op = ops.UpsertWithIndexOperator(task_id="upsert", table_uri="/t", source_uri="/s", record_key="id")
+    identity = {"kind": "standalone", "verb": "upsert", "driver_id": "driver-20240101000000-0007",
+                "master": "spark://m1:7077"}
+    hook = op.hook._status_hook(identity)
+    assert hook.tracks_driver and hook.driver_id == "driver-20240101000000-0007"
+    assert hook.status_command() == ["/opt/spark/bin/spark-submit", "--master", "spark://m1:7077", "--status",
+                                     "driver-20240101000000-0007"]
+    assert hook._build_spark_driver_kill_command() == ["/opt/spark/bin/spark-submit", "--master", "spark://m1:7077",
+                                                       "--kill", "driver-20240101000000-0007"]
