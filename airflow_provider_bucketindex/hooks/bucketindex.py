@@ -48,7 +48,9 @@ import os
 import re
 import shlex
 import signal
+import socket
 import subprocess
+import threading
 import time
 from collections import deque
 from contextlib import contextmanager
@@ -364,6 +366,22 @@ class BucketIndexSparkSubmitHook(SparkSubmitAdapter):
                 time.sleep(0.5 if sig == signal.SIGTERM else 0)
 
 
+def _session_alive(sid: int) -> bool:
+    """Whether a live (not zombie) process of session ``sid`` is left on this host."""
+    from spark_jobs.processes import is_running, session_pids  # pure Python, no pyspark
+
+    pids = session_pids(sid)
+    if pids is None:  # no /proc: the session leader is the best we can see
+        try:
+            os.kill(sid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+    return any(is_running(pid) for pid in pids)
+
+
 def _signal_session(sid: int, sig: int) -> bool:
     """Send ``sig`` to every process of session ``sid``; False when none is left."""
     from spark_jobs.processes import session_pids  # pure Python, no pyspark
@@ -441,6 +459,12 @@ class BucketIndexHook(BaseHook):
         self.task_storage_options = storage_options
         self._submit_hook: BucketIndexSparkSubmitHook | None = None
         self._connect_proc: subprocess.Popen | None = None
+        # a job started with start(): its thread, its error, its identity; a job of an earlier
+        # try this hook waits for (attach()), which on_kill stops too
+        self._job_thread: threading.Thread | None = None
+        self._job_error: BaseException | None = None
+        self._job_identity: dict[str, Any] | None = None
+        self._attached: dict[str, Any] | None = None
 
     def get_conn(self) -> ConnectionSettings:
         return self.settings
@@ -762,12 +786,139 @@ class BucketIndexHook(BaseHook):
             detail = "\nLast spark-submit output:\n" + "\n".join(tail) if tail else ""
             raise SparkJobFailed(verb, hook.returncode, _reason(hook), detail) from e
 
+    # -- durable jobs: an identity that outlives this process -----------------------------------
+    def start(self, verb: str, args: Sequence[str], *, extra_conf: dict[str, Any] | None = None,
+              tags: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        """Start the job as :meth:`submit` does, in a thread of this process, and return its
+        identity as soon as it is known -- before the job ends, so the operator can keep it in the
+        task's state store while the job runs; :meth:`wait_started` waits for the end.
+
+        The identity (JSON values), by where the job runs:
+
+        * ``{"kind": "process", "host", "pid", "sid", ...}``: spark-submit in client or local
+          mode (the driver runs in spark-submit's process session, which it leads:
+          ``sid == pid``), or a Spark Connect client (``"remote"``; its session on the server is
+          made inside the client and is not known here). The session outlives a killed worker.
+        * ``{"kind": "standalone", "driver_id", "master"}``: standalone cluster deploy mode,
+          whose driver runs on the cluster.
+
+        ``tags`` (JSON values: the table and batch id whose commit is the job's outcome) go into the
+        identity. None when the job ended before its identity was known (a fast failure):
+        :meth:`wait_started` raises its error."""
+        self._job_error = None
+        self._job_identity = None
+
+        def run() -> None:
+            try:
+                self.submit(verb, args, extra_conf=extra_conf)
+            except BaseException as e:  # noqa: BLE001 - handed to wait_started in the task's thread
+                self._job_error = e
+
+        thread = threading.Thread(target=run, name=f"bucketindex-{verb}", daemon=True)
+        self._job_thread = thread
+        thread.start()
+        while True:
+            identity = self._started_identity(verb)
+            if identity is None and thread.is_alive():
+                thread.join(0.05)
+                continue
+            if identity is not None:
+                identity = {**identity, **(tags or {})}
+                self._job_identity = identity
+            return identity
+
+    def _started_identity(self, verb: str) -> dict[str, Any] | None:
+        proc = self._connect_proc
+        if proc is not None:
+            return {"kind": "process", "verb": verb, "host": socket.gethostname(), "pid": proc.pid, "sid": proc.pid,
+                    "remote": self.remote_url()}
+        hook = self._submit_hook
+        if hook is None or hook.process is None:
+            return None
+        if hook.tracks_driver:  # standalone cluster mode: the driver id comes from spark-submit's output
+            driver_id = hook.driver_id
+            if driver_id is None:
+                return None
+            return {"kind": "standalone", "verb": verb, "driver_id": driver_id, "master": hook.resolved_master}
+        return {"kind": "process", "verb": verb, "host": socket.gethostname(), "pid": hook.process.pid,
+                "sid": hook.process.pid, "master": hook.resolved_master}
+
+    def owns(self, identity: Any) -> bool:
+        """Whether ``identity`` is the job this hook started (its thread is in this process)."""
+        return identity is not None and self._job_thread is not None and identity == self._job_identity
+
+    def wait_started(self, timeout: float | None = None) -> bool:
+        """Wait for the job :meth:`start` started; raise what :meth:`submit` raised
+        (:class:`SparkJobFailed`). False when ``timeout`` passed first."""
+        thread = self._job_thread
+        if thread is None:
+            raise RuntimeError("no job was started")
+        thread.join(timeout)
+        if thread.is_alive():
+            return False
+        if self._job_error is not None:
+            raise self._job_error
+        return True
+
+    def job_state(self, identity: dict[str, Any]) -> str:
+        """Where the job of ``identity`` is, as far as this worker can tell:
+
+        ``RUNNING``; ``ENDED`` (its processes are gone: the table says how it ended);
+        ``UNKNOWN`` (a process on another host: ask the table's writer heartbeat); or a
+        standalone driver's own state (``FINISHED``, ``FAILED``, ``KILLED``, ``ERROR``, ...)."""
+        kind = identity.get("kind")
+        if kind == "process":
+            if identity.get("host") != socket.gethostname():
+                return "UNKNOWN"
+            return "RUNNING" if _session_alive(int(identity["sid"])) else "ENDED"
+        if kind == "standalone":
+            return self._driver_state(identity)
+        raise ValueError(f"unknown job identity {identity!r}")
+
+    def _status_hook(self, identity: dict[str, Any]) -> "BucketIndexSparkSubmitHook":
+        """A spark-submit hook on the job's master, aimed at its driver (status and kill)."""
+        hook = BucketIndexSparkSubmitHook(settings=self.settings, master=identity.get("master") or self.master,
+                                          deploy_mode="cluster", name=self.name or "bucketindex")
+        hook.driver_id = str(identity["driver_id"])
+        return hook
+
+    def _driver_state(self, identity: dict[str, Any]) -> str:
+        """One look at a standalone driver (``spark-submit --status``, or the master's REST
+        endpoint), not the provider's poll loop, which gives up only after many failures."""
+        cmd = self._status_hook(identity).status_command()
+        out = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+        found = re.search(r'"?driverState"?\s*:\s*"?([A-Z_]+)', out.stdout + out.stderr)
+        return found.group(1) if found else "UNKNOWN"
+
+    def attach(self, identity: dict[str, Any] | None) -> None:
+        """Make ``identity`` (a job of an earlier try this task now waits for) what :meth:`on_kill` stops."""
+        self._attached = identity
+
+    def _kill_attached(self) -> None:
+        identity = self._attached
+        if not identity:
+            return
+        self.log.warning("Stopping the job of an earlier try: %s", identity)
+        if identity.get("kind") == "process" and identity.get("host") == socket.gethostname():
+            sid = int(identity["sid"])
+            if sid == os.getsid(0):  # never our own session
+                return
+            _signal_session(sid, signal.SIGTERM)
+            deadline = time.monotonic() + CONNECT_KILL_GRACE_S
+            while _session_alive(sid) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            _signal_session(sid, signal.SIGKILL)
+        elif identity.get("kind") == "standalone":
+            self._status_hook(identity).on_kill()
+
     def on_kill(self) -> None:
         """Stop a running spark-submit (and its driver on a cluster). Table state is left as is.
 
         On Spark Connect: SIGTERM the client process, which interrupts what its session runs
         on the server and aborts its pending instant; SIGKILL whatever remains after
-        :data:`CONNECT_KILL_GRACE_S` (a pending instant is then left for rollback)."""
+        :data:`CONNECT_KILL_GRACE_S` (a pending instant is then left for rollback). A job of an
+        earlier try this task reattached to (:meth:`attach`) is stopped the same way."""
+        self._kill_attached()
         if self._submit_hook is not None:
             self._submit_hook.on_kill()
         proc = self._connect_proc
@@ -914,6 +1065,17 @@ class BucketIndexHook(BaseHook):
             if match(batch_id):
                 found[batch_id] = inst
         return found
+
+    @task_storage.scoped
+    def batch_writers(self, table_uri: str, batch_id: str) -> list[dict[str, Any]]:
+        """The live writers of ``batch_id`` (:func:`spark_jobs.table.state.pending_writes`: pid,
+        host, last heartbeat): none when no table is there yet."""
+        from spark_jobs.table import state
+
+        t = self.open_table(table_uri)
+        if not t.exists:
+            return []
+        return [w for w in state.pending_writes(table_uri) if w.get("batch_id") == batch_id]
 
     @task_storage.scoped
     def rollback_batch(self, table_uri: str, batch_id: str, *, force: bool = False) -> str | None:

@@ -57,6 +57,7 @@ REQUIRED_METHODS: dict[str, tuple[str, ...]] = {
     "_build_spark_submit_command": ("application",),
     "_mask_cmd": ("connection_cmd",),
     "_start_driver_status_tracking": (),
+    "_build_track_driver_status_command": (),  # one look at a standalone driver (a reattaching retry)
     "_run_post_submit_commands": (),
 }
 #: internal attributes a constructed hook must have
@@ -238,6 +239,26 @@ class SparkSubmitAdapter(SparkSubmitHook):
         """What the provider adds to spark-submit's environment (known once :meth:`command` ran):
         None where it passes ``env_vars`` as Spark properties or refuses them."""
         return self._env
+
+    @property
+    def tracks_driver(self) -> bool:
+        """Standalone cluster deploy mode: spark-submit returns once the driver is accepted and
+        the driver, known by its id, runs on the cluster."""
+        return bool(self._should_track_driver_status)
+
+    @property
+    def driver_id(self) -> str | None:
+        """The standalone driver's id (read from spark-submit's output), or None."""
+        return self._driver_id
+
+    @driver_id.setter
+    def driver_id(self, value: str | None) -> None:
+        self._driver_id = value
+
+    def status_command(self) -> list[str]:
+        """The provider's one-shot status command for :attr:`driver_id` (``spark-submit --status``
+        or the master's REST endpoint)."""
+        return self._build_track_driver_status_command()
 
     @property
     def returncode(self) -> int | None:

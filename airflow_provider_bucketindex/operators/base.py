@@ -4,11 +4,13 @@ and the OpenLineage parent-job properties the Spark provider's ``SparkSubmitOper
 from __future__ import annotations
 
 import os
+import threading
+import time
 from contextlib import contextmanager
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
-from airflow.sdk import BaseOperator
+from airflow.sdk import BaseOperator, ResumableJobMixin
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_bucketindex import DEFAULT_CONN_ID
@@ -150,7 +152,13 @@ class BucketIndexTableMixin:
         )
 
 
-class BucketIndexSparkOperator(BucketIndexTableMixin, BaseOperator):
+#: the states :meth:`BucketIndexSparkOperator.get_job_status` answers (ResumableJobMixin's raw strings)
+RUNNING, SUCCEEDED, ENDED = "RUNNING", "SUCCEEDED", "ENDED"
+#: a standalone driver's states that mean it still runs (the Spark provider's list)
+_DRIVER_ACTIVE = ("SUBMITTED", "RUNNING", "RELAUNCHING", "UNKNOWN")
+
+
+class BucketIndexSparkOperator(BucketIndexTableMixin, ResumableJobMixin, BaseOperator):
     """Base of operators that submit a bucketindex Spark job.
 
     :param conn_id: a ``bucketindex`` connection (Spark master, options, table defaults).
@@ -176,12 +184,37 @@ class BucketIndexSparkOperator(BucketIndexTableMixin, BaseOperator):
         command line. Prefer a connection for credentials: a templated argument is rendered
         into the task's "Rendered template" view.
 
+    :param durable: keep the submitted job's identity in the task's state store
+        (``task_state_store``, key :attr:`external_id_key`) through Airflow's
+        ``ResumableJobMixin``, so a retry after a worker crash reattaches to it (default True).
+    :param job_poll_interval: seconds between two looks at a job of an earlier try, or at a live
+        writer of the batch, while the task waits for it (default 10).
+    :param writer_wait_timeout: seconds a try waits for a live writer of its own batch (an
+        earlier try whose identity was not kept, another worker) before it fails as before,
+        retryably (default 3600; None: as long as the writer heartbeats).
+
     Nothing happens in ``__init__``: the hook (and through it the connection) is built
     on first use in ``execute``, after templates are rendered.
 
-    A subclass runs its job with :meth:`submit_job` (not ``self.hook.submit``) so the
-    lineage properties reach spark-submit.
+    A subclass runs its job with :meth:`run_job` (not ``self.hook.submit``) so the
+    lineage properties reach spark-submit and the job survives a worker crash:
+
+    * the job starts in a thread of the task; its identity (``{"kind": "process", "host",
+      "pid", "sid"}`` for spark-submit in client/local mode and for a Spark Connect client,
+      which run in a process session of their own; ``{"kind": "standalone", "driver_id",
+      "master"}`` in standalone cluster deploy mode), with the batch id and table of an
+      operator that commits one, goes to ``task_state_store`` before the task waits for it;
+    * a retry (a new try after the worker died, or the same try restarted) reads it back
+      (:meth:`reattach_job`, the mixin's ``execute_resumable``): a job still running -- its
+      session alive on this host, its standalone driver running, or on another host its
+      batch's writer heartbeating -- is waited for, polling its liveness and the table's
+      timeline, and the outcome is read from the timeline (the commit carrying the batch id)
+      instead of submitting again; a job that ended without its commit is submitted again;
+    * ``on_kill`` stops the job of this try and a reattached one, and ends the waits.
     """
+
+    #: the task_state_store key of the job's identity (renaming it breaks in-flight retries)
+    external_id_key = "bucketindex_job"
 
     def __init__(
         self,
@@ -201,9 +234,13 @@ class BucketIndexSparkOperator(BucketIndexTableMixin, BaseOperator):
         openlineage_inject_transport_info: bool | None = None,
         storage_conn_id: str | None = None,
         storage_options: dict[str, Any] | None = None,
+        job_poll_interval: float = 10.0,
+        writer_wait_timeout: float | None = 3600.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.job_poll_interval = float(job_poll_interval)
+        self.writer_wait_timeout = None if writer_wait_timeout is None else float(writer_wait_timeout)
         self.conn_id = conn_id
         self.master = master
         self.conf = conf
@@ -268,11 +305,163 @@ class BucketIndexSparkOperator(BucketIndexTableMixin, BaseOperator):
             props = inject_transport_information_into_spark_properties(props, context)
         return {k: v for k, v in props.items() if k not in user}
 
-    def submit_job(self, context: Context, verb: str, args: Sequence[str]) -> None:
-        """Run ``bucketindex <verb> <args>`` as a Spark job with this task's lineage properties."""
-        self.hook.submit(verb, args, extra_conf=self.lineage_spark_conf(context))
+    def run_job(self, context: Context, verb: str, args: Sequence[str]) -> None:
+        """Run ``bucketindex <verb> <args>`` as a Spark job with this task's lineage properties,
+        durably: through ``ResumableJobMixin.execute_resumable`` (see the class docstring).
+        Raises :class:`~airflow_provider_bucketindex.hooks.bucketindex.SparkJobFailed` as
+        :meth:`BucketIndexHook.submit` does when the job this try started fails."""
+        self._job_request = (verb, [str(a) for a in args], self.lineage_spark_conf(context))
+        self.execute_resumable(context)
+
+    def job_batch(self) -> dict[str, str] | None:
+        """``{"table_uri", "batch_id"}`` of the commit the job makes, when it makes one the
+        timeline names by batch id (an upsert, a bootstrap): kept with the job's identity, it is
+        how a retry reads the outcome of a job it did not start. None: the outcome is not on the
+        timeline; a job of an earlier try is waited for and then run again."""
+        return None
+
+    def job_committed(self, identity: dict[str, Any]) -> dict[str, Any] | None:
+        """The commit of the job of ``identity`` (its batch's), or None."""
+        uri, batch_id = identity.get("table_uri"), identity.get("batch_id")
+        if not uri or not batch_id:
+            return None
+        return self.hook.commit_for_batch(str(uri), str(batch_id))
+
+    # -- ResumableJobMixin -----------------------------------------------------------------
+    def submit_job(self, context: Context) -> Any:
+        """Start the job :meth:`run_job` asked for; its identity (kept by the mixin in
+        ``task_state_store``), or None when it ended before that was known."""
+        verb, args, extra_conf = self._job_request
+        identity = self.hook.start(verb, args, extra_conf=extra_conf, tags=self.job_batch())
+        if identity is not None:
+            self.log.info("Spark job started: %s", identity)
+        return identity
+
+    def get_job_status(self, external_id: Any, context: Context) -> str:
+        """``RUNNING`` (its processes or driver live; on another host: its batch's writer
+        heartbeats), ``SUCCEEDED`` (ended, and the table holds its batch's commit) or ``ENDED``."""
+        identity = dict(external_id) if isinstance(external_id, dict) else {}
+        if not identity.get("kind"):
+            return ENDED
+        state = self.hook.job_state(identity)
+        if state == "UNKNOWN" and identity.get("kind") == "process":  # another host: the table's heartbeat
+            uri, batch_id = identity.get("table_uri"), identity.get("batch_id")
+            state = RUNNING if uri and batch_id and self.hook.batch_writers(str(uri), str(batch_id)) else ENDED
+        if state in (RUNNING, *_DRIVER_ACTIVE):
+            return RUNNING
+        return SUCCEEDED if self.job_committed(identity) is not None else ENDED
+
+    def is_job_active(self, status: str) -> bool:
+        return status == RUNNING
+
+    def is_job_succeeded(self, status: str) -> bool:
+        return status == SUCCEEDED
+
+    def poll_until_complete(self, external_id: Any, context: Context) -> None:
+        """Wait for the job. This try's own: its thread (errors raised as the job's). One of an
+        earlier try: poll it until it ends (:meth:`wait_for_job`); when the table then lacks its
+        commit, start it again and wait for that."""
+        hook = self.hook
+        if external_id is None or hook.owns(external_id):
+            while not hook.wait_started(timeout=self.job_poll_interval):
+                self._check_cancelled()
+            return
+        self.wait_for_job(dict(external_id), context)
+        if self.get_job_status(external_id, context) == SUCCEEDED:
+            return
+        self.log.warning("The job of an earlier try ended without its outcome on the table: submitting it again")
+        self.before_resubmit(context)
+        identity = self.submit_job(context)
+        store = context.get("task_state_store")
+        if store is not None and identity is not None and self.durable:
+            store.set(self.external_id_key, identity)
+        self.poll_until_complete(identity, context)
+
+    def get_job_result(self, external_id: Any, context: Context) -> Any:
+        return None
+
+    def before_resubmit(self, context: Context) -> None:
+        """Called before a job of an earlier try that ended without its outcome is submitted
+        again (an upsert rolls back the pending instant it left)."""
+
+    def reattach_job(self, context: Context) -> bool:
+        """Before anything else: if ``task_state_store`` holds the identity of a job that still
+        runs (an earlier try's, the worker crashed), wait for it to end, polling its liveness and
+        the table's timeline. True when it waited. The caller then reads the outcome from the
+        table (its batch's commit) as any retry does."""
+        store = context.get("task_state_store")
+        if not self.durable or store is None:
+            return False
+        identity = store.get(self.external_id_key)
+        if not isinstance(identity, dict) or self.get_job_status(identity, context) != RUNNING:
+            return False
+        self.log.info("The job of an earlier try is still running: reattaching to %s", identity)
+        self.wait_for_job(identity, context)
+        return True
+
+    def wait_for_job(self, identity: dict[str, Any], context: Context) -> None:
+        """Poll a job this try did not start until it ends: its liveness (:meth:`get_job_status`)
+        every ``job_poll_interval`` seconds, and the table's timeline for its batch's commit (logged
+        when it appears: the job may still compact after it). ``on_kill`` stops the job and the wait."""
+        self.hook.attach(identity)
+        seen = None
+        try:
+            while self.get_job_status(identity, context) == RUNNING:
+                if seen is None and (seen := self.job_committed(identity)) is not None:
+                    self.log.info("The commit of batch %s is on the timeline (%s); waiting for the job to exit",
+                                  identity.get("batch_id"), seen["instant"])
+                self._check_cancelled()
+                self._sleep(self.job_poll_interval)
+            self._check_cancelled()
+        finally:
+            self.hook.attach(None)
+        self.log.info("The job of the earlier try has ended: %s", identity)
+
+    def settle_batch(self, table_uri: str, batch_id: str, *, what: str = "batch") -> str | None:
+        """Roll back the pending instant an earlier attempt of ``batch_id`` left, waiting out a
+        writer that still heartbeats (up to ``writer_wait_timeout`` seconds, polling every
+        ``job_poll_interval``) instead of failing at once: it may commit (the caller then finds
+        the commit) or die (its heartbeat stops and the instant is rolled back). Returns the
+        rolled-back instant or None; after the timeout, a retryable failure as before."""
+        from spark_jobs.table import WriterAliveError
+
+        started = time.monotonic()
+        announced = False
+        while True:
+            try:
+                return self.hook.rollback_batch(table_uri, batch_id, force=False)
+            except WriterAliveError as e:
+                waited = time.monotonic() - started
+                if self.writer_wait_timeout is not None and waited >= self.writer_wait_timeout:
+                    raise AirflowException(f"an earlier attempt of {what} {batch_id} is still writing after "
+                                           f"{waited:.0f} s of waiting: {e}") from e
+                if not announced:
+                    writers = self.hook.batch_writers(table_uri, batch_id)
+                    self.log.info("An earlier attempt of %s %s is still writing (%s): waiting for it to commit or "
+                                  "its heartbeat to stop (up to %s s)", what, batch_id,
+                                  ", ".join(f"pid {w.get('pid')} on {w.get('host')}, last heartbeat "
+                                            f"{w.get('last_heartbeat')}" for w in writers) or one_line(e),
+                                  "unbounded" if self.writer_wait_timeout is None else f"{self.writer_wait_timeout:g}")
+                    announced = True
+                self._check_cancelled()
+                self._sleep(self.job_poll_interval)
+
+    # -- cooperative cancel ------------------------------------------------------------------
+    def _cancel_event(self) -> threading.Event:
+        event = self.__dict__.get("_bi_cancel")
+        if event is None:
+            event = self.__dict__.setdefault("_bi_cancel", threading.Event())
+        return event
+
+    def _sleep(self, seconds: float) -> None:
+        self._cancel_event().wait(seconds)
+
+    def _check_cancelled(self) -> None:
+        if self._cancel_event().is_set():
+            raise AirflowException("the task was killed while it waited for a Spark job or a writer")
 
     def on_kill(self) -> None:
+        self._cancel_event().set()
         hook = self.__dict__.get("hook")  # never build a hook just to kill nothing
         if hook is not None:
             hook.on_kill()

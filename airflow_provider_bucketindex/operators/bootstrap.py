@@ -221,26 +221,27 @@ class BootstrapTableOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
         args = self.build_args(batch_id)  # a bad combination fails here: no job, no retry
         hook = self.hook
 
+        self._batch = {"table_uri": table_uri, "batch_id": batch_id}
+        self.reattach_job(context)  # a Spark job of an earlier try (the worker died) that still runs
         done = self._completed(table_uri, batch_id)
         if done is not None:
             self.log.info("%s was bootstrapped by batch %s at %s (an earlier try): nothing to do",
                           table_uri, batch_id, done["instant"])
             return self._publish(context, done, noop=True)
 
-        from spark_jobs.table import WriterAliveError
-
-        try:
-            rolled = hook.rollback_batch(table_uri, batch_id, force=False)
-        except WriterAliveError as e:
-            raise AirflowException(f"an earlier attempt of bootstrap {batch_id} is still writing: {e}") from e
+        rolled = self.settle_batch(table_uri, batch_id, what="bootstrap")
         if rolled:
             self.log.info("Rolled back %s left pending by an earlier attempt of bootstrap %s", rolled, batch_id)
+        elif (done := self._completed(table_uri, batch_id)) is not None:  # the writer waited for finished it
+            self.log.info("%s was bootstrapped by batch %s at %s (an earlier try): nothing to do",
+                          table_uri, batch_id, done["instant"])
+            return self._publish(context, done, noop=True)
 
         self.log.info("Bootstrapping %s from %s (batch %s)", table_uri, source_uri, batch_id)
         in_task = self._run_in_task(batch_id)
         try:
             if not in_task:
-                self.submit_job(context, "bootstrap", args)
+                self.run_job(context, "bootstrap", args)
         except SparkJobFailed as e:
             if e.returncode == EXIT_BAD_INPUT:  # bad input: nothing was written, a retry cannot help
                 raise AirflowFailException(str(e)) from e
@@ -293,6 +294,14 @@ class BootstrapTableOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
         self.push_xcom(context, instant=done["instant"], counts=counts)
         return {"table_uri": redact_uri(table_uri), "batch_id": done["batch_id"], "instant": done["instant"], "noop": noop,
                 "mode": done["mode"], "index_type": done["index_type"], "counts": counts}
+
+    def job_batch(self) -> dict[str, str] | None:
+        return dict(self._batch)
+
+    def before_resubmit(self, context: Context) -> None:
+        rolled = self.settle_batch(self._batch["table_uri"], self._batch["batch_id"], what="bootstrap")
+        if rolled:
+            self.log.info("Rolled back %s left pending by the job of the earlier try", rolled)
 
     def _completed(self, table_uri: str, batch_id: str) -> dict[str, Any] | None:
         """The completed bootstrap of ``batch_id`` read from the timeline (the job's stdout is its

@@ -130,7 +130,7 @@ class AsyncIndexCompactionOperator(BucketIndexEngineMixin, BucketIndexSparkOpera
         if engine is None:
             engine = SPARK
             try:
-                self.submit_job(context, "compact", _execute_args(table_uri, instant))
+                self.run_job(context, "compact", _execute_args(table_uri, instant))
             except SparkJobFailed as e:
                 if e.returncode == EXIT_BAD_INPUT:  # no such plan, cancelled, or stale: a retry cannot help
                     raise AirflowFailException(str(e)) from e

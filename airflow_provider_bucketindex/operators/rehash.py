@@ -98,7 +98,7 @@ class RehashOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
         if engine is None:
             engine = SPARK
             try:
-                self.submit_job(context, "rehash", self._args(table_uri, count))
+                self.run_job(context, "rehash", self._args(table_uri, count))
             except SparkJobFailed as e:
                 if e.returncode == EXIT_BAD_INPUT:  # refused by the job after all (e.g. index and data disagree)
                     raise AirflowFailException(str(e)) from e

@@ -198,7 +198,7 @@ class IndexShadowCompareOperator(BucketIndexSparkOperator):
         self.log.info("shadow-compare of %s (report: %s)", table_uri, report_uri)
         failure: SparkJobFailed | None = None
         try:
-            self.submit_job(context, "shadow-compare", args)
+            self.run_job(context, "shadow-compare", args)
         except SparkJobFailed as e:
             if e.returncode == EXIT_BAD_INPUT:
                 raise AirflowFailException(str(e)) from e

@@ -105,10 +105,16 @@ class UpsertWithIndexOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
     same errors map the same way: ``BadInputError`` fails without retries,
     ``RetryableError`` (a conflict, a live writer) is retried.
 
-    If the task is killed, spark-submit is stopped and the batch's pending instant is left
-    for the rollback task (:class:`RollbackBatchOperator`) or the next try, which rolls
+    If the task is killed (``on_kill``), spark-submit is stopped and the batch's pending instant
+    is left for the rollback task (:class:`RollbackBatchOperator`) or the next try, which rolls
     back a pending instant of its own batch before it starts (in-task, the writer dies with
     the task; its instant counts as abandoned once its heartbeat stops).
+
+    If the *worker* dies instead (no ``on_kill``), a submitted job runs on: its identity is in the
+    task's state store (:class:`BucketIndexSparkOperator`, ``durable``), and the retry waits for
+    it and reads its commit from the timeline -- the batch is committed once, and the retry does
+    not fail "still writing". A retry that finds a live writer of its batch it has no identity
+    for waits for it to commit or its heartbeat to stop (``writer_wait_timeout``).
 
     ``env_vars``, ``conf`` and the other Spark options apply to spark-submit only; in the task
     the storage options (``storage_options``, ``storage_conn_id``, the connection's extras) over
@@ -253,24 +259,20 @@ class UpsertWithIndexOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
         batch_id = str(self.batch_id) if self.batch_id else (
             batch_id_from_context(context) + (replay_suffix(context) if replay else ""))
         hook = self.hook
+        self._batch = {"table_uri": table_uri, "batch_id": batch_id}
         self.log.info("Batch %s -> %s", batch_id, table_uri)
 
-        if self.skip_committed_batches:
-            done = hook.commit_for_batch(table_uri, batch_id)
-            if done is not None:
-                self.log.info("Batch %s is already committed at %s (an earlier try, or an earlier run of this data "
-                              "interval): nothing to do%s", batch_id, done["instant"],
-                              "" if self.batch_id or replay else "; replay=True applies it again under a new batch id")
-                return self._publish(context, done)
+        # a Spark job of an earlier try (the worker died) that still runs: wait for it, then read its outcome
+        self.reattach_job(context)
+        if self.skip_committed_batches and (done := self._committed_before(table_uri, batch_id, replay)):
+            return self._publish(context, done)
 
-        from spark_jobs.table import WriterAliveError
-
-        try:
-            rolled = hook.rollback_batch(table_uri, batch_id, force=False)
-        except WriterAliveError as e:
-            raise AirflowException(f"an earlier attempt of batch {batch_id} is still writing: {e}") from e
+        # a live writer of this batch that no kept identity names: wait it out (it commits, or its heartbeat stops)
+        rolled = self.settle_batch(table_uri, batch_id)
         if rolled:
             self.log.info("Rolled back %s left pending by an earlier attempt of batch %s", rolled, batch_id)
+        elif self.skip_committed_batches and (done := self._committed_before(table_uri, batch_id, replay)):
+            return self._publish(context, done)  # the writer waited for committed this batch
 
         table_exists = hook.table_exists(table_uri)
         engine = self._run_in_task(batch_id, table_exists=table_exists)
@@ -291,6 +293,22 @@ class UpsertWithIndexOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
             done["deleted"],
         )
         return self._publish(context, {**done, "engine": done.get("engine") or engine})
+
+    def _committed_before(self, table_uri: str, batch_id: str, replay: bool) -> dict[str, Any] | None:
+        done = self.hook.commit_for_batch(table_uri, batch_id)
+        if done is not None:
+            self.log.info("Batch %s is already committed at %s (an earlier try, or an earlier run of this data "
+                          "interval): nothing to do%s", batch_id, done["instant"],
+                          "" if self.batch_id or replay else "; replay=True applies it again under a new batch id")
+        return done
+
+    def job_batch(self) -> dict[str, str] | None:
+        return dict(self._batch)
+
+    def before_resubmit(self, context: Context) -> None:
+        rolled = self.settle_batch(self._batch["table_uri"], self._batch["batch_id"])
+        if rolled:
+            self.log.info("Rolled back %s left pending by the job of the earlier try", rolled)
 
     def _run_in_task(self, batch_id: str, *, table_exists: bool) -> str | None:
         """Decide the engine; on ``arrow`` run the batch in this process and return ``"arrow"``.
@@ -315,7 +333,7 @@ class UpsertWithIndexOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
         self._check_options(batch_id, table_exists=table_exists)
         args = self.build_args(batch_id, table_exists=table_exists)
         try:
-            self.submit_job(context, "upsert", args)
+            self.run_job(context, "upsert", args)
         except SparkJobFailed as e:
             if e.returncode == EXIT_BAD_INPUT:  # bad input: nothing was written, a retry cannot help
                 raise AirflowFailException(str(e)) from e

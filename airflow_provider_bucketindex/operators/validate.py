@@ -69,7 +69,7 @@ class ValidateTableOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
         if engine is None:
             engine = SPARK
             try:
-                self.submit_job(context, "validate", _args(table_uri))
+                self.run_job(context, "validate", _args(table_uri))
             except SparkJobFailed as e:
                 if e.returncode == EXIT_CHECK_FAILED:
                     raise AirflowFailException(f"validate found a problem in {table_uri}: {e.reason}") from e

@@ -282,6 +282,9 @@ def ops():  # type: ignore[no-untyped-def]
 
 
 class _TI:
+    #: the real task instance's metric tags (ResumableJobMixin reads them)
+    stats_tags: dict[str, str] = {}
+
     def __init__(self, run_id: str) -> None:
         self.dag_id, self.run_id, self.task_id, self.map_index, self.try_number = "ingest", run_id, "upsert", -1, 1
         self.pushed: dict[str, object] = {}

@@ -230,6 +230,9 @@ def test_refusals_exit_2_with_one_line_and_the_table_unchanged(tmp_path):
 class _TI:
     """What the operator reads of its task instance (its batch id) and writes (XCom)."""
 
+    #: the real task instance's metric tags (ResumableJobMixin reads them)
+    stats_tags: dict[str, str] = {}
+
     def __init__(self, run_id: str) -> None:
         self.dag_id, self.run_id, self.task_id, self.map_index, self.try_number = "ingest", run_id, "upsert", -1, 1
         self.pushed: dict[str, object] = {}

@@ -33,6 +33,9 @@ def ops():  # type: ignore[no-untyped-def]
 
 
 class FakeTI:
+    #: the real task instance's metric tags (ResumableJobMixin reads them)
+    stats_tags: dict[str, str] = {}
+
     def __init__(self, try_number: int = 1) -> None:
         self.dag_id, self.run_id, self.task_id = "migrate", "manual__2025-03-01T00:00:00+00:00", "bootstrap"
         self.map_index, self.try_number = -1, try_number

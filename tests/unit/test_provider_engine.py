@@ -53,6 +53,9 @@ def submitted(ops, monkeypatch):  # type: ignore[no-untyped-def]
 
 
 class FakeTI:
+    #: the real task instance's metric tags (ResumableJobMixin reads them)
+    stats_tags: dict[str, str] = {}
+
     def __init__(self, run_id: str = "scheduled__2024-01-01T00:00:00+00:00", task_id: str = "upsert") -> None:
         self.dag_id, self.run_id, self.task_id, self.map_index, self.try_number = "ingest", run_id, task_id, -1, 1
         self.pushed: dict[str, object] = {}

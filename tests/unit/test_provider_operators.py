@@ -27,6 +27,9 @@ def ops():  # type: ignore[no-untyped-def]
 
 
 class FakeTI:
+    #: the real task instance's metric tags (ResumableJobMixin reads them)
+    stats_tags: dict[str, str] = {}
+
     def __init__(self, dag_id="d", run_id="scheduled__2024-01-01T00:00:00+00:00", task_id="upsert", map_index=-1, try_number=1):  # type: ignore[no-untyped-def]
         self.dag_id, self.run_id, self.task_id, self.map_index, self.try_number = dag_id, run_id, task_id, map_index, try_number
         self.pushed: dict[str, object] = {}

@@ -60,6 +60,9 @@ def _mismatch(**counts):  # type: ignore[no-untyped-def]
 
 
 class _TI:
+    #: the real task instance's metric tags (ResumableJobMixin reads them)
+    stats_tags: dict[str, str] = {}
+
     def __init__(self, xcom=None, task_id="shadow_compare", dag_id="d", map_index=-1):  # type: ignore[no-untyped-def]
         self.task_id, self.dag_id, self.map_index = task_id, dag_id, map_index
         self.pushed, self.xcom = {}, dict(xcom or {})
