@@ -27,7 +27,7 @@ Per size (``--sizes``, default 1M):
    ``deltalake`` (``DeltaTable.to_pyarrow_table``), Polars (``read_delta``) and DuckDB over
    ``DeltaTable.to_pyarrow_dataset()``; each Iceberg view with pyiceberg (``StaticTable`` scan
    ``to_arrow``), Polars (``scan_iceberg``) and DuckDB through pyiceberg's scan (``to_duckdb``).
-   DuckDB's own ``delta_scan`` / ``iceberg_scan`` are tried first and reported as not loaded when
+   DuckDB's own ``delta_scan`` / ``iceberg_scan`` are tried too and reported as not loaded when
    the extensions cannot be fetched (offline). Every read's row count and every column's checksum
    are compared (outside the timing) with the expected ones: the oracle's for the table and the
    fresh view; the current bases' rows for the read-optimized views (format.md §11).
@@ -207,7 +207,6 @@ def best_of(repeats: int, fn: Callable[[], Any]) -> tuple[float, Any]:
 
 
 def reads(work: Path, size: int, expected: dict, repeats: int) -> dict:
-    import duckdb
     import polars as pl
     from deltalake import DeltaTable
     from pyiceberg.table import StaticTable
@@ -255,16 +254,15 @@ def reads(work: Path, size: int, expected: dict, repeats: int) -> dict:
         record(view, "pyiceberg StaticTable scan to_arrow", lambda: static().scan().to_arrow(), exp)
         record(view, "polars scan_iceberg", lambda: pl.scan_iceberg(static()).collect().to_arrow(), exp)
         record(view, "duckdb through pyiceberg scan (to_duckdb)",
-               lambda: static().scan().to_duckdb("t").execute("SELECT * FROM t").to_arrow_table(), exp)
+               lambda: static().scan().to_duckdb("t").sql("SELECT * FROM t").to_arrow_table(), exp)
         _try_duck_ext(out, view, "iceberg", f"SELECT * FROM iceberg_scan('{path}')")
-    del duckdb
     return out
 
 
 def _duck_arrow(ds: Any) -> Any:
     c = scale.duck()
     c.register("d", ds)
-    return c.execute("SELECT * FROM d").to_arrow_table()
+    return c.sql("SELECT * FROM d").to_arrow_table()
 
 
 def _try_duck_ext(out: dict, view: str, ext: str, sql: str) -> None:
