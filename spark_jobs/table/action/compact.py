@@ -590,7 +590,10 @@ DEFAULT_AUTO_MAX_BYTES = 512 * 1024 * 1024
 #: record-index buckets folded per upsert (``upsert --auto-compact-max-buckets``), most deltas
 #: first. A bucket's fold reads its open base (at most the index base cap, 1M entries: ~17 MB)
 #: and its deltas and writes one base: measured by benchmarks/auto_compact_index.py
-#: (docs/benchmarks.md, "Automatic index compaction"). A uniform batch touches every bucket, so
+#: (docs/benchmarks.md, "Automatic index compaction"), 16 buckets, 100 upserts of 1k rows: the
+#: automatic compaction (data groups included) took a median 0.9 s, at most 3.3 s at 1M keys,
+#: 2.0 s / 9.1 s at 10M keys (load 8-12), and kept a 1M-key batch's tag phase at 1.2-1.6x a
+#: fully compacted index's instead of 10-11x. A uniform batch touches every bucket, so
 #: with B buckets they fall due together every ``min_deltas`` upserts and this budget folds
 #: them over ceil(B / N) upserts; a bucket then holds at most about min_deltas + B / N deltas
 DEFAULT_AUTO_MAX_BUCKETS = 4
