@@ -215,7 +215,8 @@ def build_parser(extra_verbs: dict[str, str] | None = None, *,
                          "--enable delta|iceberg`)")
     up.add_argument("--auto-compact", choices=("on", "off"),
                     help="merge-on-read: after the commit, compact the file groups this upsert touched that are "
-                         "due (the rule of `compact`: 4 logs, or logs of a fifth of the base's bytes), through a "
+                         "due (the rule of `compact`: 4 logs, or logs of a fifth of the base's bytes) and the "
+                         "record-index buckets it wrote a delta to that are due, through a "
                          "scheduled compaction plan as `compact` runs it; a failure is logged and leaves the "
                          "upsert committed. Given when the upsert creates the table, it is the table's setting "
                          "(table.json); given later, it decides for this run. Default: the table's setting -- on "
@@ -223,6 +224,10 @@ def build_parser(extra_verbs: dict[str, str] | None = None, *,
                          "older tables. Runs on the engine the upsert ran on")
     up.add_argument("--auto-compact-max-groups", type=int, metavar="N",
                     help="at most N file groups per automatic compaction (default 4)")
+    up.add_argument("--auto-compact-max-buckets", type=int, metavar="N",
+                    help="record index: at most N index buckets (of those this upsert wrote a delta to that are "
+                         "due: 10 deltas, or deltas of half the base's bytes) folded per automatic compaction, "
+                         "most deltas first (default 4)")
     up.add_argument("--auto-compact-max-bytes", metavar="SIZE",
                     help="at most SIZE of bases and logs per automatic compaction, e.g. 512m (default 512m); "
                          "a larger group is left to `compact`")
@@ -310,6 +315,8 @@ def build_parser(extra_verbs: dict[str, str] | None = None, *,
     co.add_argument("--log-ratio", type=float, default=None,
                     help="... or with logs of at least this fraction of its base's bytes (default 0.2)")
     co.add_argument("--max-groups", type=int, help="at most this many file groups per plan (most log bytes first)")
+    co.add_argument("--max-buckets", type=int,
+                    help="at most this many record-index buckets per plan (most deltas first)")
     co.add_argument("--min-deltas", type=int, default=None,
                     help="a record-index bucket is due with at least this many deltas (default 10)")
     co.add_argument("--delta-ratio", type=float, default=None,

@@ -60,7 +60,8 @@ class UpsertWithIndexOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
         (``--schema-evolution``): ``none`` (default), ``add-columns``, ``widen``, ``all`` or a
         comma list; format.md "Schema evolution".
     :param auto_compact: ``"on"`` or ``"off"`` (``--auto-compact``): after the commit (in the
-        task or in the submitted Spark job), compact the merge-on-read file groups the batch touched that are due, through a
+        task or in the submitted Spark job), compact the merge-on-read file groups the batch touched that are due, and
+        the record-index buckets it wrote a delta to that are due, through a
         scheduled compaction plan (format.md §5.2); default the table's setting (recorded by
         the upsert that created it with the flag; off when absent).
     :param batch_id: the batch's id; a batch id that is already committed makes the upsert

@@ -1,6 +1,6 @@
 """Automatic compaction on the Spark engine (issue 38 item 1): a merge-on-read upsert run by
 Spark compacts the due file groups it touched after its commit, in its own session, through the
-same scheduled plan as the Arrow engine's (``spark_jobs.table.action.compact.auto_compact``), so
+same scheduled plan as the Arrow engine's, record-index buckets included (``spark_jobs.table.action.compact.auto_compact``), so
 a table keeps compacting whichever engine ``auto`` picks for its batches.
 
 The same batches through both engines give the same snapshot layout (file groups and their log
@@ -20,10 +20,19 @@ from spark_jobs.jobs.compact import AUTO_CHOICE as SPARK_AUTO
 from spark_jobs.jobs.upsert import run_upsert as spark_upsert
 from spark_jobs.jobs.validate import run_validate
 from spark_jobs.table import Table
-from spark_jobs.table.action.compact import DEFAULT_MIN_LOGS
+from spark_jobs.table.action.compact import DEFAULT_MIN_DELTAS, DEFAULT_MIN_LOGS
 from spark_jobs.table.reader import read_arrow
 from tests.oracle import reduce_batches, rows_by_identity
-from tests.unit.test_arrow_auto_compact import _batch, _compactions, _max_logs, _opts, _seed_rows, _write
+from tests.unit.test_arrow_auto_compact import (
+    _batch,
+    _compactions,
+    _deltas_per_bucket,
+    _index_batch,
+    _max_logs,
+    _opts,
+    _seed_rows,
+    _write,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -59,5 +68,39 @@ def test_spark_upserts_compact_automatically_as_arrow_upserts_do(spark, tmp_path
     done = _compactions(uris["spark"])
     assert len(done) == automatic["spark"]
     assert all(m["engine"] == SPARK_AUTO.as_metadata() for m in done), [m["engine"] for m in done]
+    report = run_validate(spark, uris["spark"])
+    assert report["ok"], report["problems"]
+
+
+def test_spark_upserts_fold_due_index_buckets_as_arrow_upserts_do(spark, tmp_path):
+    """Batches of new keys write a delta to every index bucket: after the 10th the buckets fall
+    due (``--min-deltas`` 10), and each engine's upsert folds them in its automatic compaction
+    (the Spark one in its session's tasks), leaving the same deltas per bucket after every
+    batch, the same rows, and a clean ``validate``."""
+    seed = _seed_rows()
+    rnd = random.Random(3812)
+    batches = [seed] + [_index_batch(rnd, b, fresh=16, size=4) for b in range(1, DEFAULT_MIN_DELTAS + 3)]
+    uris = {"spark": str(tmp_path / "spark"), "arrow": str(tmp_path / "arrow")}
+    runs = {"spark": lambda o: spark_upsert(spark, o), "arrow": arrow_upsert}
+    folded = {"spark": 0, "arrow": 0}
+    for b, rows in enumerate(batches):
+        src = _write(tmp_path / f"b{b}.parquet", rows)
+        for engine, uri in uris.items():
+            extra = {"auto_compact": "on"} if b == 0 else {}
+            out = runs[engine](_opts(uri, src, f"b{b}", **extra))
+            assert out["engine"] == engine
+            if b:
+                assert "error" not in out["auto_compaction"], out["auto_compaction"]
+                folded[engine] += out["auto_compaction"]["index_buckets"]
+            assert max(_deltas_per_bucket(uri).values()) < DEFAULT_MIN_DELTAS, f"{engine}, batch {b}"
+            assert Table.load(uri).timeline.pending() == []
+        assert _deltas_per_bucket(uris["spark"]) == _deltas_per_bucket(uris["arrow"]), f"batch {b}"
+        assert _layout(uris["spark"]) == _layout(uris["arrow"]), f"batch {b}: the engines' layouts differ"
+    assert folded["spark"] >= 4 and folded["spark"] == folded["arrow"], folded
+    expected = reduce_batches(batches)
+    for engine, uri in uris.items():
+        assert rows_by_identity(read_arrow(uri).to_pylist()) == expected, engine
+    done = [m for m in _compactions(uris["spark"]) if m["counts"]["index_buckets"]]
+    assert done and all(m["engine"] == SPARK_AUTO.as_metadata() for m in done)
     report = run_validate(spark, uris["spark"])
     assert report["ok"], report["problems"]

@@ -56,7 +56,7 @@ CASES = [
     RollbackOptions(table=TABLE),
     RollbackOptions(table=TABLE, instant="20261127092400123", force=True, heartbeat_timeout_s=90.5),
     CompactOptions(table=TABLE),
-    CompactOptions(table=TABLE, schedule_only=True, min_logs=2, log_ratio=0.3, max_groups=4, min_deltas=3,
+    CompactOptions(table=TABLE, schedule_only=True, min_logs=2, log_ratio=0.3, max_groups=4, max_buckets=2, min_deltas=3,
                    delta_ratio=0.75, index_base_cap=1000, only="index", heartbeat_timeout_s=5.0, engine="arrow"),
     CompactOptions(table=TABLE, execute="20261127092400123"),
     CompactOptions(table=TABLE, rebuild_index=True, bucket=[0, 7, 15], index_base_cap=10),

@@ -56,7 +56,8 @@ if TYPE_CHECKING:
 __all__ = ["StalePlanError", "CompactOptions", "CompactionPolicy", "plan_compaction", "schedule_compaction", "compaction_metadata", "compactable",
            "DEFAULT_INDEX_BASE_CAP", "check_plan", "plan_index_base_cap", "execute_plan", "run", "Write", "Pick",
            "REBUILD_OPERATION", "is_rebuild", "plan_index_rebuild", "run_rebuild", "AutoCompaction", "auto_compact",
-           "is_auto", "AUTO_TRIGGER", "DEFAULT_AUTO_MAX_GROUPS", "DEFAULT_AUTO_MAX_BYTES"]
+           "is_auto", "AUTO_TRIGGER", "DEFAULT_AUTO_MAX_GROUPS", "DEFAULT_AUTO_MAX_BYTES",
+           "DEFAULT_AUTO_MAX_BUCKETS"]
 
 log = logging.getLogger("bucketindex.compact")
 
@@ -97,6 +98,7 @@ class CompactOptions(VerbOptions):
     min_logs: int | None = option("--min-logs", default=None)
     log_ratio: float | None = option("--log-ratio", default=None)
     max_groups: int | None = option("--max-groups", default=None)
+    max_buckets: int | None = option("--max-buckets", default=None)
     min_deltas: int | None = option("--min-deltas", default=None)
     delta_ratio: float | None = option("--delta-ratio", default=None)
     index_base_cap: int | None = option("--index-base-cap", default=None)
@@ -119,7 +121,7 @@ class CompactOptions(VerbOptions):
         if self.rebuild_index:
             others = {"--schedule-only": self.schedule_only, "--execute": self.execute, "--min-logs": self.min_logs,
                       "--log-ratio": self.log_ratio, "--max-groups": self.max_groups,
-                      "--min-deltas": self.min_deltas, "--delta-ratio": self.delta_ratio, "--only": self.only}
+                      "--max-buckets": self.max_buckets, "--min-deltas": self.min_deltas, "--delta-ratio": self.delta_ratio, "--only": self.only}
             given = [name for name, v in others.items() if v not in (None, False)]
             if given:
                 raise BadInputError(f"--rebuild-index plans and executes one rebuild of the index from the data: "
@@ -128,11 +130,12 @@ class CompactOptions(VerbOptions):
             return
         if self.bucket:
             raise BadInputError("--bucket names the index buckets --rebuild-index rebuilds; add --rebuild-index")
-        scheduling = (self.min_logs, self.log_ratio, self.max_groups, self.min_deltas, self.delta_ratio, self.only,
-                      self.index_base_cap)
+        scheduling = (self.min_logs, self.log_ratio, self.max_groups, self.max_buckets, self.min_deltas,
+                      self.delta_ratio, self.only, self.index_base_cap)
         if self.execute is not None and any(v is not None for v in scheduling):
             raise BadInputError("--execute runs a plan as scheduled; --min-logs, --log-ratio, --max-groups, "
-                                "--min-deltas, --delta-ratio, --index-base-cap and --only apply when scheduling")
+                                "--max-buckets, --min-deltas, --delta-ratio, --index-base-cap and --only apply when "
+                                "scheduling")
         if self.execute is not None:
             check_instant(self.execute, option="--execute")
         self.policy  # noqa: B018 - its values' checks, once
@@ -144,6 +147,7 @@ class CompactOptions(VerbOptions):
             min_logs=DEFAULT_MIN_LOGS if self.min_logs is None else self.min_logs,
             log_ratio=DEFAULT_LOG_RATIO if self.log_ratio is None else self.log_ratio,
             max_groups=self.max_groups,
+            max_buckets=self.max_buckets,
             min_deltas=DEFAULT_MIN_DELTAS if self.min_deltas is None else self.min_deltas,
             delta_ratio=DEFAULT_DELTA_RATIO if self.delta_ratio is None else self.delta_ratio,
             index_base_cap=DEFAULT_INDEX_BASE_CAP if self.index_base_cap is None else self.index_base_cap,
@@ -169,11 +173,17 @@ class CompactionPolicy:
     index_base_cap: int = DEFAULT_INDEX_BASE_CAP
     data: bool = True
     index: bool = True
-    #: at most this many bytes (bases and logs) of file groups per plan, most log bytes first; a
-    #: group larger than this alone is left to a compaction without the bound (None: no bound)
+    #: at most this many bytes per plan: file groups' bases and logs first (most log bytes
+    #: first), then index buckets' open bases and deltas with what is left (most deltas first);
+    #: a group or bucket larger than this alone is left to a compaction without the bound (None:
+    #: no bound)
     max_bytes: int | None = None
+    #: at most this many index buckets per plan, most deltas first (None: every due bucket)
+    max_buckets: int | None = None
 
     def __post_init__(self) -> None:
+        if self.max_buckets is not None and self.max_buckets < 1:
+            raise BadInputError(f"--max-buckets must be at least 1, got {self.max_buckets}")
         if self.max_bytes is not None and self.max_bytes < 1:
             raise BadInputError(f"the compaction's byte bound must be at least 1 byte, got {self.max_bytes}")
         if self.min_logs < 1:
@@ -209,13 +219,17 @@ def compactable(table: "Table", policy: CompactionPolicy) -> tuple[bool, bool]:
 
 def plan_compaction(table: "Table", view: FileSystemView, policy: CompactionPolicy,
                     *, heartbeat_timeout_s: float | None = None,
-                    groups: Collection[tuple[str, str]] | None = None) -> dict[str, Any] | None:
+                    groups: Collection[tuple[str, str]] | None = None,
+                    buckets: Collection[int] | None = None) -> dict[str, Any] | None:
     """The plan of a compaction on ``view``, or None when nothing is due.
 
     File groups and index buckets in another pending compaction plan are left out: two
     plans never fold the same files. ``groups``: only these (partition, file id) may be
-    planned (an automatic compaction's: the groups its upsert touched; None: any). BadInputError when the table has nothing of the kinds
-    asked for (a copy-on-write table has no logs; only the record index has deltas).
+    planned (an automatic compaction's: the groups its upsert touched; None: any); ``buckets``:
+    likewise for index buckets (the buckets its upsert wrote a delta to). ``policy.max_bytes``
+    bounds the groups' bytes and the buckets' together, groups first. BadInputError when the
+    table has nothing of the kinds asked for (a copy-on-write table has no logs; only the
+    record index has deltas).
     """
     assert table.config is not None
     data, index = compactable(table, policy)
@@ -225,16 +239,22 @@ def plan_compaction(table: "Table", view: FileSystemView, policy: CompactionPoli
                             f"index: it has no {kinds} to compact")
     pending = pending_plans(table, Action.COMPACTION)
     due = _due_file_groups(view, policy, pending, only=groups) if data else []
-    buckets = _due_index_buckets(table, view, policy, pending, heartbeat_timeout_s) if index else []
-    if not due and not buckets:
+    left = None if policy.max_bytes is None else policy.max_bytes - sum(g["base_bytes"] + g["log_bytes"] for g in due)
+    due_buckets: list[int] = []
+    planned = _due_index_buckets(table, view, policy, pending, heartbeat_timeout_s, only=buckets,
+                                 max_bytes=left, due=due_buckets) if index else []
+    if not due and not planned:
         return None
+    bounded = policy.max_buckets is not None or policy.max_bytes is not None
     return {
         "operation": "compaction",
         "snapshot_seq": view.seq,
         "policy": asdict(policy),
         "index_base_cap": policy.index_base_cap,
         "file_groups": due,
-        "index_buckets": buckets,
+        "index_buckets": planned,
+        # a bounded plan (an automatic compaction's) says how many buckets were due before its bounds
+        **({"index_buckets_due": len(due_buckets)} if bounded and index else {}),
     }
 
 
@@ -286,7 +306,8 @@ def _due_file_groups(view: FileSystemView, policy: CompactionPolicy,
 
 def _due_index_buckets(table: "Table", view: FileSystemView, policy: CompactionPolicy,
                        pending: list[tuple[Any, dict[str, Any]]],
-                       heartbeat_timeout_s: float | None) -> list[dict[str, Any]]:
+                       heartbeat_timeout_s: float | None, *, only: Collection[int] | None = None,
+                       max_bytes: int | None = None, due: list[int] | None = None) -> list[dict[str, Any]]:
     """Buckets whose open base and oldest deltas are due, with exactly the files to fold.
 
     A bucket's files are its sealed bases, at most one open base, then its deltas in commit
@@ -297,14 +318,21 @@ def _due_index_buckets(table: "Table", view: FileSystemView, policy: CompactionP
     oldest live pending write: that writer tagged its batch on a snapshot, and its delta
     must stay newer than everything folded below it (a dead writer's instant never
     completes and does not hold compaction back).
+
+    ``only``: consider these buckets alone (None: every bucket). Of the due buckets, the most
+    deltas first (then the most delta bytes), at most ``policy.max_buckets`` of them and
+    ``max_bytes`` of their open bases and deltas (a bucket larger than that alone is left to
+    a compaction without the bound): what an automatic compaction may add to an upsert.
+    ``due`` (when given) receives every due bucket, planned or not.
     """
     busy = {int(b["bucket"]) for _, plan in pending for b in plan.get("index_buckets", [])}
     live = [i.timestamp for i in table.timeline.pending(Action.WRITES)
             if i.action not in Action.SERVICES and is_writer_alive(table, i, heartbeat_timeout_s)]
     horizon = min(live, default=None)
+    wanted = None if only is None else {int(b) for b in only}
     out = []
     for bucket in sorted(view.index_files):
-        if bucket in busy:
+        if bucket in busy or (wanted is not None and bucket not in wanted):
             continue
         files = view.index_files[bucket]
         bases = [f for f in files if not is_index_delta(f)]
@@ -327,9 +355,30 @@ def _due_index_buckets(table: "Table", view: FileSystemView, policy: CompactionP
         delta_bytes = sum(sizes[f] for f in deltas)
         base_bytes = sum(sizes[f] for f in open_base)
         if policy.index_due(len(deltas), delta_bytes, base_bytes):
-            _check_readable(table, [*sealed, *open_base, *deltas])
             out.append({"bucket": bucket, "files": [*open_base, *deltas], "sealed": sealed, "deltas": len(deltas),
                         "delta_bytes": delta_bytes, "base_bytes": base_bytes})
+    if due is not None:
+        due.extend(b["bucket"] for b in out)
+    if policy.max_buckets is not None or max_bytes is not None:
+        out.sort(key=lambda b: (-b["deltas"], -b["delta_bytes"], b["bucket"]))
+        kept, total = [], 0
+        for b in out:
+            if policy.max_buckets is not None and len(kept) >= policy.max_buckets:
+                break
+            size = b["base_bytes"] + b["delta_bytes"]
+            if max_bytes is None or total + size <= max_bytes:
+                kept.append(b)
+                total += size
+            elif not kept and max_bytes > 0:
+                log.info("index bucket %d (%d bytes) is due but past the bound of %d bytes per plan: left for "
+                         "`bucketindex compact`", b["bucket"], size, max_bytes)
+            elif not kept:
+                log.info("%s due: the plan's file groups took its byte bound; left for the next run",
+                         plural(len(out), "index bucket"))
+                break
+        out = sorted(kept, key=lambda b: b["bucket"])
+    for b in out:  # only the buckets planned: a footer read each
+        _check_readable(table, [*b["sealed"], *b["files"]])
     return out
 
 
@@ -538,6 +587,16 @@ def run(uri: str, pick: Pick, *, policy: CompactionPolicy | None = None, schedul
 #: up with the 4-log rule. 512 MiB of bases and logs bounds the memory of one plan
 DEFAULT_AUTO_MAX_GROUPS = 4
 DEFAULT_AUTO_MAX_BYTES = 512 * 1024 * 1024
+#: record-index buckets folded per upsert (``upsert --auto-compact-max-buckets``), most deltas
+#: first. A bucket's fold reads its open base (at most the index base cap, 1M entries: ~17 MB)
+#: and its deltas and writes one base: measured by benchmarks/auto_compact_index.py
+#: (docs/benchmarks.md, "Automatic index compaction"), 16 buckets, 100 upserts of 1k rows: the
+#: automatic compaction (data groups included) took a median 0.9 s, at most 3.3 s at 1M keys,
+#: 2.0 s / 9.1 s at 10M keys (load 8-12), and kept a 1M-key batch's tag phase at 1.2-1.6x a
+#: fully compacted index's instead of 10-11x. A uniform batch touches every bucket, so
+#: with B buckets they fall due together every ``min_deltas`` upserts and this budget folds
+#: them over ceil(B / N) upserts; a bucket then holds at most about min_deltas + B / N deltas
+DEFAULT_AUTO_MAX_BUCKETS = 4
 #: the plan's ``trigger`` of an automatic compaction (an explicit one has none): the next
 #: upsert resumes such a plan left by a crash; ``bucketindex compact`` resumes every plan
 AUTO_TRIGGER = "auto"
@@ -547,21 +606,30 @@ AUTO_TRIGGER = "auto"
 class AutoCompaction:
     """What an upsert compacts after its commit: the file groups it touched that the policy's
     ``due`` rule (:meth:`CompactionPolicy.due`, the defaults of ``bucketindex compact``) says
-    are due, at most ``max_groups`` of them and ``max_bytes`` of their bases and logs."""
+    are due, at most ``max_groups`` of them; and, on a record-index table, the index buckets it
+    wrote a delta to that :meth:`CompactionPolicy.index_due` says are due (``--min-deltas`` 10,
+    ``--delta-ratio`` 0.5: the defaults of ``compact``), at most ``max_buckets`` of them; in all
+    at most ``max_bytes`` of bases, logs and deltas. Index deltas are folded too because every
+    lookup opens every file of its bucket: left to a nightly ``compact``, 100 hourly upserts
+    left ~100 deltas a bucket and the tag phase of a 1M-key batch took 17-21 s instead of 3-4 s
+    (docs/benchmarks.md, "Results at 100M rows")."""
 
     max_groups: int = DEFAULT_AUTO_MAX_GROUPS
     max_bytes: int = DEFAULT_AUTO_MAX_BYTES
+    max_buckets: int = DEFAULT_AUTO_MAX_BUCKETS
 
     def __post_init__(self) -> None:
         if self.max_groups < 1:
             raise BadInputError(f"--auto-compact-max-groups must be at least 1, got {self.max_groups}")
         if self.max_bytes < 1:
             raise BadInputError(f"--auto-compact-max-bytes must be at least 1 byte, got {self.max_bytes}")
+        if self.max_buckets < 1:
+            raise BadInputError(f"--auto-compact-max-buckets must be at least 1, got {self.max_buckets}")
 
     @property
     def policy(self) -> CompactionPolicy:
-        """Data logs only: index deltas slow no read, and ``compact`` folds them nightly."""
-        return CompactionPolicy(max_groups=self.max_groups, max_bytes=self.max_bytes, index=False)
+        """``compact``'s due rules with this run's bounds; data logs and index deltas both."""
+        return CompactionPolicy(max_groups=self.max_groups, max_bytes=self.max_bytes, max_buckets=self.max_buckets)
 
 
 def is_auto(plan: dict[str, Any]) -> bool:
@@ -570,8 +638,10 @@ def is_auto(plan: dict[str, Any]) -> bool:
 
 
 def auto_compact(table: "Table", *, touched: Iterable[tuple[str, str]], pick: Pick, settings: AutoCompaction,
-                 after: str, heartbeat_timeout_s: float | None = None) -> dict[str, Any]:
-    """An upsert's post-commit step: compact the due file groups among ``touched`` through the
+                 after: str, heartbeat_timeout_s: float | None = None,
+                 touched_buckets: Iterable[int] = ()) -> dict[str, Any]:
+    """An upsert's post-commit step: compact the due file groups among ``touched`` and the due
+    record-index buckets among ``touched_buckets`` (those it wrote a delta to) through the
     protocol of ``bucketindex compact`` -- a scheduled ``compaction`` plan (``trigger: auto``,
     ``after``: the upsert's instant), then its execution and commit point -- so a crash in the
     middle leaves a plan that the next upsert's automatic compaction (one waiting plan per
@@ -581,10 +651,13 @@ def auto_compact(table: "Table", *, touched: Iterable[tuple[str, str]], pick: Pi
 
     Never raises: the upsert has committed, and nothing here may fail or undo it. An error
     is logged as a warning and returned under ``error``; the plan it may leave is resumed
-    later. Returns ``{"instant", "file_groups", "logs", "resumed", "total_ms"}`` (``instant``
-    None: nothing due)."""
+    later. Returns ``{"instant", "file_groups", "logs", "index_buckets", "deltas",
+    "due_index_buckets", "resumed", "total_ms"}`` (``instant`` None: nothing due;
+    ``due_index_buckets``: how many of the touched buckets were due, of which the budget
+    planned ``index_buckets``)."""
     started = time.perf_counter()
-    out: dict[str, Any] = {"instant": None, "file_groups": 0, "logs": 0, "resumed": []}
+    out: dict[str, Any] = {"instant": None, "file_groups": 0, "logs": 0, "index_buckets": 0, "deltas": 0,
+                           "resumed": []}
     try:
         def work(txn: "Transaction") -> Written:
             write, choice = pick(table, txn.plan)
@@ -603,15 +676,21 @@ def auto_compact(table: "Table", *, touched: Iterable[tuple[str, str]], pick: Pi
             table, Action.COMPACTION, work, heartbeat_timeout_s=heartbeat_timeout_s, select=waiting, limit=1))
         out["resumed"] = [d.instant for d in resumed or []]
         policy = settings.policy
+        buckets = {int(b) for b in touched_buckets}
         plan = plan_compaction(table, table.view(), policy, heartbeat_timeout_s=heartbeat_timeout_s,
-                               groups=set(touched))
+                               groups=set(touched), buckets=buckets)
         if plan is None:
             return out
+        planned = plan["index_buckets"]
+        due = int(plan.get("index_buckets_due", len(planned)))
         inst = schedule(table, Action.COMPACTION, {**plan, "trigger": AUTO_TRIGGER, "after": after})
         out.update(instant=inst.timestamp, file_groups=len(plan["file_groups"]),
-                   logs=sum(len(g["logs"]) for g in plan["file_groups"]))
-        log.info("automatic compaction %s after %s: %s (%s)", inst.timestamp, after,
-                 plural(out["file_groups"], "file group"), plural(out["logs"], "log"))
+                   logs=sum(len(g["logs"]) for g in plan["file_groups"]), index_buckets=len(planned),
+                   deltas=sum(int(b["deltas"]) for b in planned), due_index_buckets=due)
+        log.info("automatic compaction %s after %s: %s (%s), %s of %d due (%s; budget %d buckets, %s)",
+                 inst.timestamp, after, plural(out["file_groups"], "file group"), plural(out["logs"], "log"),
+                 plural(out["index_buckets"], "index bucket"), due, plural(out["deltas"], "delta"),
+                 settings.max_buckets, _mib(settings.max_bytes))
         done = _cancelling_stale(table, lambda: [execute(table, inst.timestamp, Action.COMPACTION, work,
                                                          heartbeat_timeout_s=heartbeat_timeout_s)])
         if done is None:
@@ -629,6 +708,10 @@ def auto_compact(table: "Table", *, touched: Iterable[tuple[str, str]], pick: Pi
     finally:
         out["total_ms"] = int((time.perf_counter() - started) * 1000)
     return out
+
+
+def _mib(n: int) -> str:
+    return f"{n / 1048576:.0f} MiB" if n >= 1048576 else f"{n} bytes"
 
 
 def _cancelling_stale(table: "Table", step: Callable[[], list[Any]]) -> list[Any] | None:

@@ -72,6 +72,7 @@ from spark_jobs.table.action.options import (
     option,
 )
 from spark_jobs.table.action.compact import (
+    DEFAULT_AUTO_MAX_BUCKETS,
     DEFAULT_AUTO_MAX_BYTES,
     DEFAULT_AUTO_MAX_GROUPS,
     AutoCompaction,
@@ -223,6 +224,8 @@ class UpsertOptions(VerbOptions):
     auto_compact_max_groups: int | None = option("--auto-compact-max-groups", default=None)
     #: a size: ``512m``, ``2g``, bytes
     auto_compact_max_bytes: str | None = option("--auto-compact-max-bytes", default=None)
+    #: record-index buckets folded per upsert (None: ``compact.DEFAULT_AUTO_MAX_BUCKETS``)
+    auto_compact_max_buckets: int | None = option("--auto-compact-max-buckets", default=None)
     #: set by the driver, not by users: columns added to the table by a concurrent commit after
     #: the batch was first validated. Validated again on the new schema, the batch may lack them;
     #: its rows hold null there, as rows written before the column existed read it
@@ -253,9 +256,11 @@ class UpsertOptions(VerbOptions):
         parse_schema_evolution(self.schema_evolution)  # a bad value: one line, exit 2, before anything runs
         check_choice("--auto-compact", self.auto_compact, AUTO_COMPACT_CHOICES)
         if self.auto_compact == "off" and (self.auto_compact_max_groups is not None
-                                           or self.auto_compact_max_bytes is not None):
-            raise BadInputError("--auto-compact-max-groups and --auto-compact-max-bytes bound the automatic "
-                                "compaction that --auto-compact off turns off: give one or the other")
+                                           or self.auto_compact_max_bytes is not None
+                                           or self.auto_compact_max_buckets is not None):
+            raise BadInputError("--auto-compact-max-groups, --auto-compact-max-buckets and --auto-compact-max-bytes "
+                                "bound the automatic compaction that --auto-compact off turns off: give one or "
+                                "the other")
         self.auto_compaction  # noqa: B018 - the bounds' own checks, once
 
     @property
@@ -270,7 +275,9 @@ class UpsertOptions(VerbOptions):
                                     f"{self.auto_compact_max_bytes!r}") from None
         return AutoCompaction(
             max_groups=DEFAULT_AUTO_MAX_GROUPS if self.auto_compact_max_groups is None else self.auto_compact_max_groups,
-            max_bytes=max_bytes)
+            max_bytes=max_bytes,
+            max_buckets=(DEFAULT_AUTO_MAX_BUCKETS if self.auto_compact_max_buckets is None
+                         else self.auto_compact_max_buckets))
 
     def auto_compacts(self, cfg: TableConfig) -> bool:
         """Whether this upsert compacts after its commit on a table with ``cfg``: ``--auto-compact``
@@ -725,9 +732,12 @@ def _commit(engine: UpsertEngine, opts: UpsertOptions, table: "Table", cfg: Tabl
             log.info("this %s upsert does not compact automatically; schedule `bucketindex compact`", engine.name)
         else:  # post-commit: never fails or undoes the commit (auto_compact logs what went wrong)
             touched = {(g["partition"], g["file_id"]) for g in metadata.get("file_groups", [])}
+            # the record-index buckets this commit wrote a delta to: only they grew
+            buckets = {int(f["bucket"]) for f in (metadata.get("index") or {}).get("added", [])}
             out["auto_compaction"] = auto_compact(table, touched=touched, pick=compact,
                                                   settings=opts.auto_compaction, after=ts,
-                                                  heartbeat_timeout_s=opts.heartbeat_timeout_s)
+                                                  heartbeat_timeout_s=opts.heartbeat_timeout_s,
+                                                  touched_buckets=buckets)
             out["timings_ms"]["auto_compact_ms"] = out["auto_compaction"]["total_ms"]
     return out
 
