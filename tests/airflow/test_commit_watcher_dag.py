@@ -12,6 +12,7 @@ table whose path has spaces and non-ASCII."""
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
 
 import pytest
@@ -177,3 +178,83 @@ async def test_cli_and_api_commits_reach_the_dag_through_the_watcher_once_each(t
     assert [(c["instant"], c["updated"]) for c in out["commits"]] == [(instant, 6)], out
     again_run = sandbox.run_dag(sandbox.load_dag(DAG_ID))
     assert again_run.xcom("describe_commit")["commits"] == [], "reported by the earlier run"
+
+
+def _watermark_in_db(asset_id: int) -> Any:
+    import json
+
+    from airflow._shared.state import AssetScope
+    from airflow.state import get_state_backend
+    from airflow.utils.session import create_session
+
+    from airflow_provider_bucketindex.triggers.table_commits import WATERMARK_KEY
+
+    with create_session() as session:
+        value = get_state_backend().get(AssetScope(asset_id=asset_id), WATERMARK_KEY, session=session)
+    return None if value is None else json.loads(value)
+
+
+def _wait(what: str, check: Any, limit: float) -> Any:
+    import time
+
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(0.25)
+    raise AssertionError(f"{what}: not within {limit:g} s")
+
+
+@pytest.mark.slow  # two triggerer starts: 71 s at load 8 (each start ~25 s before the watcher's first look)
+def test_a_real_triggerer_turns_a_cli_commit_into_an_asset_event(tmp_path, airflow_db, monkeypatch):  # type: ignore
+    """``airflow triggerer`` itself (its supervisor, its runner subprocess, the Execution API):
+    the watcher's first look stores the watermark in the Asset's state store, a CLI commit
+    becomes one Asset event queuing the DAG; stopped (SIGTERM) and started again, the triggerer
+    reports the commit made meanwhile and nothing twice."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+
+    table = str(tmp_path / "réel" / "t 2")
+    cli_upsert(table, _source(tmp_path, "b0", _rows(0)), "avant")
+    row = _synced(table, monkeypatch)
+    log = open(tmp_path / "triggerer.log", "w")
+
+    def triggerer() -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "airflow", "triggerer", "--capacity", "10"],
+                                stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ), start_new_session=True)
+
+    def stop(proc: subprocess.Popen) -> None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+    proc = triggerer()
+    try:
+        first = _wait("the watcher's first look", lambda: _watermark_in_db(row["asset_id"]), 90)
+        assert first["seq"] == 1
+        cli_upsert(table, _source(tmp_path, "b1", _rows(1)), "par la CLI")
+        (event,) = _wait("the CLI commit's Asset event", lambda: _watcher_events(row["asset_id"]), 30)
+        assert event["payload"]["batch_id"] == "par la CLI" and event["payload"]["table_uri"] == table
+        assert _queued(row["asset_id"]) == [DAG_ID]
+        _wait("its watermark", lambda: (_watermark_in_db(row["asset_id"]) or {}).get("seq", 0)
+              >= event["payload"]["seq"], 30)
+    finally:
+        stop(proc)
+    instant = api_upsert(table, _rows(2))  # while no triggerer runs
+    proc = triggerer()
+    try:
+        _wait("the API commit's Asset event", lambda: _watcher_events(row["asset_id"])[1:], 90)
+        time.sleep(3)  # a few more looks: nothing else may come
+        events = _watcher_events(row["asset_id"])
+    finally:
+        stop(proc)
+        log.close()
+    assert [e["payload"]["batch_id"] for e in events][:1] == ["par la CLI"]
+    assert [e["payload"]["instant"] for e in events][1:] == [instant], "the API's commit, once; nothing repeated"
