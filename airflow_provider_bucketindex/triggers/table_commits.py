@@ -202,7 +202,7 @@ class TableCommitEventTrigger(TableStateTrigger, BaseEventTrigger):
             commits = found["commits"]
             for commit in commits:
                 yield TriggerEvent({"table_uri": self.table_uri, **commit})
-            if watermark is None:  # start=latest, first look: the table's end is the watermark
+            if watermark is None and self.start == "latest":  # first look: the table's end
                 new = {"seq": found["last_seq"], "instant": found["last_instant"]}
             elif len(commits) >= self.max_events:  # more to come: after the last one reported
                 new = {"seq": commits[-1]["seq"], "instant": commits[-1]["instant"]}

@@ -289,3 +289,47 @@ async def test_two_watched_assets_keep_the_watermark_in_memory_and_say_so(watche
     await run.stop()
     assert event.payload["seq"] == 1 and trig._memory_watermark == {"seq": 1, "instant": event.payload["instant"]}
     assert trig._store_warned  # logged once: "... kept in memory only, because it watches more than one Asset"
+
+
+def test_commits_after_lists_in_commit_order_caps_and_refuses_bad_input(tmp_path):  # type: ignore[no-untyped-def]
+    from spark_jobs.exceptions import BadInputError
+    from spark_jobs.table import state
+
+    table = str(tmp_path / "ordre é")
+    cli_upsert(table, _source(tmp_path, "b0", _rows(0)), "un")
+    for i in range(1, 3):
+        api_upsert(table, _rows(i))
+    every = _timeline(table, None)
+    found = state.commits_after(table, after_seq=0, actions=None)
+    assert [(c["seq"], c["instant"], c["action"], c["batch_id"]) for c in found["commits"]] == every
+    assert (found["last_seq"], found["last_instant"], found["replaced"]) == (every[-1][0], every[-1][1], False)
+    first, second = _timeline(table)[:2]
+    capped = state.commits_after(table, after_seq=first[0], after_instant=first[1], actions=["commit"], limit=1)
+    assert [(c["seq"], c["batch_id"]) for c in capped["commits"]] == [(second[0], second[3])]
+    gone = state.commits_after(table, after_seq=first[0], after_instant="20000101000000000", actions=["commit"])
+    assert gone["replaced"] and len(gone["commits"]) == 3  # not this table's entry: from the first
+    beyond = state.commits_after(table, after_seq=every[-1][0] + 5, actions=("commit",))
+    assert beyond["replaced"] and len(beyond["commits"]) == 3
+    for kwargs, message in (({"after_seq": -1}, "after_seq must be at least 0"), ({"limit": 0}, "limit must be at least 1")):
+        with pytest.raises(BadInputError, match=message):
+            state.commits_after(table, **kwargs)
+    with pytest.raises(BadInputError, match="no bucketindex table"):
+        state.commits_after(str(tmp_path / "nowhere"))
+
+
+@pytest.mark.asyncio
+async def test_a_backlog_comes_in_order_max_events_at_a_time(watcher, tmp_path):  # type: ignore[no-untyped-def]
+    table = str(tmp_path / "arriéré")
+    cli_upsert(table, _source(tmp_path, "b0", _rows(0)), "un")
+    for i in range(1, 5):
+        api_upsert(table, _rows(i))
+    store = Store()
+    trig = watcher.TableCommitEventTrigger(table_uri=table, start="earliest", max_events=2, poke_interval=30,
+                                           watermark_delay_s=0)
+    trig.asset_state_store = store
+    run = Running(trig)
+    events = await run.take(5, limit=10)  # not one poke_interval between two batches
+    await run.quiet(0.3)
+    await run.stop()
+    assert _seen(events) == _timeline(table) and store.values[watcher.WATERMARK_KEY] == _last(table)
+    assert store.writes == 3  # after each batch of at most 2: seq of the 2nd, the 4th, then the end
