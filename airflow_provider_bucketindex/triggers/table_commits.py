@@ -38,7 +38,8 @@ reported twice. Two details of Airflow 3.3.2 decide *when* it is written:
   with a single accessor; the same trigger arguments on two Assets are one trigger in Airflow)
   and only in the triggerer. Elsewhere -- the trigger run by hand, in a test, on two Assets, on
   Airflow before 3.3 -- the watermark lives in the trigger instance (logged once): a restart
-  then starts from ``start`` again.
+  then starts from ``start`` again. A store that does not answer is logged and the watcher goes
+  on (its watermark in memory until a write succeeds): events matter more than the bookmark.
 
 ``start`` says where a watcher without a watermark begins: ``"latest"`` (default) after the
 table's last commit at that moment (no backlog; a table not there yet is waited for, and its
@@ -140,10 +141,15 @@ class TableCommitEventTrigger(TableStateTrigger, BaseEventTrigger):
         store = self._store()
         if store is None:
             return self._memory_watermark
-        if hasattr(store, "aget"):
-            value = await store.aget(WATERMARK_KEY, default=None)
-        else:  # Airflow 3.3.0/3.3.1: the blocking accessor only
-            value = await asyncio.to_thread(store.get, WATERMARK_KEY, None)
+        try:
+            if hasattr(store, "aget"):
+                value = await store.aget(WATERMARK_KEY, default=None)
+            else:  # Airflow 3.3.0/3.3.1: the blocking accessor only
+                value = await asyncio.to_thread(store.get, WATERMARK_KEY, None)
+        except Exception as e:  # the store did not answer: start as without one, and say so
+            self.log.warning("%s: the asset state store did not answer (%s); starting from start=%r",
+                             self.table_uri, _one_line(e), self.start)
+            return self._memory_watermark
         if isinstance(value, dict) and isinstance(value.get("seq"), int) and value["seq"] >= 0:
             return {"seq": value["seq"], "instant": value.get("instant")}
         if value is not None:
@@ -155,10 +161,15 @@ class TableCommitEventTrigger(TableStateTrigger, BaseEventTrigger):
         store = self._store()
         if store is None:
             return
-        if hasattr(store, "aset"):
-            await store.aset(WATERMARK_KEY, dict(watermark))
-        else:
-            await asyncio.to_thread(store.set, WATERMARK_KEY, dict(watermark))
+        try:
+            if hasattr(store, "aset"):
+                await store.aset(WATERMARK_KEY, dict(watermark))
+            else:
+                await asyncio.to_thread(store.set, WATERMARK_KEY, dict(watermark))
+        except Exception as e:  # keep watching; the next write carries the watermark on
+            self.log.warning("%s: the watermark (seq %s) is not stored (%s); a restart now would report "
+                             "again what came after the last one stored", self.table_uri, watermark.get("seq"),
+                             _one_line(e))
 
     # -- one look at the table ---------------------------------------------------------------
     def _check(self, state: ModuleType) -> Poll:  # the sensors' interface: not used by a watcher

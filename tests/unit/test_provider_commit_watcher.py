@@ -333,3 +333,25 @@ async def test_a_backlog_comes_in_order_max_events_at_a_time(watcher, tmp_path):
     await run.stop()
     assert _seen(events) == _timeline(table) and store.values[watcher.WATERMARK_KEY] == _last(table)
     assert store.writes == 3  # after each batch of at most 2: seq of the 2nd, the 4th, then the end
+
+
+@pytest.mark.asyncio
+async def test_a_store_that_fails_does_not_stop_the_watcher(watcher, tmp_path):  # type: ignore[no-untyped-def]
+    class Broken(Store):
+        async def aget(self, key, default=None):  # type: ignore[no-untyped-def]
+            raise RuntimeError("the API server is down")
+
+        async def aset(self, key, value):  # type: ignore[no-untyped-def]
+            raise RuntimeError("the API server is down")
+
+    table = str(tmp_path / "panne")
+    cli_upsert(table, _source(tmp_path, "b0", _rows(0)), "un")
+    trig = watcher.TableCommitEventTrigger(table_uri=table, poke_interval=0.05, watermark_delay_s=0)
+    trig.asset_state_store = Broken()
+    run = Running(trig)
+    await run.quiet(0.5)
+    instant = api_upsert(table, _rows(1))
+    (event,) = await run.take(1)
+    await run.quiet(0.3)
+    await run.stop()
+    assert event.payload["instant"] == instant and trig._memory_watermark == _last(table)
