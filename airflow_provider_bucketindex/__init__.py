@@ -136,7 +136,8 @@ def get_provider_info() -> dict[str, Any]:
         "triggers": [
             {
                 "integration-name": "Bucket Index",
-                "python-modules": ["airflow_provider_bucketindex.triggers.table_state"],
+                "python-modules": ["airflow_provider_bucketindex.triggers.table_state",
+                                   "airflow_provider_bucketindex.triggers.table_commits"],
             }
         ],
         # a table's Asset identity: bucketindex:<storage location>, one Asset per table whatever

@@ -7,6 +7,13 @@
 
       with DAG(..., schedule=[table_asset("s3://lake/events")]): ...
 
+* :func:`watched_table_asset` -- the same Asset with an ``AssetWatcher`` whose trigger
+  (:class:`~airflow_provider_bucketindex.triggers.table_commits.TableCommitEventTrigger`)
+  records an event for every commit to the table, whoever made it (the CLI, the Python API,
+  another scheduler), not only the operators' own::
+
+      with DAG(..., schedule=[watched_table_asset("s3://lake/events")]): ...
+
 * :data:`TABLE_UPDATES` -- the ``AssetAlias`` every table-writing operator declares as its
   outlet by default. Why an alias: ``table_uri`` is usually templated (a DAG param), so the
   concrete Asset is known only when the task runs; the task then attaches the event to
@@ -24,11 +31,17 @@ from __future__ import annotations
 
 import os
 
-from airflow.sdk import Asset, AssetAlias
+from typing import Any
+
+from airflow.sdk import Asset, AssetAlias, AssetWatcher
 
 from airflow_provider_bucketindex import assets
 
-__all__ = ["TABLE_UPDATES", "TABLE_UPDATES_ALIAS", "openlineage_dataset", "table_asset", "table_asset_uri"]
+__all__ = ["TABLE_UPDATES", "TABLE_UPDATES_ALIAS", "WATCHER_NAME", "openlineage_dataset", "table_asset",
+           "table_asset_uri", "watched_table_asset"]
+
+#: the default name of the AssetWatcher of :func:`watched_table_asset`
+WATCHER_NAME = "bucketindex_commits"
 
 #: name of the alias table-writing operators emit their table's Asset events through
 TABLE_UPDATES_ALIAS = "bucketindex_table_updates"
@@ -45,6 +58,24 @@ def table_asset_uri(table_uri: str) -> str:
 def table_asset(table_uri: str) -> Asset:
     """The table as an Airflow Asset (schedule a DAG on it, or list it as a task's outlet)."""
     return assets.create_asset(table_uri=table_uri)
+
+
+def watched_table_asset(table_uri: str, *, watcher_name: str = WATCHER_NAME, **trigger_kwargs: Any) -> Asset:
+    """The table's Asset (:func:`table_asset`) watched for commits: an ``AssetWatcher`` whose
+    :class:`~airflow_provider_bucketindex.triggers.table_commits.TableCommitEventTrigger` records
+    one Asset event per commit, in commit order, made by anyone (``trigger_kwargs``: its
+    ``actions``, ``start``, ``poke_interval``, ``conn_id``, ``storage_conn_id``, ...).
+
+    Every DAG file that names this table's Asset must give it the same watchers: Airflow keeps
+    an Asset's watchers as the DAG file parsed last declared them, so a file naming the bare
+    ``table_asset(uri)`` would remove the watcher another file added (and the next parse of that
+    file would add it back). Building the Asset here, in each file, with the same arguments
+    keeps them equal. The trigger is built, not run, at parse time (no I/O)."""
+    from airflow_provider_bucketindex.triggers.table_commits import TableCommitEventTrigger
+
+    uri = assets.asset_uri(table_uri)
+    trigger = TableCommitEventTrigger(table_uri=str(table_uri), **trigger_kwargs)
+    return Asset(name=uri, uri=uri, watchers=[AssetWatcher(name=watcher_name, trigger=trigger)])
 
 
 def openlineage_dataset(uri: str) -> tuple[str, str]:

@@ -5,11 +5,14 @@ RFC-08's rollout keeps a background comparison running until users trust the ind
 
     shadow_compare
 
-* ``shadow_compare`` (:class:`IndexShadowCompareOperator`) runs ``bucketindex shadow-compare``
-  with ``--since`` the ``instant`` of the previous successful run of this DAG *on the same
-  table* (pulled from its XCom summary, ``include_prior_dates``); the first run -- or the
-  first after the table param changed -- compares every key. A failed run pushes no
-  ``return_value``, so the next run compares everything since the last good one again.
+* ``shadow_compare`` (:class:`IndexShadowCompareOperator`, ``since_last_good=True``) runs
+  ``bucketindex shadow-compare`` with ``--since`` the ``instant`` of the last successful
+  comparison of *this table* by this task, kept in the table Asset's state store (Airflow
+  3.3's ``asset_state_store``, key ``bucketindex_shadow_compare_since:<dag_id>.<task_id>``);
+  where the table's Asset is not registered in Airflow (no DAG names it, no task wrote it
+  through Airflow), from this task's last successful run's XCom summary on the same table. The
+  first run on a table compares every key. A failed run records nothing, so the next run
+  compares everything since the last good one again.
 * The full report goes to ``<reports_dir>/<dag_id>/<run_id>/shadow_compare.json``
   (``reports_dir`` param; empty: ``_bucketindex_reports/<table name>`` beside the table);
   the XCom holds a summary (counts, instant, report location, a few sample keys).
@@ -33,16 +36,10 @@ from airflow.sdk import DAG, Param
 from airflow_provider_bucketindex.notifications import IndexMismatchNotifier
 from airflow_provider_bucketindex.operators import IndexShadowCompareOperator
 
-__all__ = ["DAG_ID", "SINCE_TEMPLATE", "build_dag"]
+__all__ = ["DAG_ID", "build_dag"]
 
 DAG_ID = "bucketindex_shadow_compare"
 TASK_ID = "shadow_compare"
-
-#: the instant of this task's last successful run on the same table, else "" (compare all)
-SINCE_TEMPLATE = (
-    "{% set prev = ti.xcom_pull(task_ids='" + TASK_ID + "', include_prior_dates=True) %}"
-    "{{ prev['instant'] if prev and prev['table_uri'] == params.table_uri and prev['instant'] else '' }}"
-)
 
 
 def build_dag(dag_id: str = DAG_ID, *, schedule: Any = "@hourly", notifiers: Sequence[Any] | None = None) -> DAG:
@@ -78,7 +75,7 @@ def build_dag(dag_id: str = DAG_ID, *, schedule: Any = "@hourly", notifiers: Seq
         IndexShadowCompareOperator(
             task_id=TASK_ID,
             table_uri="{{ params.table_uri }}",
-            since=SINCE_TEMPLATE,
+            since_last_good=True,  # since: the last good comparison of this table (asset state store)
             against="{{ params.against }}",
             sample_fraction="{{ params.sample_fraction }}",
             max_mismatches="{{ params.max_mismatches }}",

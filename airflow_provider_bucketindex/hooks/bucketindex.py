@@ -1043,6 +1043,17 @@ class BucketIndexHook(BaseHook):
         return None if inst is None else _summary(t, inst)
 
     @task_storage.scoped
+    def find_commit(self, table_uri: str, *, batch_id: str | None = None,
+                    after_instant: str | None = None) -> dict[str, Any] | None:
+        """:func:`spark_jobs.table.state.find_commit` with this hook's storage options: the commit
+        of ``batch_id`` (or the first after ``after_instant``) as ``{"instant", "action", "seq",
+        "batch_id", "counts"}`` -- its ``seq`` is its place in commit order, what an
+        ``AssetWatcher``'s event carries -- or None."""
+        from spark_jobs.table import state
+
+        return state.find_commit(table_uri, batch_id=batch_id, after_instant=after_instant)
+
+    @task_storage.scoped
     def pending_for_batch(self, table_uri: str, batch_id: str) -> "Instant | None":
         t = self.open_table(table_uri)
         return t.pending_for_batch(batch_id) if t.exists else None

@@ -18,11 +18,13 @@ from spark_jobs.text import plural
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-__all__ = ["IndexMismatchError", "IndexShadowCompareOperator", "MISMATCH_KINDS", "SUMMARY_XCOM_KEY",
-           "default_report_uri", "summarize"]
+__all__ = ["IndexMismatchError", "IndexShadowCompareOperator", "MISMATCH_KINDS", "SINCE_KEY_PREFIX",
+           "SUMMARY_XCOM_KEY", "default_report_uri", "since_key", "summarize"]
 
 #: the report's per-kind counts (spark_jobs.table.shadow.KINDS, repeated: no table code at import)
 MISMATCH_KINDS = ("missing", "wrong_location", "extra", "duplicated")
+#: the table Asset's state store key (prefix) of a task's last successfully compared instant
+SINCE_KEY_PREFIX = "bucketindex_shadow_compare_since"
 #: XCom key of the summary pushed when the task fails on a mismatch (a success returns it instead)
 SUMMARY_XCOM_KEY = "shadow_compare_summary"
 #: sample keys per kind kept in the XCom summary (the report file keeps up to 10)
@@ -55,6 +57,12 @@ class IndexMismatchError(AirflowFailException):
 
 def _safe(part: str) -> str:
     return re.sub(r"[^\w.=-]+", "_", part).strip("_") or "_"
+
+
+def since_key(dag_id: str, task_id: str) -> str:
+    """The asset state store key of ``dag_id.task_id``'s last good instant (one per task: two
+    comparisons of one table -- against a scan, against ``bucket`` -- keep their own)."""
+    return f"{SINCE_KEY_PREFIX}:{dag_id}.{task_id}"
 
 
 def default_report_uri(table_uri: str, reports_dir: str | None, dag_id: str, run_id: str, task_id: str,
@@ -95,7 +103,17 @@ class IndexShadowCompareOperator(BucketIndexSparkOperator):
         completed at this ISO-8601 time (``"{{ data_interval_start }}"``; no zone means UTC:
         ``spark_jobs.table.timeline.resolve_as_of``) (templated; empty or None: every key). Pass
         the ``instant`` of the previous successful run's summary to compare the commits since
-        then, as ``dags/bucketindex_shadow_compare.py`` does.
+        then -- or leave it empty and set ``since_last_good``.
+    :param since_last_good: when ``since`` is empty, compare the commits since this task's last
+        successful comparison *of this table* (``dags/bucketindex_shadow_compare.py`` does):
+        its ``instant`` is kept in the table Asset's state store (Airflow 3.3's
+        ``asset_state_store``; key :func:`since_key`, on ``bucketindex:<table location>``, so
+        every spelling of the table shares it), read before the job and written after a
+        success only. Where no store answers -- the table's Asset is not registered in Airflow
+        (no DAG names it and no task wrote it through Airflow yet), no task runner -- the
+        ``instant`` of this task's last successful run's XCom summary on the same table
+        (``xcom_pull(include_prior_dates=True)``) is used instead, and the log says which.
+        Nothing either way: every key.
     :param sample_fraction: compare a deterministic sample of the keys, ``0 < F <= 1``
         (templated; a rendered string is accepted; None or empty: all keys).
     :param against: ``scan`` (default), ``global_simple`` or ``bucket`` (templated).
@@ -127,12 +145,14 @@ class IndexShadowCompareOperator(BucketIndexSparkOperator):
                                       "storage_conn_id", "storage_options")
     ui_color = "#fef7e0"
 
-    def __init__(self, *, table_uri: str, since: str | None = None, sample_fraction: float | str | None = None,
+    def __init__(self, *, table_uri: str, since: str | None = None, since_last_good: bool = False,
+                 sample_fraction: float | str | None = None,
                  against: str = "scan", max_mismatches: int | str = 0, report_uri: str | None = None,
                  reports_dir: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.table_uri = table_uri
         self.since = since
+        self.since_last_good = bool(since_last_good)
         self.sample_fraction = sample_fraction
         self.against = against
         self.max_mismatches = max_mismatches
@@ -188,10 +208,64 @@ class IndexShadowCompareOperator(BucketIndexSparkOperator):
         table_uri = str(self.table_uri)
         return self.hook.build_command("shadow-compare", self._args(table_uri, self._report_uri(context)))
 
+    # -- since the last good run ---------------------------------------------------------------
+    def _since_store(self, table_uri: str) -> Any:
+        """The table Asset's state store accessor (by its normalised URI), or None outside a task runner."""
+        from airflow_provider_bucketindex.assets import asset_uri
+
+        try:
+            from airflow.sdk.execution_time.context import AssetStateStoreAccessor
+            from airflow.sdk.execution_time.task_runner import SUPERVISOR_COMMS  # noqa: F401 -- set by a task runner
+        except ImportError:  # Airflow before 3.3, or no task runner in this process
+            return None
+        return AssetStateStoreAccessor(uri=asset_uri(table_uri))
+
+    def _key(self, context: Context | None) -> str:
+        ti = (context or {}).get("ti")
+        return since_key(getattr(ti, "dag_id", None) or getattr(self, "dag_id", None) or "no_dag", self.task_id)
+
+    def last_good_since(self, context: Context, table_uri: str) -> tuple[str | None, str]:
+        """``(instant, where it came from)`` of this task's last good comparison of the table."""
+        store = self._since_store(table_uri)
+        if store is not None:
+            try:
+                value = store.get(self._key(context))
+            except Exception as e:  # no store answered: say so, use the XCom
+                self.log.info("no asset state store for %s (%s); using the last good run's XCom",
+                              redact_uri(table_uri), one_line(e))
+            else:
+                if isinstance(value, str) and value:
+                    return value, "the table Asset's state store"
+        ti = (context or {}).get("ti")
+        prev = None
+        if ti is not None:
+            try:
+                prev = ti.xcom_pull(task_ids=self.task_id, include_prior_dates=True)
+            except Exception as e:
+                self.log.info("no previous XCom summary (%s)", one_line(e))
+        if isinstance(prev, dict) and prev.get("instant") and prev.get("table_uri") == redact_uri(table_uri):
+            return str(prev["instant"]), "the last good run's XCom summary"
+        return None, "nothing: no earlier good comparison of this table"
+
+    def remember_since(self, context: Context, table_uri: str, instant: str | None) -> None:
+        """Keep ``instant`` as the next run's ``since`` in the table Asset's state store; a store
+        that refuses (the Asset is not registered in Airflow) leaves the XCom as the record."""
+        store = self._since_store(table_uri)
+        if store is None or not instant:
+            return
+        try:
+            store.set(self._key(context), str(instant))
+        except Exception as e:
+            self.log.warning("the compared instant of %s is not kept in the asset state store (%s); the "
+                             "next run reads it from this run's XCom", redact_uri(table_uri), one_line(e))
+
     # -- running it ----------------------------------------------------------------------------
     @storage_scoped
     def execute(self, context: Context) -> dict[str, Any]:
         table_uri = str(self.table_uri)
+        if self.since_last_good and not str(self.since or "").strip():
+            self.since, source = self.last_good_since(context, table_uri)
+            self.log.info("since %s (from %s)", self.since or "the start: every key", source)
         report_uri = self._report_uri(context)
         args = self._args(table_uri, report_uri)
         _delete_report(report_uri)  # a report left by an earlier try must not pass for this one's
@@ -219,6 +293,8 @@ class IndexShadowCompareOperator(BucketIndexSparkOperator):
             raise IndexMismatchError(summary)
         if failure is not None:  # exit 1 yet the report says ok: not a mismatch -- a failure
             raise failure
+        if self.since_last_good:
+            self.remember_since(context, table_uri, summary.get("instant"))
         return summary
 
 

@@ -26,7 +26,7 @@ from spark_jobs.table.action.compact import (
 from spark_jobs.table.table import Table, pending_plans
 from spark_jobs.table.timeline import Action, State
 
-__all__ = ["compaction_due", "pending_writes", "find_commit", "COMMIT_ACTIONS"]
+__all__ = ["compaction_due", "pending_writes", "find_commit", "commits_after", "COMMIT_ACTIONS"]
 
 #: the actions ``find_commit`` returns: the ones that add a batch of user data (an upsert,
 #: a bootstrap), as :meth:`Table.commit_for_batch`; compactions and rehashes change no rows
@@ -149,3 +149,49 @@ def find_commit(uri: str, *, batch_id: str | None = None, after_instant: str | N
     meta = tl.read_commit(found)
     return {"instant": found.timestamp, "action": found.action, "seq": found.seq,
             "batch_id": meta.batch_id, "counts": dict(meta.counts or {})}
+
+
+def commits_after(uri: str, *, after_seq: int = 0, after_instant: str | None = None,
+                  actions: tuple[str, ...] | list[str] | None = None, limit: int | None = None) -> dict[str, Any]:
+    """The completed timeline entries after sequence position ``after_seq``, in commit order:
+    what a watcher that has seen everything up to ``after_seq`` has not seen yet, whoever
+    committed it (an Airflow task, the CLI, another scheduler, the Python API).
+
+    ``after_instant`` is the instant of entry ``after_seq`` as the caller saw it: when the
+    table's entry there has another instant (or the sequence is shorter), the table was
+    replaced by a new one at the same place since, and the entries are listed from the
+    start (``"replaced": True``) -- a position in one table's sequence means nothing in
+    another's. ``actions`` keeps only these actions (None: every action); ``limit`` caps
+    the list (the rest comes on the next call, after the last one returned).
+
+    Returns ``{"last_seq", "last_instant", "replaced", "commits": [{"seq", "instant",
+    "action", "batch_id", "counts"}, ...]}``; ``last_seq``/``last_instant`` are the
+    sequence's end (0 and None for a table without a commit). JSON values only.
+    """
+    after_seq = int(after_seq)
+    if after_seq < 0:
+        raise BadInputError(f"after_seq must be at least 0, got {after_seq}")
+    if limit is not None and int(limit) < 1:
+        raise BadInputError(f"limit must be at least 1, got {limit}")
+    tl = Table.load(uri).timeline
+    tl.reload()
+    last_seq = tl.last_seq
+    replaced = after_seq > last_seq
+    if not replaced and after_seq and after_instant is not None:
+        replaced = _instant_at(tl, after_seq) != str(after_instant)
+    start = 0 if replaced else after_seq
+    found = tl.completed(actions, after_seq=start)
+    if limit is not None:
+        found = found[:int(limit)]
+    commits = []
+    for i in found:
+        meta = tl.read_commit(i)
+        commits.append({"seq": i.seq, "instant": i.timestamp, "action": i.action, "batch_id": meta.batch_id,
+                        "counts": dict(meta.counts or {})})
+    return {"last_seq": last_seq, "last_instant": _instant_at(tl, last_seq) if last_seq else None,
+            "replaced": replaced, "commits": commits}
+
+
+def _instant_at(tl: Any, seq: int) -> str:
+    """The instant of sequence entry ``seq`` (an archived entry is read on demand)."""
+    return str(tl._entry(seq)["instant"])

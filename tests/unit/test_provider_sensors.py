@@ -660,7 +660,8 @@ def test_provider_info_lists_the_sensor_and_trigger_modules(sensors, triggers): 
     (s,) = info["sensors"]
     (tr,) = info["triggers"]
     assert s["python-modules"] == ["airflow_provider_bucketindex.sensors.table_state"]
-    assert tr["python-modules"] == ["airflow_provider_bucketindex.triggers.table_state"]
+    assert tr["python-modules"] == ["airflow_provider_bucketindex.triggers.table_state",
+                                    "airflow_provider_bucketindex.triggers.table_commits"]  # the AssetWatcher's
     assert s["integration-name"] == tr["integration-name"] == info["integrations"][0]["integration-name"]
     assert importlib.import_module(s["python-modules"][0]) is sensors
     assert importlib.import_module(tr["python-modules"][0]) is triggers

@@ -282,3 +282,96 @@ def test_notifier_hands_off_to_notifiers_and_callables(ops, tmp_path):  # type: 
     assert mail.html_content == "<p>{{ shadow_compare_message }}</p>"
     with pytest.raises(RuntimeError, match="slack down"):  # every channel failed: the callback fails
         IndexMismatchNotifier(notifiers=broken)({**_ctx(), "exception": IndexMismatchError(_summary(tmp_path))})
+
+
+class _StoreComms:
+    """The task runner's channel to Airflow for asset state store messages (the only ones it
+    answers, besides "no such connection"), over a dict keyed by
+    (asset URI, key); ``known`` lists the Asset URIs Airflow has (a write to another is refused,
+    as the Execution API refuses it: 404)."""
+
+    def __init__(self, known: set[str]) -> None:
+        self.known, self.values, self.sent = known, {}, []
+
+    def send(self, msg):  # type: ignore[no-untyped-def]
+        from airflow.sdk.execution_time.comms import AssetStateStoreResult, ErrorResponse, ErrorType
+
+        if type(msg).__name__ == "GetConnection":  # bucketindex_default is not defined here
+            return ErrorResponse(error=ErrorType.CONNECTION_NOT_FOUND, detail={"conn_id": msg.conn_id})
+        self.sent.append(type(msg).__name__)
+        if type(msg).__name__ == "GetAssetStateStoreByUri":
+            if (msg.uri, msg.key) in self.values:
+                return AssetStateStoreResult(value=self.values[(msg.uri, msg.key)])
+            return ErrorResponse(error=ErrorType.ASSET_STORE_NOT_FOUND, detail={"key": msg.key})
+        if type(msg).__name__ == "SetAssetStateStoreByUri":
+            if msg.uri not in self.known:
+                raise RuntimeError(f"Asset with uri={msg.uri!r} not found")
+            self.values[(msg.uri, msg.key)] = msg.value
+            return None
+        raise AssertionError(type(msg).__name__)
+
+
+def test_since_last_good_is_kept_in_the_table_assets_state_store(ops, job, tmp_path, monkeypatch):  # type: ignore
+    from airflow.sdk.execution_time import task_runner
+
+    from airflow_provider_bucketindex.lineage import table_asset_uri
+    from airflow_provider_bucketindex.operators.shadow_compare import IndexMismatchError, since_key
+
+    table = str(tmp_path / "lake" / "ventes été 50%")
+    asset = table_asset_uri(table)
+    comms = _StoreComms(known={asset})
+    monkeypatch.setattr(task_runner, "SUPERVISOR_COMMS", comms, raising=False)
+    key = since_key("d", "s")
+
+    def run(instant, spelled=table, rc=0, report=None):  # type: ignore[no-untyped-def]
+        job["report"], job["rc"] = report or dict(REPORT, table=table, instant=instant), rc
+        op = ops.IndexShadowCompareOperator(task_id="s", table_uri=spelled, since="", since_last_good=True,
+                                            report_uri=str(tmp_path / "r.json"))
+        op.execute(_ctx(_TI(xcom={"return_value": {"table_uri": table, "instant": "20240101000000000"}})))
+        args = job["calls"][-1][1]
+        return args[args.index("--since") + 1] if "--since" in args else None
+
+    # nothing in the store: the XCom summary of the last good run (the fallback) gives since
+    assert run("20250301100000000") == "20240101000000000"
+    assert comms.values == {(asset, key): "20250301100000000"}
+    # the next run: from the store, whatever the table's spelling (file:// URI, trailing /)
+    from urllib.parse import quote
+
+    assert run("20250301110000000", spelled=f"file://{quote(table)}/") == "20250301100000000"
+    assert comms.values == {(asset, key): "20250301110000000"}
+    # a mismatch records nothing: the next run compares since the last good one again
+    with pytest.raises(IndexMismatchError):
+        run("20250301120000000", rc=1, report=dict(_mismatch(missing=1), instant="20250301120000000"))
+    assert comms.values == {(asset, key): "20250301110000000"}
+    assert run("20250301130000000") == "20250301110000000"
+
+
+def test_since_last_good_without_a_store_uses_the_xcom_and_says_so(ops, job, tmp_path, monkeypatch):  # type: ignore
+    from airflow.sdk.execution_time import task_runner
+
+    table = str(tmp_path / "t")
+    comms = _StoreComms(known=set())  # the table's Asset is not registered in Airflow
+    monkeypatch.setattr(task_runner, "SUPERVISOR_COMMS", comms, raising=False)
+    job["report"] = dict(REPORT, table=table)
+    op = ops.IndexShadowCompareOperator(task_id="s", table_uri=table, since_last_good=True,
+                                        report_uri=str(tmp_path / "r.json"))
+    prev = {"table_uri": table, "instant": "20240101000000000"}
+    assert op.execute(_ctx(_TI(xcom={"return_value": prev})))["ok"] is True
+    assert job["calls"][-1][1][job["calls"][-1][1].index("--since") + 1] == "20240101000000000"
+    assert comms.sent == ["GetAssetStateStoreByUri", "SetAssetStateStoreByUri"] and comms.values == {}
+    # another table's summary is not this table's since; an explicit since wins over both
+    other = {"table_uri": str(tmp_path / "other"), "instant": "20240101000000000"}
+    op = ops.IndexShadowCompareOperator(task_id="s", table_uri=table, since_last_good=True,
+                                        report_uri=str(tmp_path / "r.json"))
+    op.execute(_ctx(_TI(xcom={"return_value": other})))
+    assert "--since" not in job["calls"][-1][1]
+    op = ops.IndexShadowCompareOperator(task_id="s", table_uri=table, since="20230101", since_last_good=True,
+                                        report_uri=str(tmp_path / "r.json"))
+    op.execute(_ctx())
+    assert job["calls"][-1][1][job["calls"][-1][1].index("--since") + 1] == "20230101"
+    # no task runner at all (SUPERVISOR_COMMS unset): the XCom, nothing written
+    monkeypatch.delattr(task_runner, "SUPERVISOR_COMMS", raising=False)
+    op = ops.IndexShadowCompareOperator(task_id="s", table_uri=table, since_last_good=True,
+                                        report_uri=str(tmp_path / "r.json"))
+    op.execute(_ctx(_TI(xcom={"return_value": prev})))
+    assert job["calls"][-1][1][job["calls"][-1][1].index("--since") + 1] == "20240101000000000"
