@@ -11,7 +11,7 @@ partitioned table's is). Measured (deltalake 1.6.6, Polars 2.1.0): ``to_pyarrow_
 ``to_pyarrow_dataset`` refuse, ``QueryBuilder`` applies them, Polars applies them on a plain
 path and ignores them on the encoded one.
 
-Then ``--forms`` (the second part of the output): the same inline-DV file in each partition
+Then (the second part of the output, the *forms*) the same inline-DV file in each partition
 directory the product writes (``layout.partition_path``: a value's Java-URL-encoded form, so a
 space is ``+`` and ``/``, ``%``, ``+``, ``~``, non-ASCII, a leading ``__`` are ``%XX``, null is
 ``__NULL__``, a long value a prefix, ``~`` and a hash), its ``add.path`` written in each form a
@@ -198,7 +198,7 @@ def polars_paths(root: str) -> dict[str, str]:
 
 
 def forms(base: str) -> list[dict[str, object]]:
-    """The ``--forms`` matrix (module docstring): one row per (directory, form)."""
+    """The forms matrix (module docstring): one row per (directory, form)."""
     import deltalake
     import polars as pl
 

@@ -32,8 +32,11 @@ them at once (the Iceberg projection's fresh view does so with position deletes)
 with ``benchmarks/delta_dv_probe.py``: ``deltalake`` 1.6's ``to_pyarrow_table``/``to_pyarrow_dataset``
 (what pandas and pyarrow users call) refuse any table whose protocol names the
 ``deletionVectors`` reader feature, and Polars 2.1's ``read_delta``/``scan_delta`` ignore a
-deletion vector whose file's path is percent-encoded -- every partitioned table's -- and return
-the rows it deletes (only the DataFusion ``QueryBuilder`` applies them throughout). So
+deletion vector whose file's ``add.path`` holds a percent-escape and return the rows it deletes
+(``polars/io/delta/_dataset.py`` joins the decoded ``file_uris()`` with the still-encoded
+``deletion_vectors()`` paths). No path form avoids the escape: a partition directory holds a
+literal ``%`` for every value outside ``[A-Za-z0-9*._-]`` and space, ``%25`` in a URI (only
+the DataFusion ``QueryBuilder`` applies them throughout; format.md §11 has the measured forms). So
 ``mirror --enable delta --view fresh`` is refused (:data:`FRESH_VIEW_MIRRORS`). Copy-on-write tables have no logs, so
 their projection is exact.
 
@@ -112,7 +115,8 @@ def enabled(table: "Table", properties: "dict[str, Any] | None" = None) -> bool:
 VIEW_READ_OPTIMIZED, VIEW_FRESH = "read_optimized", "fresh"
 VIEWS = (VIEW_READ_OPTIMIZED, VIEW_FRESH)
 #: the projections that can publish the fresh view: Iceberg (position-delete files). Not Delta:
-#: its form is deletion vectors, which ``deltalake``'s pyarrow readers refuse (module docstring)
+#: its form is deletion vectors, which ``deltalake``'s pyarrow readers refuse and Polars 2.1
+#: ignores on any escaped path (module docstring; tests/unit/test_delta_dv_readers.py)
 FRESH_VIEW_MIRRORS = ("iceberg",)
 #: the timeline property naming each projection's view (absent, or a projection absent from it:
 #: read-optimized), set with the ``mirrors`` list by ``bucketindex mirror --enable``

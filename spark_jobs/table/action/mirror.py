@@ -69,8 +69,8 @@ class MirrorOptions(VerbOptions):
 def check_view(mirror: str | None, view: str | None) -> None:
     """The rule of ``--view``: one of :data:`~spark_jobs.table.delta.VIEWS`, given with ``--enable``,
     and ``fresh`` only for a projection that can express it (Iceberg's position deletes; Delta's
-    form, deletion vectors, is refused by ``deltalake``'s pyarrow readers and ignored by Polars on
-    partitioned paths: format.md §11)."""
+    form, deletion vectors, is refused by ``deltalake``'s pyarrow readers and ignored by Polars
+    2.1 on every path holding a percent-escape, which no path form avoids: format.md §11)."""
     check_choice("--view", view, delta.VIEWS)
     if view is None:
         return
@@ -79,7 +79,7 @@ def check_view(mirror: str | None, view: str | None) -> None:
     if view == delta.VIEW_FRESH and mirror not in delta.FRESH_VIEW_MIRRORS:
         raise BadInputError(f"the {mirror} projection publishes the read-optimized view only (deletion vectors, "
                             f"its form of the fresh view, are refused by deltalake's pyarrow readers and ignored "
-                            f"by Polars on partitioned paths); --view fresh needs --enable "
+                            f"by Polars on percent-escaped paths, format.md §11); --view fresh needs --enable "
                             f"{' or '.join(delta.FRESH_VIEW_MIRRORS)}")
 
 #: the ``operation`` of the commit that sets table properties
