@@ -844,8 +844,8 @@ def _polars_misreads(table: "Table", rel: str) -> bool:
     return is_reference(rel) or "%" in _delta_path(table, rel, fresh=True)
 
 
-#: partition field types whose directory names (format.md §1) never hold ``%``: digits, ``-``,
-#: ``.``, ``true``/``false``, ``__NULL__``
+#: partition field types whose directory names (format.md §1) never hold ``%``: Spark's text of
+#: an integer, a date (``YYYY-MM-DD``), a boolean and a decimal (plain, ``-12.50``), and ``__NULL__``
 _ESCAPE_FREE_PARTITION_TYPES = (pa.types.is_integer, pa.types.is_date, pa.types.is_boolean, pa.types.is_decimal)
 
 
@@ -864,7 +864,7 @@ def fresh_view_refusal(table: "Table", view: FileSystemView) -> str | None:
     why = ("the Delta projection cannot publish the fresh view of {what}: Polars ignores a deletion vector on a "
            "percent-escaped path and would read deleted rows (format.md §11); use --enable iceberg --view fresh, "
            "or the read-optimized view")
-    for field in table.config.partition_fields or []:
+    for field in (table.config.partition_fields or [])[:1]:  # the directory names the first field only
         if quote(f"{field}=", safe=URI_PATH_SAFE) != f"{field}=":
             return why.format(what=f"a table partitioned by {field!r} (its directory names need escaping)")
         typ = view.schema.field(field).type if view.schema is not None and field in view.schema.names else None

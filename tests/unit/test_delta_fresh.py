@@ -76,7 +76,7 @@ def _polars(uri: str, version: int) -> pa.Table:
 
 def check_fresh(uri: str) -> int:
     """Every retained version of the fresh view equals ``read --as-of`` of its entry, through
-    ``QueryBuilder`` and Polars; ``to_pyarrow_table`` refuses each. Returns how many."""
+    ``QueryBuilder`` and Polars (``read_delta``, ``scan_delta``); ``to_pyarrow_table`` refuses each. Returns how many."""
     table = Table.load(uri)
     tl = table.timeline.reload()
     kept = table.retained_from()
@@ -87,7 +87,9 @@ def check_fresh(uri: str) -> int:
         names = [n for n in want.column_names if not n.startswith("_bi_")]
         what = f"version {v} ({tl.entry(v)['action']})"
         assert _rows(query_delta(uri, v), names) == _rows(want, names), f"QueryBuilder, {what}"
-        assert _rows(_polars(uri, v), names) == _rows(want, names), f"Polars, {what}"
+        assert _rows(_polars(uri, v), names) == _rows(want, names), f"Polars read_delta, {what}"
+        assert _rows(pl.scan_delta(uri, version=v).collect().to_arrow(), names) == _rows(want, names), \
+            f"Polars scan_delta, {what}"
         with pytest.raises(deltalake.exceptions.DeltaProtocolError, match="deletionVectors"):
             read_delta(uri, v)
         compared += 1
