@@ -56,7 +56,8 @@ class MirrorOptions(VerbOptions):
     #: the projection to turn on (``delta`` or ``iceberg``)
     enable: str | None = option("--enable", default=None)
     #: with ``--enable``: the view of a merge-on-read table it publishes (``read_optimized``, the
-    #: default, or ``fresh``: Iceberg only); None keeps the table's
+    #: default, or ``fresh``: Iceberg, and Delta for tables ``delta.fresh_view_refusal`` accepts);
+    #: None keeps the table's
     view: str | None = option("--view", default=None)
     #: check every version against the timeline, write missing ones, rewrite damaged ones
     repair: bool = option("--repair", form=SWITCH, default=False)
