@@ -114,3 +114,15 @@ def test_the_join_on_the_encoded_path_is_the_whole_cause(tmp_path, monkeypatch, 
 
     monkeypatch.setattr(ds, "_extract_delta_deletion_vectors", decoded)
     assert _polars(_table(tmp_path, value, "encoded")) == (LIVE, LIVE)
+
+
+@pytest.mark.parametrize("root_name", ["my lake", "café", "50%off"])
+def test_a_root_polars_cannot_name_is_an_error_not_rows(tmp_path, root_name):
+    """A table root whose path holds a space, non-ASCII text or ``%``: ``file_uris()`` gives the
+    root percent-encoded, which is no file, so Polars fails on the table (with or without
+    vectors) rather than reading it; ``QueryBuilder`` reads it right."""
+    root = str(tmp_path / root_name / "t")
+    probe.write_table(root, "i", partition_path("region", "x"), "pchar")
+    assert _query_builder(root) == LIVE
+    with pytest.raises(FileNotFoundError):
+        pl.read_delta(root)
