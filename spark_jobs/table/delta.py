@@ -169,10 +169,9 @@ def slice_deletes(table: "Table", s: FileSlice, schema: pa.Schema | None) -> "tu
     return s.files, drops
 
 
-
-#: the fresh view's published files of slices planned by this process, by the slice's files
-#: (immutable, so a plan stays true): a commit plans the slice it changed and, next commit, the
-#: same slice as the previous version's
+#: the fresh view's published files of slices planned by this process, by the table and the
+#: slice's files (immutable, so a plan stays true): a commit plans the slice it changed and,
+#: next commit, the same slice as the previous version's
 _PLANS: "dict[tuple[str, ...], dict[str, Any]]" = {}
 _PLANS_MAX = 4096
 
@@ -246,7 +245,7 @@ def _fresh_slice(table: "Table", s: FileSlice, schema: pa.Schema | None) -> dict
     deletion vector (None: no row dropped). A slice whose files are gone (a version older than
     clean's window, repaired late) lists every file without deletion vectors: it cannot be read
     anyway, and :func:`_without_file_facts` compares such versions without them."""
-    key = tuple(s.files)
+    key = (table.uri, *s.files)
     got = _PLANS.get(key)
     if got is not None:
         return got
