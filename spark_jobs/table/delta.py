@@ -26,8 +26,8 @@ HEAD per commit: a version that is present but damaged is not seen there).
 ``bucketindex mirror TABLE --repair`` (:func:`verify_and_repair`) checks every version against
 the timeline and rewrites what differs, and the checkpoints built from it.
 
-**Merge-on-read**: the projection is the *read-optimized view* -- bases only, so a log's rows
-reach Delta readers when compaction folds them into a new base. Deletion vectors would show
+**Merge-on-read**: the projection is by default the *read-optimized view* -- bases only, so a
+log's rows reach Delta readers when compaction folds them into a new base. Deletion vectors would show
 them at once (the Iceberg projection's fresh view does so with position deletes), and
 ``mirror --enable delta --view fresh`` writes them (:func:`_fresh_diff`: inline vectors) --
 for a table whose every path Polars reads right only (:func:`fresh_view_refusal`). Measured
@@ -41,7 +41,7 @@ form avoids the escape for a partition directory holding a literal ``%`` (every 
 outside ``[A-Za-z0-9*._-]`` and space, every timestamp): ``%25`` in a URI. So the fresh view
 is offered for unpartitioned tables and integer, date, boolean and decimal partition fields,
 whose directory names hold no ``%``, with paths escaped only where a URI path may not hold a
-character raw (:func:`_fresh_path`: ``region=7``, not ``region%3D7``); a string or timestamp
+character raw (:func:`_delta_path`: ``region=7``, not ``region%3D7``); a string or timestamp
 partition field is refused in one line. Copy-on-write tables have no logs, so
 their projection is exact.
 
