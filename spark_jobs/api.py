@@ -512,8 +512,8 @@ class Table:
 
     def mirror(self, options: MirrorOptions | None = None, /, **kwargs: Any) -> MirrorResult:
         """``bucketindex mirror`` (:class:`MirrorOptions`): turn a projection on
-        (``enable="delta"`` or ``"iceberg"``; ``view="fresh"``: Iceberg's fresh view of a
-        merge-on-read table, format.md §12) or check and repair every version of each
+        (``enable="delta"`` or ``"iceberg"``; ``view="fresh"``: the fresh view of a
+        merge-on-read table, format.md §11-12) or check and repair every version of each
         projection the table has (``repair=True``; with both, the result is the Delta log's and
         ``details["projections"]`` holds each one's report)."""
         from spark_jobs.table import delta, projection

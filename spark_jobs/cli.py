@@ -417,10 +417,12 @@ def build_parser(extra_verbs: dict[str, str] | None = None, *,
     mig.add_argument("--enable", choices=MIRRORS, help="turn the projection on (writes every version so far)")
     mi.add_argument("--view", metavar="{read_optimized,fresh}",
                     help="with --enable, for a merge-on-read table: read_optimized (default) publishes the bases "
-                         "as of each file group's last compaction, readable by every reader; fresh (iceberg only) "
-                         "publishes every commit's rows: each log an added data file, the rows its merge drops "
-                         "position-delete files (Iceberg v2 readers that apply them: pyiceberg, Polars, DuckDB "
-                         "through pyiceberg). Changing it rewrites every version in the new view")
+                         "as of each file group's last compaction, readable by every reader; fresh publishes every "
+                         "commit's rows: each log an added data file, the rows its merge drops position-delete "
+                         "files (iceberg: pyiceberg, Polars, DuckDB through pyiceberg apply them) or deletion "
+                         "vectors (delta: deltalake's QueryBuilder and Polars apply them, to_pyarrow_table refuses; "
+                         "refused for a string or timestamp partition field). Changing it rewrites every version "
+                         "in the new view")
     mig.add_argument("--repair", action="store_true",
                      help="check every version against the timeline: write missing ones, rewrite damaged ones")
     for verb in (up, rd, sh, va, sc, rb, co, cl, al, rh, bs, mi):

@@ -26,15 +26,23 @@ HEAD per commit: a version that is present but damaged is not seen there).
 ``bucketindex mirror TABLE --repair`` (:func:`verify_and_repair`) checks every version against
 the timeline and rewrites what differs, and the checkpoints built from it.
 
-**Merge-on-read**: the projection is the *read-optimized view* -- bases only, so a log's rows
-reach Delta readers when compaction folds them into a new base. Deletion vectors would show
-them at once (the Iceberg projection's fresh view does so with position deletes), but, measured
+**Merge-on-read**: the projection is by default the *read-optimized view* -- bases only, so a
+log's rows reach Delta readers when compaction folds them into a new base. Deletion vectors would show
+them at once (the Iceberg projection's fresh view does so with position deletes), and
+``mirror --enable delta --view fresh`` writes them (:func:`_fresh_diff`: inline vectors) --
+for a table whose every path Polars reads right only (:func:`fresh_view_refusal`). Measured
 with ``benchmarks/delta_dv_probe.py``: ``deltalake`` 1.6's ``to_pyarrow_table``/``to_pyarrow_dataset``
 (what pandas and pyarrow users call) refuse any table whose protocol names the
-``deletionVectors`` reader feature, and Polars 2.1's ``read_delta``/``scan_delta`` ignore a
-deletion vector whose file's path is percent-encoded -- every partitioned table's -- and return
-the rows it deletes (only the DataFusion ``QueryBuilder`` applies them throughout). So
-``mirror --enable delta --view fresh`` is refused (:data:`FRESH_VIEW_MIRRORS`). Copy-on-write tables have no logs, so
+``deletionVectors`` reader feature (a clear refusal), its DataFusion ``QueryBuilder`` applies
+them, and Polars 2.1's ``read_delta``/``scan_delta`` ignore a deletion vector whose file's
+``add.path`` holds a percent-escape and return the rows it deletes (``polars/io/delta/_dataset.py``
+joins the decoded ``file_uris()`` with the still-encoded ``deletion_vectors()`` paths). No path
+form avoids the escape for a partition directory holding a literal ``%`` (every string value
+outside ``[A-Za-z0-9*._-]`` and space, every timestamp): ``%25`` in a URI. So the fresh view
+is offered for unpartitioned tables and integer, date, boolean and decimal partition fields,
+whose directory names hold no ``%``, with paths escaped only where a URI path may not hold a
+character raw (:func:`_delta_path`: ``region=7``, not ``region%3D7``); a string or timestamp
+partition field is refused in one line. Copy-on-write tables have no logs, so
 their projection is exact.
 
 No pyspark, no airflow. ``deltalake`` is optional: it is used only to write Parquet checkpoints
@@ -111,9 +119,10 @@ def enabled(table: "Table", properties: "dict[str, Any] | None" = None) -> bool:
 #: every commit's rows, logs as added data files and the rows their merge drops as deletes
 VIEW_READ_OPTIMIZED, VIEW_FRESH = "read_optimized", "fresh"
 VIEWS = (VIEW_READ_OPTIMIZED, VIEW_FRESH)
-#: the projections that can publish the fresh view: Iceberg (position-delete files). Not Delta:
-#: its form is deletion vectors, which ``deltalake``'s pyarrow readers refuse (module docstring)
-FRESH_VIEW_MIRRORS = ("iceberg",)
+#: the projections that can publish the fresh view: Iceberg (position-delete files) and Delta
+#: (inline deletion vectors; only for tables whose paths Polars 2.1 reads right:
+#: :func:`fresh_view_refusal`, module docstring)
+FRESH_VIEW_MIRRORS = ("iceberg", "delta")
 #: the timeline property naming each projection's view (absent, or a projection absent from it:
 #: read-optimized), set with the ``mirrors`` list by ``bucketindex mirror --enable``
 VIEWS_PROPERTY = "mirror_views"
@@ -126,6 +135,216 @@ def mirror_view(table: "Table", mirror: str, properties: "dict[str, Any] | None"
     if properties is None:
         properties = table.view().properties if table.config is not None else {}
     return (properties.get(VIEWS_PROPERTY) or {}).get(mirror, VIEW_READ_OPTIMIZED)
+
+
+# -- the fresh view of a merge-on-read table: deletion vectors (issue 39 item 2) ----------------
+
+def slice_deletes(table: "Table", s: FileSlice, schema: pa.Schema | None) -> "tuple[list[str], dict[str, Any]]":
+    """The files slice ``s`` publishes in the fresh view and, by file, the row positions its
+    merge drops (:func:`~spark_jobs.table.merge.plan_slice`: stale or superseded base rows; of
+    each log, every row that is not its key's winner -- superseded, stale by precombine, and the
+    delete and move-out rows themselves). Reads the key, precombine and op columns only.
+
+    A slice holding a partial-update log publishes its base only (the read-optimized view of
+    that file group, until compaction folds the log): its merge overlays columns, which no set
+    of positions expresses, and publishing the log's rows would show wrong values."""
+    import numpy as np
+
+    from spark_jobs.table.reader import read_slice_plan
+
+    assert table.config is not None
+    if not s.logs:
+        return [s.path], {}
+    plan, logs = read_slice_plan(table, s.path, [lf.path for lf in s.logs],
+                                 precombine=table.config.precombine_field, schema=schema)
+    if plan.partial:
+        return [s.path], {}
+    drops: dict[str, Any] = {}
+    if len(plan.dropped):
+        drops[s.path] = np.sort(plan.dropped)
+    for lf, lg, live in zip(s.logs, logs, plan.live):
+        dead = np.setdiff1d(np.arange(lg.num_rows, dtype=np.int64), live)
+        if dead.size:
+            drops[lf.path] = dead
+    return s.files, drops
+
+
+#: the fresh view's published files of slices planned by this process, by the table and the
+#: slice's files (immutable, so a plan stays true): a commit plans the slice it changed and,
+#: next commit, the same slice as the previous version's
+_PLANS: "dict[tuple[str, ...], dict[str, Any]]" = {}
+_PLANS_MAX = 4096
+
+_Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
+
+
+def _z85(data: bytes) -> str:
+    """Z85, the Delta protocol's encoding of an inline deletion vector (zero-padded to 4 bytes)."""
+    data = data + b"\0" * (-len(data) % 4)
+    out = []
+    for i in range(0, len(data), 4):
+        v = int.from_bytes(data[i:i + 4], "big")
+        chunk = []
+        for _ in range(5):
+            v, r = divmod(v, 85)
+            chunk.append(_Z85[r])
+        out.append("".join(reversed(chunk)))
+    return "".join(out)
+
+
+def _roaring32(values: Any) -> bytes:
+    """The portable serialization of a 32-bit Roaring bitmap of ``values`` (sorted, unique
+    uint32): no run containers (cookie 12346, so the offset header is present), an array
+    container for <= 4096 values of a 16-bit key, a bitmap container (1024 little-endian
+    64-bit words) above."""
+    import struct
+
+    import numpy as np
+
+    hi = (values >> 16).astype(np.uint32)
+    lo = (values & 0xFFFF).astype(np.uint16)
+    keys = np.unique(hi)
+    desc, bodies = [], []
+    for k in keys:
+        vals = lo[hi == k]
+        desc.append(struct.pack("<HH", int(k), len(vals) - 1))
+        if len(vals) <= 4096:
+            bodies.append(vals.astype("<u2").tobytes())
+        else:
+            bits = np.zeros(65536, dtype=bool)
+            bits[vals] = True
+            bodies.append(np.packbits(bits, bitorder="little").tobytes())
+    offsets, at = [], 8 + 8 * len(keys)
+    for body in bodies:
+        offsets.append(at)
+        at += len(body)
+    return (struct.pack("<II", 12346, len(keys)) + b"".join(desc) + struct.pack(f"<{len(keys)}I", *offsets)
+            + b"".join(bodies))
+
+
+def deletion_vector(positions: Any) -> dict[str, Any]:
+    """The inline deletion vector (``storageType`` ``i``) of row ``positions``: Delta's
+    RoaringBitmapArray (magic 1681511377, the number of 32-bit bitmaps, each with its key and
+    portable serialization), Z85-encoded. Inline, so a version's actions are a function of the
+    data files alone (no DV file to write, find or lose); its bytes are in the log."""
+    import struct
+
+    import numpy as np
+
+    pos = np.unique(np.asarray(positions, dtype=np.uint64))
+    high = pos >> np.uint64(32)
+    keys = np.unique(high)
+    blob = struct.pack("<i", 1681511377) + struct.pack("<q", len(keys)) + b"".join(
+        struct.pack("<i", int(k)) + _roaring32((pos[high == k] & np.uint64(0xFFFFFFFF)).astype(np.uint32))
+        for k in keys)
+    return {"storageType": "i", "pathOrInlineDv": _z85(blob), "sizeInBytes": len(blob), "cardinality": int(len(pos))}
+
+
+def _fresh_slice(table: "Table", s: FileSlice, schema: pa.Schema | None) -> dict[str, Any]:
+    """The files slice ``s`` publishes in the fresh view, each with its log (None: the base) and
+    deletion vector (None: no row dropped). A slice whose files are gone (a version older than
+    clean's window, repaired late) lists every file without deletion vectors: it cannot be read
+    anyway, and :func:`_without_file_facts` compares such versions without them."""
+    key = (table.uri, *s.files)
+    got = _PLANS.get(key)
+    if got is not None:
+        return got
+    logs = {lf.path: lf for lf in s.logs}
+    try:
+        published, drops = slice_deletes(table, s, schema)
+    except (FileNotFoundError, TableCorruptError):
+        return {rel: (logs.get(rel), None) for rel in s.files}
+    out = {rel: (logs.get(rel), deletion_vector(drops[rel]) if rel in drops else None) for rel in published}
+    if drops and any(_polars_misreads(table, rel) for rel in drops):
+        # a vector Polars 2.1 would ignore (module docstring): the file group as of its last
+        # compaction, the read-optimized view's -- stale, never wrong (fresh_view_refusal keeps
+        # such paths out of a table in the fresh view; this is the backstop)
+        log.warning("the fresh Delta view of %s shows file group %s as of its last compaction: its path %s "
+                    "holds a percent-escape, on which Polars ignores deletion vectors",
+                    table.display_uri, s.file_id, s.path)
+        out = {s.path: (None, None)}
+    if len(_PLANS) >= _PLANS_MAX:
+        _PLANS.pop(next(iter(_PLANS)))
+    _PLANS[key] = out
+    return out
+
+
+def _fresh_diff(table: "Table", prev: FileSystemView, cur: FileSystemView, *, old_schema: pa.Schema,
+                new_schema: pa.Schema, ts_ms: int, data_change: bool, references: bool
+                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The ``remove`` and ``add`` actions of the fresh view from ``prev`` to ``cur``: file
+    groups whose files are the same are unchanged; in a changed one, a file that left, or whose
+    deletion vector changed, is removed (with the vector it had: Delta names a file by path and
+    vector) and a file that entered, or whose vector changed, is added with its new one."""
+    before = {(s.partition, s.file_id): s for s in prev.slices()}
+    after = {(s.partition, s.file_id): s for s in cur.slices()}
+    removes: list[dict[str, Any]] = []
+    adds: list[dict[str, Any]] = []
+    for key in sorted(set(before) | set(after)):
+        b, a = before.get(key), after.get(key)
+        if b is not None and a is not None and b.files == a.files:
+            continue
+        old = _fresh_slice(table, b, old_schema) if b is not None else {}
+        new = _fresh_slice(table, a, new_schema) if a is not None else {}
+        for rel, (lf, dv) in old.items():
+            if rel not in new or new[rel][1] != dv:
+                assert b is not None
+                rm: dict[str, Any] = {"path": _delta_path(table, rel, fresh=True), "deletionTimestamp": ts_ms,
+                                      "dataChange": data_change, "size": int(b.size if lf is None else lf.size)}
+                if dv is not None:
+                    rm["deletionVector"] = dv
+                removes.append({"remove": rm})
+        for rel, (lf, dv) in new.items():
+            if rel not in old or old[rel][1] != dv:
+                assert a is not None
+                adds.append({"add": _add(table, a, new_schema, ts_ms=ts_ms, data_change=data_change,
+                                         references=references, log=lf, dv=dv, fresh=True)})
+    removes.sort(key=lambda x: (x["remove"]["path"], json.dumps(x["remove"].get("deletionVector"))))
+    adds.sort(key=lambda x: x["add"]["path"])
+    return removes, adds
+
+
+def _kind(table: "Table", properties: dict[str, Any]) -> str:
+    """What the Delta log publishes for the snapshot ``properties``: ``exact`` (copy-on-write),
+    or the merge-on-read view :func:`mirror_view` names."""
+    assert table.config is not None
+    return "exact" if not table.config.merge_on_read else mirror_view(table, MIRROR_DELTA, properties)
+
+
+def _latest_kind(table: "Table", tl: Any) -> str:
+    return _kind(table, FileSystemView.at_seq(tl, tl.last_seq).properties if tl.last_seq else {})
+
+
+#: the view each table's log was found in by this process (version 0's configuration)
+_LOG_KIND: dict[str, str] = {}
+
+
+def _log_kind(table: "Table") -> str | None:
+    """The view the log is written in (version 0's ``bucketindex.projection``), or None when
+    version 0 is missing or damaged; one GET per process and table."""
+    got = _LOG_KIND.get(table.uri)
+    if got is not None:
+        return got
+    try:
+        acts = _parsed(table.io.read_bytes(version_file(table, 0)))
+    except (FileNotFoundError, OSError):
+        return None
+    meta = next((a["metaData"] for a in acts or [] if "metaData" in a), None)
+    if meta is None:
+        return None
+    kind = (meta.get("configuration") or {}).get("bucketindex.projection")
+    if kind is not None:
+        _LOG_KIND[table.uri] = kind
+    return kind
+
+
+def _rewrite_in(table: "Table", kind: str) -> list[int]:
+    """The log is in another view than ``kind`` (the view changed): every version rewritten."""
+    log.info("the Delta log of %s is rewritten in the %s view", table.display_uri, kind)
+    _LOG_KIND.pop(table.uri, None)
+    report = verify_and_repair(table)
+    _LOG_KIND[table.uri] = kind
+    return sorted(set(report.written) | set(report.rewritten))
 
 
 # -- paths ---------------------------------------------------------------------------------
@@ -162,10 +381,14 @@ def mirror_commit(table: "Table", seq: int) -> list[int]:
     tl = table.timeline
     prev = FileSystemView.at_seq(tl, seq - 1)
     cur = _advance(tl, prev, seq)
+    kind = _kind(table, cur.properties)
+    if MIRROR_DELTA in (cur.properties.get(VIEWS_PROPERTY) or {}) and _log_kind(table) not in (kind, None):
+        return _rewrite_in(table, kind)  # the view changed (a table that never set one reads nothing here)
     schema = prev.schema or cur.schema
     if schema is None:  # pragma: no cover - version seq-1 exists, so a schema was known
         schema = _first_schema(table, seq)
-    written = [seq] if _publish(table, seq, version_actions(table, seq, prev, cur, first_schema=schema)) else []
+    written = [seq] if _publish(table, seq, version_actions(table, seq, prev, cur, first_schema=schema,
+                                                            kind=kind)) else []
     _maybe_checkpoint(table, seq)
     return written
 
@@ -184,8 +407,11 @@ def repair(table: "Table", *, upto: int | None = None) -> list[int]:
     if found is None:
         return []
     tl, start, last, first = found
+    kind = _latest_kind(table, tl)
+    if start > 0 and _log_kind(table) not in (kind, None):
+        return _rewrite_in(table, kind)
     written: list[int] = []
-    for v, acts in _projected(table, tl, first=first, start=start, last=last):
+    for v, acts in _projected(table, tl, first=first, start=start, last=last, kind=kind):
         if v not in present:
             if _publish(table, v, acts):
                 written.append(v)
@@ -251,19 +477,19 @@ def gap(table: "Table", *, present: set[int], upto: int | None) -> tuple[Any, in
     return tl, start, last, first
 
 
-def _projected(table: "Table", tl: Any, *, first: pa.Schema, start: int,
-               last: int) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+def _projected(table: "Table", tl: Any, *, first: pa.Schema, start: int, last: int,
+               kind: str | None = None) -> Iterator[tuple[int, list[dict[str, Any]]]]:
     """Versions ``start..last`` with the actions the timeline projects each to
     (:func:`version_actions`), the snapshots replayed once, in order."""
     prev = FileSystemView.at_seq(tl, start - 1) if start > 0 else None
     for v in range(start, last + 1):
         if v == 0:
-            acts = version_actions(table, 0, None, None, first_schema=first)
+            acts = version_actions(table, 0, None, None, first_schema=first, kind=kind)
             cur = FileSystemView.at_seq(tl, 0)
         else:
             assert prev is not None
             cur = _advance(tl, prev, v)
-            acts = version_actions(table, v, prev, cur, first_schema=first)
+            acts = version_actions(table, v, prev, cur, first_schema=first, kind=kind)
         yield v, acts
         prev = cur
 
@@ -326,9 +552,11 @@ def _without_file_facts(actions: list[Any]) -> list[Any]:
     out = []
     for a in actions:
         if "add" in a:
-            add = {k: v for k, v in a["add"].items() if k != "stats"}
+            add = {k: v for k, v in a["add"].items() if k not in ("stats", "deletionVector")}
             add["partitionValues"] = sorted(add.get("partitionValues") or {})
             a = {"add": add}
+        elif "remove" in a:  # the fresh view: a vector is computed from the files' keys
+            a = {"remove": {k: v for k, v in a["remove"].items() if k != "deletionVector"}}
         out.append(a)
     return out
 
@@ -403,7 +631,8 @@ def verify_and_repair(table: "Table") -> RepairReport:
         kept = table.retained_from()
         earliest = int(kept["earliest_retained_seq"]) if kept else 0
         present = set(versions_present(table))
-        for v, acts in _projected(table, tl, first=first, start=0, last=last):
+        kind = _latest_kind(table, tl)
+        for v, acts in _projected(table, tl, first=first, start=0, last=last, kind=kind):
             if v not in present:
                 if _publish(table, v, acts):
                     written.append(v)
@@ -481,14 +710,19 @@ def _repair_checkpoints(table: "Table", last: int, *, since: int | None) -> list
 # -- one version ---------------------------------------------------------------------------
 
 def version_actions(table: "Table", version: int, prev: FileSystemView | None, cur: FileSystemView | None, *,
-                    first_schema: pa.Schema) -> list[dict[str, Any]]:
+                    first_schema: pa.Schema, kind: str | None = None) -> list[dict[str, Any]]:
     """The actions of Delta version ``version``: the change from ``prev`` (after entry
-    ``version - 1``) to ``cur`` (after entry ``version``), bases only (module docstring)."""
+    ``version - 1``) to ``cur`` (after entry ``version``) in view ``kind`` (default: the
+    latest snapshot's, :func:`_kind`): bases only, or in the fresh view bases and logs with
+    deletion vectors (module docstring)."""
     assert table.config is not None
     tl = table.timeline
+    if kind is None:
+        kind = _latest_kind(table, tl)
+    fresh = kind == VIEW_FRESH
     if version == 0:
-        return [{"protocol": protocol_for(first_schema)},
-                {"metaData": _metadata(table, first_schema, references=False)},
+        return [{"protocol": protocol_for(first_schema, fresh=fresh)},
+                {"metaData": _metadata(table, first_schema, references=False, kind=kind)},
                 {"commitInfo": {"operation": "CREATE TABLE", "timestamp": _created_ms(table),
                                 "bucketindex": {"seq": 0}}}]
     assert prev is not None and cur is not None
@@ -501,14 +735,19 @@ def version_actions(table: "Table", version: int, prev: FileSystemView | None, c
     if _public(new_schema) != _public(old_schema) or \
             partition_columns(table, old_schema, references=old_refs) != \
             partition_columns(table, new_schema, references=new_refs):
-        if protocol_for(new_schema) != protocol_for(old_schema):
-            out.append({"protocol": protocol_for(new_schema)})
-        out.append({"metaData": _metadata(table, new_schema, references=new_refs)})
+        if protocol_for(new_schema, fresh=fresh) != protocol_for(old_schema, fresh=fresh):
+            out.append({"protocol": protocol_for(new_schema, fresh=fresh)})
+        out.append({"metaData": _metadata(table, new_schema, references=new_refs, kind=kind)})
     before = {s.path: s for s in prev.slices()}
     after = {s.path: s for s in cur.slices()}
     # a rehash only moves rows between files; every other change is one readers see (a
     # merge-on-read compaction brings log rows into the read-optimized view)
     data_change = entry["action"] != Action.REHASH
+    if fresh:
+        removes, adds = _fresh_diff(table, prev, cur, old_schema=old_schema, new_schema=new_schema, ts_ms=ts_ms,
+                                    data_change=data_change, references=new_refs)
+        before = after = {}
+        out += removes + adds
     for path in sorted(set(before) - set(after)):
         out.append({"remove": {"path": _delta_path(table, path), "deletionTimestamp": ts_ms,
                                "dataChange": data_change, "size": int(before[path].size)}})
@@ -535,9 +774,14 @@ def _lists_reference_files(view: FileSystemView) -> bool:
 
 
 def _add(table: "Table", s: FileSlice, schema: pa.Schema, *, ts_ms: int, data_change: bool,
-         references: bool) -> dict[str, Any]:
+         references: bool, log: Any = None, dv: dict[str, Any] | None = None,
+         fresh: bool = False) -> dict[str, Any]:
+    """The ``add`` of base ``s`` -- or, in the fresh view (``fresh``: its path form,
+    :func:`_delta_path`), of its log ``log`` (its partition value the base's: one file group,
+    one partition) -- with deletion vector ``dv``."""
     assert table.config is not None
     footer = _footer(table, s.path)
+    file_footer = footer if log is None else _footer(table, log.path)
     fields = [f for f in table.config.partition_fields or [] if f in schema.names]
     published = partition_columns(table, schema, references=references)
     part_values: dict[str, str | None] = {}
@@ -559,23 +803,76 @@ def _add(table: "Table", s: FileSlice, schema: pa.Schema, *, ts_ms: int, data_ch
             # published as a data column: the file holds this one value, so its statistics are
             # exact whatever its length, and readers skip files on it as on a partition column
             known[field] = value
-    add: dict[str, Any] = {"path": _delta_path(table, s.path), "partitionValues": part_values,
-                           "size": int(s.size), "modificationTime": _instant_ms(s.instant) if s.instant else ts_ms,
+    path, size, instant = (s.path, s.size, s.instant) if log is None else (log.path, log.size, log.instant)
+    add: dict[str, Any] = {"path": _delta_path(table, path, fresh=fresh), "partitionValues": part_values,
+                           "size": int(size), "modificationTime": _instant_ms(instant) if instant else ts_ms,
                            "dataChange": data_change}
-    if footer is not None:
-        add["stats"] = json.dumps(_stats(footer, schema, skip=set(part_values), known=known), sort_keys=True,
-                                  separators=(",", ":"))
+    if file_footer is not None:
+        stats = _stats(file_footer, schema, skip=set(part_values), known=known)
+        if dv is not None:
+            stats["tightBounds"] = False  # the bounds cover the rows the vector drops too
+        add["stats"] = json.dumps(stats, sort_keys=True, separators=(",", ":"))
+    if dv is not None:
+        add["deletionVector"] = dv
     return add
 
 
-def _delta_path(table: "Table", rel: str) -> str:
+#: what an RFC 2396/3986 URI path may hold raw besides letters, digits and ``-._~``: the fresh
+#: view's ``add.path`` leaves these unescaped (``region=7``), since Polars 2.1 applies a deletion
+#: vector only on a path without escapes (module docstring)
+URI_PATH_SAFE = "/=+*~!$&'(),;:@"
+
+
+def _delta_path(table: "Table", rel: str, *, fresh: bool = False) -> str:
     """A data file's ``add.path``: relative to the root and percent-encoded (an RFC 2396 URI
-    path, as Delta requires); a reference file (outside the root) as an absolute URI."""
+    path, as Delta requires); a reference file (outside the root) as an absolute URI. In the
+    fresh view (``fresh``) only what a URI path may not hold raw is escaped
+    (:data:`URI_PATH_SAFE`), so that a path of a table :func:`fresh_view_refusal` accepts holds
+    no escape; the read-optimized view keeps the form its logs have always had."""
     if is_reference(rel):
         absolute = table.abs(rel)
         scheme = table.uri.split("://", 1)[0] if "://" in table.uri else "file"
         return f"{scheme}://{quote(absolute if absolute.startswith('/') or scheme != 'file' else '/' + absolute)}"
-    return quote(rel)
+    return quote(rel, safe=URI_PATH_SAFE) if fresh else quote(rel)
+
+
+def _polars_misreads(table: "Table", rel: str) -> bool:
+    """Whether Polars 2.1 would ignore a deletion vector on ``rel``'s fresh-view ``add.path``:
+    it holds a percent-escape, or it is a reference file's absolute URI (which Polars cannot
+    read today; a vector on it would be ignored the day it can)."""
+    return is_reference(rel) or "%" in _delta_path(table, rel, fresh=True)
+
+
+#: partition field types whose directory names (format.md §1) never hold ``%``: Spark's text of
+#: an integer, a date (``YYYY-MM-DD``), a boolean and a decimal (plain, ``-12.50``), and ``__NULL__``
+_ESCAPE_FREE_PARTITION_TYPES = (pa.types.is_integer, pa.types.is_date, pa.types.is_boolean, pa.types.is_decimal)
+
+
+def fresh_view_refusal(table: "Table", view: FileSystemView) -> str | None:
+    """Why the Delta projection cannot publish the fresh view of ``table`` (one line), or None.
+
+    Every path the table can ever write must be one Polars 2.1 applies a deletion vector on:
+    one without a percent-escape in its ``add.path`` (module docstring, measured with
+    ``benchmarks/delta_dv_probe.py``). A copy-on-write table has no vectors (accepted); a
+    merge-on-read one needs no partition field, or ones whose name needs no escape and whose
+    type is an integer, date, boolean or decimal -- a string or timestamp value's directory
+    holds ``%`` -- and no reference-bootstrapped file (an absolute URI) in its snapshot."""
+    assert table.config is not None
+    if not table.config.merge_on_read:
+        return None
+    why = ("the Delta projection cannot publish the fresh view of {what}: Polars ignores a deletion vector on a "
+           "percent-escaped path and would read deleted rows (format.md §11); use --enable iceberg --view fresh, "
+           "or the read-optimized view")
+    for field in (table.config.partition_fields or [])[:1]:  # the directory names the first field only
+        if quote(f"{field}=", safe=URI_PATH_SAFE) != f"{field}=":
+            return why.format(what=f"a table partitioned by {field!r} (its directory names need escaping)")
+        typ = view.schema.field(field).type if view.schema is not None and field in view.schema.names else None
+        if typ is None or not any(ok(typ) for ok in _ESCAPE_FREE_PARTITION_TYPES):
+            return why.format(what=f"a table partitioned by the {typ} field {field!r} (its directory names hold "
+                                   f"escapes)")
+    if any(is_reference(rel) for s in view.slices() for rel in s.files):
+        return why.format(what="a table holding reference-bootstrapped files (absolute paths)")
+    return None
 
 
 def _footer(table: "Table", rel: str) -> pq.FileMetaData | None:
@@ -830,18 +1127,21 @@ def _uses_ntz(t: Any) -> bool:
     return False
 
 
-def protocol_for(schema: pa.Schema) -> dict[str, Any]:
+def protocol_for(schema: pa.Schema, *, fresh: bool = False) -> dict[str, Any]:
     """The lowest protocol that covers what the projection uses: (1, 2) -- plain Parquet, no
     column mapping, no deletion vectors -- unless the schema holds a zone-naive timestamp, which
-    needs the ``timestampNtz`` table feature (reader 3, writer 7)."""
-    if _uses_ntz(delta_schema(schema)):
-        return {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": ["timestampNtz"],
-                "writerFeatures": ["timestampNtz"]}
+    needs the ``timestampNtz`` table feature (reader 3, writer 7), or the log is the fresh view
+    (``fresh``), whose deletion vectors need the ``deletionVectors`` feature."""
+    features = (["deletionVectors"] if fresh else []) + (["timestampNtz"] if _uses_ntz(delta_schema(schema)) else [])
+    if features:
+        return {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": features,
+                "writerFeatures": features}
     return {"minReaderVersion": 1, "minWriterVersion": 2}
 
 
-def configuration(table: "Table") -> dict[str, str]:
-    """``metaData.configuration``: retention consistent with ``clean`` (format.md)."""
+def configuration(table: "Table", kind: str | None = None) -> dict[str, str]:
+    """``metaData.configuration``: retention consistent with ``clean`` (format.md), and the view
+    ``kind`` (:func:`_kind`; default: the read-optimized one) in ``bucketindex.projection``."""
     assert table.config is not None
     hours = table.config.clean_retain_hours
     conf = {
@@ -851,17 +1151,19 @@ def configuration(table: "Table") -> dict[str, str]:
         "delta.logRetentionDuration": "interval 30 days",
         # the log is derived and cheap: a Delta client's checkpoint must not delete versions
         "delta.enableExpiredLogCleanup": "false",
-        "bucketindex.projection": "read_optimized" if table.config.merge_on_read else "exact",
+        "bucketindex.projection": kind or ("read_optimized" if table.config.merge_on_read else "exact"),
     }
+    if kind == VIEW_FRESH:
+        conf["delta.enableDeletionVectors"] = "true"
     return conf
 
 
-def _metadata(table: "Table", schema: pa.Schema, *, references: bool) -> dict[str, Any]:
+def _metadata(table: "Table", schema: pa.Schema, *, references: bool, kind: str | None = None) -> dict[str, Any]:
     assert table.config is not None
     return {"id": _table_id(table), "format": {"provider": "parquet", "options": {}},
             "schemaString": json.dumps(delta_schema(schema), separators=(",", ":")),
             "partitionColumns": partition_columns(table, schema, references=references),
-            "configuration": configuration(table), "createdTime": _created_ms(table)}
+            "configuration": configuration(table, kind), "createdTime": _created_ms(table)}
 
 
 def _table_id(table: "Table") -> str:

@@ -146,7 +146,7 @@ INTERNAL_PREFIX = "_bi_"
 #: the snapshot summary keys naming the sequence entry a snapshot projects
 SUMMARY_SEQ, SUMMARY_INSTANT, SUMMARY_ACTION = "bucketindex.seq", "bucketindex.instant", "bucketindex.action"
 #: the fresh view's snapshot summary key counting file groups shown as of their last compaction
-#: (a partial-update log, which no position can express: :func:`_slice_deletes`)
+#: (a partial-update log, which no position can express: :func:`spark_jobs.table.delta.slice_deletes`)
 SUMMARY_STALE = "bucketindex.read-optimized-file-groups"
 #: where the fresh view's position-delete files live: beside the metadata, derived like it
 DELETES_DIR = "deletes"
@@ -926,36 +926,6 @@ def _deletes_rel(s: FileSlice) -> str:
     return posixpath.join(METADATA_DIR, DELETES_DIR, f"{digest}-deletes.parquet")
 
 
-def _slice_deletes(table: "Table", s: FileSlice, schema: pa.Schema | None) -> "tuple[list[str], dict[str, Any]]":
-    """The files slice ``s`` publishes in the fresh view and, by file, the row positions its
-    merge drops (:func:`~spark_jobs.table.merge.plan_slice`: stale or superseded base rows; of
-    each log, every row that is not its key's winner -- superseded, stale by precombine, and the
-    delete and move-out rows themselves). Reads the key, precombine and op columns only.
-
-    A slice holding a partial-update log publishes its base only (the read-optimized view of
-    that file group, until compaction folds the log): its merge overlays columns, which no set
-    of positions expresses, and publishing the log's rows would show wrong values."""
-    import numpy as np
-
-    from spark_jobs.table.reader import read_slice_plan
-
-    assert table.config is not None
-    if not s.logs:
-        return [s.path], {}
-    plan, logs = read_slice_plan(table, s.path, [lf.path for lf in s.logs],
-                                 precombine=table.config.precombine_field, schema=schema)
-    if plan.partial:
-        return [s.path], {}
-    drops: dict[str, Any] = {}
-    if len(plan.dropped):
-        drops[s.path] = np.sort(plan.dropped)
-    for lf, lg, live in zip(s.logs, logs, plan.live):
-        dead = np.setdiff1d(np.arange(lg.num_rows, dtype=np.int64), live)
-        if dead.size:
-            drops[lf.path] = dead
-    return s.files, drops
-
-
 def _delete_file(table: "Table", md: Any, s: FileSlice, drops: dict[str, Any], partition: list[Any]) -> Any:
     """Write slice ``s``'s position-delete file (:func:`_deletes_rel`) and return its pyiceberg
     ``DataFile``: Parquet with the spec's ``file_path`` (the data file's URI as the manifests
@@ -992,13 +962,13 @@ def _fresh_changes(table: "Table", md: Any, io: Any, cur: FileSystemView,
                    schema: pa.Schema | None) -> "tuple[list[Any], list[Any], int]":
     """What the fresh view's snapshot of ``cur`` removes from and adds to the live files of
     ``md``'s current snapshot (data and position-delete files), and how many file groups it
-    shows as of their last compaction (:func:`_slice_deletes`).
+    shows as of their last compaction (:func:`~spark_jobs.table.delta.slice_deletes`).
 
     A slice whose files are all live already is unchanged (its delete file, named by those
     files, too); only a changed slice -- a new base, a new log -- is planned, reading its key
     and precombine columns. Diffing against the live files rather than the previous view makes
     a version the same whatever the previous one held."""
-    from spark_jobs.table.delta import _footer
+    from spark_jobs.table.delta import _footer, slice_deletes
 
     live = _data_files(md, io)
     keep: set[str] = set()
@@ -1012,7 +982,7 @@ def _fresh_changes(table: "Table", md: Any, io: Any, cur: FileSystemView,
             if deletes_uri in live:
                 keep.add(deletes_uri)
             continue
-        published, drops = _slice_deletes(table, s, schema)
+        published, drops = slice_deletes(table, s, schema)
         if s.logs and published == [s.path]:
             stale += 1
             log.warning("the fresh Iceberg view of %s shows file group %s/%s as of its last compaction: it holds a "
@@ -1118,7 +1088,7 @@ def _sound(table: "Table", version: int, view: FileSystemView | None, entry: dic
         else:
             logs = {_file_uri(table, lf.path) for s in view.slices() for lf in s.logs}
             names = {_file_uri(table, _deletes_rel(s)) for s in view.slices() if s.logs}
-            # a slice with a partial-update log publishes its base alone (_slice_deletes)
+            # a slice with a partial-update log publishes its base alone (delta.slice_deletes)
             if not bases <= data <= bases | logs or not set(files) - data <= names:
                 return False
         names = [f.name for f in iceberg_arrow_schema(view.schema)] if view.schema is not None else None

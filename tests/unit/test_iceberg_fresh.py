@@ -270,7 +270,7 @@ def test_copy_on_write_is_exact_whatever_the_view(tmp_path):
     (["--view", "fresh"], "one of the arguments --enable --repair is required"),
     (["--repair", "--view", "fresh"], "--view goes with --enable"),
     (["--enable", "iceberg", "--view", "latest"], "--view must be one of read_optimized, fresh, got 'latest'"),
-    (["--enable", "delta", "--view", "fresh"], "the delta projection publishes the read-optimized view only"),
+    (["--enable", "delta", "--view", "fresh"], "the Delta projection cannot publish the fresh view of a table partitioned by"),
 ])
 def test_bad_view_options_are_refused_in_one_line(tmp_path, capsys, argv, message):
     uri = str(tmp_path / "t")

@@ -16,8 +16,10 @@ so enabling costs one sequence entry plus the history's projection. Enabling twi
 concurrently, is harmless: the second entry records the same list. No JVM, no ``pyspark``.
 
 **The view** (``--view``, merge-on-read tables; format.md §12): ``read_optimized`` (the default:
-bases as of each file group's last compaction) or ``fresh`` (Iceberg only: every commit's rows,
-each log an added data file and the rows the merge drops position-delete files). It is the
+bases as of each file group's last compaction) or ``fresh`` (every commit's rows, each log an
+added data file and the rows the merge drops position-delete files in Iceberg, inline deletion
+vectors in Delta -- Delta's only for a table whose paths Polars reads right,
+``delta.fresh_view_refusal``, format.md §11). It is the
 timeline property ``mirror_views`` (``{"iceberg": "fresh"}``), set by the same kind of entry,
 and it is the view of **every** version: changing it rewrites the projection's history (the
 entry's own hook finds the previous version in the other view and rewrites the chain from
@@ -54,7 +56,8 @@ class MirrorOptions(VerbOptions):
     #: the projection to turn on (``delta`` or ``iceberg``)
     enable: str | None = option("--enable", default=None)
     #: with ``--enable``: the view of a merge-on-read table it publishes (``read_optimized``, the
-    #: default, or ``fresh``: Iceberg only); None keeps the table's
+    #: default, or ``fresh``: Iceberg, and Delta for tables ``delta.fresh_view_refusal`` accepts);
+    #: None keeps the table's
     view: str | None = option("--view", default=None)
     #: check every version against the timeline, write missing ones, rewrite damaged ones
     repair: bool = option("--repair", form=SWITCH, default=False)
@@ -68,19 +71,17 @@ class MirrorOptions(VerbOptions):
 
 def check_view(mirror: str | None, view: str | None) -> None:
     """The rule of ``--view``: one of :data:`~spark_jobs.table.delta.VIEWS`, given with ``--enable``,
-    and ``fresh`` only for a projection that can express it (Iceberg's position deletes; Delta's
-    form, deletion vectors, is refused by ``deltalake``'s pyarrow readers and ignored by Polars on
-    partitioned paths: format.md §11)."""
+    and ``fresh`` only for a projection that can express it (:data:`~spark_jobs.table.delta.FRESH_VIEW_MIRRORS`;
+    Delta's fresh view also depends on the table: :func:`~spark_jobs.table.delta.fresh_view_refusal`,
+    checked by :func:`enable_mirror`)."""
     check_choice("--view", view, delta.VIEWS)
     if view is None:
         return
     if mirror is None:
         raise BadInputError("--view goes with --enable (the view a projection publishes)")
-    if view == delta.VIEW_FRESH and mirror not in delta.FRESH_VIEW_MIRRORS:
-        raise BadInputError(f"the {mirror} projection publishes the read-optimized view only (deletion vectors, "
-                            f"its form of the fresh view, are refused by deltalake's pyarrow readers and ignored "
-                            f"by Polars on partitioned paths); --view fresh needs --enable "
-                            f"{' or '.join(delta.FRESH_VIEW_MIRRORS)}")
+    if view == delta.VIEW_FRESH and mirror not in delta.FRESH_VIEW_MIRRORS:  # pragma: no cover - both can
+        raise BadInputError(f"the {mirror} projection publishes the read-optimized view only; --view fresh "
+                            f"needs --enable {' or '.join(delta.FRESH_VIEW_MIRRORS)}")
 
 #: the ``operation`` of the commit that sets table properties
 OPERATION = "set_properties"
@@ -94,7 +95,8 @@ def enable_mirror(table_uri: str, mirror: str, *, view: str | None = None, max_r
     is committed with the list and rewrites every version in it (module docstring).
 
     Bad input (an unknown projection or view, no table, a schema the projection cannot hold exactly,
-    pyiceberg missing for ``iceberg``) raises BadInputError before anything is written."""
+    pyiceberg missing for ``iceberg``, a table whose paths Polars would misread with deletion
+    vectors for Delta's fresh view) raises BadInputError before anything is written."""
     from spark_jobs.table.table import Table
 
     if mirror not in MIRRORS:
@@ -111,6 +113,10 @@ def enable_mirror(table_uri: str, mirror: str, *, view: str | None = None, max_r
         iceberg.require()
         iceberg.check_supported(table, snap.schema)
         iceberg.check_files(table, snap)
+    if mirror == delta.MIRROR_DELTA and view == delta.VIEW_FRESH:
+        refusal = delta.fresh_view_refusal(table, snap)
+        if refusal is not None:
+            raise BadInputError(refusal)
     instant = None
     if mirror not in delta.mirrors(table, snap.properties) or (
             view is not None and delta.mirror_view(table, mirror, snap.properties) != view):
@@ -135,6 +141,6 @@ def enable_mirror(table_uri: str, mirror: str, *, view: str | None = None, max_r
     # the hook wrote the history (in a new view: rewrote it); this fills what a failed hook left
     writer = projection.module(mirror)
     written = writer.verify_and_repair(table).written if view is not None and instant is not None \
-        and mirror == "iceberg" else writer.repair(table)
+        else writer.repair(table)
     return {"enabled": mirror, "view": delta.mirror_view(table, mirror, table.view().properties), "instant": instant,
             "written": written, "version": table.timeline.last_seq}
