@@ -34,11 +34,11 @@ class RollbackBatchOperator(BucketIndexTableMixin, BaseOperator):
         rollback downstream of the mapped upsert rolls back every instance that left a
         pending write. Or
     :param instant: a pending instant to roll back by its time (templated), e.g. a scheduled
-        compaction whose execute task failed:
-        ``"{{ (ti.xcom_pull(task_ids='schedule_compaction') or {}).get('instant') }}"``.
+        compaction whose execute task failed: ``instant=schedule.output["instant"]`` (the
+        schedule task's XCom key ``instant``; resolves to None when it pushed no plan).
         Rolling back a scheduled table-service plan **cancels** it (it is never executed).
         A no-op when that instant completed meanwhile, was rolled back already, or the
-        template renders empty (the schedule task pushed no plan); a time that names no
+        value renders empty or None (the schedule task pushed no plan); a time that names no
         instant of the table fails the task without retries.
     :param force: roll back even if the instant's writer still heartbeats (default False).
         The task runs after the upsert task has ended, so its writer is normally gone; a
