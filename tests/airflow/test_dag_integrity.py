@@ -90,7 +90,7 @@ def test_ingest_dag_shape(dagbag):  # type: ignore[no-untyped-def]
     assert rollback.trigger_rule == "one_failed"
     assert upsert.source_uri == "{{ params.landing_uri }}/{{ ds }}"
     assert dag.max_active_runs == 1
-    assert upsert.batch_id is None  # default: derived from dag id, run id and task id
+    assert upsert.batch_id is None  # default: derived from the dag id, task id, data interval and source
 
 
 def test_nightly_compaction_dag_shape(dagbag):  # type: ignore[no-untyped-def]
