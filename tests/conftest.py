@@ -231,7 +231,9 @@ CI_TIER = {
         "Spark Connect: the same jobs as tests/spark over a local Connect server (a second JVM per run); "
         "tests/unit/test_provider_connect.py builds the Connect commands",
     "tests/cluster/":
-        "a standalone master and worker (two more JVMs) running the ingest DAG through spark-submit",
+        "a standalone master and worker (two more JVMs) running the ingest DAG through spark-submit, and a "
+        "durable upsert whose task process is killed mid-job (tests/spark/test_durable_submit.py: local mode; "
+        "tests/unit/test_provider_durable.py: a stand-in spark-submit in the default run)",
     # end-to-end DAGs that run spark-submit: the operator's spark-submit path stays in the default
     # run through tests/airflow/test_ingest_e2e.py (its killed writer is a real spark-submit), the
     # DAGs' in-task Arrow path through test_engine_e2e.py and test_s3_ingest_e2e.py

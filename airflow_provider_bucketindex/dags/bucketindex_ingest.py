@@ -9,10 +9,12 @@ Every run::
 
 * ``upsert`` applies the batch (data + index in one commit): inside the task when it fits
   the memory budget (``engine`` ``auto``, the default), else as a Spark job. Its batch id is
-  derived from the DAG id, the task id and the run's data interval, so neither a retry nor a
-  re-run of a past date (``airflow dags test bucketindex_ingest 2024-01-01`` after 2024-01-02)
-  applies the batch twice: the re-run logs that the batch is committed and does nothing. The
-  ``replay`` param applies it again on purpose, under a new batch id.
+  derived from the DAG id, the task id, the run's data interval and the source's location
+  (``<landing_uri>/<ds>``, as a short digest), so neither a retry nor a re-run of a past date
+  (``airflow dags test bucketindex_ingest 2024-01-01`` after 2024-01-02) applies the batch
+  twice: the re-run logs that the batch is committed and does nothing. The same date from
+  another ``landing_uri`` is another batch and is applied. The ``replay`` param applies it
+  again on purpose, under a new batch id.
 * ``validate`` runs the full index <-> data check (in the task or as a Spark job, as
   ``upsert``) and fails the run on a mismatch.
 * ``rollback_failed_upsert`` runs only when ``upsert`` failed: it rolls back the pending
@@ -83,7 +85,7 @@ with DAG(
             type="boolean",
             description=(
                 "Apply this date's batch again although it is committed (a corrected landing file): a re-run of a "
-                "date is otherwise a no-op, its batch id being the data interval's"
+                "date is otherwise a no-op, its batch id being the data interval's and the landing folder's"
             ),
         ),
     },

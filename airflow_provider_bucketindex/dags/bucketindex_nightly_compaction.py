@@ -12,7 +12,9 @@ Beside the ingest DAG (which keeps committing upserts while this one runs), ever
   due **skips** the rest of the run instead of failing it. It is deferrable per
   ``[operators] default_deferrable`` (then it waits in the triggerer, not in a worker slot).
 * ``schedule_compaction`` writes the compaction plan (pure Python, table metadata only) and
-  pushes its instant; ``execute_compaction`` runs that plan in the task on the in-process
+  pushes its instant (XCom key ``instant``, which ``execute_compaction`` and
+  ``cancel_failed_compaction`` take as ``schedule_compaction.output["instant"]``);
+  ``execute_compaction`` runs that plan in the task on the in-process
   Arrow engine when it fits the memory budget (``engine`` auto: no spark-submit, no JVM;
   the choice and its reason are logged and recorded in the commit), and as a Spark job
   otherwise or with ``engine="spark"`` on the task. Upserts that
@@ -61,7 +63,6 @@ __all__ = ["DAG_ID", "build_dag"]
 
 DAG_ID = "bucketindex_nightly_compaction"
 _NULLABLE_INT = ["null", "integer"]
-_SCHEDULED = "(ti.xcom_pull(task_ids='schedule_compaction') or {}).get('instant')"
 
 
 def build_dag(
@@ -123,18 +124,22 @@ def build_dag(
             task_id="schedule_compaction",
             table_uri="{{ params.table_uri }}",
             mode="schedule",
+            multiple_outputs=True,  # the plan's keys as XComs of their own: .output["instant"] below
             **policy,
         )
+        # the plan's instant as an XComArg (the schedule task's XCom key "instant"): resolved when the
+        # task runs, None when no plan was pushed; it also makes schedule_compaction upstream of its users
+        planned_instant = schedule_compaction.output["instant"]
         execute = AsyncIndexCompactionOperator(
             task_id="execute_compaction",
             table_uri="{{ params.table_uri }}",
             mode="execute",
-            instant="{{ ti.xcom_pull(task_ids='schedule_compaction')['instant'] }}",
+            instant=planned_instant,
         )
         cancel = RollbackBatchOperator(
             task_id="cancel_failed_compaction",
             table_uri="{{ params.table_uri }}",
-            instant="{{ " + _SCHEDULED + " }}",
+            instant=planned_instant,  # None (nothing pushed) -> nothing to cancel
         )
         clean = CleanTableOperator(
             task_id="clean",

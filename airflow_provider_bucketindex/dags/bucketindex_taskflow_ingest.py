@@ -10,8 +10,9 @@ Every run::
   decorator upserts it (record key ``id``, the largest ``ts`` wins, ``is_deleted`` rows delete
   their key) -- in the task when it fits the memory budget, as ``UpsertWithIndexOperator`` does
   -- and returns the commit's summary (instant, batch id, counts) as the task's XCom. Its batch
-  id is the data interval's: a retry or a re-run of a date applies nothing twice; the ``replay``
-  param applies the date's batch again on purpose.
+  id is the data interval's alone (an in-memory batch has no location to name): a retry or a
+  re-run of a date applies nothing twice; the ``replay`` param applies the date's batch again on
+  purpose.
 * ``report`` reads the table back with ``BucketIndexHook().get_df`` (the connection's storage
   settings; reported to Airflow's hook lineage) and logs the rows and the commit's counts.
 

@@ -14,8 +14,12 @@ table, key, engine, storage and Spark options), so the options are checked, defa
 connection and turned into :class:`~spark_jobs.table.action.upsert.UpsertOptions` by the same code
 as the operator's -- no rule is repeated here -- and the run pushes the operator's summary
 (instant, batch id, counts, engine), emits the table's Asset event and reports lineage as the
-operator does. The batch id defaults to ``<dag_id>/<run_id>/<task_id>``, the same for every try:
-a retry after the commit runs the function again but writes nothing twice.
+operator does. The batch id is the operator's default (:mod:`airflow_provider_bucketindex.batch`):
+the task and the run's data interval, plus the source's location when the function returned a
+path or an ``ObjectStoragePath`` (``/src-<12 hex>``); an in-memory batch has no location, so its
+id is the interval's alone -- the same for every try and every re-run of the date: a retry after
+the commit, or a re-run whose function fetches other rows for that date, runs the function again
+but writes nothing twice (``replay=True`` applies it again on purpose).
 
 What the function may return:
 
@@ -120,6 +124,10 @@ class _BucketIndexUpsertDecoratedOperator(DecoratedOperator, UpsertWithIndexOper
                 yield path, label
             finally:
                 self._in_memory_batch = False
+
+    def batch_source(self) -> Any:
+        # an in-memory batch's temporary file is new on every run: no location names it (module docstring)
+        return None if self._in_memory_batch else self.source_uri
 
     def _submit(self, context: Context, batch_id: str, *, table_exists: bool) -> None:
         if self._in_memory_batch:

@@ -229,22 +229,24 @@ class RunReport:
     def task_state(self, task_id: str) -> str | None:
         return self.tasks.get(task_id, {}).get("state")
 
-    def batch_id(self, task_id: str, map_index: int = -1) -> str:
+    def batch_id(self, task_id: str, map_index: int = -1, *, source: Any = None) -> str:
         """The default batch id of ``task_id`` in this run (:func:`airflow_provider_bucketindex.batch.batch_base`:
-        by the run's data interval, else its run id), read from the run's row in the metadata DB."""
+        by the run's data interval, else its run id, read from the run's row in the metadata DB),
+        with the part naming ``source`` (the upsert's rendered source; None: an in-memory batch,
+        which has none: :func:`airflow_provider_bucketindex.batch.with_source`)."""
         from airflow.models.dagrun import DagRun
         from airflow.utils.session import create_session
         from sqlalchemy import select
 
-        from airflow_provider_bucketindex.batch import default_batch_id, interval_batch_id
+        from airflow_provider_bucketindex.batch import default_batch_id, interval_batch_id, with_source
 
         with create_session() as session:
             dr = session.scalars(select(DagRun).where(DagRun.dag_id == self.dag_id,
                                                       DagRun.run_id == self.run_id)).one()
             start, end = dr.data_interval_start, dr.data_interval_end
         if start is not None and end is not None:
-            return interval_batch_id(self.dag_id, task_id, start, end, map_index)
-        return default_batch_id(self.dag_id, self.run_id, task_id, map_index)
+            return with_source(interval_batch_id(self.dag_id, task_id, start, end, map_index), source)
+        return with_source(default_batch_id(self.dag_id, self.run_id, task_id, map_index), source)
 
     def mapped_states(self, task_id: str) -> dict[int, str | None]:
         """``{map_index: state}`` of a mapped task's instances."""

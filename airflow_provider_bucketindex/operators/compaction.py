@@ -37,10 +37,12 @@ class AsyncIndexCompactionOperator(BucketIndexEngineMixin, BucketIndexSparkOpera
 
     * ``schedule`` -- plan in this task (pure Python, reading table metadata only: no Spark
       job) and write the plan as a ``compaction`` requested instant; returns
-      ``{"instant", "file_groups", "logs", "index_buckets", "deltas"}`` to XCom. Nothing due:
-      the task is **skipped**, not failed (and nothing is written);
-    * ``execute`` -- run the scheduled plan ``instant`` (templated, e.g.
-      ``"{{ ti.xcom_pull(task_ids='schedule_compaction')['instant'] }}"``): in the task on
+      ``{"instant", "file_groups", "logs", "index_buckets", "deltas"}`` to XCom, each key also
+      as an XCom of its own (``multiple_outputs`` defaults to True in this mode and ``both``), so
+      ``schedule.output["instant"]`` names the plan. Nothing due: the task is **skipped**, not
+      failed (and nothing is written);
+    * ``execute`` -- run the scheduled plan ``instant`` (templated; e.g.
+      ``instant=schedule.output["instant"]``, which also sets ``schedule >> execute``): in the task on
       the in-process Arrow engine when ``engine`` allows it, else as a Spark job
       (``bucketindex compact TABLE --execute INSTANT``: one task per planned bucket or file
       group, no shuffle). Executing a completed plan is a no-op, and after a crash it
@@ -84,6 +86,9 @@ class AsyncIndexCompactionOperator(BucketIndexEngineMixin, BucketIndexSparkOpera
         memory_budget: str | None = None,
         **kwargs: Any,
     ) -> None:
+        # a plan's keys as XComs of their own: ``schedule.output["instant"]`` (an XComArg) names the
+        # plan, where a Jinja ``ti.xcom_pull(...)['instant']`` string and a hand-made edge were needed
+        kwargs.setdefault("multiple_outputs", mode in ("schedule", "both"))
         super().__init__(**kwargs)
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")

@@ -8,7 +8,7 @@ from airflow.sdk import BaseOperator, TriggerRule
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_bucketindex import DEFAULT_CONN_ID
-from airflow_provider_bucketindex.batch import replay_suffix, upstream_batches
+from airflow_provider_bucketindex.batch import upstream_batches
 from airflow_provider_bucketindex.operators.base import BucketIndexTableMixin, storage_scoped
 
 if TYPE_CHECKING:
@@ -26,19 +26,21 @@ class RollbackBatchOperator(BucketIndexTableMixin, BaseOperator):
 
     :param table_uri: the table (templated).
     :param batch_id: the failed batch's id (templated), or
-    :param upsert_task_id: the upsert task whose default batch id (``<dag>/<run>/<task>``)
-        to roll back (templated). A **mapped** upsert (``.expand()`` over landing files) has
-        one batch per map index (``<dag>/<run>/<task>/<i>``): a rollback in the same mapped
+    :param upsert_task_id: the upsert task whose default batch id (``<dag>/<task>/<interval>``,
+        with or without its ``/src-<hex>`` source part and this run's ``/replay/<run_id>``:
+        :func:`~airflow_provider_bucketindex.batch.upstream_batches`) to roll back (templated).
+        A **mapped** upsert (``.expand()`` over landing files) has
+        one batch per map index (``<dag>/<task>/<interval>/<i>/src-<hex>``): a rollback in the same mapped
         task group as the upsert (``upsert >> rollback`` inside ``@task_group(...).expand``)
         rolls back the batch of the instance it depends on -- its own map index; an unmapped
         rollback downstream of the mapped upsert rolls back every instance that left a
         pending write. Or
     :param instant: a pending instant to roll back by its time (templated), e.g. a scheduled
-        compaction whose execute task failed:
-        ``"{{ (ti.xcom_pull(task_ids='schedule_compaction') or {}).get('instant') }}"``.
+        compaction whose execute task failed: ``instant=schedule.output["instant"]`` (the
+        schedule task's XCom key ``instant``; resolves to None when it pushed no plan).
         Rolling back a scheduled table-service plan **cancels** it (it is never executed).
         A no-op when that instant completed meanwhile, was rolled back already, or the
-        template renders empty (the schedule task pushed no plan); a time that names no
+        value renders empty or None (the schedule task pushed no plan); a time that names no
         instant of the table fails the task without retries.
     :param force: roll back even if the instant's writer still heartbeats (default False).
         The task runs after the upsert task has ended, so its writer is normally gone; a
@@ -107,22 +109,23 @@ class RollbackBatchOperator(BucketIndexTableMixin, BaseOperator):
         if self.batch_id:
             return self._rollback_batch(table_uri, str(self.batch_id))
         found = upstream_batches(context, str(self.upsert_task_id))
-        self.log.info("Upsert task %s: %s", self.upsert_task_id,
-                      f"batch {found.batch_id}" if found.batch_id else f"every batch matching {found.pattern.pattern}")
-        if found.batch_id is not None:  # an unmapped upsert, or our own instance of a mapped one
-            done = self._rollback_batch(table_uri, found.batch_id)
-            if done["rolled_back"] is None:  # the upsert ran with replay=True: its id has this run's suffix
-                replayed = self._rollback_batch(table_uri, found.batch_id + replay_suffix(context))
-                if replayed["rolled_back"] is not None:
-                    return replayed
-            return done
-        # a mapped upsert and an unmapped rollback: every instance that left a pending write
-        pending = self.hook.pending_batches(table_uri, found.matches)
+        self.log.info("Upsert task %s: every batch matching %s", self.upsert_task_id, found.pattern.pattern)
+        # by pattern: the upsert's id names its source (``/src-<hex>``, which this task cannot know),
+        # or not (an in-memory batch, a table written before ids named sources), and replay=True adds
+        # this run's suffix (module doc of airflow_provider_bucketindex.batch)
+        pending = sorted(self.hook.pending_batches(table_uri, found.matches))
+        if found.batch_id is not None and len(pending) <= 1:  # an unmapped upsert, or our own instance of a mapped one
+            if not pending:
+                self.log.info("Batch %s left nothing pending in %s: nothing to roll back", found.batch_id, table_uri)
+                return {"batch_id": found.batch_id, "rolled_back": None}
+            return self._rollback_batch(table_uri, pending[0])
+        # a mapped upsert and an unmapped rollback: every instance that left a pending write (or one
+        # instance that left two, under two sources)
         if not pending:
             self.log.info("No instance of %s left anything pending in %s: nothing to roll back",
                           self.upsert_task_id, table_uri)
-        rolled = [self._rollback_batch(table_uri, b)["rolled_back"] for b in sorted(pending)]
-        return {"batch_id": None, "batches": sorted(pending), "rolled_back": [r for r in rolled if r]}
+        rolled = [self._rollback_batch(table_uri, b)["rolled_back"] for b in pending]
+        return {"batch_id": found.batch_id, "batches": pending, "rolled_back": [r for r in rolled if r]}
 
     def _rollback_batch(self, table_uri: str, batch_id: str) -> dict[str, Any]:
         from spark_jobs.table import WriterAliveError

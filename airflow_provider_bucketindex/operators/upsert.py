@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from airflow_provider_bucketindex.batch import batch_id_from_context, replay_suffix
+from airflow_provider_bucketindex.batch import batch_id_from_context, legacy_batch_id, replay_suffix, with_source
 from airflow_provider_bucketindex.hooks.bucketindex import (
     EXIT_BAD_INPUT,
     EXIT_RETRYABLE,
@@ -65,13 +65,17 @@ class UpsertWithIndexOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
         scheduled compaction plan (format.md §5.2); default the table's setting (recorded by
         the upsert that created it with the flag; off when absent).
     :param batch_id: the batch's id; a batch id that is already committed makes the upsert
-        a no-op (templated). Default ``<dag_id>/<task_id>/<data interval start>--<end>``
-        (:mod:`airflow_provider_bucketindex.batch`): the same for every try of the task and for
-        every run of the same data interval, so neither a retry nor a re-run of a past date
-        applies the batch twice; a run without a data interval uses ``<dag_id>/<run_id>/<task_id>``.
+        a no-op (templated). Default ``<dag_id>/<task_id>/<data interval start>--<end>/src-<12 hex>``
+        (:mod:`airflow_provider_bucketindex.batch`; the hex digits a digest of the rendered
+        ``source_uri``'s normalised location): the same for every try of the task and for every
+        run of the same data interval from the same source, so neither a retry nor a re-run of a
+        past date applies the batch twice, while the interval read from another source is another
+        batch; a run without a data interval uses ``<dag_id>/<run_id>/<task_id>/src-...``. A
+        table whose commit carries the earlier form (without ``/src-...``) of the id sees the
+        re-run as a no-op too.
     :param replay: apply the batch again although its interval's batch is committed (templated;
         default False): the batch id gets ``/replay/<run_id>``, new for this run (its retries
-        share it). For a corrected source of a past date; a plain re-run is a no-op.
+        share it). For a corrected file at the same location; a plain re-run is a no-op.
     :param skip_committed_batches: when the batch id is already committed (a retry after
         the commit), do not even start spark-submit; push the existing commit.
     :param engine: ``auto`` (default: the connection's ``engine`` extra, else auto) runs the
@@ -258,7 +262,8 @@ class UpsertWithIndexOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
         table_uri = str(self.table_uri)
         replay = _flag(self.replay)
         batch_id = str(self.batch_id) if self.batch_id else (
-            batch_id_from_context(context) + (replay_suffix(context) if replay else ""))
+            with_source(batch_id_from_context(context), self.batch_source())
+            + (replay_suffix(context) if replay else ""))
         hook = self.hook
         self._batch = {"table_uri": table_uri, "batch_id": batch_id}
         self.log.info("Batch %s -> %s", batch_id, table_uri)
@@ -266,6 +271,10 @@ class UpsertWithIndexOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
         # a Spark job of an earlier try (the worker died) that still runs: wait for it, then read its outcome
         self.reattach_job(context)
         if self.skip_committed_batches and (done := self._committed_before(table_uri, batch_id, replay)):
+            return self._publish(context, done)
+        # a table written before batch ids named their source: its commit of this interval carries the
+        # earlier form of the id (checked whatever skip_committed_batches says: the job knows one id only)
+        if not self.batch_id and not replay and (done := self._committed_under_legacy_id(table_uri, batch_id)):
             return self._publish(context, done)
 
         # a live writer of this batch that no kept identity names: wait it out (it commits, or its heartbeat stops)
@@ -295,12 +304,27 @@ class UpsertWithIndexOperator(BucketIndexEngineMixin, BucketIndexSparkOperator):
         )
         return self._publish(context, {**done, "engine": done.get("engine") or engine})
 
+    def batch_source(self) -> Any:
+        """What the default batch id names as the batch's source (:func:`~airflow_provider_bucketindex.batch.
+        source_identity`): the rendered ``source_uri``. The TaskFlow decorator's in-memory batch has none."""
+        return self.source_uri
+
     def _committed_before(self, table_uri: str, batch_id: str, replay: bool) -> dict[str, Any] | None:
         done = self.hook.commit_for_batch(table_uri, batch_id)
         if done is not None:
             self.log.info("Batch %s is already committed at %s (an earlier try, or an earlier run of this data "
-                          "interval): nothing to do%s", batch_id, done["instant"],
+                          "interval from the same source): nothing to do%s", batch_id, done["instant"],
                           "" if self.batch_id or replay else "; replay=True applies it again under a new batch id")
+        return done
+
+    def _committed_under_legacy_id(self, table_uri: str, batch_id: str) -> dict[str, Any] | None:
+        """The commit of this interval under the earlier form of the default id (no source part), or None."""
+        legacy = legacy_batch_id(batch_id)
+        done = None if legacy is None else self.hook.commit_for_batch(table_uri, legacy)
+        if done is not None:
+            self.log.info("Batch %s is already committed at %s under the earlier form of its id, %s (the data "
+                          "interval alone, written before batch ids named their source): nothing to do; "
+                          "replay=True applies it again under a new batch id", batch_id, done["instant"], legacy)
         return done
 
     def job_batch(self) -> dict[str, str] | None:

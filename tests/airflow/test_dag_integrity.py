@@ -62,6 +62,15 @@ def test_dag_files_use_only_the_sdk_for_airflow_imports():
                     assert name == "airflow.sdk" or name.startswith("airflow.sdk."), f"{path.name} imports {name}"
 
 
+def test_dag_files_pass_xcoms_as_xcomargs_not_jinja_pulls():
+    """A value from another task arrives as ``task.output[...]`` (an XComArg: typed, and the
+    dependency is drawn by it), never as a ``ti.xcom_pull`` template string."""
+    files = sorted(DAGS.glob("*.py"))
+    assert files
+    for path in files:
+        assert "xcom_pull" not in path.read_text(), f"{path.name} pulls an XCom through a template"
+
+
 def test_dags_folder_links_the_packaged_examples():
     from airflow_provider_bucketindex.demo import sandbox
 
@@ -81,10 +90,12 @@ def test_ingest_dag_shape(dagbag):  # type: ignore[no-untyped-def]
     assert rollback.trigger_rule == "one_failed"
     assert upsert.source_uri == "{{ params.landing_uri }}/{{ ds }}"
     assert dag.max_active_runs == 1
-    assert upsert.batch_id is None  # default: derived from dag id, run id and task id
+    assert upsert.batch_id is None  # default: derived from the dag id, task id, data interval and source
 
 
 def test_nightly_compaction_dag_shape(dagbag):  # type: ignore[no-untyped-def]
+    from airflow.sdk import XComArg
+
     dag = dagbag.dags["bucketindex_nightly_compaction"]
     assert dag.schedule == "@daily" and dag.catchup is False and dag.max_active_runs == 1
     ids = {"compaction_due", "schedule_compaction", "execute_compaction", "cancel_failed_compaction", "clean",
@@ -97,9 +108,13 @@ def test_nightly_compaction_dag_shape(dagbag):  # type: ignore[no-untyped-def]
     assert (type(schedule).__name__, schedule.mode) == ("AsyncIndexCompactionOperator", "schedule")
     assert (type(execute).__name__, execute.mode) == ("AsyncIndexCompactionOperator", "execute")
     assert schedule.upstream_task_ids == {"compaction_due"} and execute.upstream_task_ids == {"schedule_compaction"}
-    assert execute.instant == "{{ ti.xcom_pull(task_ids='schedule_compaction')['instant'] }}"
+    # the plan's instant as an XComArg (schedule's XCom key "instant"), not a Jinja xcom_pull
+    assert isinstance(execute.instant, XComArg) and isinstance(cancel.instant, XComArg)
+    assert (execute.instant.operator, execute.instant.key) == (schedule, "instant") == \
+        (cancel.instant.operator, cancel.instant.key)
+    assert schedule.multiple_outputs is True  # each key of the plan pushed on its own
     assert type(cancel).__name__ == "RollbackBatchOperator" and cancel.trigger_rule == "one_failed"
-    assert cancel.upstream_task_ids == {"execute_compaction"} and "schedule_compaction" in cancel.instant
+    assert cancel.upstream_task_ids == {"execute_compaction", "schedule_compaction"}
     assert type(clean).__name__ == "CleanTableOperator" and clean.upstream_task_ids == {"execute_compaction"}
     assert clean.trigger_rule == "none_failed"  # every night, not only after a compaction
     assert type(validate).__name__ == "ValidateTableOperator"

@@ -61,7 +61,7 @@ def test_small_batches_run_in_the_task_and_publish_as_the_spark_path(tmp_path, a
                                         "engine": "arrow"}
         counts = {k: summary[k] for k in ("inserted", "updated", "deleted")}
         assert run.xcom("upsert", "instant") == summary["instant"] and run.xcom("upsert", "counts") == counts
-        assert summary["batch_id"] == run.batch_id("upsert")
+        assert summary["batch_id"] == run.batch_id("upsert", source=f"{landing}/{d.date().isoformat()}")
         expected.append({"instant": summary["instant"], "batch_id": summary["batch_id"], **counts,
                          "engine": "arrow"})
         assert _asset_extras(table) == expected

@@ -65,6 +65,7 @@ def _commits(table_uri: str) -> list[tuple[str, str]]:
 
 
 def test_scheduled_run_upserts_validates_and_matches_oracle(lake):  # type: ignore[no-untyped-def]
+    from airflow_provider_bucketindex.batch import source_suffix
     from airflow_provider_bucketindex.demo import sandbox
 
     run = sandbox.run_dag(_ingest(), D1, lake["conf"])
@@ -78,7 +79,9 @@ def test_scheduled_run_upserts_validates_and_matches_oracle(lake):  # type: igno
     commits = _commits(lake["table"])
     assert len(commits) == 1
     instant, batch_id = commits[0]
-    assert batch_id == run.batch_id("upsert") == f"{INGEST}/upsert/2024-03-01T00:00:00+00:00"
+    source = os.path.join(lake["landing"], "2024-03-01")  # the rendered {{ params.landing_uri }}/{{ ds }}
+    assert batch_id == run.batch_id("upsert", source=source) == \
+        f"{INGEST}/upsert/2024-03-01T00:00:00+00:00" + source_suffix(source)
     assert run.xcom("upsert", "instant") == instant
     expected_keys = len(sample_data.expected_rows(lake["batches"][:1]))
     assert run.xcom("upsert", "counts") == {"inserted": expected_keys, "updated": 0, "deleted": 0}
@@ -104,7 +107,7 @@ def test_writer_killed_before_commit_is_rolled_back_and_run_fails(lake):  # type
     assert run.task_state("rollback_failed_upsert") == "success"
     assert run.task_state("validate") == "upstream_failed"
     rolled = run.xcom("rollback_failed_upsert")
-    assert rolled["batch_id"] == run.batch_id("upsert")
+    assert rolled["batch_id"] == run.batch_id("upsert", source=os.path.join(lake["landing"], "2024-03-02"))
     assert rolled["rolled_back"], "the killed writer left a pending instant; the rollback task must remove it"
 
     t = Table.load(lake["table"])
@@ -152,7 +155,7 @@ def test_retry_with_same_batch_id_leaves_one_commit(lake):  # type: ignore[no-un
     assert run.state == "success", run
     assert run.task_state("consume") == "success"  # downstream tasks get the instant as a string
     assert run.tasks["upsert"]["try_number"] == 2, "the first try fails after its commit and is retried"
-    batch_id = run.batch_id("upsert")
+    batch_id = run.batch_id("upsert", source=conf["source_uri"])
     commits = _commits(lake["table"])
     assert [b for _, b in commits].count(batch_id) == 1
     assert len(commits) == len(lake["state"]["commits1"]) + 1

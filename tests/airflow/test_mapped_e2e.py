@@ -43,13 +43,17 @@ def test_mapped_upsert_rolls_back_only_the_failed_instance(tmp_path, airflow_db)
     assert run.mapped_states("ingest_file.committed") == {
         i: "upstream_failed" if i == dead else "success" for i in states}
     rolled = run.xcom("ingest_file.rollback", map_index=dead)
-    assert rolled["batch_id"] == run.batch_id("ingest_file.upsert", dead)
+    def batch(i: int) -> str:  # the instance's id: map index i reads landing/file-<i> (sorted names)
+        return run.batch_id("ingest_file.upsert", i, source=str(tmp_path / "landing" / f"file-{i}"))
+
+    assert rolled["batch_id"] == batch(dead)
     assert rolled["rolled_back"], "the killed writer left a pending instant; its own rollback removes it"
 
     tl = Table.load(table).timeline.reload()
     assert tl.pending() == []
     batch_ids = sorted(tl.read_metadata(i)["batch_id"] for i in tl.completed([Action.COMMIT]))
-    assert batch_ids == [f"{DAG_ID}/{run.run_id}/ingest_file.upsert/{i}" for i in ok]
+    assert batch_ids == sorted(batch(i) for i in ok)
+    assert all(b.startswith(f"{DAG_ID}/{run.run_id}/ingest_file.upsert/{i}/src-") for b, i in zip(batch_ids, ok))
     assert [tl.read_metadata(i)["rolled_back"] for i in tl.completed([Action.ROLLBACK])] == [rolled["rolled_back"]]
     assert sample_data.compare(table, [files[i] for i in ok]) == []
     # the instances are forced to engine="spark" (their fault kills spark-submit): they say so

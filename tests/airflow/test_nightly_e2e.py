@@ -20,6 +20,9 @@ metadata DB and real ``spark-submit`` on local Spark.
    first look), ``dag.test()`` runs its trigger inline, a commit lands meanwhile (as the
    hourly ingest would) and the sensor resumes from the trigger's event. No Spark: the
    Spark tasks downstream are marked success (test 1 runs them for real).
+5. The plan's instant as ``schedule_compaction.output["instant"]`` (an XComArg): a failed
+   execute's failure branch cancels exactly the pushed plan, and the next night's execute
+   compacts its own plan in the task. No Spark.
 """
 
 from __future__ import annotations
@@ -265,3 +268,57 @@ def test_deferred_sensor_resumes_through_its_trigger(tmp_path, airflow_db):  # t
     assert run.tasks["compaction_due"]["try_number"] == 1
     value = run.xcom("compaction_due")  # the trigger's event: the first look found one delta
     assert value["due"] is True and value["index_buckets"] == 1 and value["index_deltas"] == 2, value
+
+
+def test_the_plans_instant_reaches_execute_and_cancel_as_an_xcomarg(tmp_path, airflow_db):  # type: ignore[no-untyped-def]
+    """``schedule_compaction.output["instant"]`` (no Jinja pull) in the example DAG itself, no Spark:
+    a run whose execute task fails hands the plan's instant to ``cancel_failed_compaction``, which
+    cancels exactly that plan; the next night's run hands its plan to ``execute_compaction``, which
+    compacts it in the task, and the table still equals the oracle."""
+    import pyarrow as pa
+
+    from airflow_provider_bucketindex.demo import sandbox
+    from spark_jobs import Table
+    from spark_jobs.table import Action
+    from spark_jobs.table import Table as CoreTable
+    from tests.oracle import reduce_batches
+
+    schema = pa.schema([("id", pa.string()), ("v", pa.int64()), ("ts", pa.int64())])
+    first = [{"id": k, "v": i, "ts": 1} for i, k in enumerate(["a b", "x/y", "50%", "1+1", "Zürich ☃", "tab\tnul"])]
+    second = [{"id": k, "v": 10 + i, "ts": 2} for i, k in enumerate(["a b", "neu é", "50%"])]
+    uri = str(tmp_path / "nightly table")
+    t = Table.create(uri, pa.Table.from_pylist(first, schema=schema), record_key="id", precombine_field="ts",
+                     index="record", num_buckets=2)
+    t.upsert(pa.Table.from_pylist(second, schema=schema))
+    expect = reduce_batches([first, second], key="id", precombine="ts", delete_field="is_deleted")
+
+    def rows() -> dict:
+        return {r["id"]: r for r in Table(uri).read().to_pylist()}
+
+    assert rows() == expect
+    conf = {"table_uri": uri, "min_deltas": 2}
+
+    # night 1: execute fails (its table is elsewhere) -> the failure branch cancels the pushed plan
+    dag = sandbox.load_dag(NIGHTLY)
+    execute = dag.get_task("execute_compaction")
+    execute.table_uri, execute.retries = str(tmp_path / "no such table"), 0
+    run = sandbox.run_dag(dag, datetime(2024, 6, 1, tzinfo=timezone.utc), conf)
+    assert run.state == "failed", run
+    assert (run.task_state("execute_compaction"), run.task_state("cancel_failed_compaction")) == ("failed", "success")
+    planned = str(run.xcom("schedule_compaction")["instant"])
+    assert run.xcom("cancel_failed_compaction") == {"instant": planned, "rolled_back": planned}
+    tl = CoreTable.load(uri).timeline.reload()
+    assert tl.pending() == [] and planned in tl.aborted and not tl.is_completed(planned)
+    assert rows() == expect
+
+    # night 2: the plan reaches execute through the same XComArg and is compacted in the task
+    run = sandbox.run_dag(sandbox.load_dag(NIGHTLY), datetime(2024, 6, 2, tzinfo=timezone.utc), conf)
+    assert run.state == "success", run
+    assert run.task_state("cancel_failed_compaction") == "skipped"
+    planned = str(run.xcom("schedule_compaction")["instant"])
+    assert planned not in tl.aborted
+    done = run.xcom("execute_compaction")
+    assert (str(done["instant"]), done["engine"]) == (planned, "arrow")
+    tl = CoreTable.load(uri).timeline.reload()
+    assert tl.is_completed(planned) and tl.find(planned).action == Action.COMPACTION
+    assert rows() == expect and run.task_state("validate") == "success"

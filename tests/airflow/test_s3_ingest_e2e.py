@@ -114,7 +114,8 @@ def test_ingest_dag_on_s3_through_the_airflow_connection(airflow_db, bucket, s3_
     assert (run1.task_state("upsert"), run1.task_state("validate"),
             run1.task_state("rollback_failed_upsert")) == ("success", "success", "skipped")
     summary = run1.xcom("upsert")
-    assert summary["engine"] == "arrow" and summary["batch_id"] == run1.batch_id("upsert")
+    assert summary["engine"] == "arrow" and summary["batch_id"] == run1.batch_id(
+        "upsert", source=f"{conf['landing_uri']}/2024-03-01")
     assert run1.xcom("upsert", "counts") == {"inserted": len(BATCH1), "updated": 0, "deleted": 0}
     assert run1.xcom("validate")["valid"] is True and run1.xcom("validate")["engine"] == "arrow"
     assert storage.configured() == {}  # the tasks' options did not outlive them

@@ -53,7 +53,10 @@ def test_decorator_upserts_what_the_function_returns_and_get_df_reads_it(tmp_pat
 
     assert run1.state == "success", run1
     summary = run1.xcom("upsert")
-    assert summary["engine"] == "arrow" and summary["batch_id"] == run1.batch_id("upsert")
+    # an in-memory batch has no location: its id is the run's alone; a returned path is named by its location
+    source = str(tmp_path / "scratch 1" / "batch 1 é%.parquet") if kind == "path" else None
+    assert summary["engine"] == "arrow" and summary["batch_id"] == run1.batch_id("upsert", source=source)
+    assert ("/src-" in summary["batch_id"]) == (kind == "path")
     assert (summary["inserted"], summary["updated"], summary["deleted"]) == (len(BATCH1), 0, 0)
     read1 = run1.xcom("read")
     assert read1["latest"] == _expected(BATCH1)

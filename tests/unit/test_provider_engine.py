@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_bucketindex.demo import sample_data, sandbox
+from airflow_provider_bucketindex.batch import with_source
 
 pytestmark = pytest.mark.unit
 
@@ -117,7 +118,7 @@ def test_auto_runs_small_batches_in_the_task_with_the_spark_paths_xcom_asset_and
         out = op.execute({"ti": ti, "outlet_events": events})
 
         assert submitted == [], "a small batch runs in the task: no spark-submit"
-        assert out["engine"] == "arrow" and out["batch_id"] == f"ingest/scheduled__{i}/upsert"
+        assert out["engine"] == "arrow" and out["batch_id"] == with_source(f"ingest/scheduled__{i}/upsert", source)
         counts = {k: out[k] for k in ("inserted", "updated", "deleted")}
         assert ti.pushed == {"instant": out["instant"], "counts": counts}
         assert events[TABLE_UPDATES].added == [(table_asset(table), {
@@ -171,7 +172,7 @@ def test_a_batch_over_the_memory_budget_is_submitted_with_engine_spark(ops, tmp_
     with pytest.raises(AirflowException, match="no commit"):  # the recorder ran nothing
         op.execute({"ti": FakeTI()})
     (cmd,) = submitted
-    assert cmd == op.spark_submit_command("ingest/scheduled__2024-01-01T00:00:00+00:00/upsert")
+    assert cmd == op.spark_submit_command(with_source("ingest/scheduled__2024-01-01T00:00:00+00:00/upsert", source))
     assert cmd[-2:] == ["--engine", "spark"], "the job must not decide again"
     assert not os.path.exists(table), "nothing was attempted in the task"
 
@@ -305,12 +306,12 @@ def test_a_write_rolled_back_under_the_task_is_a_retryable_failure(ops, tmp_path
     deadline = time.monotonic() + 60
     while not (signals / "before_complete").exists() and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert BucketIndexHook().rollback_batch(table, "ingest/r1/upsert", force=True)
+    assert BucketIndexHook().rollback_batch(table, with_source("ingest/r1/upsert", second), force=True)
     th.join(60)
     assert len(errors) == 1 and isinstance(errors[0], AirflowException), errors
     assert not isinstance(errors[0], AirflowFailException) and "same batch id" in str(errors[0])
     assert submitted == []
-    assert BucketIndexHook().commit_for_batch(table, "ingest/r1/upsert") is None
+    assert BucketIndexHook().commit_for_batch(table, with_source("ingest/r1/upsert", second)) is None
 
 
 def test_validate_in_the_task_fails_without_retries_on_a_problem_or_no_table(ops, tmp_path, submitted):  # type: ignore[no-untyped-def]

@@ -84,8 +84,12 @@ def test_a_run_with_a_data_interval_names_its_batch_after_the_interval_not_the_r
     ctx = {"ti": FakeTI(dag_id="m", run_id="r1", task_id="rollback_all"), "task": dag.get_task("rollback_all"), **day}
     every = upstream_batches(ctx, "g.upsert")
     base = "m/g.upsert/2024-01-01T00:00:00+00:00--2024-01-02T00:00:00+00:00"
+    src = "/src-0123456789ab"  # the upsert's source part, which the rollback cannot know
     assert every.matches(f"{base}/3") and every.matches(f"{base}/3/replay/r1")
+    assert every.matches(f"{base}/3{src}") and every.matches(f"{base}/3{src}/replay/r1")
     assert not every.matches(f"{base}/3/replay/r2") and not every.matches(base)
+    assert not every.matches(f"{base}/3{src}/replay/r2") and not every.matches(f"{base}{src}")
+    assert not every.matches(f"{base}/3/src-0123") and not every.matches(f"{base}/3/src-0123456789AB")
 
 
 def test_replay_makes_a_new_batch_id_per_run_and_the_rollback_finds_it(ops, tmp_path):  # type: ignore[no-untyped-def]
@@ -126,6 +130,170 @@ def test_replay_makes_a_new_batch_id_per_run_and_the_rollback_finds_it(ops, tmp_
     rb = ops.RollbackBatchOperator(task_id="rollback", table_uri=table, upsert_task_id="upsert", force=True)
     out = rb.execute({"ti": FakeTI(run_id="r4", task_id="rollback"), **day})
     assert out == {"batch_id": one["batch_id"] + "/replay/r4", "rolled_back": pending.timestamp}
+
+
+def test_a_batch_ids_source_part_names_the_location_whatever_its_spelling(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    """The source part of a default batch id is a digest of the source's normalised location: the
+    spellings of one location give one id (s3a/s3, a trailing ``/``, storage options in the query,
+    an ``ObjectStoragePath``'s connection, a relative path and its absolute form, a list in any
+    order), another location another id; no location (an in-memory frame) adds nothing."""
+    from airflow.sdk import ObjectStoragePath
+
+    from airflow_provider_bucketindex.batch import legacy_batch_id, source_identity, source_suffix, with_source
+
+    day1 = source_identity("s3://lake/landing/2024-01-01")
+    assert day1 is not None and len(day1) == 12 and int(day1, 16) >= 0
+    for spelling in ("s3a://lake/landing/2024-01-01", "s3n://lake/landing/2024-01-01/",
+                     "s3://lake/landing/2024-01-01?endpoint_override=http%3A%2F%2Fminio&access_key=SECRET",
+                     "s3://conn@lake/landing/2024-01-01",
+                     ObjectStoragePath("s3://lake/landing/2024-01-01", conn_id="lake_conn")):
+        assert source_identity(spelling) == day1, spelling
+    assert source_identity("s3://lake/landing/2024-01-02") != day1
+    assert source_identity("s3://other/landing/2024-01-01") != day1
+    # a local path with a space, %, +, non-ASCII: relative, absolute, file:// percent-encoded, PathLike
+    local = tmp_path / "land é" / "50%+1 Zürich"
+    monkeypatch.chdir(tmp_path)
+    same = {source_identity(str(local)), source_identity(local), source_identity("land é/50%+1 Zürich"),
+            source_identity(str(local) + "/"),
+            source_identity("file://" + __import__("urllib.parse").parse.quote(str(local)))}
+    assert len(same) == 1 and None not in same
+    assert source_identity(str(local) + "x") not in same
+    # a list: each location normalised; order and repeats do not matter
+    assert source_identity(["s3a://b/x", "s3://b/y"]) == source_identity(["s3://b/y", "s3://b/x/", "s3://b/y"])
+    assert source_identity(["s3://b/x", "s3://b/y"]) != source_identity(["s3://b/x"])
+    # no location
+    for nothing in (None, "", "  ", []):
+        assert source_identity(nothing) is None and source_suffix(nothing) == ""
+    base = "d/upsert/2024-01-01T00:00:00+00:00"
+    assert with_source(base, None) == base
+    new = with_source(base, "s3://lake/landing/2024-01-01")
+    assert new == f"{base}/src-{day1}" and legacy_batch_id(new) == base
+    assert legacy_batch_id(base) is None and legacy_batch_id(new + "/replay/r1") is None  # a replay is no legacy
+
+
+def _kept_log(monkeypatch):  # type: ignore[no-untyped-def]
+    """The messages the operators log (``airflow.task`` and below), kept in a list."""
+    import logging
+
+    records: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record.getMessage())
+
+    keep = Keep(level=logging.DEBUG)
+    for name in ("airflow.task", "airflow"):
+        lg = logging.getLogger(name)
+        monkeypatch.setattr(lg, "level", logging.INFO)
+        lg.addHandler(keep)
+        monkeypatch.setattr(lg, "handlers", [*lg.handlers])  # restored (without keep) after the test
+    return records
+
+
+def test_a_rerun_from_the_same_source_is_a_noop_another_source_is_applied(ops, tmp_path, monkeypatch, capfd):  # type: ignore[no-untyped-def]
+    """Through the operator on the in-task engine (real Parquet): the same interval from the same
+    source (spelled with a trailing ``/``) is a no-op that says so in the log; the same interval
+    from another landing folder is another batch and is applied; ``replay=True`` applies it again;
+    a table whose commit carries the earlier form of the id (no source part) sees the re-run as a
+    no-op too, and says which id it found; the rollback finds a pending write under either form.
+    Table == the oracle (the applied batches reduced by key) after every step."""
+    from datetime import datetime, timedelta, timezone
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from airflow_provider_bucketindex.batch import with_source
+    from spark_jobs.api import Table as ApiTable
+    from spark_jobs.table import Action, Table
+    from tests.oracle import reduce_batches
+
+    start = datetime(2024, 1, 1, tzinfo=timezone.utc)
+    day = {"data_interval_start": start, "data_interval_end": start + timedelta(days=1)}
+    schema = pa.schema([("id", pa.string()), ("v", pa.float64()), ("ts", pa.int64())])
+    landing_a = [{"id": k, "v": float(i), "ts": 1} for i, k in enumerate(["a b", "x/y", "50%", "1+1", "Zürich ☃"])]
+    landing_a.append({"id": "null v", "v": None, "ts": 1})
+    landing_b = [{"id": "a b", "v": 10.0, "ts": 2}, {"id": "neu é", "v": None, "ts": 2}]
+
+    def folder(name: str, rows: list) -> str:  # type: ignore[type-arg]
+        path = tmp_path / name / "2024-01-01"
+        path.mkdir(parents=True)
+        pq.write_table(pa.Table.from_pylist(rows, schema=schema), str(path / "part 0.parquet"))
+        return str(path)
+
+    src_a, src_b = folder("landing A é", landing_a), folder("landing+B 50%", landing_b)
+    table = str(tmp_path / "t 1%")
+    base = "d/upsert/2024-01-01T00:00:00+00:00--2024-01-02T00:00:00+00:00"
+    log = _kept_log(monkeypatch)
+
+    def upsert(run_id: str, source: str, tbl: str = table, **kw):  # type: ignore[no-untyped-def]
+        op = ops.UpsertWithIndexOperator(task_id="upsert", table_uri=tbl, source_uri=source, record_key="id",
+                                         precombine_field="ts", engine="arrow", **kw)
+        return op.execute({"ti": FakeTI(run_id=run_id), **day})
+
+    def commits(tbl: str = table) -> list:  # type: ignore[type-arg]
+        tl = Table.load(tbl).timeline.reload()
+        return [tl.read_metadata(i)["batch_id"] for i in tl.completed([Action.COMMIT])]
+
+    def rows(tbl: str = table) -> dict:  # type: ignore[type-arg]
+        return {r["id"]: r for r in ApiTable(tbl).read().to_pylist()}
+
+    def said() -> str:
+        out = capfd.readouterr()
+        return "\n".join([*log, out.out, out.err])
+
+    one = upsert("scheduled__2024-01-01T00:00:00+00:00", src_a)
+    assert one["batch_id"] == with_source(base, src_a) != with_source(base, src_b)
+    assert rows() == reduce_batches([landing_a], delete_field=None)
+
+    # the same interval from the same source, another run (a re-run of the date): a no-op, logged
+    log.clear(), capfd.readouterr()
+    again = upsert("manual__2024-01-05T10:11:12+00:00", src_a + "/")
+    assert again["instant"] == one["instant"] and again["batch_id"] == one["batch_id"]
+    assert commits() == [one["batch_id"]]
+    text = said()
+    assert f"Batch {one['batch_id']} is already committed at {one['instant']}" in text, text[-3000:]
+    assert "from the same source): nothing to do; replay=True applies it again" in text
+
+    # the same interval from another source: another batch, applied
+    other = upsert("manual__2024-01-06T00:00:00+00:00", src_b)
+    assert other["batch_id"] == with_source(base, src_b) and other["instant"] != one["instant"]
+    assert commits() == [one["batch_id"], other["batch_id"]]
+    assert rows() == reduce_batches([landing_a, landing_b], delete_field=None)
+
+    # replay=True: applied again on purpose, under the run's replay id
+    replayed = upsert("manual__r9", src_a, replay="True")
+    assert replayed["batch_id"] == one["batch_id"] + "/replay/manual__r9" and replayed["instant"] != one["instant"]
+    assert commits() == [one["batch_id"], other["batch_id"], replayed["batch_id"]]
+    assert rows() == reduce_batches([landing_a, landing_b, landing_a], delete_field=None)
+
+    # a table written before ids named their source: its commit carries the interval's id alone
+    old_table = str(tmp_path / "old/table ü")
+    legacy = upsert("scheduled__2024-01-01T00:00:00+00:00", src_a, tbl=old_table, batch_id=base)
+    assert legacy["batch_id"] == base
+    log.clear(), capfd.readouterr()
+    rerun = upsert("manual__2024-02-01T00:00:00+00:00", src_a, tbl=old_table)
+    assert rerun["instant"] == legacy["instant"] and commits(old_table) == [base]
+    text = said()
+    assert (f"Batch {with_source(base, src_a)} is already committed at {legacy['instant']} under the earlier form "
+            f"of its id, {base}") in text, text[-3000:]
+    assert "replay=True applies it again" in text
+    # ... also with skip_committed_batches=False (the job would know the new form only)
+    assert upsert("manual__x", src_a, tbl=old_table, skip_committed_batches=False)["instant"] == legacy["instant"]
+    assert commits(old_table) == [base] and rows(old_table) == reduce_batches([landing_a], delete_field=None)
+    assert upsert("manual__r10", src_a, tbl=old_table, replay=True)["batch_id"] == \
+        with_source(base, src_a) + "/replay/manual__r10"
+    assert len(commits(old_table)) == 2
+
+    # the rollback of a run finds the upsert's pending write under the new form and under the old one
+    tl = Table.load(table).timeline
+    for left in (with_source(base, src_b), base):
+        pending = tl.transition_to_inflight(tl.create_requested(Action.COMMIT, {
+            "batch_id": left, "operation": "upsert", "owner": {"host": "gone", "pid": 1, "at": 0}}))
+        rb = ops.RollbackBatchOperator(task_id="rollback", table_uri=table, upsert_task_id="upsert", force=True)
+        out = rb.execute({"ti": FakeTI(run_id="r5", task_id="rollback"), **day})
+        assert out == {"batch_id": left, "rolled_back": pending.timestamp}
+    assert Table.load(table).timeline.reload().pending() == []
+    assert rows() == reduce_batches([landing_a, landing_b, landing_a], delete_field=None)
 
 
 # -- construction -------------------------------------------------------------------------
