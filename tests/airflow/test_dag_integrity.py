@@ -4,6 +4,7 @@ for authoring, does no work at parse time, and has the shape the product promise
 from __future__ import annotations
 
 import ast
+import json
 import os
 import resource
 import subprocess
@@ -177,6 +178,38 @@ def test_load_examples_does_not_load_the_packaged_dags_beside_the_users_copies(m
     assert not [n for n, p in paths.items() if p and str(Path(p).resolve()).startswith(package)], paths
     assert not (Path(package) / "example_dags").exists()
     assert {p.name for p in (Path(package) / "dags").glob("bucketindex_*.py")} == {p.name for p in DAGS.glob("*.py")}
+
+
+def test_a_users_edited_copy_is_the_dag_airflow_runs_with_load_examples_on(monkeypatch, tmp_path):  # type: ignore[no-untyped-def]
+    """A user copies ``bucketindex_ingest.py`` into their DAG folder and edits it. With
+    ``load_examples`` on, Airflow parses every configured bundle (their DAG folder, Airflow's
+    examples and each provider's ``example_dags``): the dag id ``bucketindex_ingest`` is found
+    exactly once, in the user's file, with the user's edit -- nothing shadows it or is shadowed."""
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+    from airflow.dag_processing.dagbag import DagBag
+
+    folder = tmp_path / "dags"
+    folder.mkdir()
+    marker = "EDITED BY THE USER: landing bucket moved"
+    copy = folder / "bucketindex_ingest.py"
+    copy.write_text((DAGS / "bucketindex_ingest.py").read_text() + f"\ndag.doc_md = {marker!r}\n")
+    monkeypatch.setenv("AIRFLOW__CORE__LOAD_EXAMPLES", "True")
+    # the DAG-folder bundle as a deployment configures it (the session's AIRFLOW_HOME fixed the default's path)
+    monkeypatch.setenv("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dumps([
+        {"name": "dags-folder", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+         "kwargs": {"path": str(folder)}}]))
+    manager = DagBundlesManager()
+    monkeypatch.setattr(manager, "_bundle_config", {})
+    manager.parse_config()
+    bundles = {b.name: Path(b.path) for b in manager.get_all_dag_bundles() if getattr(b, "path", None)}
+    assert "example_dags" in bundles and folder in bundles.values(), bundles
+    found = []
+    for name, path in bundles.items():
+        bag = DagBag(dag_folder=str(path), bundle_name=name)
+        found += [(name, Path(d.fileloc), d.doc_md) for i, d in bag.dags.items() if i == "bucketindex_ingest"]
+    assert len(found) == 1, found
+    (bundle, fileloc, doc) = found[0]
+    assert fileloc == copy and doc == marker, found[0]
 
 
 def test_every_example_dag_documents_itself_and_waits_without_holding_a_slot(dagbag):  # type: ignore[no-untyped-def]
