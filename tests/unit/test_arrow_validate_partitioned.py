@@ -61,7 +61,8 @@ def commit(t: Table, groups: list[tuple[str, str, list[str]]], entries: list[tup
         mine = [e for e in entries if e[0] == b]
         path = t.layout.index_file(b, "delta", inst.timestamp)
         t.create_marker(inst.timestamp, t.layout.rel(path))
-        write_index_file(t.io, path, IndexEntries.from_keys([k for _, k, _, _ in mine], [(p, f) for _, _, p, f in mine]))
+        write_index_file(t.io, path, IndexEntries.from_keys([k for _, k, _, _ in mine],
+                                                            [(p, f) for _, _, p, f in mine]))
         added.append({"bucket": b, "path": t.layout.rel(path), "kind": "delta"})
     tl.complete(inst, {"batch_id": f"b-{inst.timestamp}", "schema": encode_schema(SCHEMA), "file_groups": meta,
                        "index": {"added": added}})
@@ -94,7 +95,7 @@ def broken_record_table(tmp_path, n: int = 420) -> tuple[Table, dict[str, int]]:
             b = (b + 1) % NB
             want["index_entries_in_wrong_bucket"] += 1
         elif i % 11 == 5:
-            groups[(PARTS[(i + 2) % len(PARTS)], "fg-dup")] = [*groups.get((PARTS[(i + 2) % len(PARTS)], "fg-dup"), []), k]
+            groups.setdefault((PARTS[(i + 2) % len(PARTS)], "fg-dup"), []).append(k)  # a copy elsewhere
             want["duplicate_keys"] += 1
             want["index_points_to_wrong_file"] += 1  # the copy's row: its entry names the other group
         entries.append((b, k, *loc))
@@ -110,11 +111,12 @@ def broken_record_table(tmp_path, n: int = 420) -> tuple[Table, dict[str, int]]:
     return Table.load(t.uri), want
 
 
-def broken_bucket_table(tmp_path) -> Table:
+def broken_bucket_table(tmp_path, index_type: str = "bucket") -> Table:
     """A bucket-index table with rows in the wrong bucket and duplicates (the same key in one
-    partition twice, and once in another partition: not a duplicate there)."""
-    t = Table.open(str(tmp_path / "bucket"))
-    t.create(TableConfig(record_key_fields=["id"], num_buckets=NB, index_type="bucket"))
+    partition twice, and once in another partition: not a duplicate there); the same files as a
+    ``global_simple`` table (whose duplicates are keys, whatever their partition)."""
+    t = Table.open(str(tmp_path / index_type))
+    t.create(TableConfig(record_key_fields=["id"], num_buckets=NB, index_type=index_type))
     groups: dict[tuple[str, str], list[str]] = {}
     for i in range(300):
         k = key(i)
@@ -148,6 +150,15 @@ def test_bucket_index_report_is_the_same_in_any_number_of_partitions(tmp_path, p
     assert set(whole["problems"]) == {"rows_in_wrong_bucket", "duplicate_keys"}
     assert whole["problems"]["rows_in_wrong_bucket"]["count"] == len(range(0, 300, 7))  # the copies sit right
     assert whole["problems"]["duplicate_keys"]["count"] == len(range(0, 300, 13))
+    assert arrow_validate._validate(t, t.view(), partitions=partitions, spill_dir=str(tmp_path)) == whole
+
+
+@pytest.mark.parametrize("partitions", [3, 32])
+def test_global_simple_report_is_the_same_in_any_number_of_partitions(tmp_path, partitions):
+    t = broken_bucket_table(tmp_path, "global_simple")
+    whole = arrow_validate._validate(t, t.view())
+    assert set(whole["problems"]) == {"duplicate_keys"}
+    assert whole["problems"]["duplicate_keys"]["count"] == len([i for i in range(300) if i % 13 == 0 or i % 17 == 0])
     assert arrow_validate._validate(t, t.view(), partitions=partitions, spill_dir=str(tmp_path)) == whole
 
 
