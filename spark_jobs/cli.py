@@ -260,11 +260,14 @@ def build_parser(extra_verbs: dict[str, str] | None = None, *,
     va = sub.add_parser("validate", help="full index <-> data check; exit 1 on any mismatch",
                         description="Check every live row against the index (and the row counts its commits "
                                     "recorded); print the JSON report, exit 1 on any problem. Both engines give "
-                                    "the same report. --engine auto checks in this process (arrow, no JVM) when "
-                                    "what it holds fits the memory budget -- the key columns of the data files "
-                                    "(a quarter of their bytes, x6 decoded) plus about 320 bytes per live row, "
-                                    "twice that with the record index's entries -- and on Spark otherwise; "
-                                    "--master, --remote or $SPARK_REMOTE mean Spark.")
+                                    "the same report. In this process (arrow, no JVM) it holds at most the memory "
+                                    "budget: a snapshot whose keys fit -- the key columns of the data files (a "
+                                    "quarter of their bytes, x6 decoded) plus about 320 bytes per live row, twice "
+                                    "that with the record index's entries -- is checked at once; a larger one in P "
+                                    "partitions spilled to the temp dir ($TMPDIR; removed at the end), holding the "
+                                    "largest file slice's keys and index bucket's entries plus a P-th of the rest. "
+                                    "--engine auto checks in this process whenever that fits, and on Spark "
+                                    "otherwise; --master, --remote or $SPARK_REMOTE mean Spark.")
     va.add_argument("table", help=TABLE_HELP)
     _add_spark_options(va)
     _add_engine_options(va)

@@ -294,12 +294,14 @@ def _read(opts: "ReadOptions", spark: Callable[[], Any], spark_requested: str | 
 
 def _validate(opts: "ValidateOptions", spark: Callable[[], Any], spark_requested: str | None,
               decide: Decide | None = None) -> Any:
-    def needed() -> int:
-        from spark_jobs.arrow_engine.validate import needed_bytes
+    budget = memory_budget(opts.memory_budget)
+
+    def needed() -> int:  # partitioned to the budget: over it only if one partition is
+        from spark_jobs.arrow_engine.validate import bounded_bytes
         from spark_jobs.table.table import Table
 
         table = Table.load(opts.table)
-        return needed_bytes(table, table.view())
+        return bounded_bytes(table, table.view(), budget)
 
     choice = decide(needed) if decide is not None else _choose(opts, spark_requested, needed)
     if decide is not None and choice.engine != ARROW:
@@ -307,7 +309,7 @@ def _validate(opts: "ValidateOptions", spark: Callable[[], Any], spark_requested
     if choice.engine == ARROW:
         from spark_jobs.arrow_engine.validate import run_validate as run_in_process
 
-        return run_in_process(opts.table)
+        return run_in_process(opts.table, memory_budget=budget)
     from spark_jobs.jobs.validate import run_validate
 
     return run_validate(spark(), opts.table)

@@ -1,7 +1,8 @@
 """Which engine runs an action: ``--engine auto|spark|arrow``.
 
 ``auto`` (the default) runs in-process on Arrow when the work -- the batch plus the file groups
-and index buckets it touches, or the snapshot a read or validate holds -- fits a memory budget
+and index buckets it touches, the snapshot a read holds, or the partition of the snapshot a
+validate holds at once (``arrow_engine.validate.plan``) -- fits a memory budget
 derived from the machine, and on Spark otherwise. A Spark master or Connect server given on
 the command line means Spark. Work that does not fit is never attempted in memory. The choice
 and its reason are logged and recorded in the commit metadata (``engine``), and ``show``
