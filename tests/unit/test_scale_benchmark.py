@@ -106,3 +106,40 @@ def test_scale_runs_end_to_end_reports_every_step_and_resumes_without_redoing_on
     assert json.loads(r2.stdout.strip().splitlines()[-1])["steps"] == res["steps"]
     assert (work / "results.jsonl").read_text().splitlines() == lines
     assert np.load(work / "data" / "uuid_2000" / "versions.npy").shape == (2100,)
+
+
+def test_plot_scale_takes_medians_per_contender_and_batch_and_marks_failures(tmp_path):
+    """benchmarks/plot_scale.py: the median of each contender's batches of one size at one table
+    size, from a scale.py results file (steps of a failed build mark every batch size failed; a
+    failed batch is not a point), with the CSV's rows for runs without a file (a results file
+    wins for the same point); and a PNG drawn."""
+    import plot_scale
+
+    steps = [
+        {"contender": "bucketindex_merge_on_read_record_uuid_flat", "size": 10**8, "step": s, "time_s": t, "rc": 0}
+        for s, t in [("batch_01_1k", 8.0), ("batch_03_1k", 18.0), ("batch_05_1k", 9.0), ("batch_02_1M", 150.0)]
+    ] + [
+        {"contender": "delta_rs_uuid_flat", "size": 10**8, "step": "batch_01_1k", "time_s": 1269.0, "rc": 0},
+        {"contender": "delta_rs_uuid_flat", "size": 10**8, "step": "batch_02_1M", "time_s": 9.0, "rc": "timeout"},
+        {"contender": "pypaimon_uuid_flat", "size": 10**7, "step": "build", "time_s": 1200.0, "rc": "timeout"},
+        {"contender": "bucketindex_merge_on_read_record_uuid_flat", "size": 10**6, "step": "read_duckdb_after_4",
+         "time_s": 3.0, "rc": 0},
+    ]
+    results = tmp_path / "results.jsonl"
+    results.write_text("\n".join(json.dumps(s) for s in steps) + "\n")
+    medians = tmp_path / "m.csv"
+    medians.write_text("# a comment\nsize,contender,batch,median_s,batches,load,run\n"
+                       "100000000,bucketindex_merge_on_read,1000,99.0,1,1,older run\n"
+                       "1000000,delta_rs,1000,11.35,4,5,1M run\n")
+    points = plot_scale.points_from_medians(medians)
+    points.update(plot_scale.points_from_results([results]))
+    assert points[("bucketindex_merge_on_read", 1000, 10**8)] == 9.0  # median of 8, 18, 9; the file wins
+    assert points[("bucketindex_merge_on_read", 10**6, 10**8)] == 150.0
+    assert points[("delta_rs", 1000, 10**8)] == 1269.0
+    assert points[("delta_rs", 10**6, 10**8)] is None  # failed batch
+    assert points[("delta_rs", 1000, 10**6)] == 11.35  # from the CSV
+    assert {points[("pypaimon", b, 10**7)] for b in (1000, 100_000, 10**6)} == {None}  # failed build
+    assert not any(k[2] == 10**6 and k[0] == "bucketindex_merge_on_read" for k in points)  # reads are not batches
+    out = tmp_path / "scale.png"
+    plot_scale.plot(points, out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
