@@ -16,11 +16,14 @@ listing of its directory before and after). The median upsert time is printed be
         [--stores local,s3] [--projection delta|iceberg] [--view read_optimized|fresh]
 
 A merge-on-read table is created with automatic compaction off (a compaction is an entry of
-its own, which the hook would project too). ``--view fresh`` (Iceberg; issue 39 item 2)
-projects the fresh view (the projection's view set in the handle, as the mirror list is): every
-commit adds a log to slices holding all the earlier ones: each such slice is planned
-again (its key and precombine columns read from the base and every log) and gets a new
-position-delete file -- the fresh view's worst case between compactions.
+its own, which the hook would project too). ``--view fresh`` (issue 39 item 2) projects the
+fresh view (the projection's view set in the handle, as the mirror list is): every commit adds a
+log to slices holding all the earlier ones: each such slice is planned again (its key and
+precombine columns read from the base and every log) and gets a new position-delete file
+(Iceberg) or its files are re-added with new inline deletion vectors (Delta) -- the fresh
+view's worst case between compactions. The Delta fresh view refuses a string partition field
+(``delta.fresh_view_refusal``), so with ``--projection delta --view fresh`` the table is
+partitioned by an integer field (``pn``, 3 values) instead of the text one.
 
 The last line is one JSON object.
 """
@@ -50,8 +53,8 @@ KINDS = ("LIST", "GET", "HEAD", "PUT", "DELETE")
 
 
 def batch(n: int, ts: int) -> pa.Table:
-    return pa.Table.from_pylist([{"id": f"k {i:06d}/é", "p": PARTS[i % 3], "ts": ts, "v": float(i * ts)}
-                                 for i in range(n)])
+    return pa.Table.from_pylist([{"id": f"k {i:06d}/é", "p": PARTS[i % 3], "pn": i % 3, "ts": ts,
+                                  "v": float(i * ts)} for i in range(n)])
 
 
 def run(store: str, *, commits: int, rows: int, table_type: str, server: Any,
@@ -64,8 +67,12 @@ def run(store: str, *, commits: int, rows: int, table_type: str, server: Any,
     writer = module(projection)
     fresh = view == "fresh"
     if fresh:
-        assert projection == "iceberg" and table_type == "merge_on_read", "the fresh view is Iceberg's, of merge-on-read"
-        writer.projection_kind = lambda table, properties: "fresh"  # the view in the handle
+        assert table_type == "merge_on_read", "the fresh view is a merge-on-read table's"
+        if projection == "iceberg":
+            writer.projection_kind = lambda table, properties: "fresh"  # the view in the handle
+        else:
+            writer._kind = lambda table, properties: writer.VIEW_FRESH
+    part = "pn" if fresh and projection == "delta" else "p"
     subdir = "_delta_log" if projection == "delta" else "metadata"
 
     tmp = tempfile.mkdtemp(prefix="delta-mirror-")
@@ -84,7 +91,7 @@ def run(store: str, *, commits: int, rows: int, table_type: str, server: Any,
         fio.mkdirs(os.path.dirname(path))
         with fio.fs.open_output_stream(path) as f:
             pq.write_table(batch(rows, n + 1), f)
-        argv = ["upsert", uri, src, "--record-key", "id", "--precombine-field", "ts", "--partition-field", "p",
+        argv = ["upsert", uri, src, "--record-key", "id", "--precombine-field", "ts", "--partition-field", part,
                 "--engine", "arrow", "--batch-id", f"b{n}", "--num-buckets", "4", "--table-type", table_type,
                 *(["--auto-compact", "off"] if table_type == "merge_on_read" and n == 0 else [])]
         t0 = time.perf_counter()
@@ -100,8 +107,10 @@ def run(store: str, *, commits: int, rows: int, table_type: str, server: Any,
         listed = set(os.listdir(os.path.join(uri, subdir))) if store == "local" and n else set()
         if projection == "iceberg":  # cold, as in a CLI process (one commit each): no manifest read before
             writer._AVRO_CACHE.clear()
-        else:  # likewise: version 0's form not checked yet in this process
+        else:  # likewise: version 0's form and view not read yet, no slice planned in this process
             writer._CURRENT_FORM.clear()
+            writer._LOG_KIND.clear()
+            writer._PLANS.clear()
         t0 = time.perf_counter()
         written = writer.mirror_commit(table, seq)
         ms = (time.perf_counter() - t0) * 1000

@@ -3,8 +3,8 @@
 A new script rather than a ``--base`` option of ``benchmarks/delta_mirror.py``: that harness
 grows a 200-row table from nothing through one projection, on local disk and S3; this one needs a
 large prebuilt table (kept, resumable), the scale run's realistic rows and oracle
-(``benchmarks/scale.py``'s :class:`Dataset`: 12 columns, UUID keys, 1% deletes), two copies of the
-table (an Iceberg table has one view at a time) and a read phase with four readers.
+(``benchmarks/scale.py``'s :class:`Dataset`: 12 columns, UUID keys, 1% deletes), three copies of the
+table (a projection has one view at a time) and a read phase with four readers.
 
 Per size (``--sizes``, default 1M):
 
@@ -12,25 +12,30 @@ Per size (``--sizes``, default 1M):
    (``--batches``, default ``1000,100000,1000,100000,1000``) and keeps the expected checksums; the
    table is built by one cold ``bucketindex upsert ... --engine arrow --table-type merge_on_read``
    per base file (record index, unpartitioned, automatic compaction on: the default).
-2. **Enable**: the table is copied twice: ``ro`` gets ``bucketindex mirror --enable delta`` then
-   ``--enable iceberg`` (read-optimized view), ``fresh`` gets ``--enable iceberg --view fresh``;
+2. **Enable**: the table is copied three times: ``ro`` gets ``bucketindex mirror --enable delta`` then
+   ``--enable iceberg`` (read-optimized view), ``fresh`` gets ``--enable iceberg --view fresh``,
+   ``dfresh`` gets ``--enable delta --view fresh`` (logs as added files, inline deletion vectors);
    each is one cold CLI process, timed (wall, includes the interpreter's start), and the bytes the
    projection wrote (``_delta_log/``, ``metadata/``, ``deletes/``) measured.
 3. **Commits**: each batch is upserted into each copy in this process (``cli.main``, Arrow engine,
    ``--delete-field _deleted``) with the projections on; each projection's ``mirror_commit`` is
    wrapped to time it and to measure the bytes it added under its directories, so the figure is
    exactly the hook's work for that projection (an automatic compaction's own entry, projected by
-   the same hook, is reported apart). Per-process caches are cleared before each upsert, as a CLI
-   process (one commit each) starts without them.
+   the same hook, is reported apart). Per-process caches (Iceberg's manifests, Delta's version-0
+   check and the fresh view's slice plans) are cleared before each upsert, as a CLI process (one
+   commit each) starts without them.
 4. **Reads** (best of ``--repeats``, in-process, warm): the table's own read
    (``spark_jobs.table.dataset(...).to_table()``); the Delta read-optimized view with
    ``deltalake`` (``DeltaTable.to_pyarrow_table``), Polars (``read_delta``) and DuckDB over
-   ``DeltaTable.to_pyarrow_dataset()``; each Iceberg view with pyiceberg (``StaticTable`` scan
+   ``DeltaTable.to_pyarrow_dataset()``; the Delta fresh view with ``deltalake``'s ``QueryBuilder``
+   (``select *``: DataFusion applies deletion vectors), Polars (``read_delta``, which applies them
+   too) and ``to_pyarrow_table`` (which refuses the ``deletionVectors`` feature: recorded as
+   the error it raises); each Iceberg view with pyiceberg (``StaticTable`` scan
    ``to_arrow``), Polars (``scan_iceberg``) and DuckDB through pyiceberg's scan (``to_duckdb``).
    DuckDB's own ``delta_scan`` / ``iceberg_scan`` are tried too and reported as not loaded when
    the extensions cannot be fetched (offline). Every read's row count and every column's checksum
    are compared (outside the timing) with the expected ones: the oracle's for the table and the
-   fresh view; the current bases' rows for the read-optimized views (format.md §11).
+   fresh views; the current bases' rows for the read-optimized views (format.md §11).
 
 No S3 request counts here (copying the table into the counting moto server costs more than the
 run; ``delta_mirror.py`` counts requests per commit, which do not depend on the table's size
@@ -66,6 +71,10 @@ from compare_peers import dir_size, human_rows, run_cold  # noqa: E402
 from results import emit_result  # noqa: E402
 
 PROJ_DIRS = {"delta": ("_delta_log",), "iceberg": ("metadata", "deletes")}
+#: the table's copies and the projections each gets (``mirror --enable ...``): a projection has one view at a time
+COPY_STEPS = {"ro": [["delta"], ["iceberg"]], "fresh": [["iceberg", "--view", "fresh"]],
+              "dfresh": [["delta", "--view", "fresh"]]}
+COPIES = tuple(COPY_STEPS)
 OPTS = ["--record-key", "id", "--precombine-field", "seq", "--index", "record"]
 
 
@@ -168,6 +177,7 @@ def commits(table: Path, batches: list[dict]) -> list[dict]:
             calls.clear()
             iceberg._AVRO_CACHE.clear()  # a CLI process starts without them
             delta._CURRENT_FORM.clear()
+            delta._PLANS.clear()
             ld = load1()
             t0 = time.perf_counter()
             with contextlib.redirect_stdout(io.StringIO()):
@@ -216,6 +226,7 @@ def reads(work: Path, size: int, expected: dict, repeats: int) -> dict:
 
     con = scale.duck()
     ro, fresh = work / "tables" / f"ro_{size}", work / "tables" / f"fresh_{size}"
+    dfresh = work / "tables" / f"dfresh_{size}"
     out: dict = {}
 
     def record(view: str, reader: str, fn: Callable[[], Any], exp: dict) -> None:
@@ -244,6 +255,17 @@ def reads(work: Path, size: int, expected: dict, repeats: int) -> dict:
     record("delta_read_optimized", "duckdb over deltalake dataset",
            lambda: _duck_arrow(DeltaTable(str(ro)).to_pyarrow_dataset()), ro_exp)
     _try_duck_ext(out, "delta_read_optimized", "delta", f"SELECT * FROM delta_scan('{ro}')")
+
+    if dfresh.exists():
+        from deltalake import QueryBuilder
+        import pyarrow as pa
+
+        record("delta_fresh", "deltalake QueryBuilder select *",
+               lambda: pa.table(QueryBuilder().register("t", DeltaTable(str(dfresh))).execute("select * from t")),
+               expected)
+        record("delta_fresh", "polars read_delta", lambda: pl.read_delta(str(dfresh)).to_arrow(), expected)
+        record("delta_fresh", "deltalake to_pyarrow_table", lambda: DeltaTable(str(dfresh)).to_pyarrow_table(),
+               expected)
 
     for view, path in (("iceberg_read_optimized", ro), ("iceberg_fresh", fresh)):
         exp = expected if view == "iceberg_fresh" else ro_exp
@@ -283,11 +305,11 @@ def _try_duck_ext(out: dict, view: str, ext: str, sql: str) -> None:
 def summarize(size: int, st: dict) -> dict:
     s: dict = {"rows": size}
     if f"commits:{size}:ro" in st:
-        for copy in ("ro", "fresh"):
+        for copy in COPIES:
             per: dict = {}
-            for rec in st[f"commits:{size}:{copy}"]:
+            for rec in st.get(f"commits:{size}:{copy}", []):
                 for c in rec["commit"]:
-                    key = ("iceberg_fresh" if copy == "fresh" else f"{c['projection']}_read_optimized")
+                    key = (f"{c['projection']}_fresh" if copy != "ro" else f"{c['projection']}_read_optimized")
                     per.setdefault(key, {}).setdefault(rec["rows"], []).append((c["ms"], c["bytes"]))
             for key, by_rows in per.items():
                 s[key] = {str(r): {"ms_median": statistics.median(x[0] for x in v),
@@ -323,14 +345,16 @@ def main(argv: list[str] | None = None) -> dict:
             st.put(f"build:{size}", build(work, data))
             redo |= {"enable", "commits", "reads"}
         log(f"  build: {st.d[f'build:{size}']['time_s']} s")
-        if not all(st.done(f"commits:{size}:{c}", redo) for c in ("ro", "fresh")):
-            redo |= {"enable"}  # an upsert is not idempotent: commits start from fresh copies
-        if not st.done(f"enable:{size}", redo):
-            st.put(f"enable:{size}", {
-                "ro": enable(work, size, "ro", [["delta"], ["iceberg"]]),
-                "fresh": enable(work, size, "fresh", [["iceberg", "--view", "fresh"]])})
-            redo |= {"commits", "reads"}
-        for copy in ("ro", "fresh"):
+        # an upsert is not idempotent: a copy's commits start from a fresh copy of the table (a
+        # copy added later -- dfresh -- is enabled alone, the others' figures kept)
+        todo = {c for c in COPIES if not st.done(f"commits:{size}:{c}", redo) or "enable" in redo}
+        if todo:
+            done = st.d.get(f"enable:{size}", {}) if "enable" not in redo else {}
+            st.put(f"enable:{size}", {**done, **{c: enable(work, size, c, COPY_STEPS[c]) for c in COPIES if c in todo}})
+            for c in todo:
+                st.d.pop(f"commits:{size}:{c}", None)
+            redo |= {"reads"}
+        for copy in COPIES:
             if not st.done(f"commits:{size}:{copy}", redo):
                 st.put(f"commits:{size}:{copy}", commits(work / "tables" / f"{copy}_{size}", batches))
                 redo |= {"reads"}

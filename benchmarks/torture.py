@@ -7,8 +7,10 @@ clean, rollback, schema change, rehash and bootstrap (each on Arrow, ``auto`` or
 the table checked against the oracle, ``validate``, ``shadow-compare``, time travel, a file
 audit and a digest of its surroundings after every step. A fraction ``--spark-share`` of the
 sequences take Spark steps, all in one in-process local Spark session; the others rehash and
-bootstrap on Arrow only. A fraction ``--mirror-share`` mirror their table to Delta (every
-retained Delta version is then read back through ``deltalake`` after every step), and
+bootstrap on Arrow only. A fraction ``--mirror-share`` mirror their table to Delta or
+(``--iceberg-share`` of them) Iceberg (every retained version is then read back through
+``deltalake`` or pyiceberg after every step; ``--delta-fresh-share`` of the merge-on-read ones
+left on Delta publish its fresh view, unpartitioned, read by ``QueryBuilder`` and Polars), and
 ``--long-share`` run 40-48 steps so that archival runs and is killed.
 
 A divergence of a bug already filed with a failing regression test (``torture.KNOWN``) is
@@ -16,13 +18,15 @@ counted (``known_divergences``) and the run goes on; any other is shrunk to the 
 and rows that still fail the same check and printed as JSON with the command that replays it
 (``--replay FILE|JSON``). Progress lines go to stdout;
 the last line is one JSON object: ``sequences``, ``steps``, ``kills``, ``overlaps``,
-``divergences``, ``delta_versions`` (read back and compared), ``archived_sequences``,
+``divergences``, ``delta_versions`` (read back and compared; ``delta_fresh_versions`` of them in
+the fresh view), ``iceberg_versions``, ``archived_sequences``,
 ``duration_s``, ``seed`` and the step count per action (``actions``: upserts per route,
 ``upsert_api`` ... ``upsert_spark``; rehash and bootstrap per engine asked for, ``rehash_arrow``,
 ``rehash_auto``, ``rehash_spark``, ``bootstrap_*``).
 
     python benchmarks/torture.py [--sequences 1000] [--seed S] [--spark-share 0.05]
-                                 [--mirror-share 0.25] [--long-share 0.04]
+                                 [--mirror-share 0.25] [--iceberg-share 0.5]
+                                 [--delta-fresh-share 0.5] [--long-share 0.04]
                                  [--storage local|s3] [--replay FILE|JSON] [--no-shrink]
 """
 
@@ -84,6 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mirror-share", type=float, default=0.25,
                     help="fraction of sequences mirrored (from creation or by `mirror --enable`): half of them to Delta, half to Iceberg; "
                          "default 0.25")
+    ap.add_argument("--iceberg-share", type=float, default=0.5,
+                    help="fraction of the mirrored sequences mirrored to Iceberg instead of Delta; default 0.5")
+    ap.add_argument("--delta-fresh-share", type=float, default=0.5,
+                    help="fraction of the merge-on-read sequences mirrored to Delta that publish its fresh view "
+                         "(deletion vectors; unpartitioned); default 0.5")
     ap.add_argument("--long-share", type=float, default=0.04,
                     help="fraction of sequences of 40-48 steps, long enough for archival; default 0.04")
     ap.add_argument("--storage", choices=("local", "s3"), default="local",
@@ -96,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep-going", action="store_true", help="after a divergence, run the remaining sequences")
     ap.add_argument("--json-out", help="also write the result line to this file")
     args = ap.parse_args(argv)
-    for name in ("spark_share", "mirror_share", "long_share"):
+    for name in ("spark_share", "mirror_share", "iceberg_share", "delta_fresh_share", "long_share"):
         if not 0 <= getattr(args, name) <= 1:
             ap.error(f"--{name.replace('_', '-')} must be in [0, 1]")
     logging.disable(logging.WARNING)  # the product's INFO lines; its warnings and errors still show
@@ -125,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
                 with_spark = rng.random() < args.spark_share
                 seqs.append(torture.generate(s, spark=with_spark, kills=not args.no_kills,
                                              overlaps=not args.no_overlaps, mirror_share=args.mirror_share,
-                                             long_share=args.long_share))
+                                             long_share=args.long_share, iceberg_share=args.iceberg_share,
+                                             delta_fresh_share=args.delta_fresh_share))
         log(f"torture: {len(seqs)} sequences, seed {seed}, storage {args.storage}, "
             f"{sum(1 for q in seqs if torture.uses_spark(q))} with Spark steps; work dir {work}")
         for i, seq in enumerate(seqs):
@@ -172,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
             server.stop()
     result = {**counts.as_dict(), "duration_s": round(time.perf_counter() - t0, 1), "seed": seed,
               "storage": args.storage, "spark_share": args.spark_share, "mirror_share": args.mirror_share,
-              "long_share": args.long_share,
+              "long_share": args.long_share, "iceberg_share": args.iceberg_share,
+              "delta_fresh_share": args.delta_fresh_share,
               "spark_sequences": sum(1 for q in seqs if torture.uses_spark(q)), "divergent": divergent,
               "python": sys.version.split()[0]}
     emit_result(result, args.json_out)

@@ -6,8 +6,9 @@ service beside them, a forced rollback of a live writer, compaction, clean, roll
 schema change, the Delta and Iceberg projections; after every step the table must equal the oracle, pass
 ``validate`` and ``shadow-compare``, read every retained instant as the oracle had it, hold no
 unexplained file, leave everything outside its root alone and, when mirrored, have a Delta log
-whose every retained version ``deltalake`` reads as the oracle had it (or Iceberg metadata whose
-every retained version pyiceberg reads so). The fixed seeds were picked to cover every index
+whose every retained version ``deltalake`` reads as the oracle had it (in the fresh view: through
+``QueryBuilder`` and Polars, which apply deletion vectors), or Iceberg metadata whose every
+retained version pyiceberg reads so. The fixed seeds were picked to cover every index
 and table type, every step kind and kills before and after the commit point (the file takes
 35-45 s on 2 shared cores); the random seeds are in the test ids (``test_sequence[random-<seed>]``):
 replay one with ``python benchmarks/torture.py --replay`` of the JSON a failure prints. A random
@@ -15,7 +16,8 @@ sequence that hits a bug already filed with a failing regression test (``torture
 tests/unit/test_torture_regressions.py) is reported as xfailed, not failed.
 
 The harness tests below prove the checks can fail: a wrong oracle, a stray file in the table,
-a file changed outside it, and that shrinking keeps what still fails.
+a file changed outside it, a wrong Delta log or Iceberg projection, a Delta fresh view without
+its deletion vectors, and that shrinking keeps what still fails.
 """
 
 from __future__ import annotations
@@ -44,8 +46,11 @@ MAX_STEPS = 9
 #: and two turned on by `mirror --enable`; one mirrored to Iceberg from creation (merge-on-read,
 #: killed after a commit point), one turned on later (its enabling killed before the
 #: projection) and one turned on in the fresh view (merge-on-read, every commit's rows: position
-#: deletes); a rehash on --engine arrow and one on auto (tests/unit/test_torture.py's docstring)
-FIXED = [1913, 358, 1428, 1800, 814, 2480, 150, 40, 61]
+#: deletes); one mirrored to Delta in the fresh view (merge-on-read, unpartitioned, its enabling
+#: killed between the commit and the projection: a gap the next commit fills; deletion vectors
+#: read by QueryBuilder and Polars); a rehash on --engine arrow and one on auto
+#: (tests/unit/test_torture.py's docstring)
+FIXED = [1913, 358, 1428, 1800, 814, 2480, 150, 40, 61, 2655]
 #: drawn from the run's seed (tests/conftest.py sets it once per run, so every pytest-xdist worker
 #: collects the same ids; ``BUCKETINDEX_TEST_RUN_SEED=<n> pytest ...`` draws a run's seeds again)
 _RUN_SEED = os.environ.get("BUCKETINDEX_TEST_RUN_SEED") or str(random.SystemRandom().randrange(2**31))
@@ -95,7 +100,7 @@ def test_fixed_seeds_cover_every_step_kind():
             "upsert/api", "upsert/cli", "upsert/kill", "upsert/forced", "overlap", "overlap+compact",
             "overlap+clean", "compact", "clean", "rollback", "retry", "alter", "kill pre-commit",
             "kill post-commit", "kill compact", "kill clean", "kill alter", "kill rollback", "mirror delta",
-            "mirror delta from creation", "mirror iceberg", "mirror iceberg fresh",
+            "mirror delta from creation", "mirror delta fresh", "mirror iceberg", "mirror iceberg fresh",
             "mirror iceberg from creation", "rehash/arrow",
             "rehash/auto"}
     assert want <= seen, sorted(want - seen)
@@ -152,9 +157,10 @@ def test_mirrored_tables_draw_empty_beside_null():
 
     empties = 0
     for seed in range(60):
-        # float_share 0: the float draw comes after the mirror's, so it would differ between the two
-        plain, mirrored = (generate(seed, mirror_share=0.0, float_share=0.0),
-                           generate(seed, mirror_share=1.0, float_share=0.0))
+        # float_share 0: the float draw comes after the mirror's, so it would differ between the two;
+        # delta_fresh_share 0: the Delta fresh view's sequences are unpartitioned (no region at all)
+        plain, mirrored = (generate(seed, mirror_share=0.0, float_share=0.0, delta_fresh_share=0.0),
+                           generate(seed, mirror_share=1.0, float_share=0.0, delta_fresh_share=0.0))
         assert '"region": ""' not in json.dumps(plain)
         empties += json.dumps(mirrored).count('"region": ""')
         by_batch: dict[str, set[str]] = {}
@@ -171,7 +177,9 @@ def test_iceberg_sequences_are_the_mirrored_ones_in_utc():
     only zone Iceberg holds exactly; everything else about the seed stays the same."""
     iceberg = 0
     for seed in range(80):
-        before, now = generate(seed, iceberg_share=0.0), generate(seed, iceberg_share=1.0)
+        # delta_fresh_share 0: that stream (drawn after this one) is tested on its own below
+        before, now = (generate(seed, iceberg_share=0.0, delta_fresh_share=0.0),
+                       generate(seed, iceberg_share=1.0, delta_fresh_share=0.0))
         mirrored = bool(before["settings"].get("mirror")) or any(st["op"] == "mirror" for st in before["steps"])
         assert '"iceberg"' not in json.dumps(before)
         if not mirrored:
@@ -188,8 +196,81 @@ def test_iceberg_sequences_are_the_mirrored_ones_in_utc():
                    == "merge_on_read") for st in now["steps"] if st["op"] == "mirror")
         undone = json.loads(text.replace('"mirror": "iceberg"', '"mirror": "delta"')
                             .replace(', "projection": "iceberg"', "").replace(', "view": "fresh"', ""))
-        assert _without_zones(undone) == _without_zones(before)
+        # a Delta table with a reference bootstrap has its "" partition values drawn back to null
+        # (torture._no_empty_beside_delta_references); an Iceberg one keeps them
+        nulled = json.loads(json.dumps(undone).replace('"region": ""', '"region": null'))
+        assert _without_zones(undone) == _without_zones(before) or _without_zones(nulled) == _without_zones(before)
     assert iceberg > 10
+
+
+def test_delta_tables_with_a_reference_bootstrap_draw_no_empty_partition_value():
+    """A Delta projection refuses a commit holding "" on a reference-bootstrapped table (its
+    partition column is a Delta partition column, read as null): stale by design, so such
+    sequences keep null -- found by a torture run as a gap with no kill (seed 445294747)."""
+    seen = 0
+    for seed in range(400):
+        seq = generate(seed, mirror_share=1.0, iceberg_share=0.0, delta_fresh_share=0.0)
+        if any(st["op"] == "bootstrap" and st["mode"] == "reference" for st in seq["steps"]):
+            seen += 1
+            assert '"region": ""' not in json.dumps(seq)
+    assert seen > 5
+
+
+def test_delta_fresh_sequences_are_unpartitioned_merge_on_read():
+    """Issue 39: half the merge-on-read sequences still mirrored to Delta publish its fresh view
+    (a stream of their own: with ``delta_fresh_share`` 0 a seed is what it was), unpartitioned
+    -- the Delta fresh view refuses the generator's text partition field -- with no reference
+    bootstrap; a table mirrored from creation gets the view by an enable step after its first."""
+    fresh = from_creation = 0
+    for seed in range(300):
+        before, now = generate(seed, delta_fresh_share=0.0), generate(seed, delta_fresh_share=1.0)
+        assert '"fresh"' not in json.dumps([st for st in before["steps"] if st.get("projection", "delta") == "delta"])
+        enabling = [st for st in before["steps"] if st["op"] == "mirror" and st.get("projection", "delta") == "delta"]
+        delta_mor = before["settings"]["table_type"] == "merge_on_read" and (
+            before["settings"].get("mirror") == "delta" or enabling)
+        if not delta_mor:
+            assert now == before
+            continue
+        fresh += 1
+        s = now["settings"]
+        assert not s["partitioned"] and s.get("mirror") is None
+        assert '"region": "' not in json.dumps([st for st in now["steps"]])
+        assert all(st["mode"] == "rewrite" for st in now["steps"] if st["op"] == "bootstrap")
+        views = [st.get("view") for st in now["steps"] if st["op"] == "mirror"]
+        assert views == ["fresh"] * len(views) and views
+        if before["settings"].get("mirror") == "delta":
+            from_creation += 1
+            assert now["steps"][1] == {"op": "mirror", "kill": None, "view": "fresh"}
+            assert len(now["steps"]) == len(before["steps"]) + 1
+        else:
+            assert [st["op"] for st in now["steps"]] == [st["op"] for st in before["steps"]]
+    assert fresh > 5 and from_creation > 1
+
+
+def test_a_delta_fresh_view_without_deletion_vectors_is_caught(tmp_path, monkeypatch):
+    """The Delta fresh view is held to the oracle through the readers that apply deletion
+    vectors: a projection that publishes a log but drops the vector on the rows it supersedes
+    lets both readers see the stale copy too -- a divergence, not a pass."""
+    from spark_jobs.table import delta
+
+    def up(bid: str, rows: list[tuple]) -> dict:
+        return {"op": "upsert", "via": "api", "batch_id": bid, "zone": "UTC",
+                "rows": [{"id": k, "ts": ts, "amount": "1.25", "at": "2024-03-30T23:00:00+00:00", "note": None,
+                          "is_deleted": d} for k, ts, d in rows]}
+
+    seq = _seq([up("b001", [("k 1/%", 1, False), ("日本 +", 1, False), ("x+y", 1, False)]),
+                {"op": "mirror", "kill": None, "view": "fresh"},
+                up("b002", [("k 1/%", 2, False), ("日本 +", 2, True)])], table_type="merge_on_read")
+    seq["settings"]["partitioned"] = False
+    counts = torture.Counts()
+    run_sequence(seq, tmp_path / "ok", counts=counts)
+    assert counts.delta_fresh_versions >= 3  # versions 1, 2 after step 2; 1..3 after step 3
+    real = delta.deletion_vector
+    monkeypatch.setattr(delta, "_PLANS", {})
+    monkeypatch.setattr(delta, "deletion_vector", lambda positions: None if len(positions) else real(positions))
+    with pytest.raises(Divergence, match=r"delta fresh version 3 \(QueryBuilder\)") as e:
+        run_sequence(seq, tmp_path / "no_vectors")
+    assert e.value.step == 2  # the third step, counted from 0
 
 
 def _without_zones(x: object) -> object:
