@@ -231,6 +231,8 @@ class SparkUpsertEngine:
     def __init__(self, spark: SparkSession) -> None:
         self.spark = spark
         self.cores = default_parallelism(spark)
+        #: per prepared frame (by id): the persisted frames it is read from, and its partitions
+        self._cached: dict[int, tuple[list[DataFrame], int]] = {}
 
     def session_start_ms(self) -> int | None:
         return session_start_ms()
@@ -239,29 +241,25 @@ class SparkUpsertEngine:
                 phases: Phases) -> PreparedBatch:
         df, data_schema, checks = _validated_batch(self.spark, opts, cfg, view)
         phases.done("validate", defer=True)  # the row checks run with the dedupe query
-        deduped = Observation("bucketindex_deduped")
-        batch = _dedupe(df, cfg, opts.delete_field)
-        aliases = rules.legacy_aliases(cfg, view)
-        if aliases:
-            batch = batch.withColumn(PART, aliased_partition_expr(F.col(PART), aliases))
-        batch = batch.observe(deduped, F.coalesce(F.sum((~F.col(DEL)).cast("long")), F.lit(0)).alias("upserts"))
+        # dedupe and the batch's row checks in one query, before anything is written. Persisted
+        # inside the settings: a cached plan keeps the shuffle partitions it was planned with,
+        # and every later stage over the batch runs one task per cached partition
+        partitions = shuffle_partitions(source_bytes(opts.source), self.cores)
+        cached: list[DataFrame] = []
         try:
-            # dedupe and the batch's row checks in one query, before anything is written. Persisted
-            # inside the settings: a cached plan keeps the shuffle partitions it was planned with,
-            # and every later stage over the batch runs one task per cached partition
-            partitions = shuffle_partitions(source_bytes(opts.source), self.cores)
             with job_conf(self.spark, **{"spark.sql.shuffle.partitions": partitions}):
-                batch = batch.persist(StorageLevel.MEMORY_AND_DISK)
-                n = batch.count()
-            checks.raise_if_bad()
-            upserts = int(deduped.get.get("upserts") or 0)
+                batch, n, upserts, cached = _dedupe(df, cfg, opts.delete_field, rules.legacy_aliases(cfg, view),
+                                                    partitions=partitions, checks=checks)
             rows = int(checks.observation.get.get("n") or 0)  # read from the source, before dedupe
         except BaseException as e:
-            _unpersist(batch)
+            for c in cached:
+                _unpersist(c)
             corrupt = corrupt_file_message(e) if isinstance(e, Exception) else None
             if corrupt is not None:  # a directory's junk file surfaces here, at the batch's first scan of it
                 raise BadInputError(f"{corrupt}; nothing was written") from e
             raise
+        # what release() unpersists, and the partitioning the tag's join reuses (_tag)
+        self._cached[id(batch)] = (cached, partitions)
         phases.done("dedupe", plural(n, "distinct key"))
         return PreparedBatch(frame=batch, n=n, upserts=upserts, data_schema=data_schema, rows=rows,
                              carried=checks.carried, base_schema=view.schema if view is not None else None)
@@ -270,12 +268,14 @@ class SparkUpsertEngine:
         b = attempt.batch
         return _write(self.spark, attempt.table, attempt.cfg, attempt.view, attempt.num_buckets, b.frame, b.n,
                       b.upserts, b.data_schema, attempt.instant, attempt.phases, self.cores,
+                      batch_partitions=self._cached.get(id(b.frame), ([], None))[1],
                       planned_seq=attempt.planned_seq, shadow_index=attempt.shadow_index, batch_id=attempt.batch_id,
                       carried=b.carried)
 
     def release(self, batch: PreparedBatch | None) -> None:
         if batch is not None:
-            _unpersist(batch.frame)
+            for c in self._cached.pop(id(batch.frame), ([batch.frame], None))[0]:
+                _unpersist(c)
 
 
 def _shadow(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystemView, num_buckets: int,
@@ -322,35 +322,83 @@ def _is_delete(delete_field: str | None) -> Column:
     return F.coalesce(F.col(delete_field).try_cast("boolean"), F.lit(False)) if delete_field else F.lit(False)
 
 
-def _dedupe(df: DataFrame, cfg: TableConfig, delete_field: str | None) -> DataFrame:
+def _dedupe(df: DataFrame, cfg: TableConfig, delete_field: str | None, aliases: dict[str, str], *,
+            partitions: int, checks: "_BatchChecks") -> tuple[DataFrame, int, int, list[DataFrame]]:
     """One row per identity (``rules.identity_columns``), the greatest in ``rules.dedupe_order``
-    (the precombine value, then the source row; format.md §8), as one ``max_by`` aggregation.
+    (the precombine value, then the source row; format.md §8); returns the batch, its identities,
+    its upserts and the persisted frames it is read from. Raises the batch's row checks
+    (``checks``) after the first query, before any other.
 
-    An aggregation rather than ``row_number`` over a window: the window sorts every row of the
-    batch, and the former tie-break serialised every row to JSON, which made dedupe the slowest
-    phase of a large load (10M rows: over two minutes on 2 cores).
+    Why not one ``max_by`` aggregation over the source: the order (a struct of the row) is no
+    mutable aggregation buffer, so Spark plans a ``SortAggregate`` that sorts the whole batch twice,
+    map and reduce side (23% of a 1M-row upsert's job time, docs/benchmarks.md "Spark engine
+    profile"); and a window sorts too. Instead the batch is hash-partitioned by its identity
+    (one shuffle, no sort; ``partitions`` tasks after it even when the source is one row group)
+    and persisted, and the rows per identity are counted over the cache -- a hash aggregate
+    that needs no shuffle, since the cache keeps its partitioning. Most batches hold every
+    identity once and are kept as they are; a batch with duplicates runs ``max_by`` over the
+    cached partitions (no shuffle, one sort). The batch stays partitioned by identity, which
+    the tag's join reuses (:func:`_tag`).
+
+    The legacy aliases are applied before the dedupe: old and new names are one-to-one, so
+    identities are the same either way, and the order compares source columns only.
     """
     keyed = (
         df.withColumn(KEY, key_expr(cfg.record_key_fields))
         .withColumn(DEL, _is_delete(delete_field))
         .withColumn(PART, partition_expr(cfg.partition_fields))
     )
-    lead, row = rules.dedupe_order(cfg, df.columns)
-    source_row = F.struct(*[F.col(c) for c in row])
-    if any(isinstance(f.dataType, T.MapType) or "map<" in f.dataType.simpleString() for f in df.schema.fields):
-        source_row = F.to_json(source_row)  # maps have no order: compare their JSON instead
-    order = F.struct(*[F.col(c) for c in lead], source_row)
-    out = keyed.groupBy(*rules.identity_columns(cfg)).agg(
-        F.max_by(F.struct(*[F.col(c) for c in keyed.columns]), order).alias("_bi_row")
-    ).select("_bi_row.*")
-    if delete_field:
-        out = out.drop(delete_field)
-    return out
+    if aliases:
+        keyed = keyed.withColumn(PART, aliased_partition_expr(F.col(PART), aliases))
+    ident = rules.identity_columns(cfg)
+    out_cols = [c for c in keyed.columns if c != delete_field]
+    upserts_of = [F.coalesce(F.sum((~F.col(DEL)).cast("long")), F.lit(0)).alias("upserts")]
+    seen = Observation("bucketindex_batch_rows")
+    parted = keyed.repartition(partitions, *ident).observe(seen, *upserts_of).persist(StorageLevel.MEMORY_AND_DISK)
+    cached = [parted]
+    try:
+        per_identity = Observation("bucketindex_identities")
+        # one job over the cache (plus the repartition's map stage): builds it, observes the row
+        # checks and counts each identity's rows without moving them
+        (parted.groupBy(*ident).agg(F.count(F.lit(1)).alias("_bi_rows"))
+         .observe(per_identity, F.count(F.lit(1)).alias("ids"), F.max("_bi_rows").alias("most"))
+         .write.format("noop").mode("overwrite").save())
+        checks.raise_if_bad()
+        counted = per_identity.get
+        n, most = int(counted.get("ids") or 0), int(counted.get("most") or 0)
+        if most <= 1:  # every identity once: the batch as read
+            return parted.select(*out_cols), n, int(seen.get.get("upserts") or 0), cached
+        lead, row = rules.dedupe_order(cfg, df.columns)
+        source_row = F.struct(*[F.col(c) for c in row])
+        if any(isinstance(f.dataType, T.MapType) or "map<" in f.dataType.simpleString() for f in df.schema.fields):
+            source_row = F.to_json(source_row)  # maps have no order: compare their JSON instead
+        order = F.struct(*[F.col(c) for c in lead], source_row)
+        rest = [c for c in out_cols if c not in ident]
+        # grouped by the identity the cache is partitioned by (no shuffle); the identity columns
+        # stay grouping columns, so the winners keep that partitioning
+        deduped = Observation("bucketindex_deduped")
+        winners = parted.groupBy(*ident).agg(
+            F.max_by(F.struct(*[F.col(c) for c in rest]), order).alias("_bi_row")
+        ).select(*[F.col(c) if c in ident else F.col(f"_bi_row.{c}").alias(c) for c in out_cols])
+        winners = winners.observe(deduped, *upserts_of).persist(StorageLevel.MEMORY_AND_DISK)
+        cached.append(winners)
+        n = winners.count()
+        _unpersist(parted)
+        return winners, n, int(deduped.get.get("upserts") or 0), [winners]
+    except BaseException:
+        for c in cached:
+            _unpersist(c)
+        raise
 
 
 def _tag(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystemView, num_buckets: int,
-         batch: DataFrame) -> DataFrame:
-    """Add the current location (OLD_PART, OLD_FID) of each key; null for new keys."""
+         batch: DataFrame, *, batch_partitions: int | None = None) -> DataFrame:
+    """Add the current location (OLD_PART, OLD_FID) of each key; null for new keys.
+
+    Record index: the lookups' hits (keys and locations only) are hash-partitioned by key into
+    ``batch_partitions``, the partitioning :func:`_dedupe` left the batch in, and joined by a
+    shuffled hash join: the batch is neither shuffled again nor sorted (a sort-merge join did
+    both: a second full shuffle of the batch, 30% of the tag phase's share of a 1M-row upsert)."""
     no_loc = batch.withColumn(OLD_PART, F.lit(None).cast("string")).withColumn(OLD_FID, F.lit(None).cast("string"))
     if cfg.index_type == INDEX_BUCKET:
         return no_loc  # the location is hash % N inside the partition: nothing to read
@@ -364,7 +412,10 @@ def _tag(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystemVi
         found = keys.groupBy(BUCKET).applyInArrow(
             tasks.bind(tasks.lookup_bucket, table_uri=table.uri, files=files), tasks.LOOKUP_OUTPUT
         )
-        return batch.join(found, KEY, "left")
+        if batch_partitions is None:
+            return batch.join(found, KEY, "left")
+        # the hits are the build side (at most one per batch key: key and location only)
+        return batch.join(found.repartition(batch_partitions, KEY).hint("shuffle_hash"), KEY, "left")
     # global_simple: join against the keys of every live data file (sized from the snapshot)
     joined = _scan_join(spark, table, view, batch, part=OLD_PART, fid=OLD_FID)
     return no_loc if joined is None else joined
@@ -577,9 +628,10 @@ LOG_TASK_ROWS = 250_000
 def _write(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystemView, num_buckets: int,
            batch: DataFrame, n: int, upserts: int, data_schema: Any, ts: str, phases: Phases, cores: int,
            *, planned_seq: int, shadow_index: str | None = None, batch_id: str,
-           carried: list[str] | None = None) -> Written:
+           carried: list[str] | None = None, batch_partitions: int | None = None) -> Written:
     """Tag, route, merge and index one attempt on ``view``; returns the commit's write set and counts.
-    ``carried``: a ``--partial-update`` batch's columns (None: all)."""
+    ``carried``: a ``--partial-update`` batch's columns (None: all); ``batch_partitions``: the
+    partitions ``batch`` is hash-partitioned into by its identity (:func:`_dedupe`; None: unknown)."""
     # Each persist below happens inside the settings its plan needs: a cached plan keeps the
     # shuffle partitions it was planned with, and every later stage over it runs that many tasks
     if cfg.index_type == INDEX_RECORD:
@@ -594,7 +646,8 @@ def _write(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystem
         tag_conf = {"spark.sql.shuffle.partitions": shuffle_partitions(view.num_rows * KEY_BYTES, cores)}
     stats: dict[str, dict[str, int]] = {}
     with job_conf(spark, **tag_conf):
-        tagged = _tag(spark, table, cfg, view, num_buckets, batch).persist(StorageLevel.MEMORY_AND_DISK)
+        tagged = _tag(spark, table, cfg, view, num_buckets, batch,
+                      batch_partitions=batch_partitions).persist(StorageLevel.MEMORY_AND_DISK)
         if cfg.index_type != INDEX_BUCKET and not view.file_groups and not cfg.partition_fields:
             # an empty unpartitioned table: nothing to find, every upsert enters the one partition
             # (counted while the batch was deduplicated), so no query is needed
