@@ -31,9 +31,11 @@ What stays per engine, and why (the engine primitives):
   highest and -0.0 equal to 0.0; Arrow ranks with :func:`spark_jobs.table.ordering.older`);
 * filtering, adding columns and the union of the route's streams (a lazy DataFrame plan vs
   eager tables);
-* the dedupe's execution: Spark's ``max_by`` aggregate over the order :func:`dedupe_order`
-  names (sorting every row of a 10M-row batch, or running Python per row, would cost minutes),
-  Arrow's :func:`dedupe_winners` over numpy codes;
+* the dedupe's execution: on Spark the batch is hash-partitioned by identity once (no sort),
+  cached, and each identity's rows counted over the cache; only a batch whose keys repeat runs
+  ``max_by`` over the order :func:`dedupe_order` names, within the cached partitions (one sort,
+  no second shuffle; running Python per row would cost minutes); Arrow's
+  :func:`dedupe_winners` over numpy codes;
 * the joins with the snapshot -- the key lookup (index buckets or the key scan), the read of
   the movers' stored rows, the tee's key scan -- a shuffle or broadcast join on Spark,
   ``index_in`` or a hash join in-process; and the tee's per-key aggregation (``max`` vs ``any``);
