@@ -418,19 +418,12 @@ def _no_empty_beside_delta_references(seq: dict[str, Any]) -> None:
     if not on_delta or not any(st["op"] == "bootstrap" and st.get("mode") == "reference" for st in steps):
         return
 
-    def walk(x: Any) -> None:
-        if isinstance(x, dict):
-            for r in x.get("rows") or ():
-                if r.get("region") == "":
-                    r["region"] = None
-            for v in x.values():
-                if isinstance(v, (dict, list)):
-                    walk(v)
-        elif isinstance(x, list):
-            for v in x:
-                walk(v)
+    def empty_to_null(x: dict[str, Any]) -> None:
+        for r in x.get("rows") or ():
+            if r.get("region") == "":
+                r["region"] = None
 
-    walk(steps)
+    _each_dict(steps, empty_to_null)
 
 
 def _delta_fresh_steps(seq: dict[str, Any], share: float) -> None:
@@ -455,23 +448,16 @@ def _delta_fresh_steps(seq: dict[str, Any], share: float) -> None:
         st["view"] = "fresh"
     s["partitioned"] = False
 
-    def unpartition(x: Any) -> None:
-        if isinstance(x, dict):
+    def unpartition(x: dict[str, Any]) -> None:
+        if x.get("op") == "bootstrap":
+            x["mode"] = "rewrite"
+        for r in x.get("rows") or ():
             if x.get("op") == "bootstrap":
-                x["mode"] = "rewrite"
-            for r in x.get("rows") or ():
-                if x.get("op") == "bootstrap":
-                    r["region"] = None
-                else:
-                    r.pop("region", None)
-            for v in x.values():
-                if isinstance(v, (dict, list)):
-                    unpartition(v)
-        elif isinstance(x, list):
-            for v in x:
-                unpartition(v)
+                r["region"] = None
+            else:
+                r.pop("region", None)
 
-    unpartition(steps)
+    _each_dict(steps, unpartition)
 
 
 def _iceberg_steps(seq: dict[str, Any], share: float) -> None:
@@ -492,17 +478,11 @@ def _iceberg_steps(seq: dict[str, Any], share: float) -> None:
         if s["table_type"] == "merge_on_read" and view.random() < 0.5:
             st["view"] = "fresh"  # every commit's rows: logs as data files, dropped rows as position deletes
 
-    def utc(x: Any) -> None:
-        if isinstance(x, dict):
-            if "zone" in x:
-                x["zone"] = "UTC"
-            for v in x.values():
-                utc(v)
-        elif isinstance(x, list):
-            for v in x:
-                utc(v)
+    def utc(x: dict[str, Any]) -> None:
+        if "zone" in x:
+            x["zone"] = "UTC"
 
-    utc(steps)
+    _each_dict(steps, utc)
 
 
 def _arrow_steps(seq: dict[str, Any], g: _Gen, *, spark: bool, long: bool) -> None:
@@ -563,6 +543,19 @@ def _float_precombine(seq: dict[str, Any], rng: random.Random) -> None:
                 r["ts"] = v
 
 
+def _each_dict(x: Any, fn: Callable[[dict[str, Any]], None]) -> None:
+    """``fn`` on every dict nested in ``x`` (steps, their batches, their rows), parents before
+    their children and in order: the generator's draws inside ``fn`` stay in a fixed order."""
+    if isinstance(x, dict):
+        fn(x)
+        for v in x.values():
+            if isinstance(v, (dict, list)):
+                _each_dict(v, fn)
+    elif isinstance(x, list):
+        for v in x:
+            _each_dict(v, fn)
+
+
 def _empty_beside_null(steps: list[dict[str, Any]], ext: random.Random) -> None:
     """On a mirrored table, about half the null partition values become ``""`` (issue 36:
     Delta readers read an empty partition value as null, so the projection must keep them
@@ -572,23 +565,16 @@ def _empty_beside_null(steps: list[dict[str, Any]], ext: random.Random) -> None:
     gets the same rows."""
     decided: dict[tuple[Any, int], bool] = {}
 
-    def walk(x: Any) -> None:
-        if isinstance(x, dict):
-            for i, row in enumerate(x.get("rows") or ()):
-                if "region" in row and row["region"] is None:
-                    key = (x.get("batch_id"), i)
-                    if key not in decided:
-                        decided[key] = ext.random() < 0.5
-                    if decided[key]:
-                        row["region"] = ""
-            for v in x.values():
-                if isinstance(v, (dict, list)):
-                    walk(v)
-        elif isinstance(x, list):
-            for v in x:
-                walk(v)
+    def null_to_empty(x: dict[str, Any]) -> None:
+        for i, row in enumerate(x.get("rows") or ()):
+            if "region" in row and row["region"] is None:
+                key = (x.get("batch_id"), i)
+                if key not in decided:
+                    decided[key] = ext.random() < 0.5
+                if decided[key]:
+                    row["region"] = ""
 
-    walk(steps)
+    _each_dict(steps, null_to_empty)
 
 
 def _bootstrap_step(g: _Gen, settings: dict[str, Any], *, rng: random.Random | None = None) -> dict[str, Any]:
