@@ -199,7 +199,15 @@ class _BatchChecks:
     delete_field: str | None = None
 
     def raise_if_bad(self) -> None:
-        stats = self.observation.get
+        try:
+            stats = self.observation.get
+        except Exception:
+            # a source with no rows can have no partitions (an empty Parquet file: no row
+            # groups), so the observed node ran in no task and Spark has no metrics row to give
+            # (an assertion in ``toPyRow``): ask the source itself before reporting anything else
+            if self.raw.limit(1).count() == 0:
+                raise BadInputError(f"the batch at {self.source} is empty") from None
+            raise
         if not stats.get("n"):
             raise BadInputError(f"the batch at {self.source} is empty")
         if stats.get("bad_keys"):
