@@ -36,6 +36,7 @@ from datetime import datetime, timezone
 
 import pytest
 
+from airflow_provider_bucketindex.batch import with_source
 from airflow_provider_bucketindex.demo import sample_data
 
 pytestmark = [pytest.mark.airflow, pytest.mark.timeout(900)]
@@ -131,7 +132,8 @@ def test_nightly_run_compacts_beside_a_concurrent_upsert_cleans_and_validates(la
     plan = tl.read_plan(done)
     assert {b["bucket"]: b["files"] for b in plan["index_buckets"]} == before  # exactly the two upserts' deltas
     # the upsert that committed between schedule and execute is there, after the plan, before the compaction
-    upsert = t.commit_for_batch(f"{TEST_NIGHTLY}/{run.run_id}/concurrent_upsert")
+    # the default batch id: the run's (no data interval) and the source's digest
+    upsert = t.commit_for_batch(with_source(f"{TEST_NIGHTLY}/{run.run_id}/concurrent_upsert", lake["sources"][2]))
     assert upsert is not None and upsert.timestamp > instant and upsert.seq < done.seq
     assert run.xcom("concurrent_upsert", "instant") == upsert.timestamp
     its_deltas = {f["bucket"]: f["path"] for f in tl.read_metadata(upsert)["index"]["added"]}
