@@ -70,18 +70,13 @@ class MirrorOptions(VerbOptions):
 
 
 def check_view(mirror: str | None, view: str | None) -> None:
-    """The rule of ``--view``: one of :data:`~spark_jobs.table.delta.VIEWS`, given with ``--enable``,
-    and ``fresh`` only for a projection that can express it (:data:`~spark_jobs.table.delta.FRESH_VIEW_MIRRORS`;
+    """The rule of ``--view``: one of :data:`~spark_jobs.table.delta.VIEWS`, given with ``--enable``.
+    Every projection can express ``fresh`` (:data:`~spark_jobs.table.delta.FRESH_VIEW_MIRRORS`);
     Delta's fresh view also depends on the table: :func:`~spark_jobs.table.delta.fresh_view_refusal`,
-    checked by :func:`enable_mirror`)."""
+    checked by :func:`enable_mirror`."""
     check_choice("--view", view, delta.VIEWS)
-    if view is None:
-        return
-    if mirror is None:
+    if view is not None and mirror is None:
         raise BadInputError("--view goes with --enable (the view a projection publishes)")
-    if view == delta.VIEW_FRESH and mirror not in delta.FRESH_VIEW_MIRRORS:  # pragma: no cover - both can
-        raise BadInputError(f"the {mirror} projection publishes the read-optimized view only; --view fresh "
-                            f"needs --enable {' or '.join(delta.FRESH_VIEW_MIRRORS)}")
 
 #: the ``operation`` of the commit that sets table properties
 OPERATION = "set_properties"
