@@ -11,7 +11,12 @@ and CPU time (user + system) and the upsert's own ``timings_ms.total_ms``; the m
 the load average before and after. The last line is one JSON object.
 
     python benchmarks/cold_upsert.py --work /tmp/cold --tree before=/tmp/old --tree after=. [--rounds 10]
-        [--bytecode cached|none]
+        [--bytecode cached|none] [--floor]
+
+``--floor`` adds two commands to every round, timed the same way: the venv's interpreter doing
+nothing (``-c pass``: start-up and ``site``) and importing what no Arrow upsert can go without
+(``numpy``, ``pyarrow``, ``pyarrow.compute``, ``pyarrow.parquet``, ``pyarrow.fs``): the floor
+under any cold run of the program on this machine.
 
 ``--bytecode cached`` (default): the trees' modules compiled once into a ``PYTHONPYCACHEPREFIX``
 outside the repository (what an installed package has); ``none``: ``PYTHONDONTWRITEBYTECODE=1``
@@ -88,6 +93,21 @@ def one(exe: str, table: Path, batch: Path, scratch: Path, env: dict[str, str]) 
     return {"wall_s": wall, "cpu_s": cpu, "total_ms": result["timings_ms"]["total_ms"]}
 
 
+#: ``--floor``: what every cold Arrow upsert pays before any bucketindex code runs
+FLOORS = {"python": "pass",
+          "pyarrow": "import numpy, pyarrow, pyarrow.compute, pyarrow.parquet, pyarrow.fs"}
+
+
+def floor(code: str, env: dict[str, str]) -> dict[str, float]:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"wall_s": wall, "cpu_s": cpu, "total_ms": 0}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--work", type=Path, required=True)
@@ -95,6 +115,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--table-rows", type=int, default=1000)
     ap.add_argument("--bytecode", choices=("cached", "none"), default="cached")
+    ap.add_argument("--floor", action="store_true", help="also time the interpreter and the imports alone")
     a = ap.parse_args()
     trees = dict(t.split("=", 1) for t in a.tree)
     exe = bucketindex_exe()
@@ -113,9 +134,16 @@ def main() -> None:
         one(exe, table, batch, a.work / f"scratch-{name}", envs[name])
     load_before = os.getloadavg()
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
+    floors = FLOORS if a.floor else {}
+    first_env = envs[next(iter(trees))]
+    for name, code in floors.items():  # a warm-up each, as for the trees
+        floor(code, first_env)
+        runs[f"floor:{name}"] = []
     for _ in range(a.rounds):
         for name in trees:
             runs[name].append(one(exe, table, batch, a.work / f"scratch-{name}", envs[name]))
+        for name, code in floors.items():
+            runs[f"floor:{name}"].append(floor(code, first_env))
     load_after = os.getloadavg()
     summary = {}
     for name, rs in runs.items():
@@ -124,7 +152,7 @@ def main() -> None:
                          "wall_max_s": round(max(walls), 3),
                          "cpu_median_s": round(statistics.median(r["cpu_s"] for r in rs), 3),
                          "total_ms_median": statistics.median(r["total_ms"] for r in rs)}
-        print(f"{name:>8}: wall {summary[name]['wall_median_s']:.3f} s "
+        print(f"{name:>14}: wall {summary[name]['wall_median_s']:.3f} s "
               f"({summary[name]['wall_min_s']:.3f}-{summary[name]['wall_max_s']:.3f}), "
               f"CPU {summary[name]['cpu_median_s']:.3f} s, total_ms {summary[name]['total_ms_median']}")
     print(json.dumps({"rounds": a.rounds, "bytecode": a.bytecode, "table_rows": a.table_rows,

@@ -1167,15 +1167,17 @@ def _check_table(args: argparse.Namespace) -> None:
 
 #: errno values that mean the store refused access: the store's (or its owner's) problem, not the input's
 _DENIED = {errno.EACCES, errno.EPERM, errno.EROFS}
-_TEMP_NAME = re.compile(r"/\.[^/]+\.[0-9a-f]{32}\.tmp$")
-_CORRUPT_IN_TASK = re.compile(r"(?:Table|Index)CorruptError: ([^\n]+)")
-_UNAVAILABLE_IN_TASK = re.compile(r"StorageUnavailableError: ([^\n]+)")
-_MISSING_DEPENDENCY_IN_TASK = re.compile(r"MissingDependencyError: ([^\n]+)")
-_MISSING = re.compile(r"PATH_NOT_FOUND|FileNotFoundError|No such file or directory")
+#: the patterns below classify a failed run's error text: kept as strings and compiled by ``re``'s
+#: cache on the first failure, so a run that succeeds compiles none of them (issue 38)
+_TEMP_NAME = r"/\.[^/]+\.[0-9a-f]{32}\.tmp$"
+_CORRUPT_IN_TASK = r"(?:Table|Index)CorruptError: ([^\n]+)"
+_UNAVAILABLE_IN_TASK = r"StorageUnavailableError: ([^\n]+)"
+_MISSING_DEPENDENCY_IN_TASK = r"MissingDependencyError: ([^\n]+)"
+_MISSING = r"PATH_NOT_FOUND|FileNotFoundError|No such file or directory"
 #: Spark's own Parquet scan of a table file whose bytes are wrong (a page failing its checksum,
 #: verified as the session's ``parquet.page.verify-checksum.enabled`` asks, or not decoding)
-_SPARK_FAILED_FILE = re.compile(r"FAILED_READ_FILE[.\w]*\] Encountered error while reading file (\S+?)\.?(?:\s|$)")
-_SPARK_DAMAGE = re.compile(r"CRC checksum verification failed|ParquetDecodingException|could not verify page integrity")
+_SPARK_FAILED_FILE = r"FAILED_READ_FILE[.\w]*\] Encountered error while reading file (\S+?)\.?(?:\s|$)"
+_SPARK_DAMAGE = r"CRC checksum verification failed|ParquetDecodingException|could not verify page integrity"
 
 
 def _told_apart(args: argparse.Namespace, e: BaseException) -> tuple[int, str] | None:
@@ -1183,23 +1185,23 @@ def _told_apart(args: argparse.Namespace, e: BaseException) -> tuple[int, str] |
     exception: a damaged or missing table file (1), storage that refused access (1: the
     store's problem, not the input's). None: not one of those."""
     text = f"{type(e).__name__}: {e}"
-    m = _CORRUPT_IN_TASK.search(text)
+    m = re.search(_CORRUPT_IN_TASK, text)
     if m:
         return TableCorruptError.exit_code, (f"bucketindex: {args.verb} failed: {m.group(1).strip()}"
                                              + _nothing_committed(args))
-    m = _SPARK_FAILED_FILE.search(text)
-    if m and _SPARK_DAMAGE.search(text):
+    m = re.search(_SPARK_FAILED_FILE, text)
+    if m and re.search(_SPARK_DAMAGE, text):
         from urllib.parse import unquote
 
         from spark_jobs.io.parquet import damaged_file_error
 
         uri = m.group(1)
         path = unquote(uri.removeprefix("file://")) if uri.startswith("file:") else uri  # Spark's URI-encoded name
-        why = _SPARK_DAMAGE.search(text).group(0)  # type: ignore[union-attr]
+        why = re.search(_SPARK_DAMAGE, text).group(0)  # type: ignore[union-attr]
         return TableCorruptError.exit_code, (
             f"bucketindex: {args.verb} failed: {_one_line(damaged_file_error(path, ValueError(why)))}"
             + _nothing_committed(args))
-    m = _UNAVAILABLE_IN_TASK.search(text)
+    m = re.search(_UNAVAILABLE_IN_TASK, text)
     if m:  # a task's store stopped answering: retryable, whatever engine error wraps it
         return StorageUnavailableError.exit_code, f"bucketindex: {m.group(1).strip()}"
     from spark_jobs.io.filesystem import is_unreachable
@@ -1208,7 +1210,7 @@ def _told_apart(args: argparse.Namespace, e: BaseException) -> tuple[int, str] |
         return StorageUnavailableError.exit_code, (
             f"bucketindex: {args.verb} failed: the store did not answer ({_one_line(e)[:300]}); "
             f"nothing was committed, safe to retry")
-    m = _MISSING_DEPENDENCY_IN_TASK.search(text)
+    m = re.search(_MISSING_DEPENDENCY_IN_TASK, text)
     if m:
         return MissingDependencyError.exit_code, f"bucketindex: {args.verb} failed: {m.group(1).strip()}"
     from spark_jobs.jobs.hadoop_fs import CONNECTOR, is_missing_filesystem  # no pyspark import
@@ -1218,7 +1220,7 @@ def _told_apart(args: argparse.Namespace, e: BaseException) -> tuple[int, str] |
             f"bucketindex: {args.verb} failed: Spark cannot open this store's paths: it needs {CONNECTOR} "
             f"on its classpath (e.g. --packages org.apache.hadoop:hadoop-aws:<Spark's Hadoop version>)"
             + _nothing_committed(args))
-    if _MISSING.search(text) and getattr(args, "table", None):
+    if re.search(_MISSING, text) and getattr(args, "table", None):
         missing = _missing_files(args.table)
         if missing:
             from spark_jobs.table.reader import missing_file_error
@@ -1232,7 +1234,7 @@ def _told_apart(args: argparse.Namespace, e: BaseException) -> tuple[int, str] |
     err = first_os_error(e)
     if err is not None and err.errno in _DENIED:
         where = str(err.filename or getattr(args, "table", None) or "?")
-        if _TEMP_NAME.search(where):  # FileIO's temp file for an atomic create: name the directory
+        if re.search(_TEMP_NAME, where):  # FileIO's temp file for an atomic create: name the directory
             where = where.rsplit("/", 1)[0]
         return EXIT_RESOURCE, (
             f"bucketindex: {args.verb} failed: permission denied on {where} ({err.strerror or 'denied'}): "

@@ -22,6 +22,7 @@ import xxhash
 
 from spark_jobs.exceptions import EngineUnsupportedError
 from spark_jobs.index.hashing import BUCKET_HASH_SEED, canonical_key
+from spark_jobs.io.arrays import from_numpy
 from spark_jobs.table.action.upsert import FILE_GROUP_SALT
 from spark_jobs.table.layout import partition_path
 
@@ -180,7 +181,7 @@ def by_bucket(keys: pa.Array, buckets: np.ndarray) -> list[tuple[int, pa.Array]]
     ordered = buckets[order]
     uniq, starts = np.unique(ordered, return_index=True)
     ends = np.append(starts[1:], ordered.size)
-    grouped = keys.take(pa.array(order))
+    grouped = keys.take(from_numpy(order))
     return [(u, grouped.slice(s, e - s)) for u, s, e in zip(uniq.tolist(), starts.tolist(), ends.tolist())]
 
 

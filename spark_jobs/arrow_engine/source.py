@@ -31,7 +31,6 @@ import pyarrow.parquet as pq
 from spark_jobs.exceptions import BadInputError, EngineUnsupportedError
 from spark_jobs.io import parquet
 from spark_jobs.io.filesystem import FileIO, is_glob, is_unreachable, resolve
-from spark_jobs.resources import is_out_of_memory
 from spark_jobs.table.schema import STORED_TZ, check_timestamp_units, spark_type, spark_type_name
 
 if TYPE_CHECKING:
@@ -526,6 +525,15 @@ def read_source_files(files: Iterable[pa.RecordBatch], *, uri: str, paths: list[
                         raise
                     first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
                     raise BadInputError(f"cannot read parquet source {uri}: {first}") from e
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """:func:`spark_jobs.resources.is_out_of_memory`, imported when a read fails: that module
+    (Spark's sizing rules and their patterns) is not needed by a read that succeeds, so a cold
+    upsert does not load it (issue 38)."""
+    from spark_jobs.resources import is_out_of_memory as out_of_memory
+
+    return out_of_memory(error)
 
 
 @contextlib.contextmanager

@@ -29,6 +29,7 @@ from spark_jobs.arrow_engine.compact import AUTO_CHOICE, write_plan
 from spark_jobs.arrow_engine.keys import bucket_ids, by_bucket, file_group_slots, partition_dirs, record_keys
 from spark_jobs.arrow_engine.source import cast_to_table, read_source, spark_schema
 from spark_jobs.exceptions import BadInputError, EngineUnsupportedError
+from spark_jobs.io.arrays import from_numpy
 from spark_jobs.kernels import tasks
 from spark_jobs.table.action import upsert as action
 from spark_jobs.table.action import upsert_rules as rules
@@ -252,7 +253,7 @@ class ArrowUpsertEngine:
         keep = rules.dedupe_winners(identity, pre, order_cols, any(_has_map(c.type) for c in order_cols))
         del identity, order_cols, pre
         frame = cast.append_column(KEY, keys).select(data_schema.names)
-        frame = frame.append_column(DEL, pa.array(deletes)).append_column(PART, parts)
+        frame = frame.append_column(DEL, from_numpy(deletes)).append_column(PART, parts)
         if len(keep) < frame.num_rows:  # a batch without duplicates is kept as read: no copy of it
             frame = frame.take(pa.array(keep))
         frame = _renamed_partitions(frame, rules.legacy_aliases(cfg, view))
@@ -340,7 +341,7 @@ class ArrowUpsertEngine:
         index_added: list[dict[str, Any]] = []
         if entries is not None:
             buckets = bucket_ids(entries.column("key").combine_chunks(), a.num_buckets)
-            entries = entries.append_column("bucket", pa.array(buckets.astype(np.int32)))
+            entries = entries.append_column("bucket", from_numpy(buckets.astype(np.int32)))
             del buckets
 
             def delta(group: tuple[tuple[int], pa.Table]) -> pa.Table:
@@ -358,7 +359,7 @@ class ArrowUpsertEngine:
         read_files: list[dict[str, Any]] = []
         if action.needs_read_files(cfg.index_type) and reads.num_rows:
             rb = bucket_ids(reads.column("key").combine_chunks(), a.num_buckets)
-            read_keys = reads.select(["key"]).append_column("bucket", pa.array(rb.astype(np.int32)))
+            read_keys = reads.select(["key"]).append_column("bucket", from_numpy(rb.astype(np.int32)))
             read_files = [r for w in _parallel(
                 lambda _, g: tasks.write_index_reads((pa.scalar(g[0][0], pa.int32()),), g[1], table_uri=table.uri,
                                                      instant=a.instant, snapshot_seq=a.planned_seq),
@@ -427,7 +428,7 @@ class ArrowUpsertEngine:
                 tpart = rows.column(PART)
                 tfid = pc.utf8_lpad(pa.array(bucket_ids(rows.column(KEY).combine_chunks(), num_buckets))
                                     .cast(pa.string()), 8, "0")
-            found = pa.nulls(n, pa.bool_()) if route.found is None else pa.array(np.full(n, route.found, bool))
+            found = pa.nulls(n, pa.bool_()) if route.found is None else from_numpy(np.full(n, route.found, bool))
             streams.append(rows.append_column(OP, _full(route.op(_ArrowOps(rows)), n))
                            .append_column(TPART, tpart).append_column(TFID, tfid).append_column(FOUND, found))
         cols = streams[0].column_names

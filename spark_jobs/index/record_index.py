@@ -76,6 +76,7 @@ import pyarrow.ipc as ipc
 
 from spark_jobs.exceptions import IndexCorruptError
 from spark_jobs.index.hashing import fingerprints
+from spark_jobs.io.arrays import from_numpy
 from spark_jobs.io.filesystem import FileIO
 
 __all__ = [
@@ -272,7 +273,7 @@ def write_index_file(
         for start in range(0, max(hi.size, 1), block_rows):
             sl = slice(start, start + block_rows)
             writer.write_batch(
-                pa.record_batch([pa.array(hi[sl]), pa.array(lo[sl]), pa.array(loc[sl])], schema=schema)
+                pa.record_batch([from_numpy(hi[sl]), from_numpy(lo[sl]), from_numpy(loc[sl])], schema=schema)
             )
     return io.size(path)
 

@@ -25,6 +25,7 @@ from spark_jobs.index.record_index import (
     lookup,
     write_index_file,
 )
+from spark_jobs.io.arrays import from_numpy
 from spark_jobs.table.layout import data_file_name, is_reference, log_file_name
 from spark_jobs.table.merge import LOG_DELETE, LOG_MOVE_OUT, LOG_OP, LOG_UPSERT, log_columns, partial_log_metadata
 from spark_jobs.table.ordering import older
@@ -161,11 +162,11 @@ def lookup_bucket(key: tuple, keys: pa.Table, *, table_uri: str, files: dict[int
     t = _table(table_uri)
     column = keys.column(KEY)
     res = lookup(t.io, [t.abs(r) for r in rels], column.to_pylist())  # the hashing needs Python strings
-    hit = pa.array(np.nonzero(res.found)[0])
+    hit = from_numpy(np.nonzero(res.found)[0])
     if len(hit) == 0:
         return empty
     # the hits' keys and locations by index (Arrow takes), not a Python loop per hit
-    at = pa.array(res.loc[hit.to_numpy()])
+    at = from_numpy(res.loc[hit.to_numpy()])
     return pa.table(
         {
             KEY: column.take(hit).cast(pa.string()),
@@ -215,7 +216,7 @@ def merge_file_group(key: tuple, incoming: pa.Table, *, ctx: MergeContext) -> pa
     in_keys = incoming.column(KEY)
     pos = pc.index_in(in_keys, value_set=base.column(KEY))  # position of the key in the base
     in_base = pc.is_valid(pos)
-    effective = pa.array(np.ones(incoming.num_rows, dtype=bool))
+    effective = from_numpy(np.ones(incoming.num_rows, dtype=bool))
     if ctx.precombine and base.num_rows:
         stored = pc.take(base.column(ctx.precombine), pos)
         inc = incoming.column(ctx.precombine).cast(ctx.schema.field(ctx.precombine).type)
@@ -317,7 +318,7 @@ def _index_rows(part: str, fid: str, in_keys: pa.ChunkedArray, new_mask: Any, go
     """Record index: new locations for inserts and keys moving in; tombstones for deletes."""
     new_loc = _flat(pc.filter(in_keys, new_mask))
     keys = pa.concat_arrays([new_loc, _flat(pc.filter(in_keys, gone_mask))])
-    return _key_rows("index", part, fid, keys, tomb=pa.array(np.arange(len(keys)) >= len(new_loc)))
+    return _key_rows("index", part, fid, keys, tomb=from_numpy(np.arange(len(keys)) >= len(new_loc)))
 
 
 def _deletes_not_older_than_slice(t: Table, base_rel: str, logs: list[str], deletes: pa.Table, *,
@@ -331,7 +332,7 @@ def _deletes_not_older_than_slice(t: Table, base_rel: str, logs: list[str], dele
     if bound is None:
         return False
     inc = deletes.column(ctx.precombine).cast(ctx.schema.field(ctx.precombine).type)
-    stored = pc.take(bound, pa.array(np.zeros(len(inc), dtype=np.int64)))
+    stored = pc.take(bound, from_numpy(np.zeros(len(inc), dtype=np.int64)))
     return not bool(pc.any(older(inc, stored)).as_py())
 
 
@@ -359,7 +360,7 @@ def append_log(key: tuple, incoming: pa.Table, *, ctx: MergeContext) -> pa.Table
     found = incoming.column(FOUND) if FOUND in incoming.column_names else pa.nulls(incoming.num_rows, pa.bool_())
     is_delete = pc.equal(ops, DELETE)
     has_delete = bool(pc.any(is_delete).as_py())
-    effective = pa.array(np.ones(incoming.num_rows, dtype=bool))
+    effective = from_numpy(np.ones(incoming.num_rows, dtype=bool))
     logs = ctx.log_files.get(slice_key, [])
     read_stored = bool(found.null_count)
     if not read_stored and ctx.precombine and has_delete:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from spark_jobs.exceptions import BadInputError, ConfigConflictError, TableCorruptError
 from spark_jobs.index.hashing import DEFAULT_HASH
@@ -26,7 +27,11 @@ from spark_jobs.vocabulary import (  # the index and table types, defined where 
     TABLE_TYPES,
 )
 
+if TYPE_CHECKING:
+    from spark_jobs.table.table import Table
+
 __all__ = [
+    "table_mirrors",
     "FORMAT_VERSION",
     "REFERENCE_FORMAT_VERSION",
     "EVOLVING_FORMAT_VERSION",
@@ -283,6 +288,19 @@ class TableConfig:
                     f"{label} {_show(theirs)} contradicts the table's {label} {_show(mine)}; "
                     f"it cannot change after the table is created"
                 )
+
+
+def table_mirrors(table: "Table", properties: "dict[str, Any] | None" = None) -> set[str]:
+    """The projections ``table`` asks for: ``table.json``'s ``mirrors`` (set at creation) and the
+    ``mirrors`` property its timeline set later (``bucketindex mirror --enable``, a
+    ``set_properties`` commit). ``properties``: the snapshot's (``FileSystemView.properties``),
+    when the caller has them; otherwise the latest view's are read. (Also
+    ``spark_jobs.table.delta.mirrors``; defined here so that an upsert, which asks after every
+    commit, loads no projection module when the table has none.)"""
+    out = set(table.config.mirrors or ()) if table.config is not None else set()
+    if properties is None:
+        properties = table.view().properties if table.config is not None else {}
+    return out | set(properties.get("mirrors") or ())
 
 
 def _show(v: object) -> str:

@@ -68,6 +68,7 @@ from spark_jobs.exceptions import BadInputError, TableCorruptError
 from spark_jobs.io.filesystem import InstantExistsError
 from spark_jobs.io.storage import redact_uri
 from spark_jobs.table.config import MIRRORS
+from spark_jobs.table.config import table_mirrors as mirrors  # defined there: an upsert loads no projection module
 from spark_jobs.table.layout import is_reference
 from spark_jobs.table.timeline import Action
 from spark_jobs.table.view import FileSlice, FileSystemView
@@ -97,17 +98,6 @@ INTERNAL_PREFIX = "_bi_"
 
 
 # -- config --------------------------------------------------------------------------------
-
-def mirrors(table: "Table", properties: "dict[str, Any] | None" = None) -> set[str]:
-    """The projections ``table`` asks for: ``table.json``'s ``mirrors`` (set at creation) and the
-    ``mirrors`` property its timeline set later (``bucketindex mirror --enable``, a
-    ``set_properties`` commit). ``properties``: the snapshot's (``FileSystemView.properties``),
-    when the caller has them; otherwise the latest view's are read."""
-    out = set(table.config.mirrors or ()) if table.config is not None else set()
-    if properties is None:
-        properties = table.view().properties if table.config is not None else {}
-    return out | set(properties.get("mirrors") or ())
-
 
 def enabled(table: "Table", properties: "dict[str, Any] | None" = None) -> bool:
     """Whether ``table`` asks for the Delta projection (see :func:`mirrors`)."""

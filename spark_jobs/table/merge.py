@@ -38,6 +38,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from spark_jobs.io.arrays import from_numpy, unique
 from spark_jobs.table.ordering import ranks
 
 __all__ = ["LOG_OP", "LOG_UPSERT", "LOG_DELETE", "LOG_MOVE_OUT", "LOG_COLUMNS_KEY", "merge_slice", "plan_slice",
@@ -88,8 +89,8 @@ def merge_slice(base: pa.Table | None, logs: Sequence[pa.Table], *, key: str, pr
     if base is not None and base.num_rows:
         keep = np.ones(base.num_rows, dtype=bool)
         keep[plan.dropped] = False
-        parts.append(base.select(cols).filter(pa.array(keep)))
-    parts += [log.select(cols).take(pa.array(rows)) for log, rows in zip(logs, plan.live) if len(rows)]
+        parts.append(base.select(cols).filter(from_numpy(keep)))
+    parts += [log.select(cols).take(from_numpy(rows)) for log, rows in zip(logs, plan.live) if len(rows)]
     if not parts:
         return (base if base is not None else logs[0]).select(cols).schema.empty_table()
     out = pa.concat_tables(parts, promote_options="permissive")
@@ -146,7 +147,7 @@ def _candidates(base: pa.Table | None, logs: Sequence[pa.Table], *, key: str,
         touched = pc.is_in(base.column(key), value_set=value_set)
         touched_rows = np.flatnonzero(touched.to_numpy(zero_copy_only=False))
         if touched_rows.size:
-            parts.append(_tagged(base.select(need).take(pa.array(touched_rows)), 0, touched_rows, LOG_UPSERT))
+            parts.append(_tagged(base.select(need).take(from_numpy(touched_rows)), 0, touched_rows, LOG_UPSERT))
     for i, log in enumerate(logs, start=1):
         if log.num_rows:
             parts.append(_tagged(log.select(need), i, np.arange(log.num_rows), None, log.column(LOG_OP)))
@@ -201,7 +202,7 @@ def _overlay(base: pa.Table | None, logs: Sequence[pa.Table], carried: list[froz
              schema: pa.Schema) -> pa.Table:
     """One row per key of ``accepted`` (rows sorted by key, then position): each column from
     the key's last accepted row whose file carries it, null when none does."""
-    live = np.unique(gid[accepted])
+    live = unique(gid[accepted])
     out = []
     for c in cols:
         typ = schema.field(c).type
@@ -260,7 +261,7 @@ def _winners(parts: list[pa.Table], key: str, precombine: str | None) -> tuple[n
     # 3. the winner per key: greatest (precombine, position); nulls lowest
     sort_cols = [pos[cand], gid[cand]]
     if precombine:
-        sort_cols.insert(1, ranks(allrows.column(precombine).take(pa.array(cand))))  # format.md §8's order
+        sort_cols.insert(1, ranks(allrows.column(precombine).take(from_numpy(cand))))  # format.md §8's order
     order = cand[np.lexsort(sort_cols)]  # by key, then precombine, then position
     g = gid[order]
     last = np.append(np.flatnonzero(g[1:] != g[:-1]), len(g) - 1)
@@ -270,6 +271,6 @@ def _winners(parts: list[pa.Table], key: str, precombine: str | None) -> tuple[n
 
 def _tagged(t: pa.Table, pos: int, rows: np.ndarray, op: str | None, ops: pa.ChunkedArray | None = None) -> pa.Table:
     n = t.num_rows
-    t = t.append_column(_POS, pa.array(np.full(n, pos, dtype=np.int32)))
-    t = t.append_column(_ROW, pa.array(rows.astype(np.int64)))
+    t = t.append_column(_POS, from_numpy(np.full(n, pos, dtype=np.int32)))
+    t = t.append_column(_ROW, from_numpy(rows.astype(np.int64)))
     return t.append_column(LOG_OP, pa.array([op] * n, pa.string()) if ops is None else ops.cast(pa.string()))

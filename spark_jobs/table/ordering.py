@@ -21,6 +21,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from spark_jobs.io.arrays import from_numpy
+
 __all__ = ["older", "ranks", "sort_key"]
 
 
@@ -53,7 +55,7 @@ def older(incoming: pa.Array | pa.ChunkedArray, stored: pa.Array | pa.ChunkedArr
         sto = sto.cast(inc.type)
     both = ranks(pa.concat_arrays([inc, sto]))
     n = len(inc)
-    return pa.array(both[:n] < both[n:], pa.bool_())
+    return from_numpy(both[:n] < both[n:])  # booleans: pa.array(..., pa.bool_()) without numpy.ma
 
 
 def sort_key(v: Any) -> tuple:

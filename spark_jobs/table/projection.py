@@ -15,8 +15,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from spark_jobs.io.storage import redact_uri
-from spark_jobs.table.config import MIRRORS
-from spark_jobs.table.delta import mirrors
+from spark_jobs.table.config import MIRRORS, table_mirrors
 from spark_jobs.table.faults import maybe_crash
 
 if TYPE_CHECKING:
@@ -51,7 +50,7 @@ def after_commit(table: "Table", seq: int, *, properties: dict[str, Any],
 
     ``fault_point`` names the crash point before the first write: a rollback has its own,
     since a writer's repair runs one before the writer's own commit."""
-    wanted = [m for m in MIRRORS if m in mirrors(table, properties)]
+    wanted = [m for m in MIRRORS if m in table_mirrors(table, properties)]
     if not wanted:
         return
     maybe_crash(fault_point)

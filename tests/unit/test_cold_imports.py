@@ -27,9 +27,14 @@ from tests.unit.test_arrow_engine import B1, B2, _no_java_env, _upsert_args, _ut
 #: modules a cold Arrow run of the program must not load: pandas and pyspark (issue 38), Airflow
 #: (the provider's side), and what the Arrow upsert of a Parquet batch was made to load lazily
 #: (session 44): ``pyarrow.dataset`` (``pq.read_table`` built a dataset for one file: 15-40 ms),
-#: the CSV and JSON readers (only a CSV or JSON batch needs them) and the tee's module
+#: the CSV and JSON readers (only a CSV or JSON batch needs them) and the tee's module; and (h3):
+#: ``numpy.ma`` (14-25 ms: ``pa.array(ndarray)`` and ``np.unique`` load it; the engine hands its
+#: arrays over with ``spark_jobs.io.arrays``), the Delta projection's module (a table without
+#: mirrors needs only ``projection.mirrors``) and Spark's sizing rules (``spark_jobs.resources``:
+#: a read that succeeds does not ask whether it ran out of memory)
 NOT_LOADED = ("pandas", "pyspark", "airflow")
-LAZY = ("pyarrow.dataset", "pyarrow.csv", "pyarrow.json", "csv", "spark_jobs.table.shadow")
+LAZY = ("pyarrow.dataset", "pyarrow.csv", "pyarrow.json", "csv", "spark_jobs.table.shadow",
+        "numpy.ma", "spark_jobs.table.delta", "spark_jobs.resources")
 
 #: checked where the program ends: when ``main`` returns, and in ``os._exit``, by which the
 #: program ends itself after its work (``spark_jobs.cli._end_process``); prints ``ended-by``
@@ -165,7 +170,8 @@ def test_cold_arrow_upsert_into_an_existing_table_loads_only_what_it_needs(tmp_p
     holds what the in-process API and the oracle say. On the code before, ``pyarrow.dataset``
     (each merge's base file read), ``csv``, ``pyarrow.csv`` and ``pyarrow.json`` (the source
     module) and the tee's module were loaded, and the process went through the interpreter's
-    teardown."""
+    teardown; before h3's change, ``numpy.ma``, ``spark_jobs.table.delta`` and
+    ``spark_jobs.resources`` were."""
     uri = str(tmp_path / "t")
     args = ["--record-key", "id", "--precombine-field", "ts", "--partition-field", "region",
             "--delete-field", "is_deleted", "--table-type", table_type, "--target-file-rows", "50"]

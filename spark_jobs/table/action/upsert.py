@@ -96,8 +96,8 @@ from spark_jobs.table.config import (
     check_field_names,
     new_auto_compact,
     new_table_type,
+    table_mirrors,
 )
-from spark_jobs.table.delta import mirrors
 from spark_jobs.table.schema import parse_schema_evolution, refuse_missing_fields
 from spark_jobs.table.timeline import Action
 from spark_jobs.table.view import FileSystemView, encode_schema
@@ -432,7 +432,7 @@ def resolve_config(opts: UpsertOptions, table: "Table") -> tuple[TableConfig, Fi
     view = None
     if existing is not None:
         view = table.view()
-        if opts.mirror and opts.mirror not in mirrors(table, view.properties):
+        if opts.mirror and opts.mirror not in table_mirrors(table, view.properties):
             raise ConfigConflictError(f"--mirror {opts.mirror} is set when a table is created; turn it on for this "
                                       f"table with `bucketindex mirror {opts.table} --enable {opts.mirror}`")
         existing.check_compatible(cfg, explicit=explicit)
