@@ -30,7 +30,7 @@ from tests.unit.test_arrow_engine import B1, B2, _no_java_env, _upsert_args, _ut
 #: the CSV and JSON readers (only a CSV or JSON batch needs them) and the tee's module; and (h3):
 #: ``numpy.ma`` (14-25 ms: ``pa.array(ndarray)`` and ``np.unique`` load it; the engine hands its
 #: arrays over with ``spark_jobs.io.arrays``), the Delta projection's module (a table without
-#: mirrors needs only ``projection.mirrors``) and Spark's sizing rules (``spark_jobs.resources``:
+#: mirrors needs only ``config.table_mirrors``) and Spark's sizing rules (``spark_jobs.resources``:
 #: a read that succeeds does not ask whether it ran out of memory)
 NOT_LOADED = ("pandas", "pyspark", "airflow")
 LAZY = ("pyarrow.dataset", "pyarrow.csv", "pyarrow.json", "csv", "spark_jobs.table.shadow",
