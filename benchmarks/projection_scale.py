@@ -43,6 +43,12 @@ except through the files a commit touches).
 
     nice -n 10 python benchmarks/projection_scale.py --workdir /work/h4-proj [--sizes 1000000,10000000]
 
+``--views`` limits a run to some of the copies (default all three, ``ro,fresh,dfresh``): the
+others are neither copied nor upserted into nor read, which saves their time and disk (a 10M-row
+copy is ~1 GB). The table's own read is then taken from the first copy named; the
+read-optimized views' expected rows need the ``ro`` copy. A subset's figures are merged into
+those a previous run kept for the other copies.
+
 The last line is one JSON object; ``<workdir>/results.json`` keeps each finished phase (a rerun
 skips them; ``--redo`` names phases to run again: build,enable,commits,reads).
 """
@@ -216,7 +222,7 @@ def best_of(repeats: int, fn: Callable[[], Any]) -> tuple[float, Any]:
     return round(min(times), 3), last
 
 
-def reads(work: Path, size: int, expected: dict, repeats: int) -> dict:
+def reads(work: Path, size: int, expected: dict, repeats: int, views: tuple[str, ...] = COPIES) -> dict:
     import polars as pl
     from deltalake import DeltaTable
     from pyiceberg.table import StaticTable
@@ -227,7 +233,7 @@ def reads(work: Path, size: int, expected: dict, repeats: int) -> dict:
     con = scale.duck()
     ro, fresh = work / "tables" / f"ro_{size}", work / "tables" / f"fresh_{size}"
     dfresh = work / "tables" / f"dfresh_{size}"
-    out: dict = {}
+    out: dict = {"views": list(views)}
 
     def record(view: str, reader: str, fn: Callable[[], Any], exp: dict) -> None:
         ld = load1()
@@ -242,21 +248,25 @@ def reads(work: Path, size: int, expected: dict, repeats: int) -> dict:
         log(f"  {view} / {reader}: {s:.3f} s, {v['rows']} rows (expected {v['expected_rows']}), "
             f"{'ok' if v['ok'] else 'MISMATCH ' + str(v.get('columns_differing'))}")
 
-    # the read-optimized views' rows: the current bases (format.md §11), read directly
-    t = Table.load(str(ro))
-    base_files = [t.abs(s.path) for s in t.view().slices()]
-    ro_exp = scale.checksums(con, pq.ParquetDataset(base_files).read(columns=list(scale.COLUMNS)), keys="uuid")
-    out["read_optimized_expected_rows"] = ro_exp["rows"]
+    # every copy holds the same table after the same batches: its own read from the first one named
+    own = work / "tables" / f"{'fresh' if 'fresh' in views else views[0]}_{size}"
+    record("table", "bucketindex dataset().to_table()", lambda: dataset(str(own)).to_table(), expected)
 
-    record("table", "bucketindex dataset().to_table()", lambda: dataset(str(fresh)).to_table(), expected)
+    ro_exp: dict = {}
+    if "ro" in views:
+        # the read-optimized views' rows: the current bases (format.md §11), read directly
+        t = Table.load(str(ro))
+        base_files = [t.abs(s.path) for s in t.view().slices()]
+        ro_exp = scale.checksums(con, pq.ParquetDataset(base_files).read(columns=list(scale.COLUMNS)), keys="uuid")
+        out["read_optimized_expected_rows"] = ro_exp["rows"]
+        record("delta_read_optimized", "deltalake to_pyarrow_table", lambda: DeltaTable(str(ro)).to_pyarrow_table(),
+               ro_exp)
+        record("delta_read_optimized", "polars read_delta", lambda: pl.read_delta(str(ro)).to_arrow(), ro_exp)
+        record("delta_read_optimized", "duckdb over deltalake dataset",
+               lambda: _duck_arrow(DeltaTable(str(ro)).to_pyarrow_dataset()), ro_exp)
+        _try_duck_ext(out, "delta_read_optimized", "delta", f"SELECT * FROM delta_scan('{ro}')")
 
-    record("delta_read_optimized", "deltalake to_pyarrow_table", lambda: DeltaTable(str(ro)).to_pyarrow_table(), ro_exp)
-    record("delta_read_optimized", "polars read_delta", lambda: pl.read_delta(str(ro)).to_arrow(), ro_exp)
-    record("delta_read_optimized", "duckdb over deltalake dataset",
-           lambda: _duck_arrow(DeltaTable(str(ro)).to_pyarrow_dataset()), ro_exp)
-    _try_duck_ext(out, "delta_read_optimized", "delta", f"SELECT * FROM delta_scan('{ro}')")
-
-    if dfresh.exists():
+    if "dfresh" in views and dfresh.exists():
         from deltalake import QueryBuilder
         import pyarrow as pa
 
@@ -267,7 +277,9 @@ def reads(work: Path, size: int, expected: dict, repeats: int) -> dict:
         record("delta_fresh", "deltalake to_pyarrow_table", lambda: DeltaTable(str(dfresh)).to_pyarrow_table(),
                expected)
 
-    for view, path in (("iceberg_read_optimized", ro), ("iceberg_fresh", fresh)):
+    for view, path, copy in (("iceberg_read_optimized", ro, "ro"), ("iceberg_fresh", fresh, "fresh")):
+        if copy not in views:
+            continue
         exp = expected if view == "iceberg_fresh" else ro_exp
 
         def static(p: Path = path) -> Any:
@@ -304,7 +316,7 @@ def _try_duck_ext(out: dict, view: str, ext: str, sql: str) -> None:
 # == summary =========================================================================================
 def summarize(size: int, st: dict) -> dict:
     s: dict = {"rows": size}
-    if f"commits:{size}:ro" in st:
+    if any(f"commits:{size}:{c}" in st for c in COPIES):
         for copy in COPIES:
             per: dict = {}
             for rec in st.get(f"commits:{size}:{copy}", []):
@@ -327,7 +339,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--file-rows", type=int, default=1_000_000)
     ap.add_argument("--seed", type=int, default=38)
     ap.add_argument("--redo", default="", help="phases to run again: build,enable,commits,reads")
+    ap.add_argument("--views", default=",".join(COPIES),
+                    help="the copies to enable, upsert into and read (default all: ro,fresh,dfresh); "
+                         "e.g. dfresh for the Delta fresh view alone")
     args = ap.parse_args(argv)
+    views = tuple(dict.fromkeys(filter(None, args.views.split(","))))
+    if not views or not set(views) <= set(COPIES):
+        ap.error(f"--views: a comma-separated subset of {','.join(COPIES)}, not {args.views!r}")
     import logging
 
     logging.basicConfig(level=logging.WARNING)
@@ -347,19 +365,24 @@ def main(argv: list[str] | None = None) -> dict:
         log(f"  build: {st.d[f'build:{size}']['time_s']} s")
         # an upsert is not idempotent: a copy's commits start from a fresh copy of the table (a
         # copy added later -- dfresh -- is enabled alone, the others' figures kept)
-        todo = {c for c in COPIES if not st.done(f"commits:{size}:{c}", redo) or "enable" in redo}
+        todo = {c for c in views if not st.done(f"commits:{size}:{c}", redo) or "enable" in redo}
         if todo:
-            done = st.d.get(f"enable:{size}", {}) if "enable" not in redo else {}
+            # the copies left out of --views keep what an earlier run measured
+            done = {c: v for c, v in st.d.get(f"enable:{size}", {}).items() if c not in todo}
             st.put(f"enable:{size}", {**done, **{c: enable(work, size, c, COPY_STEPS[c]) for c in COPIES if c in todo}})
             for c in todo:
                 st.d.pop(f"commits:{size}:{c}", None)
             redo |= {"reads"}
-        for copy in COPIES:
+        for copy in views:
             if not st.done(f"commits:{size}:{copy}", redo):
                 st.put(f"commits:{size}:{copy}", commits(work / "tables" / f"{copy}_{size}", batches))
                 redo |= {"reads"}
-        if not st.done(f"reads:{size}", redo):
-            st.put(f"reads:{size}", reads(work, size, batches[-1]["expected"], args.repeats))
+        if not st.done(f"reads:{size}", redo) or set(views) - set(st.d[f"reads:{size}"].get("views", COPIES)):
+            kept = st.d.get(f"reads:{size}", {}) if set(views) != set(COPIES) else {}
+            got = reads(work, size, batches[-1]["expected"], args.repeats, views)
+            # a subset's reads merged over what an earlier run read of the other copies
+            st.put(f"reads:{size}", {**kept, **got,
+                                     "views": sorted(set(kept.get("views", [])) | set(views), key=COPIES.index)})
         st.put(f"summary:{size}", summarize(size, st.d))
     result = {"benchmark": "projection_scale", "uptime": os.popen("uptime").read().strip(), **st.d}
     emit_result(result)

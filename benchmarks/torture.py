@@ -10,8 +10,10 @@ sequences take Spark steps, all in one in-process local Spark session; the other
 bootstrap on Arrow only. A fraction ``--mirror-share`` mirror their table to Delta or
 (``--iceberg-share`` of them) Iceberg (every retained version is then read back through
 ``deltalake`` or pyiceberg after every step; ``--delta-fresh-share`` of the merge-on-read ones
-left on Delta publish its fresh view, unpartitioned, read by ``QueryBuilder`` and Polars), and
-``--long-share`` run 40-48 steps so that archival runs and is killed.
+left on Delta publish its fresh view, read by ``QueryBuilder`` and Polars: unpartitioned, unless
+``--partition-type int|date`` makes every sequence's partition field an integer or a date column,
+which that view accepts partitioned), and ``--long-share`` run 40-48 steps so that archival runs
+and is killed.
 
 A divergence of a bug already filed with a failing regression test (``torture.KNOWN``) is
 counted (``known_divergences``) and the run goes on; any other is shrunk to the fewest steps
@@ -27,6 +29,7 @@ the fresh view), ``iceberg_versions``, ``archived_sequences``,
     python benchmarks/torture.py [--sequences 1000] [--seed S] [--spark-share 0.05]
                                  [--mirror-share 0.25] [--iceberg-share 0.5]
                                  [--delta-fresh-share 0.5] [--long-share 0.04]
+                                 [--partition-type string|int|date]
                                  [--storage local|s3] [--replay FILE|JSON] [--no-shrink]
 """
 
@@ -93,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--delta-fresh-share", type=float, default=0.5,
                     help="fraction of the merge-on-read sequences mirrored to Delta that publish its fresh view "
                          "(deletion vectors; unpartitioned); default 0.5")
+    ap.add_argument("--partition-type", choices=torture.PARTITION_TYPES, default="string",
+                    help="the partition field's type in every sequence: string (the default), or int or date "
+                         "(the Delta fresh view's sequences then stay partitioned)")
     ap.add_argument("--long-share", type=float, default=0.04,
                     help="fraction of sequences of 40-48 steps, long enough for archival; default 0.04")
     ap.add_argument("--storage", choices=("local", "s3"), default="local",
@@ -135,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
                 seqs.append(torture.generate(s, spark=with_spark, kills=not args.no_kills,
                                              overlaps=not args.no_overlaps, mirror_share=args.mirror_share,
                                              long_share=args.long_share, iceberg_share=args.iceberg_share,
-                                             delta_fresh_share=args.delta_fresh_share))
+                                             delta_fresh_share=args.delta_fresh_share,
+                                             partition_type=args.partition_type))
         log(f"torture: {len(seqs)} sequences, seed {seed}, storage {args.storage}, "
             f"{sum(1 for q in seqs if torture.uses_spark(q))} with Spark steps; work dir {work}")
         for i, seq in enumerate(seqs):
@@ -183,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {**counts.as_dict(), "duration_s": round(time.perf_counter() - t0, 1), "seed": seed,
               "storage": args.storage, "spark_share": args.spark_share, "mirror_share": args.mirror_share,
               "long_share": args.long_share, "iceberg_share": args.iceberg_share,
-              "delta_fresh_share": args.delta_fresh_share,
+              "delta_fresh_share": args.delta_fresh_share, "partition_type": args.partition_type,
               "spark_sequences": sum(1 for q in seqs if torture.uses_spark(q)), "divergent": divergent,
               "python": sys.version.split()[0]}
     emit_result(result, args.json_out)

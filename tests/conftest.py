@@ -216,6 +216,11 @@ CI_TIER = {
                                           "(its oracle and resumption), not of the product",
     "tests/unit/test_index_scale_benchmark.py": "benchmarks/index_scale.py at 3 buckets: a test of a benchmark "
                                                 "script, not of the product",
+    "tests/s3/test_torture_s3.py":
+        "a torture sequence on the moto S3 server in the Delta fresh view (130 s on 2 shared cores: every "
+        "step reads every retained Delta version from S3 through two readers): the same checks run on local "
+        "disk in tests/unit/test_torture.py (test_the_delta_fresh_view_of_a_partitioned_table_matches_the_oracle), "
+        "and the Delta fresh view's reads on S3 in tests/unit/test_delta_fresh.py",
     "tests/s3/test_request_budget.py::test_upsert_costs_the_same_after_a_long_history_and_what_the_budget_says":
         "a long history built on S3 (checkpoints and archival twice): tests/unit/test_timeline_services.py's "
         "test_opening_cost_does_not_grow_with_history holds the same on local disk; the request budget's other "

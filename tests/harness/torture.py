@@ -68,6 +68,7 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 __all__ = [
+    "PARTITION_TYPES",
     "POST_COMMIT",
     "PRE_COMMIT",
     "Counts",
@@ -116,6 +117,20 @@ NOTES = ("", "plain", "a,b", "quote\"d", "ünï", None)
 REGIONS = ("eu west", "a/b", "100%", "x+y", "são paulo", "日本", "__NULL__", "k=v", "é" * 110, None)
 #: values a reference bootstrap's Hive directories carry (pyarrow infers their type: keep them text)
 BOOT_REGIONS = ("eu west", "são paulo", "north")
+#: the partition field's types a sequence can have (``generate(partition_type=...)``): text, the
+#: default, or an integer or a date column -- the types the Delta fresh view accepts
+#: (``delta.fresh_view_refusal``: their directory names hold no percent-escape)
+PARTITION_TYPES = ("string", "int", "date")
+#: each text partition value's stand-in in an integer or date sequence (:func:`_typed_partitions`):
+#: zero, negatives, values past 32 bits; dates before the epoch, a leap day, 2038-01-19 (32-bit
+#: seconds' end), the epoch itself. Null stays null; ``""`` (no such int or date) becomes null
+TYPED_REGIONS: dict[str, dict[str, Any]] = {
+    "int": {"eu west": 0, "a/b": -1, "100%": 7, "x+y": 2**40, "são paulo": 42, "日本": -2**31, "__NULL__": 100,
+            "k=v": 3, "é" * 110: 10**15, "north": 5},
+    "date": {"eu west": "2024-02-29", "a/b": "1969-12-31", "100%": "1970-01-01", "x+y": "2024-03-31",
+             "são paulo": "2000-01-01", "日本": "2038-01-19", "__NULL__": "1900-01-01", "k=v": "2024-12-31",
+             "é" * 110: "2099-12-31", "north": "2024-03-30"},
+}
 TABLE_TYPES = ("copy_on_write", "merge_on_read")
 INDEXES = ("record", "bucket", "global_simple")
 CLI = [sys.executable, "-m", "spark_jobs.cli"]
@@ -284,7 +299,7 @@ def generate(seed: int, *, spark: bool = False, kills: bool = True, overlaps: bo
              min_steps: int = 4, max_steps: int = 12, mirror_share: float = 0.25,
              long_share: float = 0.0, float_share: float = 0.3,
              uri_options_share: float = 0.5, iceberg_share: float = 0.5,
-             delta_fresh_share: float = 0.5) -> dict[str, Any]:
+             delta_fresh_share: float = 0.5, partition_type: str = "string") -> dict[str, Any]:
     """A sequence from ``seed`` alone: settings and steps as JSON-ready dicts.
 
     ``spark`` adds Spark upserts, rehash (bucket and record indexes) and, as a first step,
@@ -300,7 +315,10 @@ def generate(seed: int, *, spark: bool = False, kills: bool = True, overlaps: bo
     options existed. ``iceberg_share`` of the mirrored sequences mirror to Iceberg instead of
     Delta (:func:`_iceberg_steps`, a stream of its own, drawn last); ``delta_fresh_share`` of
     the merge-on-read ones still mirrored to Delta publish its fresh view, unpartitioned
-    (:func:`_delta_fresh_steps`, drawn after that).
+    (:func:`_delta_fresh_steps`, drawn after that) unless ``partition_type`` is ``int`` or
+    ``date``: then every partition value is that type's stand-in for the text drawn
+    (:func:`_typed_partitions`, no draw: the steps are otherwise what they were) and the
+    Delta fresh view keeps the partitioning, which it accepts for those types.
 
     Rehash and bootstrap steps name their engine (``step["engine"]``: ``--engine arrow``,
     ``auto`` or ``spark``), drawn from a third stream (:func:`_arrow_steps`) as upserts name
@@ -399,9 +417,29 @@ def generate(seed: int, *, spark: bool = False, kills: bool = True, overlaps: bo
         _float_precombine(seq, ext)
     _arrow_steps(seq, g, spark=spark, long=is_long)
     _iceberg_steps(seq, iceberg_share)
-    _delta_fresh_steps(seq, delta_fresh_share)
+    if partition_type not in PARTITION_TYPES:
+        raise ValueError(f"partition_type {partition_type!r}: one of {PARTITION_TYPES}")
+    _delta_fresh_steps(seq, delta_fresh_share, keep_partitions=partition_type != "string")
     _no_empty_beside_delta_references(seq)
+    if partition_type != "string":
+        _typed_partitions(seq, partition_type)
     return seq
+
+
+def _typed_partitions(seq: dict[str, Any], kind: str) -> None:
+    """Make the partition field ``region`` an integer (``int``, stored as int64) or a date
+    (``date``, date32; ISO text in the JSON) column: every text value drawn becomes its stand-in
+    (:data:`TYPED_REGIONS`, one value per text, so keys move between partitions as before) and
+    ``""`` becomes null. No draw: a seed's steps are otherwise what they were."""
+    seq["settings"]["partition_type"] = kind
+    values = TYPED_REGIONS[kind]
+
+    def typed(x: dict[str, Any]) -> None:
+        for r in x.get("rows") or ():
+            if isinstance(r.get("region"), str):
+                r["region"] = values.get(r["region"])  # "" -> None
+
+    _each_dict(seq["steps"], typed)
 
 
 def _no_empty_beside_delta_references(seq: dict[str, Any]) -> None:
@@ -426,7 +464,7 @@ def _no_empty_beside_delta_references(seq: dict[str, Any]) -> None:
     _each_dict(steps, empty_to_null)
 
 
-def _delta_fresh_steps(seq: dict[str, Any], share: float) -> None:
+def _delta_fresh_steps(seq: dict[str, Any], share: float, *, keep_partitions: bool = False) -> None:
     """Project ``share`` of the merge-on-read sequences mirrored to Delta in the fresh view
     (``mirror --enable delta --view fresh``: logs as added files, dropped rows as deletion
     vectors, format.md §11). The Delta projection refuses that view for a string partition
@@ -435,7 +473,10 @@ def _delta_fresh_steps(seq: dict[str, Any], share: float) -> None:
     ``/``, ``%``, ``+``, non-ASCII) and bootstrap by rewriting (a reference file's absolute path
     is refused too). A table mirrored from creation gets the view by an enable step right after
     its first step instead (creation takes no view), the kills around the projection kept. A
-    stream of its own, drawn last: with ``share`` 0 a seed is what it was."""
+    stream of its own, drawn last: with ``share`` 0 a seed is what it was. ``keep_partitions``:
+    the sequence's partition field will be an integer or a date (:func:`_typed_partitions`),
+    which the view accepts, so a partitioned table stays partitioned (still no reference
+    bootstrap)."""
     s, steps = seq["settings"], seq["steps"]
     enabling = [st for st in steps if st["op"] == "mirror" and st.get("projection", "delta") == "delta"]
     if s["table_type"] != "merge_on_read" or not (s.get("mirror") == "delta" or enabling) \
@@ -446,6 +487,11 @@ def _delta_fresh_steps(seq: dict[str, Any], share: float) -> None:
         steps.insert(1, {"op": "mirror", "kill": None, "view": "fresh"})
     for st in enabling:
         st["view"] = "fresh"
+    if keep_partitions:
+        for st in steps:
+            if st["op"] == "bootstrap":
+                st["mode"] = "rewrite"
+        return
     s["partitioned"] = False
 
     def unpartition(x: dict[str, Any]) -> None:
@@ -638,9 +684,12 @@ def _value_order(v: Any) -> tuple:
     return (1, v)
 
 
-def _typed(row: dict[str, Any]) -> dict[str, Any]:
-    """A row as the table stores it: decimals, UTC timestamps, NaN (:data:`NAN`)."""
+def _typed(row: dict[str, Any], partition_type: str = "string") -> dict[str, Any]:
+    """A row as the table stores it: decimals, UTC timestamps, NaN (:data:`NAN`), and a date
+    partition value (``partition_type``) as a date."""
     out = dict(row)
+    if partition_type == "date" and isinstance(out.get("region"), str):
+        out["region"] = dt.date.fromisoformat(out["region"])
     if out.get("ts") == NAN:
         out["ts"] = float("nan")
     if "amount" in out and out["amount"] is not None:
@@ -701,6 +750,8 @@ class _Runner:
         from spark_jobs.io.filesystem import resolve
 
         self.seq, self.settings = seq, seq["settings"]
+        #: the partition field's type (:data:`PARTITION_TYPES`)
+        self.ptype: str = self.settings.get("partition_type", "string")
         self.workdir, self.storage, self.counts = workdir, storage, counts
         self.spark_master, self.log = spark_master, log
         self.sources = workdir / "sources"
@@ -758,13 +809,18 @@ class _Runner:
         import pyarrow.parquet as pq
 
         by_dir: dict[str, list[dict[str, Any]]] = {}
+        # an integer or date partition field is a column of the files (typed as the upserts'),
+        # not a Hive directory whose type pyarrow would infer (int32, or text for a date)
+        in_files = self.settings["partitioned"] and self.ptype != "string"
         for r in step["rows"]:
-            d = f"region={quote(r['region'], safe='')}" if self.settings["partitioned"] else ""
+            d = f"region={quote(r['region'], safe='')}" if self.settings["partitioned"] and not in_files else ""
             by_dir.setdefault(d, []).append(r)
-        schema = pa.schema([("id", pa.string()), ("ts", self._ts_type()), ("amount", pa.decimal128(12, 2)),
-                            ("at", pa.timestamp("us", tz="UTC"))])
+        cols = ("id", "region", "ts", "amount", "at") if in_files else ("id", "ts", "amount", "at")
+        schema = pa.schema([("id", pa.string())] + ([("region", self._region_type())] if in_files else [])
+                           + [("ts", self._ts_type()), ("amount", pa.decimal128(12, 2)),
+                              ("at", pa.timestamp("us", tz="UTC"))])
         for i, (d, rows) in enumerate(sorted(by_dir.items())):
-            typed = [_typed({c: r[c] for c in ("id", "ts", "amount", "at")}) for r in rows]
+            typed = [_typed({c: r[c] for c in cols}, self.ptype) for r in rows]
             path = f"{self.dataset}/{d}/part-{i}.parquet" if d else f"{self.dataset}/part-{i}.parquet"
             from spark_jobs.io.filesystem import resolve
 
@@ -778,6 +834,12 @@ class _Runner:
         import pyarrow as pa
 
         return {"double": pa.float64(), "float": pa.float32()}.get(self.settings.get("ts_type", ""), pa.int64())
+
+    def _region_type(self) -> Any:
+        """The partition field's type: text, or int64 / date32 (:data:`PARTITION_TYPES`)."""
+        import pyarrow as pa
+
+        return {"int": pa.int64(), "date": pa.date32()}.get(self.ptype, pa.string())
 
     def _table_columns(self) -> list[str] | None:
         from spark_jobs.table import Table
@@ -796,11 +858,12 @@ class _Runner:
         cols = self._table_columns()
         if cols is None:
             cols = ["id"] + (["region"] if self.settings["partitioned"] else []) + ["ts", "amount", "at"]
-        types = {"id": pa.string(), "region": pa.string(), "ts": self._ts_type(), "amount": pa.decimal128(12, 2),
+        types = {"id": pa.string(), "region": self._region_type(), "ts": self._ts_type(),
+                 "amount": pa.decimal128(12, 2),
                  "at": pa.timestamp("us", tz=step["zone"]), "note": pa.string(), "is_deleted": pa.bool_()}
         cols = cols + ["is_deleted"]
         sent = [{c: r.get(c) for c in cols} for r in step["rows"]]
-        typed = [_typed(r) for r in sent]
+        typed = [_typed(r, self.ptype) for r in sent]
         schema = pa.schema([(c, types[c]) for c in cols])
         path = self.sources / f"{name or step['batch_id']}-{self.step_no}.parquet"
         pq.write_table(pa.Table.from_pylist(typed, schema=schema), path)
@@ -1086,7 +1149,7 @@ class _Runner:
         from spark_jobs.table import Table
 
         cols = [c for c in Table.load(self.uri).view().schema.names if not c.startswith("_bi_")]
-        self.batches["<bootstrap>"] = [dict(_typed({c: r.get(c) for c in cols}), is_deleted=False)
+        self.batches["<bootstrap>"] = [dict(_typed({c: r.get(c) for c in cols}, self.ptype), is_deleted=False)
                                        for r in step["rows"]]
 
     # -- the oracle ----------------------------------------------------------------------

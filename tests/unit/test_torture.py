@@ -15,9 +15,14 @@ replay one with ``python benchmarks/torture.py --replay`` of the JSON a failure 
 sequence that hits a bug already filed with a failing regression test (``torture.KNOWN``:
 tests/unit/test_torture_regressions.py) is reported as xfailed, not failed.
 
+Two more fixed seeds run the Delta fresh view on a table partitioned by an integer and by a date
+field (``generate(partition_type=...)``: the types that view accepts partitioned); the same on the
+moto S3 server is ``tests/s3/test_torture_s3.py``.
+
 The harness tests below prove the checks can fail: a wrong oracle, a stray file in the table,
 a file changed outside it, a wrong Delta log or Iceberg projection, a Delta fresh view without
-its deletion vectors, and that shrinking keeps what still fails.
+its deletion vectors (unpartitioned, and partitioned by an integer or a date), and that
+shrinking keeps what still fails.
 """
 
 from __future__ import annotations
@@ -57,6 +62,16 @@ _RUN_SEED = os.environ.get("BUCKETINDEX_TEST_RUN_SEED") or str(random.SystemRand
 RANDOM = random.Random(int(_RUN_SEED)).sample(range(2**31), 2)
 
 
+#: the Delta fresh view on a partitioned table (issue 39), ``generate(seed, max_steps=MAX_STEPS,
+#: delta_fresh_share=1.0, partition_type=kind)``. int, seed 14: bucket index, a rewrite bootstrap
+#: whose files carry the int column, a rehash, a scheduled compaction, racing writers, a clean
+#: killed after its deletions and an upsert killed after its commit point, partition values 0,
+#: -1, -2**31, 2**40, 10**15 and null. date, seed 332: record index, 4 buckets, an upsert killed
+#: before its commit point and one at its checkpoint, a forced rollback of a live writer, dates
+#: 1900-01-01, 1970-01-01, 2099-12-31 and null, keys with ``%``, ``/``, space, non-ASCII
+DELTA_FRESH_PARTITIONED = {"int": 14, "date": 332}
+
+
 def _replay_hint(seq: dict) -> str:
     return f"sequence: {json.dumps(seq, ensure_ascii=False)}\nreplay: {torture.replay_command(seq)}"
 
@@ -74,6 +89,34 @@ def test_sequence(tmp_path, seed):
             pytest.xfail(f"seed {seed}: known bug {d.known!r}: {d}")
         pytest.fail(f"seed {seed} diverged: {d}\n{_replay_hint(seq)}")
     assert counts.steps == len(seq["steps"]) and counts.divergences == 0
+
+
+@pytest.mark.parametrize("kind", sorted(DELTA_FRESH_PARTITIONED))
+def test_the_delta_fresh_view_of_a_partitioned_table_matches_the_oracle(tmp_path, kind):
+    """Issue 39: the Delta fresh view (logs as added files, the rows their merge drops as
+    deletion vectors) of a merge-on-read table partitioned by an integer or a date field, through
+    a random sequence's kills, races, compaction, clean and rehash: after every step every
+    retained Delta version, read by ``deltalake``'s ``QueryBuilder`` and by Polars (the readers
+    that apply deletion vectors), equals the oracle at its entry (``torture._check_delta``;
+    ``to_pyarrow_table`` refuses or agrees). A divergence fails the test."""
+    seed = DELTA_FRESH_PARTITIONED[kind]
+    seq = generate(seed, max_steps=MAX_STEPS, delta_fresh_share=1.0, partition_type=kind)
+    s = seq["settings"]
+    assert (s["table_type"], s["partitioned"], s["partition_type"]) == ("merge_on_read", True, kind)
+    assert [st.get("view") for st in seq["steps"] if st["op"] == "mirror"] == ["fresh"]
+    regions = {r.get("region") for st in seq["steps"] for x in [st, *st.get("writers", [])]
+               for r in x.get("rows", [])}
+    assert None in regions and len(regions - {None}) >= 4
+    assert all(isinstance(v, int) if kind == "int" else isinstance(v, str) and len(v) == 10
+               for v in regions - {None})
+    counts = torture.Counts()
+    try:
+        run_sequence(seq, tmp_path / "run", counts=counts)
+    except Divergence as d:
+        pytest.fail(f"seed {seed} ({kind} partitions) diverged: {d}\n{_replay_hint(seq)}")
+    assert counts.steps == len(seq["steps"]) and counts.kills >= 1
+    # every step after the enabling one read every retained version through both readers
+    assert counts.delta_fresh_versions >= 2 * (len(seq["steps"]) - 2), counts.as_dict()
 
 
 def test_fixed_seeds_cover_every_step_kind():
@@ -247,21 +290,58 @@ def test_delta_fresh_sequences_are_unpartitioned_merge_on_read():
     assert fresh > 5 and from_creation > 1
 
 
-def test_a_delta_fresh_view_without_deletion_vectors_is_caught(tmp_path, monkeypatch):
+@pytest.mark.parametrize("kind", ["int", "date"])
+def test_typed_partition_sequences_are_the_text_ones_with_stand_in_values(kind):
+    """``partition_type`` draws nothing: a seed's sequence is the text one with every partition
+    value replaced by its stand-in (``""`` by null, which neither type can tell apart from it),
+    and the Delta fresh view's sequences then keep their partitioning (the view accepts integer
+    and date fields) with no reference bootstrap."""
+    values = torture.TYPED_REGIONS[kind]
+    kept = 0
+    for seed in range(200):
+        text, typed = generate(seed, delta_fresh_share=0.0), generate(seed, delta_fresh_share=0.0, partition_type=kind)
+        assert typed["settings"].pop("partition_type") == kind
+        mapped = json.loads(json.dumps(text), object_hook=lambda d: {
+            **d, **({"region": values.get(d["region"])} if isinstance(d.get("region"), str) else {})})
+        assert typed == mapped
+        fresh = generate(seed, delta_fresh_share=1.0, partition_type=kind)
+        if any(st.get("view") == "fresh" and st.get("projection", "delta") == "delta" for st in fresh["steps"]):
+            assert fresh["settings"]["partitioned"] == text["settings"]["partitioned"]
+            assert all(st["mode"] == "rewrite" for st in fresh["steps"] if st["op"] == "bootstrap")
+            kept += fresh["settings"]["partitioned"]
+    assert kept > 5
+    with pytest.raises(ValueError, match="partition_type"):
+        generate(1, partition_type="timestamp")
+
+
+#: partition values of the tamper test below: a key that moves between partitions, one deleted
+_FRESH_REGIONS = {"int": (7, -1, None), "date": ("2024-02-29", "1969-12-31", None)}
+
+
+@pytest.mark.parametrize("kind", ["unpartitioned", "int", "date"])
+def test_a_delta_fresh_view_without_deletion_vectors_is_caught(tmp_path, monkeypatch, kind):
     """The Delta fresh view is held to the oracle through the readers that apply deletion
     vectors: a projection that publishes a log but drops the vector on the rows it supersedes
-    lets both readers see the stale copy too -- a divergence, not a pass."""
+    lets both readers see the stale copy too -- a divergence, not a pass. Unpartitioned, and
+    partitioned by an integer or a date field (a key updated in place, one moved to another
+    partition, one deleted)."""
     from spark_jobs.table import delta
+
+    a, b, c = _FRESH_REGIONS.get(kind, (None, None, None))
 
     def up(bid: str, rows: list[tuple]) -> dict:
         return {"op": "upsert", "via": "api", "batch_id": bid, "zone": "UTC",
                 "rows": [{"id": k, "ts": ts, "amount": "1.25", "at": "2024-03-30T23:00:00+00:00", "note": None,
-                          "is_deleted": d} for k, ts, d in rows]}
+                          "is_deleted": d, **({"region": r} if kind != "unpartitioned" else {})}
+                         for k, r, ts, d in rows]}
 
-    seq = _seq([up("b001", [("k 1/%", 1, False), ("日本 +", 1, False), ("x+y", 1, False)]),
+    seq = _seq([up("b001", [("k 1/%", a, 1, False), ("日本 +", b, 1, False), ("x+y", c, 1, False)]),
                 {"op": "mirror", "kill": None, "view": "fresh"},
-                up("b002", [("k 1/%", 2, False), ("日本 +", 2, True)])], table_type="merge_on_read")
-    seq["settings"]["partitioned"] = False
+                up("b002", [("k 1/%", a, 2, False), ("日本 +", b, 2, True), ("x+y", a, 2, False)])],
+               table_type="merge_on_read")
+    seq["settings"]["partitioned"] = kind != "unpartitioned"
+    if kind != "unpartitioned":
+        seq["settings"]["partition_type"] = kind
     counts = torture.Counts()
     run_sequence(seq, tmp_path / "ok", counts=counts)
     assert counts.delta_fresh_versions >= 3  # versions 1, 2 after step 2; 1..3 after step 3
