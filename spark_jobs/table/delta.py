@@ -919,9 +919,10 @@ def _value_from_file(table: "Table", s: FileSlice, field: str, typ: pa.DataType,
     from spark_jobs.table.dataset import partition_candidates
     from spark_jobs.table.reader import hive_values
 
-    if is_reference(s.path) and table.config is not None and table.config.reference is not None \
+    hive = hive_values(s.path) if is_reference(s.path) else {}
+    if field in hive and table.config is not None and table.config.reference is not None \
             and field in table.config.reference.get("path_columns", {}):
-        text = hive_values(s.path).get(field)
+        text = hive[field]  # (a path column no directory names is the file's own: read below)
         return None if text is None else pa.scalar(text, pa.string()).cast(typ).as_py()
     if footer is not None and footer.num_rows > 0:
         got = _value_from_stats(footer, field)

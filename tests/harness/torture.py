@@ -430,9 +430,17 @@ def _typed_partitions(seq: dict[str, Any], kind: str) -> None:
     """Make the partition field ``region`` an integer (``int``, stored as int64) or a date
     (``date``, date32; ISO text in the JSON) column: every text value drawn becomes its stand-in
     (:data:`TYPED_REGIONS`, one value per text, so keys move between partitions as before) and
-    ``""`` becomes null. No draw: a seed's steps are otherwise what they were."""
+    ``""`` becomes null. A partitioned table's reference bootstrap becomes a rewrite one: the
+    dataset carries a typed field as a column of its files (a Hive directory's type is what
+    pyarrow infers: int32, or text for a date), and reference mode needs the partition field in
+    the directories (refused in one line otherwise, since session 51). No draw: a seed's steps are
+    otherwise what they were."""
     seq["settings"]["partition_type"] = kind
     values = TYPED_REGIONS[kind]
+    if seq["settings"].get("partitioned"):
+        for st in seq["steps"]:
+            if st["op"] == "bootstrap" and st.get("mode") == "reference":
+                st["mode"] = "rewrite"
 
     def typed(x: dict[str, Any]) -> None:
         for r in x.get("rows") or ():

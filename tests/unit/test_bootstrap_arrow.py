@@ -137,6 +137,60 @@ def test_duplicates_without_precombine_exit_2_and_write_nothing(tmp_path, capsys
         assert not os.path.exists(uri)
 
 
+def test_a_flat_dataset_has_no_path_columns_and_reads_back_through_every_reader(tmp_path, capsys):
+    """A flat dataset (no ``name=value`` directory) referenced in place: pyarrow 26 reports its
+    Hive partitioning with the dataset's whole schema, which once made every column a "path
+    column" that no path holds -- the table's own dataset() then failed (KeyError) and the Delta
+    projection published the partition field as null. Now: no path column; a partition field that
+    is only a file column is refused in one line (reference mode needs its directories); every
+    reader reads the referenced files' own values."""
+    from spark_jobs.table import dataset
+    from tests.harness.delta_reads import query_delta
+
+    root = tmp_path / "dataset"
+    first, second = dataset_rows()
+    first, second = first[:40], second[:20]  # without the duplicates, so no file is rewritten
+    root.mkdir()
+    for name, part in (("a", first), ("b", second)):
+        pq.write_table(pa.Table.from_pylist(part, schema=SCHEMA), root / f"{name}.parquet")
+    rows = first + second
+    before = tree_digest(root)
+    refused = str(tmp_path / "refused")
+    code, _, err = _run(["bootstrap", refused, str(root), "--record-key", "id", "--precombine-field", "ts",
+                         "--partition-field", "region", "--mode", "reference", "--engine", "arrow"], capsys)
+    assert code == 2 and len(err) == 1, err
+    assert "--mode reference needs the dataset partitioned by region directories" in err[0], err
+    assert not os.path.exists(refused)
+
+    uri = str(tmp_path / "table")
+    code, out, err = _run(["bootstrap", uri, str(root), "--record-key", "id", "--precombine-field", "ts",
+                           "--mode", "reference", "--engine", "arrow", "--mirror", "delta"], capsys)
+    assert code == 0, err
+    assert out["mode"] == "reference" and out["counts"]["files_referenced"] == 2, out
+    t = Table.load(uri)
+    assert t.config.reference["path_columns"] == {}
+    want = expected(rows)
+    assert snapshot(uri) == want
+    assert {r["id"]: _comparable(r) for r in dataset(uri).to_table().to_pylist()} == want
+    delta = query_delta(uri, 1).select(SCHEMA.names)  # version 1: the bootstrap (sequence 1)
+    assert {r["id"]: _comparable(r) for r in delta.to_pylist()} == want
+    assert tree_digest(root) == before  # referenced in place, never edited
+
+
+def test_a_dataset_whose_files_disagree_on_a_type_exits_2_with_one_line(tmp_path, capsys):
+    root = tmp_path / "dataset"
+    root.mkdir()
+    pq.write_table(pa.table({"id": ["a"], "region": pa.array([dt.date(2024, 2, 29)], pa.date32())}),
+                   root / "a.parquet")
+    (root / "region=eu").mkdir()
+    pq.write_table(pa.table({"id": ["b"], "region": ["eu"]}), root / "region=eu" / "b.parquet")
+    uri = str(tmp_path / "table")
+    code, _, err = _run(["bootstrap", uri, str(root), "--record-key", "id", "--engine", "arrow"], capsys)
+    assert code == 2 and len(err) == 1, err
+    assert "cannot read the Parquet dataset at" in err[0] and "region" in err[0], err
+    assert not os.path.exists(uri)
+
+
 def test_engine_arrow_refuses_what_only_spark_defines_with_one_line(tmp_path, capsys):
     """A double record key's text is Java's (``1.0E7``): ``--engine arrow`` refuses before
     anything is written; exit 2, one line naming ``--engine spark``."""

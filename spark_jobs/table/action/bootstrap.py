@@ -204,17 +204,21 @@ def discover(uri: str) -> SourceDataset:
         raise BadInputError(f"source {uri} does not exist")
     try:
         dataset = ds.dataset(root, filesystem=io.fs, format="parquet", partitioning="hive")
-    except (pa.ArrowInvalid, OSError) as e:
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as e:  # TypeError: files that disagree
         raise BadInputError(f"cannot read the Parquet dataset at {uri}: {str(e).splitlines()[0]}") from e
     frags = list(dataset.get_fragments())
     if not frags:
         raise BadInputError(f"source {uri} holds no Parquet files")
+    # the path columns are the Hive fields some file's directories name: pyarrow 26 reports the
+    # partitioning of a flat dataset (no name=value directory) with the whole dataset's schema,
+    # which would make every column a path column that no path holds
+    keys = [ds.get_partition_keys(frag.partition_expression) for frag in frags]
+    named = {k for values in keys for k in values}
     part_schema = dataset.partitioning.schema if dataset.partitioning is not None else pa.schema([])
-    path_columns = [n for n in part_schema.names]
+    path_columns = [n for n in part_schema.names if n in named]
     files = []
     sizes = {i.path: i.size for i in io.fs.get_file_info([f.path for f in frags])}
-    for frag in frags:
-        values = ds.get_partition_keys(frag.partition_expression)
+    for frag, values in zip(frags, keys):
         files.append(SourceFile(frag.path, int(sizes.get(frag.path) or 0),
                                 {k: v for k, v in values.items() if k in path_columns}))
     files.sort(key=lambda f: f.path)
