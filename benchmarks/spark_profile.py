@@ -21,7 +21,12 @@ session of that ``--master``: the session's start is reported apart (``start_s``
 (this Python driver, the JVM, the Python workers; from ``/proc/<pid>/stat``, children reaped by
 their parents included); ``jobs`` counts the Spark jobs the upsert started (``statusTracker``, one
 job group), and the event log gives each job's duration and task time (``jobs_detail``: where the
-time goes). ``local[1]`` against ``local[2]`` runs on ``--scaling-batch`` (``speedup``).
+time goes) and, from the process tree's CPU sampled every 0.25 s, how many cores each job used
+(``cores``); ``outside_jobs`` is the wall and CPU time of the upsert when none of its jobs ran
+(driver-side planning in the JVM, Py4J, the commit), with its gaps of 0.3 s or more; ``timings``
+the upsert's phases. ``--profile`` also writes a cProfile of the driver's ``run_upsert``
+(``WORKDIR/profiles/NAME.prof``). ``local[1]`` against ``local[2]`` runs on ``--scaling-batch``
+(``speedup``).
 
 Correctness, per (table type, batch): the same batch upserted by the Arrow engine into another copy;
 both tables read whole (``read_arrow``) and compared row for row (``equal``), and ``validate``
@@ -170,7 +175,9 @@ def event_log_jobs(directory: Path) -> list[dict]:
                 for s in e["Stage IDs"]:
                     stage_job[s] = e["Job ID"]
             elif ev == "SparkListenerJobEnd" and e["Job ID"] in jobs:
-                jobs[e["Job ID"]]["ms"] = e["Completion Time"] - jobs[e["Job ID"]].pop("start")
+                j = jobs[e["Job ID"]]
+                j["ms"] = e["Completion Time"] - j["start"]
+                j["t0"], j["t1"] = j.pop("start") / 1000, e["Completion Time"] / 1000
             elif ev == "SparkListenerStageCompleted":
                 info = e["Stage Info"]
                 j = jobs.get(stage_job.get(info["Stage ID"], -1))
@@ -187,6 +194,62 @@ def event_log_jobs(directory: Path) -> list[dict]:
     return [j for _, j in sorted(jobs.items())]
 
 
+class CpuSampler:
+    """The process tree's CPU seconds every ``every`` s (a thread of the child): how many cores
+    each job used, and what the time outside the jobs cost."""
+
+    def __init__(self, root: int, every: float = 0.25) -> None:
+        import threading
+
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._root, self._every = root, every
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append((time.time(), tree_cpu_s(self._root)))
+            self._stop.wait(self._every)
+
+    def stop(self) -> list[tuple[float, float]]:
+        self._stop.set()
+        self._thread.join()
+        self.samples.append((time.time(), tree_cpu_s(self._root)))
+        return self.samples
+
+
+def _cpu_at(samples: list[tuple[float, float]], t: float) -> float:
+    """The tree's CPU seconds at ``t``, interpolated between samples."""
+    for (ta, ca), (tb, cb) in zip(samples, samples[1:]):
+        if ta <= t <= tb:
+            return ca + (cb - ca) * ((t - ta) / (tb - ta) if tb > ta else 0.0)
+    return samples[0][1] if t < samples[0][0] else samples[-1][1]
+
+
+def cores_between(samples: list[tuple[float, float]], t0: float, t1: float) -> float | None:
+    """Average cores the process tree used over ``[t0, t1]`` (CPU s / wall s)."""
+    if t1 <= t0 or len(samples) < 2:
+        return None
+    return round((_cpu_at(samples, t1) - _cpu_at(samples, t0)) / (t1 - t0), 2)
+
+
+def outside_jobs(jobs: list[dict], samples: list[tuple[float, float]], t_start: float, t_end: float) -> dict:
+    """Wall and CPU seconds of the upsert when no job of it ran (driver planning, Py4J, commit)."""
+    spans = sorted((j["t0"], j["t1"]) for j in jobs if "t1" in j and j.get("group") == "bi_upsert")
+    gaps, at = [], t_start
+    for a, b in spans:
+        if a > at:
+            gaps.append((at, a))
+        at = max(at, b)
+    if t_end > at:
+        gaps.append((at, t_end))
+    wall = sum(b - a for a, b in gaps)
+    cpu = sum(_cpu_at(samples, b) - _cpu_at(samples, a) for a, b in gaps)
+    return {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
+            "gaps": [[round(a - t_start, 2), round(b - a, 2)] for a, b in gaps if b - a >= 0.3]}
+
+
 def child(args) -> None:
     from spark_jobs.jobs.session import get_spark
     from spark_jobs.jobs.upsert import run_upsert
@@ -200,19 +263,35 @@ def child(args) -> None:
     opts = UpsertOptions(table=args.table, source=args.source, record_key=["id"], precombine_field="ts",
                          index="record", batch_id=f"profile-{Path(args.source).stem}", engine="spark")
     load_before = load()
-    cpu0, w0 = tree_cpu_s(os.getpid()), time.perf_counter()
+    sampler = CpuSampler(os.getpid())
+    profile = None
+    if args.driver_profile:
+        import cProfile
+
+        profile = cProfile.Profile()
+    cpu0, w0, t_start = tree_cpu_s(os.getpid()), time.perf_counter(), time.time()
+    if profile is not None:
+        profile.enable()
     res = run_upsert(spark, opts)
-    wall, cpu = time.perf_counter() - w0, tree_cpu_s(os.getpid()) - cpu0
+    if profile is not None:
+        profile.disable()
+    wall, cpu, t_end = time.perf_counter() - w0, tree_cpu_s(os.getpid()) - cpu0, time.time()
+    samples = sampler.stop()
     jobs = len(sc.statusTracker().getJobIdsForGroup("bi_upsert"))
     spark.stop()
+    detail = event_log_jobs(Path(args.event_log))
+    if profile is not None:
+        profile.dump_stats(args.driver_profile)
     out = {"master": args.master, "start_s": round(start_s, 2), "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
-           "jobs": jobs, "load": f"{load_before}-{load()}", "timings": res.get("timings"),
-           "counts": {k: res.get(k) for k in ("inserted", "updated", "deleted")},
-           "jobs_detail": event_log_jobs(Path(args.event_log))}
+           "jobs": jobs, "load": f"{load_before}-{load()}", "timings": res.get("timings_ms"),
+           "counts": (res.get("counts") or {}),
+           "outside_jobs": outside_jobs(detail, samples, t_start, t_end),
+           "jobs_detail": [{**j, "cores": cores_between(samples, j["t0"], j["t1"])} if "t1" in j else j
+                           for j in detail]}
     print(json.dumps(out), flush=True)
 
 
-def run_child(work: Path, table: Path, source: str, master: str, name: str) -> dict:
+def run_child(work: Path, table: Path, source: str, master: str, name: str, *, profile: bool = False) -> dict:
     ev = work / "events" / name
     shutil.rmtree(ev, ignore_errors=True)
     ev.mkdir(parents=True)
@@ -221,6 +300,9 @@ def run_child(work: Path, table: Path, source: str, master: str, name: str) -> d
                                    f"--conf spark.eventLog.compress=false pyspark-shell")
     cmd = [sys.executable, __file__, "--child", "--table", str(table), "--source", source, "--master", master,
            "--event-log", str(ev)]
+    if profile:
+        cmd += ["--driver-profile", str(work / "profiles" / f"{name}.prof")]
+        (work / "profiles").mkdir(exist_ok=True)
     p = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if p.returncode != 0:
         raise SystemExit(f"child failed ({p.returncode}):\n{p.stderr[-4000:]}")
@@ -254,6 +336,9 @@ def main() -> None:
     p.add_argument("--table", help=argparse.SUPPRESS)
     p.add_argument("--source", help=argparse.SUPPRESS)
     p.add_argument("--event-log", help=argparse.SUPPRESS)
+    p.add_argument("--driver-profile", help=argparse.SUPPRESS)
+    p.add_argument("--profile", action="store_true",
+                   help="cProfile the driver's run_upsert (WORKDIR/profiles/NAME.prof; its overhead is in wall_s)")
     p.add_argument("--master", default="local[2]", help=argparse.SUPPRESS)
     p.add_argument("--workdir", default="/tmp/spark_profile")
     p.add_argument("--keep", action="store_true", help="reuse data and built tables of an earlier run")
@@ -289,14 +374,18 @@ def main() -> None:
             for master in masters:
                 name = f"{args.tag}{tt}_{n}_{master.replace('[', '').replace(']', '')}"
                 table = fresh(work, built, name)
-                rec = run_child(work, table, src, master, name)
+                rec = run_child(work, table, src, master, name, profile=args.profile)
                 rec.update(table_type=tt, batch=n, cpu_s_per_row=rec["cpu_s"] / n)
                 log(f"{tt} batch {n} {master}: {rec['jobs']} jobs, {rec['wall_s']} s, cpu {rec['cpu_s']} s "
                     f"({rec['cpu_s'] / n * 1e6:.1f} us/row), load {rec['load']}")
+                o = rec["outside_jobs"]
+                log(f"   outside the jobs: {o['wall_s']} s wall, {o['cpu_s']} CPU s; gaps >= 0.3 s "
+                    f"(start s, length s): {o['gaps']}; phases: {rec['timings']}")
                 for j in rec["jobs_detail"]:
                     if j.get("group") == "bi_upsert":
                         log(f"   job {j['job']}: {j.get('ms')} ms, {j['stages']} stages, {j['tasks']} tasks, "
-                            f"run {j['run_ms']} ms, cpu {j['cpu_ms']} ms: {j['site']} {j.get('names', [])[-1:]}")
+                            f"run {j['run_ms']} ms, cpu {j['cpu_ms']} ms, tree {j.get('cores')} cores: "
+                            f"{j['site']} {j.get('names', [])[-1:]}")
                 if master == masters[-1] and not args.no_check and n != args.small:
                     ref, arrow_s = arrow_result(work, built, src, f"{name}_arrow")
                     from spark_jobs.arrow_engine.validate import run_validate
@@ -316,7 +405,8 @@ def main() -> None:
             log(f"{tt} batch {args.scaling_batch}: local[2] is {one['local[1]']['wall_s'] / one['local[2]']['wall_s']:.2f}x"
                 f" local[1]")
     for r in runs:
-        r["jobs_detail"] = [j for j in r["jobs_detail"] if j.get("group") == "bi_upsert"]
+        r["jobs_detail"] = [{k: v for k, v in j.items() if k not in ("t0", "t1")}
+                            for j in r["jobs_detail"] if j.get("group") == "bi_upsert"]
     emit_result({"benchmark": "spark_profile", "rows": args.rows, "runs": runs}, args.json_out)
 
 

@@ -6,15 +6,16 @@ same plans in-process).
 One Spark task per planned file group reads the group's base and the planned logs, merges
 them (``spark_jobs.table.merge``) and writes the new base; one per planned index bucket
 merges its base and deltas newest-wins into a new base without tombstones. Nothing is
-shuffled.
+shuffled: each kind of work is one Spark job (:func:`_task_per_row`).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
-from pyspark.sql import SparkSession
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
 
 from spark_jobs.kernels import tasks
 from spark_jobs.jobs.session import session_start_ms
@@ -77,16 +78,37 @@ def _execute(spark: SparkSession, table: Table, txn: Transaction
     written: list[dict[str, Any]] = []
     if groups:
         rows = [(g["partition"], g["file_id"], g["base"], g["logs"]) for g in groups]
-        todo = spark.createDataFrame(rows, tasks.COMPACT_INPUT).repartition(len(rows))
         fn = tasks.bind_batches(tasks.compact_slices, table_uri=table.uri, instant=txn.ts, attempt=txn.attempt,
                                 schema=view.schema, precombine=table.config.precombine_field,
                                 snapshot_seq=view.seq)
-        written = [r.asDict() for r in todo.mapInArrow(fn, tasks.COMPACT_OUTPUT).collect()]
+        written = [r.asDict() for r in _task_per_row(spark, rows, tasks.COMPACT_INPUT_ARROW, fn,
+                                                      tasks.COMPACT_OUTPUT).collect()]
     index_written: list[dict[str, Any]] = []
     if buckets:
         rows = [(int(b["bucket"]), b["files"], b.get("sealed", [])) for b in buckets]
-        todo = spark.createDataFrame(rows, tasks.COMPACT_INDEX_INPUT).repartition(len(rows))
         fn = tasks.bind_batches(tasks.compact_index_buckets, table_uri=table.uri, instant=txn.ts,
                                 attempt=txn.attempt, snapshot_seq=view.seq, cap=plan_index_base_cap(plan))
-        index_written = [r.asDict() for r in todo.mapInArrow(fn, tasks.COMPACT_INDEX_OUTPUT).collect()]
+        index_written = [r.asDict() for r in _task_per_row(spark, rows, tasks.COMPACT_INDEX_INPUT_ARROW, fn,
+                                                            tasks.COMPACT_INDEX_OUTPUT).collect()]
     return written, index_written
+
+
+def _task_per_row(spark: SparkSession, rows: list[tuple[Any, ...]], schema: pa.Schema,
+                  fn: Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]], output: str) -> DataFrame:
+    """``fn`` over ``rows`` (of ``schema``) in one task per row, as one Spark job.
+
+    The plan's rows travel with the function (a few file names each) and each task takes its
+    own by number from ``spark.range``, whose partitions are the tasks: a DataFrame made from
+    the rows and repartitioned would shuffle them first, a job of its own (1.7 s of a 1M-row
+    upsert's automatic index compaction, docs/benchmarks.md "Session 51")."""
+    plan = pa.Table.from_pylist([dict(zip(schema.names, r)) for r in rows], schema=schema)
+
+    def mapped(numbers: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        def own() -> Iterator[pa.RecordBatch]:
+            for b in numbers:
+                yield from plan.take(b.column(0)).to_batches()
+
+        return fn(own())
+
+    return spark.range(0, len(rows), 1, len(rows)).mapInArrow(mapped, output)
+

@@ -239,8 +239,6 @@ class SparkUpsertEngine:
     def __init__(self, spark: SparkSession) -> None:
         self.spark = spark
         self.cores = default_parallelism(spark)
-        #: per prepared frame (by id): the persisted frames it is read from, and its partitions
-        self._cached: dict[int, tuple[list[DataFrame], int]] = {}
 
     def session_start_ms(self) -> int | None:
         return session_start_ms()
@@ -266,24 +264,41 @@ class SparkUpsertEngine:
             if corrupt is not None:  # a directory's junk file surfaces here, at the batch's first scan of it
                 raise BadInputError(f"{corrupt}; nothing was written") from e
             raise
-        # what release() unpersists, and the partitioning the tag's join reuses (_tag)
-        self._cached[id(batch)] = (cached, partitions)
         phases.done("dedupe", plural(n, "distinct key"))
-        return PreparedBatch(frame=batch, n=n, upserts=upserts, data_schema=data_schema, rows=rows,
-                             carried=checks.carried, base_schema=view.schema if view is not None else None)
+        return _SparkBatch(frame=batch, n=n, upserts=upserts, data_schema=data_schema, rows=rows,
+                           carried=checks.carried, base_schema=view.schema if view is not None else None,
+                           cached=cached, partitions=partitions)
 
     def write(self, attempt: Attempt) -> Written:
         b = attempt.batch
         return _write(self.spark, attempt.table, attempt.cfg, attempt.view, attempt.num_buckets, b.frame, b.n,
                       b.upserts, b.data_schema, attempt.instant, attempt.phases, self.cores,
-                      batch_partitions=self._cached.get(id(b.frame), ([], None))[1],
+                      batch_partitions=b.partitions if isinstance(b, _SparkBatch) else None,
                       planned_seq=attempt.planned_seq, shadow_index=attempt.shadow_index, batch_id=attempt.batch_id,
                       carried=b.carried)
 
     def release(self, batch: PreparedBatch | None) -> None:
-        if batch is not None:
-            for c in self._cached.pop(id(batch.frame), ([batch.frame], None))[0]:
-                _unpersist(c)
+        if batch is None:
+            return
+        if isinstance(batch, _SparkBatch):
+            cached, batch.cached = batch.cached, []  # a second release frees nothing twice
+        else:
+            cached = [batch.frame]
+        for c in cached:
+            _unpersist(c)
+
+
+@dataclass
+class _SparkBatch(PreparedBatch):
+    """A batch :meth:`SparkUpsertEngine.prepare` made: what it holds travels with it, so no
+    engine-side map keyed by a frame's ``id()`` (which a later frame may reuse) can hand one
+    batch's cache to another."""
+
+    #: the persisted frames the batch is read from (:meth:`SparkUpsertEngine.release` unpersists them)
+    cached: list[DataFrame] = field(default_factory=list)
+    #: the partitions the frame is hash-partitioned into by identity (:func:`_dedupe`), which the
+    #: tag's join reuses (:func:`_tag`); None: unknown
+    partitions: int | None = None
 
 
 def _shadow(spark: SparkSession, table: Table, cfg: TableConfig, view: FileSystemView, num_buckets: int,

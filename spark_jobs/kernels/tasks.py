@@ -57,8 +57,10 @@ __all__ = [
     "DROPS_SCHEMA",
     "compact_slices",
     "COMPACT_INPUT",
+    "COMPACT_INPUT_ARROW",
     "COMPACT_OUTPUT",
     "COMPACT_INDEX_INPUT",
+    "COMPACT_INDEX_INPUT_ARROW",
     "COMPACT_INDEX_OUTPUT",
     "write_index_base",
 ]
@@ -77,9 +79,15 @@ MERGE_OUTPUT = (
 DELTA_OUTPUT = "bucket int, path string, entries long, size long"
 #: one row per file group a data compaction folds, and what it wrote for it
 COMPACT_INPUT = "part string, fid string, base string, logs array<string>"
+#: ``COMPACT_INPUT`` in Arrow (a plan's rows travel to the tasks as an Arrow table)
+COMPACT_INPUT_ARROW = pa.schema([("part", pa.string()), ("fid", pa.string()), ("base", pa.string()),
+                                 ("logs", pa.list_(pa.string()))])
 COMPACT_OUTPUT = "part string, fid string, path string, num_rows long, size long"
 #: per planned index bucket: the files it folds (open base, deltas) and its sealed bases
 COMPACT_INDEX_INPUT = "bucket int, files array<string>, sealed array<string>"
+#: ``COMPACT_INDEX_INPUT`` in Arrow
+COMPACT_INDEX_INPUT_ARROW = pa.schema([("bucket", pa.int32()), ("files", pa.list_(pa.string())),
+                                       ("sealed", pa.list_(pa.string()))])
 COMPACT_INDEX_OUTPUT = "bucket int, path string, entries long, size long, sealed boolean"
 #: one row per live file slice, for ``mapInArrow`` readers (paths relative to the table root;
 #: ``logs``: a merge-on-read slice's logs in commit order, empty otherwise)
