@@ -45,9 +45,6 @@ def read_source(spark: SparkSession, uri: str, fmt: str, *, table_schema: Any = 
     with _store(uri):
         arrow_source.require_source(uri)  # a glob: at least one match (Spark's reader globs it)
     reader = spark.read
-    known = _footer_schema(uri) if fmt == "parquet" else None
-    if known is not None:  # no schema-inference job (a Spark job of its own, ~1 s of a cold session)
-        reader = reader.schema(known)
     if fmt == "csv":
         reader = reader.option("header", "true").option("inferSchema", "true")
     if fmt == "json":
@@ -63,28 +60,6 @@ def read_source(spark: SparkSession, uri: str, fmt: str, *, table_schema: Any = 
     if fmt == "json" and "_corrupt_record" in df.columns:
         raise BadInputError(f"source {uri} has malformed JSON records")
     return df
-
-
-#: a Parquet source of more files than this is left to Spark's schema inference (which reads one
-#: footer; the driver here reads every file's)
-FOOTER_SCHEMA_FILES = 64
-
-
-def _footer_schema(uri: str) -> T.StructType | None:
-    """The schema Spark's reader would infer for a Parquet source, from its footers on the
-    driver (``arrow_source.parquet_source_schema``, held to Spark's inference by
-    ``tests/spark/test_arrow_source.py``), so the read starts no inference job; None -- Spark
-    infers, as before -- for anything else: Hive partition directories (Spark types their
-    values), more than :data:`FOOTER_SCHEMA_FILES` files, files of different schemas, INT96,
-    a file that is not Parquet (Spark's inference then names it as it always has), a store
-    that does not answer."""
-    try:
-        listing = arrow_source.list_source(uri, "parquet")
-        if len(listing.partition) or len(listing.paths) > FOOTER_SCHEMA_FILES:
-            return None
-        return from_arrow_schema(arrow_source.parquet_source_schema(listing))
-    except Exception:  # noqa: BLE001 - every failure leaves the schema to Spark, whose errors the caller maps
-        return None
 
 
 #: a JVM's words for a store that did not answer (Hadoop's S3A and its AWS SDK, plain sockets)
