@@ -36,7 +36,7 @@ from typing import Any, Callable
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from projection_scale import COPY_STEPS, load1, log  # noqa: E402 (benchmarks/ is on sys.path)
+from projection_scale import COPY_STEPS, clear_process_caches, load1, log  # noqa: E402 (benchmarks/ is on sys.path)
 from results import emit_result  # noqa: E402
 
 def _upload(local: Path, uri: str) -> int:
@@ -109,9 +109,7 @@ def run(work: Path, size: int, copies: list[str], server: Any) -> dict[str, Any]
         try:
             for b in batches:
                 calls.clear()
-                iceberg._AVRO_CACHE.clear()  # a CLI process starts without them
-                delta._CURRENT_FORM.clear()
-                delta._PLANS.clear()
+                clear_process_caches()
                 ld, t0 = load1(), time.perf_counter()
                 with contextlib.redirect_stdout(io.StringIO()):
                     rc = cli_main(["upsert", uri, f"{root}/src/{b.name}", "--delete-field", "_deleted",

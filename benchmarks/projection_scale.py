@@ -151,6 +151,16 @@ def enable(work: Path, size: int, copy: str, steps: list[list[str]]) -> dict:
     return out
 
 
+def clear_process_caches() -> None:
+    """Forget what the projections cache per process (Iceberg's manifests, Delta's version-0
+    check and the fresh view's slice plans): a CLI process, one commit each, starts without them."""
+    from spark_jobs.table import delta, iceberg
+
+    iceberg._AVRO_CACHE.clear()
+    delta._CURRENT_FORM.clear()
+    delta._PLANS.clear()
+
+
 # == 3. commits ======================================================================================
 def commits(table: Path, batches: list[dict]) -> list[dict]:
     from spark_jobs.cli import main as cli_main
@@ -181,9 +191,7 @@ def commits(table: Path, batches: list[dict]) -> list[dict]:
     try:
         for b in batches:
             calls.clear()
-            iceberg._AVRO_CACHE.clear()  # a CLI process starts without them
-            delta._CURRENT_FORM.clear()
-            delta._PLANS.clear()
+            clear_process_caches()
             ld = load1()
             t0 = time.perf_counter()
             with contextlib.redirect_stdout(io.StringIO()):
